@@ -1,0 +1,37 @@
+"""Engine configuration: sizes of the KV cache and of one step's batch."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """Static sizes fixed when the engine starts.
+
+    `max_num_seqs` is the number of sequence rows (seats) the engine tracks at once; `kv_cache_tokens` is the
+    token budget of the paged KV cache shared by all of them. `max_model_len` caps prompt plus output of one
+    sequence (None: the model's own context window).
+    """
+
+    max_num_seqs: int = 64
+    kv_cache_tokens: int = 32768
+    block_size: int = 16
+    max_model_len: int | None = None
+    device: str = "cpu"
+    max_stop_token_ids: int = 16
+
+    def __post_init__(self) -> None:
+        for name in ("max_num_seqs", "kv_cache_tokens", "block_size", "max_stop_token_ids"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.max_model_len is not None and self.max_model_len < 2:
+            raise ValueError(f"max_model_len must be >= 2, got {self.max_model_len}")
+        if self.kv_cache_tokens < self.block_size:
+            raise ValueError(
+                f"kv_cache_tokens ({self.kv_cache_tokens}) must hold at least one block of {self.block_size} tokens"
+            )
+
+    @property
+    def num_blocks(self) -> int:
+        return self.kv_cache_tokens // self.block_size

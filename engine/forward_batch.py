@@ -1,0 +1,133 @@
+"""What one forward pass needs, built with tensor ops from the scheduled rows.
+
+Tokens of all scheduled sequences are packed into one flat batch (no padding for the projections and MLP).
+Attention is the one place that needs per-sequence structure: rows are split into a decode group (one new
+token each) and a prefill group (a chunk of prompt tokens each), and each group gathers its keys from the
+paged cache into a [rows, context] view with a boolean mask.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class AttentionGroup:
+    """Rows of the batch that attend with the same query length layout."""
+
+    query_index: torch.Tensor  # [rows, max_q] index into the packed tokens (padding repeats a valid token)
+    query_valid: torch.Tensor  # [rows, max_q] bool, False for padding queries
+    key_slots: torch.Tensor  # [rows, max_ctx] flat cache slot of each key position
+    mask: torch.Tensor  # [rows, 1, max_q, max_ctx] bool, True where the query may attend to the key
+    is_decode: bool
+
+
+@dataclass(frozen=True)
+class ForwardBatch:
+    input_ids: torch.Tensor  # [tokens]
+    positions: torch.Tensor  # [tokens]
+    slot_mapping: torch.Tensor  # [tokens] where each token's key and value are written
+    groups: tuple[AttentionGroup, ...]
+    sample_index: torch.Tensor  # [sampling rows] packed index of the last token of each sampling row
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.input_ids.shape[0])
+
+
+def _slots(block_table: torch.Tensor, positions: torch.Tensor, block_size: int) -> torch.Tensor:
+    """Flat cache slots of `positions` ([rows, n]) given each row's block table ([rows, max_blocks])."""
+    blocks = torch.gather(block_table, 1, torch.div(positions, block_size, rounding_mode="floor"))
+    return blocks * block_size + positions % block_size
+
+
+def _group(
+    token_start: torch.Tensor,
+    start: torch.Tensor,
+    count: torch.Tensor,
+    block_table: torch.Tensor,
+    block_size: int,
+    is_decode: bool,
+) -> AttentionGroup:
+    context = start + count
+    max_q = int(count.max())
+    max_ctx = int(context.max())
+    q_offsets = torch.arange(max_q)
+    query_valid = q_offsets[None, :] < count[:, None]
+    # Padding queries point at the row's first token and at position 0, so their softmax is well defined.
+    query_index = token_start[:, None] + torch.where(query_valid, q_offsets[None, :], 0)
+    query_pos = torch.where(query_valid, start[:, None] + q_offsets[None, :], 0)
+    key_pos = torch.arange(max_ctx)
+    key_positions = key_pos.expand(len(start), max_ctx)
+    key_slots = _slots(block_table, key_positions, block_size)
+    mask = (key_pos[None, None, :] <= query_pos[:, :, None]).unsqueeze(1)
+    return AttentionGroup(query_index, query_valid, key_slots, mask, is_decode)
+
+
+def build_forward_batch(
+    rows: torch.Tensor,
+    num_tokens: torch.Tensor,
+    num_computed: torch.Tensor,
+    seq_len: torch.Tensor,
+    token_buffer: torch.Tensor,
+    block_table: torch.Tensor,
+    block_size: int,
+) -> tuple[ForwardBatch, torch.Tensor]:
+    """Pack the scheduled rows. Returns the batch and a bool [rows] telling which rows sample a token.
+
+    rows, num_tokens: [rows] the engine rows scheduled and how many of their pending tokens to compute.
+    num_computed, seq_len: [max_rows] per-row tokens already in the cache and tokens known.
+    """
+    start = num_computed[rows]
+    total = int(num_tokens.sum())
+    token_start = torch.cumsum(num_tokens, 0) - num_tokens
+    row_of_token = torch.repeat_interleave(rows, num_tokens, output_size=total)
+    offset = torch.arange(total) - torch.repeat_interleave(token_start, num_tokens, output_size=total)
+    positions = torch.repeat_interleave(start, num_tokens, output_size=total) + offset
+    input_ids = token_buffer[row_of_token, positions]
+    slot_mapping = _slots(block_table[row_of_token], positions[:, None], block_size)[:, 0]
+
+    samples = (start + num_tokens) == seq_len[rows]
+    sample_index = (token_start + num_tokens - 1)[samples]
+
+    groups = []
+    for is_decode in (True, False):
+        member = (num_tokens == 1) if is_decode else (num_tokens > 1)
+        if bool(member.any()):
+            groups.append(
+                _group(
+                    token_start[member],
+                    start[member],
+                    num_tokens[member],
+                    block_table[rows[member]],
+                    block_size,
+                    is_decode,
+                )
+            )
+    batch = ForwardBatch(input_ids, positions, slot_mapping, tuple(groups), sample_index)
+    return batch, samples
+
+
+def move_batch(batch: ForwardBatch, device: torch.device) -> ForwardBatch:
+    """Copy the metadata to the model's device once per step (a no-op on the CPU)."""
+    if device.type == "cpu":
+        return batch
+    groups = tuple(
+        AttentionGroup(
+            g.query_index.to(device),
+            g.query_valid.to(device),
+            g.key_slots.to(device),
+            g.mask.to(device),
+            g.is_decode,
+        )
+        for g in batch.groups
+    )
+    return ForwardBatch(
+        batch.input_ids.to(device),
+        batch.positions.to(device),
+        batch.slot_mapping.to(device),
+        groups,
+        batch.sample_index.to(device),
+    )

@@ -1,0 +1,151 @@
+"""Runs a transformers Llama-family model's own modules over a packed batch with the engine's attention.
+
+We reuse the loaded `AutoModelForCausalLM` (its weights, embeddings, norms, rotary embedding and activation)
+but not its forward: the HF forward expects a rectangular padded batch and its own cache objects, while a
+continuous-batching step is a ragged mix of prompt chunks and single decode tokens over a paged cache. The
+q/k/v and gate/up projections are fused into one matmul each; the model's parameters become views of the
+fused weights, so the model object stays valid (and is what the parity tests run `generate()` on).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from engine.attention import paged_attention
+from engine.forward_batch import ForwardBatch
+from engine.kv_cache import KVCacheShape, PagedKVCache
+
+
+class ModelRunner(Protocol):
+    """Computes next-token logits for the sampling rows of a batch, writing keys and values to the cache."""
+
+    vocab_size: int
+
+    def kv_cache_shape(self, num_blocks: int, block_size: int) -> KVCacheShape: ...
+
+    def forward(self, batch: ForwardBatch, cache: PagedKVCache) -> torch.Tensor:
+        """Returns logits [sampling rows, vocab] in float32."""
+        ...
+
+
+class UnsupportedModelError(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class _Layer:
+    input_norm: torch.Tensor
+    qkv_weight: torch.Tensor
+    qkv_bias: torch.Tensor | None
+    o_proj: nn.Linear
+    post_norm: torch.Tensor
+    gate_up_weight: torch.Tensor
+    gate_up_bias: torch.Tensor | None
+    down_proj: nn.Linear
+
+
+def _fuse(linears: list[nn.Linear]) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Concatenate the output rows of several Linear layers and make each layer's weight a view of them."""
+    weight = torch.cat([lin.weight.data for lin in linears], dim=0)
+    bias = None
+    if any(lin.bias is not None for lin in linears):
+        bias = torch.cat(
+            [lin.bias.data if lin.bias is not None else weight.new_zeros(lin.out_features) for lin in linears]
+        )
+    row = 0
+    for lin in linears:
+        lin.weight.data = weight[row : row + lin.out_features]
+        if lin.bias is not None and bias is not None:
+            lin.bias.data = bias[row : row + lin.out_features]
+        row += lin.out_features
+    return weight, bias
+
+
+class TransformersRunner:
+    def __init__(self, model: nn.Module) -> None:
+        config = model.config
+        inner = getattr(model, "model", None)
+        if inner is None or not hasattr(inner, "layers") or not hasattr(inner, "rotary_emb"):
+            raise UnsupportedModelError(
+                f"{type(model).__name__} is not a Llama-family decoder (needs model.layers and model.rotary_emb)"
+            )
+        self.model = model
+        self.device = next(model.parameters()).device
+        self.dtype = next(model.parameters()).dtype
+        self.vocab_size = int(config.vocab_size)
+        self.num_heads = int(config.num_attention_heads)
+        self.num_kv_heads = int(getattr(config, "num_key_value_heads", None) or self.num_heads)
+        self.head_dim = int(getattr(config, "head_dim", None) or config.hidden_size // self.num_heads)
+        self.eps = float(config.rms_norm_eps)
+        self.embed = inner.embed_tokens
+        self.rotary = inner.rotary_emb
+        self.final_norm = inner.norm.weight
+        self.lm_head = model.lm_head
+        self.layers = [self._prepare_layer(layer) for layer in inner.layers]
+        attention = inner.layers[0].self_attn
+        self.scale = float(getattr(attention, "scaling", self.head_dim**-0.5))
+        self.act = inner.layers[0].mlp.act_fn
+
+    def _prepare_layer(self, layer: nn.Module) -> _Layer:
+        attn, mlp = layer.self_attn, layer.mlp
+        for name in ("q_proj", "k_proj", "v_proj", "o_proj"):
+            if not isinstance(getattr(attn, name, None), nn.Linear):
+                raise UnsupportedModelError(f"attention module {type(attn).__name__} has no Linear {name}")
+        for name in ("gate_proj", "up_proj", "down_proj"):
+            if not isinstance(getattr(mlp, name, None), nn.Linear):
+                raise UnsupportedModelError(f"MLP module {type(mlp).__name__} has no Linear {name}")
+        qkv_weight, qkv_bias = _fuse([attn.q_proj, attn.k_proj, attn.v_proj])
+        gate_up_weight, gate_up_bias = _fuse([mlp.gate_proj, mlp.up_proj])
+        return _Layer(
+            input_norm=layer.input_layernorm.weight,
+            qkv_weight=qkv_weight,
+            qkv_bias=qkv_bias,
+            o_proj=attn.o_proj,
+            post_norm=layer.post_attention_layernorm.weight,
+            gate_up_weight=gate_up_weight,
+            gate_up_bias=gate_up_bias,
+            down_proj=mlp.down_proj,
+        )
+
+    def kv_cache_shape(self, num_blocks: int, block_size: int) -> KVCacheShape:
+        return KVCacheShape(len(self.layers), self.num_kv_heads, self.head_dim, num_blocks, block_size)
+
+    def _rms_norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        # Same arithmetic as LlamaRMSNorm (float32 variance, scale after casting back) for exact parity.
+        x32 = x.float()
+        normed = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return weight * normed.to(x.dtype)
+
+    @torch.inference_mode()
+    def forward(self, batch: ForwardBatch, cache: PagedKVCache) -> torch.Tensor:
+        heads, kv_heads, dim = self.num_heads, self.num_kv_heads, self.head_dim
+        tokens = batch.num_tokens
+        x = self.embed(batch.input_ids)  # [tokens, hidden]
+        cos, sin = self.rotary(x, batch.positions[None])  # each [1, tokens, head_dim]
+        cos, sin = cos[0, :, None, :], sin[0, :, None, :]  # [tokens, 1, head_dim]
+        half = dim // 2
+        qk_width = (heads + kv_heads) * dim
+        for index, layer in enumerate(self.layers):
+            h = self._rms_norm(x, layer.input_norm)
+            qkv = F.linear(h, layer.qkv_weight, layer.qkv_bias)  # [tokens, (heads + 2 kv_heads) * dim]
+            qk = qkv[:, :qk_width].view(tokens, heads + kv_heads, dim)
+            rotated = torch.cat((-qk[..., half:], qk[..., :half]), dim=-1)
+            qk = qk * cos + rotated * sin
+            query, key = qk[:, :heads], qk[:, heads:]
+            value = qkv[:, qk_width:].view(tokens, kv_heads, dim)
+            key_cache, value_cache = cache.layer(index)
+            key_cache.index_copy_(0, batch.slot_mapping, key)
+            value_cache.index_copy_(0, batch.slot_mapping, value)
+            attended = paged_attention(query, key_cache, value_cache, batch.groups, self.scale)
+            x = x + layer.o_proj(attended.reshape(tokens, heads * dim))
+            h = self._rms_norm(x, layer.post_norm)
+            gate_up = F.linear(h, layer.gate_up_weight, layer.gate_up_bias)
+            gate, up = gate_up.chunk(2, dim=-1)
+            x = x + layer.down_proj(self.act(gate) * up)
+        last = self._rms_norm(x[batch.sample_index], self.final_norm)
+        return self.lm_head(last).float()
