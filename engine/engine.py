@@ -89,6 +89,9 @@ class Engine:
         row = self._row_of[seq_id]
         return int(self._seq_len[row] - self._num_computed[row])
 
+    def num_computed(self, seq_id: int) -> int:
+        return int(self._num_computed[self._row_of[seq_id]])
+
     def num_tokens(self, seq_id: int) -> int:
         return int(self._seq_len[self._row_of[seq_id]])
 

@@ -1,8 +1,8 @@
 """Load a causal LM (Hugging Face checkpoint directory or GGUF file) for serving.
 
 GGUF files are dequantized once and cached as a float32 safetensors checkpoint, because
-transformers' GGUF parser is slow (~40 s for SmolLM2-135M on a small CPU) and a plain
-checkpoint loads in about a second. Every load is local: no Hugging Face hub lookup ever happens.
+transformers' GGUF parser is slow (~20-40 s for SmolLM2-135M on a small CPU) and the cached
+checkpoint loads in under a second. Every load is local: no Hugging Face hub lookup ever happens.
 """
 
 from __future__ import annotations
@@ -169,7 +169,7 @@ def _load_gguf_cached(gguf: Path, cache_root: Path) -> tuple[PreTrainedModel, Pr
     if (entry / "config.json").is_file():
         logger.info("loaded from cache %s (converted from %s)", entry, gguf)
         return _load_checkpoint_dir(entry)
-    logger.info("converting GGUF %s into %s (first run, ~40 s)", gguf, entry)
+    logger.info("converting GGUF %s into %s (first run only, ~20-40 s)", gguf, entry)
     model, tokenizer = _load_gguf(gguf)
     _write_dir_atomically(entry, lambda tmp: _save_checkpoint(model, tokenizer, tmp))
     return model, tokenizer

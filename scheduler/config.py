@@ -1,0 +1,41 @@
+"""Scheduler configuration: which policy runs and the limits around it."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+
+class Mode(enum.Enum):
+    DYNAMIC = "dynamic"  # request-level batching: the batch leaves full or on timeout and runs as one unit
+    CONTINUOUS = "continuous"  # iteration-level batching: sequences join and leave at every step
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    mode: Mode = Mode.CONTINUOUS
+    # dynamic
+    max_batch_size: int = 8
+    batch_timeout_ms: float = 50.0
+    # continuous
+    max_num_seqs: int = 8
+    max_num_batched_tokens: int = 512
+    # both
+    max_queue: int = 256
+    queue_timeout_s: float | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.mode, Mode):
+            object.__setattr__(self, "mode", Mode(self.mode))
+        for name in ("max_batch_size", "max_num_seqs", "max_num_batched_tokens", "max_queue"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.batch_timeout_ms < 0:
+            raise ValueError(f"batch_timeout_ms must be >= 0, got {self.batch_timeout_ms}")
+        if self.queue_timeout_s is not None and self.queue_timeout_s <= 0:
+            raise ValueError(f"queue_timeout_s must be > 0, got {self.queue_timeout_s}")
+
+    @property
+    def seats(self) -> int:
+        """Sequences that can run at once in this mode: the engine rows it needs."""
+        return self.max_batch_size if self.mode is Mode.DYNAMIC else self.max_num_seqs

@@ -1,0 +1,233 @@
+"""The scheduler: owns the waiting queue and the request lifecycle, and runs one step at a time.
+
+Everything here runs on the engine loop thread except `submit`, `abort` and `stop_request`, which only append
+to a locked inbox. `step()` is synchronous and takes an injectable clock, so policy tests drive it directly.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+
+from engine.engine import Engine
+from engine.outputs import FinishReason
+from scheduler.config import Mode, SchedulerConfig
+from scheduler.continuous import ContinuousPolicy
+from scheduler.dynamic import DynamicPolicy
+from scheduler.errors import QueueFullError, SchedulerClosedError
+from scheduler.policy import Policy, StepPlan
+from scheduler.request import FinishEvent, Request, RequestStatus, TokenEvent
+from scheduler.stats import StepStats
+
+logger = logging.getLogger("batchserve.scheduler")
+
+
+def make_policy(engine: Engine, config: SchedulerConfig) -> Policy:
+    if engine.config.max_num_seqs < config.seats:
+        raise ValueError(
+            f"the engine has {engine.config.max_num_seqs} rows but the {config.mode.value} policy needs {config.seats}"
+        )
+    policy_class = DynamicPolicy if config.mode is Mode.DYNAMIC else ContinuousPolicy
+    return policy_class(engine, config)
+
+
+class Scheduler:
+    def __init__(
+        self,
+        engine: Engine,
+        config: SchedulerConfig,
+        clock: Callable[[], float] = time.monotonic,
+        on_step: Callable[[StepStats], None] | None = None,
+    ) -> None:
+        self.engine = engine
+        self.config = config
+        self.policy = make_policy(engine, config)
+        self.clock = clock
+        self.on_step = on_step
+        self.waiting: deque[Request] = deque()
+        self._requests: dict[str, Request] = {}  # every request not yet released, by id
+        self._lock = threading.Lock()
+        self._inbox: deque[tuple[str, Request | str]] = deque()
+        self._num_queued = 0  # submitted and never scheduled; bounded by max_queue
+        self._seq_ids = itertools.count()
+        self._closed = False
+
+    @property
+    def mode(self) -> str:
+        return self.config.mode.value
+
+    # ----- thread-safe entry points -----
+    def submit(self, request: Request) -> None:
+        """Queue a request. Raises EngineInputError (bad input) or QueueFullError at once."""
+        self.engine.validate(request.prompt_token_ids, request.params)
+        with self._lock:
+            if self._closed:
+                raise SchedulerClosedError("the server is shutting down")
+            if self._num_queued >= self.config.max_queue:
+                raise QueueFullError(f"the waiting queue is full ({self.config.max_queue} requests)")
+            self._num_queued += 1
+            request.seq_id = next(self._seq_ids)
+            request.arrival = self.clock()
+            self._inbox.append(("submit", request))
+
+    def abort(self, request_id: str) -> None:
+        """Cancel a request wherever it is; its consumer receives a FinishEvent with ABORT."""
+        with self._lock:
+            self._inbox.append(("abort", request_id))
+
+    def stop_request(self, request_id: str) -> None:
+        """Finish a request with STOP (the API matched a stop string)."""
+        with self._lock:
+            self._inbox.append(("stop", request_id))
+
+    def close(self) -> None:
+        """Refuse new submissions from now on."""
+        with self._lock:
+            self._closed = True
+
+    @property
+    def num_queued(self) -> int:
+        with self._lock:
+            return self._num_queued
+
+    # ----- loop thread -----
+    def has_pending_work(self) -> bool:
+        return bool(self._inbox) or bool(self._requests)
+
+    def next_deadline(self) -> float | None:
+        deadlines = [self.policy.next_deadline(self.waiting)]
+        if self.config.queue_timeout_s is not None and self.waiting:
+            deadlines.append(min(r.arrival for r in self.waiting) + self.config.queue_timeout_s)
+        present = [d for d in deadlines if d is not None]
+        return min(present) if present else None
+
+    def step(self) -> StepStats | None:
+        """Apply queued commands, plan, run one engine step, deliver its tokens. None if nothing ran."""
+        now = self.clock()
+        self._drain_inbox()
+        self._expire_waiting(now)
+        plan = self.policy.plan(self.waiting, now)
+        if not plan:
+            return None
+        for request, _ in plan:
+            self._mark_scheduled(request, now)
+        failed = False
+        try:
+            output = self.engine.step([(r.seq_id, count) for r, count in plan])
+        except Exception as exc:  # a failed step fails its own requests; the loop goes on serving
+            logger.exception("engine step failed; failing its %d requests", len(plan))
+            failed = True
+            for request, _ in plan:
+                self._finish(request, FinishReason.ERROR, f"internal error during generation: {type(exc).__name__}")
+            generated, num_tokens = 0, sum(count for _, count in plan)
+        else:
+            generated, num_tokens = self._deliver(output.tokens), output.num_tokens
+        end = self.clock()
+        stats = StepStats(
+            mode=self.mode,
+            start=now,
+            duration=end - now,
+            num_seqs=len(plan),
+            num_tokens=num_tokens,
+            num_prompt_tokens=num_tokens - generated if not failed else num_tokens,
+            num_generated=generated,
+            held_seats=self.policy.held_seats,
+            num_running=len(self.policy.running),
+            num_waiting=len(self.waiting),
+            cache_usage=self.engine.cache_usage,
+            failed=failed,
+        )
+        if self.on_step is not None:
+            self.on_step(stats)
+        return stats
+
+    def _mark_scheduled(self, request: Request, now: float) -> None:
+        request.status = RequestStatus.RUNNING
+        request.num_steps += 1
+        if request.scheduled is None:
+            request.scheduled = now
+            with self._lock:
+                self._num_queued -= 1
+
+    def _deliver(self, tokens) -> int:
+        by_seq = {r.seq_id: r for r in self.policy.running}
+        now = self.clock()
+        delivered = 0
+        for token in tokens:
+            request = by_seq.get(token.seq_id)
+            if request is None or request.status is not RequestStatus.RUNNING:
+                continue
+            if request.first_token is None:
+                request.first_token = now
+            request.last_token = now
+            request.token_times.append(now)
+            request.num_output_tokens += 1
+            delivered += 1
+            request.sink(TokenEvent(token, now))
+            if token.finish_reason is not None:
+                self._finish(request, token.finish_reason)
+        return delivered
+
+    def _drain_inbox(self) -> None:
+        with self._lock:
+            commands = list(self._inbox)
+            self._inbox.clear()
+        for kind, item in commands:
+            if kind == "submit":
+                assert isinstance(item, Request)
+                self._requests[item.request_id] = item
+                self.waiting.append(item)
+            else:
+                assert isinstance(item, str)
+                request = self._requests.get(item)
+                if request is None:
+                    continue
+                if request.status in (RequestStatus.WAITING, RequestStatus.RUNNING):
+                    self._finish(request, FinishReason.ABORT if kind == "abort" else FinishReason.STOP)
+                elif kind == "abort" and request.status is RequestStatus.FINISHED:
+                    # A finished answer held by its batch: its consumer left, so free the seat now.
+                    self._finish(request, FinishReason.ABORT)
+
+    def _expire_waiting(self, now: float) -> None:
+        limit = self.config.queue_timeout_s
+        if limit is None:
+            return
+        for request in [r for r in self.waiting if r.scheduled is None and now - r.arrival > limit]:
+            self._finish(request, FinishReason.ERROR, f"the request waited in the queue longer than {limit} s")
+
+    def _finish(self, request: Request, reason: FinishReason, error: str | None = None) -> None:
+        if request.status is RequestStatus.WAITING:
+            self.waiting.remove(request)
+            if request.scheduled is None:
+                with self._lock:
+                    self._num_queued -= 1
+        request.status = RequestStatus.FINISHED
+        request.finish_reason = reason
+        request.error = error
+        if reason in (FinishReason.ABORT, FinishReason.ERROR):
+            self.engine.remove(request.seq_id)  # free its cache now, whatever the policy holds
+        for released in self.policy.on_finished(request):
+            self._release(released)
+
+    def _release(self, request: Request) -> None:
+        self.engine.remove(request.seq_id)
+        request.status = RequestStatus.RELEASED
+        self._requests.pop(request.request_id, None)
+        reason = request.finish_reason or FinishReason.ERROR
+        request.sink(FinishEvent(reason, request.timings(self.mode, self.clock()), request.error))
+
+    def abort_all(self) -> None:
+        """Abort everything (shutdown after the grace period)."""
+        for request in list(self._requests.values()):
+            if request.status in (RequestStatus.WAITING, RequestStatus.RUNNING):
+                self._finish(request, FinishReason.ABORT)
+        self._drain_inbox()
+        for request in list(self.waiting):
+            self._finish(request, FinishReason.ABORT)
+
+
+__all__ = ["Scheduler", "StepPlan"]

@@ -1,0 +1,80 @@
+"""The engine loop thread and the hand-off of each request's events to asyncio consumers."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+
+from scheduler.core import Scheduler
+from scheduler.request import Request, RequestEvent
+
+logger = logging.getLogger("batchserve.loop")
+
+
+class EngineLoop:
+    """Runs `scheduler.step()` on one thread; blocks on an event when there is nothing to do."""
+
+    def __init__(self, scheduler: Scheduler) -> None:
+        self.scheduler = scheduler
+        self._wake = threading.Event()
+        self._stopping = False
+        self._thread = threading.Thread(target=self._run, name="batchserve-engine-loop", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        self._stopping = True
+        self._wake.set()
+        self._thread.join(timeout)
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive()
+
+    def submit(self, request: Request) -> None:
+        self.scheduler.submit(request)
+        self._wake.set()
+
+    def abort(self, request_id: str) -> None:
+        self.scheduler.abort(request_id)
+        self._wake.set()
+
+    def stop_request(self, request_id: str) -> None:
+        self.scheduler.stop_request(request_id)
+        self._wake.set()
+
+    def abort_all(self) -> None:
+        """Abort every request; runs on the caller's thread only once the loop has stopped."""
+        self.scheduler.abort_all()
+
+    def _run(self) -> None:
+        scheduler = self.scheduler
+        while not self._stopping:
+            self._wake.clear()
+            try:
+                ran = scheduler.step() is not None
+            except Exception:  # a bug outside the engine step must not kill the server's only loop
+                logger.exception("scheduler step failed")
+                ran = False
+            if ran:
+                continue
+            deadline = scheduler.next_deadline()
+            timeout = None if deadline is None else max(0.0, deadline - scheduler.clock())
+            # Idle: sleep until a submission, an abort, or the policy's next deadline (a batch timeout).
+            self._wake.wait(timeout)
+
+
+class AsyncEventStream:
+    """A per-request queue an asyncio consumer awaits; the loop thread feeds it thread-safely."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self.queue: asyncio.Queue[RequestEvent] = asyncio.Queue()
+
+    def __call__(self, event: RequestEvent) -> None:
+        self._loop.call_soon_threadsafe(self.queue.put_nowait, event)
+
+    async def get(self) -> RequestEvent:
+        return await self.queue.get()

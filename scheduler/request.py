@@ -1,0 +1,106 @@
+"""A request's lifecycle, timestamps and the events its consumer receives."""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from engine.outputs import FinishReason, TokenOutput
+from engine.sampling_params import SamplingParams
+
+
+class RequestStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"  # done generating; in dynamic mode it may still be held until its batch ends
+    RELEASED = "released"  # its completion was handed to the consumer; it holds nothing any more
+
+
+@dataclass(frozen=True)
+class RequestTimings:
+    """Monotonic-clock timestamps (seconds) of one request's life; None where it never got there."""
+
+    mode: str
+    arrival: float
+    scheduled: float | None
+    first_token: float | None
+    last_token: float | None
+    released: float
+    num_steps: int
+    num_preemptions: int
+    batch_id: int | None
+
+    @property
+    def queue_time(self) -> float:
+        return (self.scheduled if self.scheduled is not None else self.released) - self.arrival
+
+    @property
+    def time_to_first_token(self) -> float | None:
+        return None if self.first_token is None else self.first_token - self.arrival
+
+    @property
+    def held_time(self) -> float:
+        """Time between the last token and the release: how long the bus kept a finished answer."""
+        return 0.0 if self.last_token is None else self.released - self.last_token
+
+    @property
+    def e2e_time(self) -> float:
+        return self.released - self.arrival
+
+
+@dataclass(frozen=True)
+class TokenEvent:
+    token: TokenOutput
+    time: float
+
+
+@dataclass(frozen=True)
+class FinishEvent:
+    reason: FinishReason
+    timings: RequestTimings
+    error: str | None = None
+
+
+RequestEvent = TokenEvent | FinishEvent
+EventSink = Callable[[RequestEvent], None]
+
+
+@dataclass(eq=False)
+class Request:
+    """Scheduler-side state of one sequence. Mutated only by the loop thread after submission."""
+
+    request_id: str
+    prompt_token_ids: Sequence[int]
+    params: SamplingParams
+    sink: EventSink
+    arrival: float = 0.0
+    seq_id: int = -1
+    status: RequestStatus = RequestStatus.WAITING
+    finish_reason: FinishReason | None = None
+    error: str | None = None
+    num_output_tokens: int = 0
+    scheduled: float | None = None
+    first_token: float | None = None
+    last_token: float | None = None
+    num_steps: int = 0
+    num_preemptions: int = 0
+    batch_id: int | None = None
+    token_times: list[float] = field(default_factory=list)
+
+    @property
+    def max_total_tokens(self) -> int:
+        return len(self.prompt_token_ids) + self.params.max_tokens
+
+    def timings(self, mode: str, released: float) -> RequestTimings:
+        return RequestTimings(
+            mode=mode,
+            arrival=self.arrival,
+            scheduled=self.scheduled,
+            first_token=self.first_token,
+            last_token=self.last_token,
+            released=released,
+            num_steps=self.num_steps,
+            num_preemptions=self.num_preemptions,
+            batch_id=self.batch_id,
+        )
