@@ -1,0 +1,161 @@
+"""The Starlette application: routes, auth, errors, and the model's lifecycle (load, serve, drain)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import logging
+import threading
+import time
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
+from starlette.middleware.cors import CORSMiddleware
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from api import routes
+from api.config import ServerConfig
+from api.errors import APIError
+from api.metrics import ServerMetrics
+from api.service import GenerationService
+from api.state import Phase, Runtime
+from engine.engine import Engine
+from engine.loader import LoadedModel, load_model
+from engine.model_runner import TransformersRunner
+from scheduler.core import Scheduler
+from scheduler.loop import EngineLoop
+
+logger = logging.getLogger("batchserve.api")
+
+ModelLoader = Callable[[ServerConfig], LoadedModel]
+
+
+def default_loader(config: ServerConfig) -> LoadedModel:
+    return load_model(config.model, device=config.device)
+
+
+def build_runtime(config: ServerConfig, loaded: LoadedModel) -> Runtime:
+    model_name = config.served_model_name or Path(loaded.source).name.removesuffix(".gguf")
+    engine_config = config.engine_config(loaded.max_model_len)
+    engine = Engine(TransformersRunner(loaded.model), engine_config, loaded.eos_token_ids, loaded.max_model_len)
+    metrics = ServerMetrics(config.mode, model_name)
+    scheduler = Scheduler(engine, config.scheduler_config(), on_step=metrics.observe_step)
+    metrics.bind_gauges(
+        running=lambda: len(scheduler.policy.running),
+        waiting=lambda: scheduler.num_queued + sum(r.num_preemptions > 0 for r in list(scheduler.waiting)),
+        cache_usage=lambda: engine.cache_usage,
+    )
+    loop = EngineLoop(scheduler)
+    service = GenerationService(loop, loaded.tokenizer, metrics, config.request_timeout_s)
+    return Runtime(engine, scheduler, loop, loaded.tokenizer, service, metrics, model_name, engine.max_model_len)
+
+
+class APIKeyMiddleware:
+    """Every endpoint but /health needs `Authorization: Bearer <key>`, compared in constant time."""
+
+    def __init__(self, app: ASGIApp, api_key: str) -> None:
+        self.app = app
+        self._expected = f"Bearer {api_key}".encode()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["path"] != "/health":
+            supplied = dict(scope["headers"]).get(b"authorization", b"")
+            if not hmac.compare_digest(supplied, self._expected):
+                error = APIError(401, "a valid API key is required: send 'Authorization: Bearer <key>'",
+                                 code="invalid_api_key")
+                await error.response()(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
+async def _api_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, APIError)
+    return exc.response()
+
+
+async def _http_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, HTTPException)
+    if exc.status_code == 404:
+        return APIError(404, f"no route for {request.method} {request.url.path}").response()
+    if exc.status_code == 405:
+        return APIError(405, f"method {request.method} is not allowed on {request.url.path}").response()
+    return APIError(exc.status_code, str(exc.detail)).response()
+
+
+async def _internal_error(request: Request, exc: Exception) -> Response:
+    logger.exception("unhandled error on %s", request.url.path, exc_info=exc)
+    return APIError(500, "internal server error; the server is still serving").response()
+
+
+def create_app(config: ServerConfig, loader: ModelLoader = default_loader) -> Starlette:
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        app.state.phase = Phase.LOADING
+        thread = threading.Thread(target=_load, args=(app, config, loader), name="batchserve-loader", daemon=True)
+        thread.start()
+        yield
+        await _drain(app, config.shutdown_grace_s)
+
+    middleware = []
+    if config.cors_origins:
+        middleware.append(Middleware(CORSMiddleware, allow_origins=list(config.cors_origins),
+                                     allow_methods=["GET", "POST"], allow_headers=["*"]))
+    if config.api_key:
+        middleware.append(Middleware(APIKeyMiddleware, api_key=config.api_key))
+    app = Starlette(
+        routes=[
+            Route("/v1/completions", routes.completions, methods=["POST"]),
+            Route("/v1/chat/completions", routes.chat_completions, methods=["POST"]),
+            Route("/v1/models", routes.models, methods=["GET"]),
+            Route("/health", routes.health, methods=["GET"]),
+            Route("/metrics", routes.metrics, methods=["GET"]),
+        ],
+        middleware=middleware,
+        exception_handlers={APIError: _api_error, HTTPException: _http_error, Exception: _internal_error},
+        lifespan=lifespan,
+    )
+    app.state.config = config
+    app.state.phase = Phase.LOADING
+    app.state.ready = threading.Event()
+    return app
+
+
+def _load(app: Starlette, config: ServerConfig, loader: ModelLoader) -> None:
+    try:
+        runtime = build_runtime(config, loader(config))
+        runtime.loop.start()
+    except Exception:
+        logger.exception("failed to load the model")
+        app.state.phase = Phase.FAILED
+        app.state.ready.set()
+        return
+    app.state.runtime = runtime
+    app.state.phase = Phase.READY
+    app.state.ready.set()
+
+
+def begin_drain(app: Starlette) -> None:
+    """Stop taking requests (SIGTERM): /health turns 503 and new submissions are refused."""
+    if app.state.phase is Phase.READY:
+        app.state.phase = Phase.DRAINING
+        app.state.runtime.scheduler.close()
+
+
+async def _drain(app: Starlette, grace_s: float) -> None:
+    """Let running requests finish within the grace period, then abort the rest and stop the loop."""
+    runtime: Runtime | None = getattr(app.state, "runtime", None)
+    begin_drain(app)
+    if runtime is None:
+        return
+    deadline = time.monotonic() + grace_s
+    while runtime.scheduler.has_pending_work() and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+    runtime.loop.stop()
+    runtime.loop.abort_all()

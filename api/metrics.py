@@ -1,0 +1,90 @@
+"""Prometheus metrics with vLLM-compatible names and a `mode` label, in a registry owned by the app."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+from engine.outputs import FinishReason
+from scheduler.request import RequestTimings
+from scheduler.stats import StepStats
+
+_LATENCY_BUCKETS = (0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
+                    40.0, 80.0, 160.0, 640.0)
+_BATCH_BUCKETS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128, 256)
+
+
+class ServerMetrics:
+    def __init__(self, mode: str, model_name: str) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        self._labels = {"mode": mode, "model_name": model_name}
+        names = list(self._labels)
+
+        def histogram(name: str, doc: str, buckets: Sequence[float] = _LATENCY_BUCKETS) -> Histogram:
+            return Histogram(name, doc, names, buckets=buckets, registry=self.registry)
+
+        def counter(name: str, doc: str) -> Counter:
+            return Counter(name, doc, names, registry=self.registry)
+
+        self.ttft = histogram("vllm:time_to_first_token_seconds", "Time to first token")
+        self.itl = histogram("vllm:inter_token_latency_seconds", "Time between consecutive output tokens")
+        self.e2e = histogram("vllm:e2e_request_latency_seconds", "Arrival to release of the completion")
+        self.queue = histogram("vllm:request_queue_time_seconds", "Time spent waiting before the first step")
+        self.held = histogram("batchserve:request_held_time_seconds", "Last token to release (dynamic batching)")
+        self.prompt_tokens = counter("vllm:prompt_tokens", "Prompt tokens of finished requests")
+        self.generation_tokens = counter("vllm:generation_tokens", "Generated tokens of finished requests")
+        self.success = Counter("vllm:request_success", "Finished requests by finish reason",
+                               [*names, "finished_reason"], registry=self.registry)
+        self.failures = counter("batchserve:request_failures", "Requests failed by an internal error")
+        self.batch_size = histogram("batchserve:batch_size", "Sequences computed per engine step", _BATCH_BUCKETS)
+        self.step_tokens = histogram("batchserve:step_tokens", "Tokens computed per engine step",
+                                     (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096))
+        self.held_seats = counter("batchserve:held_seats", "Seat-steps held by finished, unreleased sequences")
+        self.steps = counter("batchserve:steps", "Engine steps")
+        self.running = Gauge("vllm:num_requests_running", "Requests running", names, registry=self.registry)
+        self.waiting = Gauge("vllm:num_requests_waiting", "Requests waiting", names, registry=self.registry)
+        self.cache_usage = Gauge("vllm:kv_cache_usage_perc", "KV cache usage (0..1)", names, registry=self.registry)
+
+    def bind_gauges(
+        self, running: Callable[[], float], waiting: Callable[[], float], cache_usage: Callable[[], float]
+    ) -> None:
+        """Gauges read live state at scrape time, so they are right between steps too."""
+        self.running.labels(**self._labels).set_function(running)
+        self.waiting.labels(**self._labels).set_function(waiting)
+        self.cache_usage.labels(**self._labels).set_function(cache_usage)
+
+    def observe_step(self, stats: StepStats) -> None:
+        labels = self._labels
+        self.steps.labels(**labels).inc()
+        self.batch_size.labels(**labels).observe(stats.num_seqs)
+        self.step_tokens.labels(**labels).observe(stats.num_tokens)
+        if stats.held_seats:
+            self.held_seats.labels(**labels).inc(stats.held_seats)
+
+    def observe_request(
+        self,
+        timings: RequestTimings,
+        num_prompt_tokens: int,
+        num_output_tokens: int,
+        inter_token_latencies: Sequence[float],
+        reason: FinishReason,
+    ) -> None:
+        labels = self._labels
+        if timings.time_to_first_token is not None:
+            self.ttft.labels(**labels).observe(timings.time_to_first_token)
+        itl = self.itl.labels(**labels)
+        for latency in inter_token_latencies:
+            itl.observe(latency)
+        self.e2e.labels(**labels).observe(timings.e2e_time)
+        self.queue.labels(**labels).observe(timings.queue_time)
+        self.held.labels(**labels).observe(timings.held_time)
+        self.prompt_tokens.labels(**labels).inc(num_prompt_tokens)
+        self.generation_tokens.labels(**labels).inc(num_output_tokens)
+        self.success.labels(**labels, finished_reason=reason.openai).inc()
+
+    def observe_failure(self) -> None:
+        self.failures.labels(**self._labels).inc()
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

@@ -1,0 +1,83 @@
+"""A synchronous offline API for scripts and tests: `LLM(model=..., mode=...).generate(prompts, params)`."""
+
+from __future__ import annotations
+
+import queue
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from api.config import ServerConfig
+from api.detokenizer import IncrementalDetokenizer
+from api.app import build_runtime
+from engine.loader import LoadedModel, load_model
+from engine.outputs import FinishReason
+from engine.sampling_params import SamplingParams
+from scheduler.request import FinishEvent, Request, RequestEvent, RequestTimings, TokenEvent
+
+
+@dataclass(frozen=True)
+class CompletionOutput:
+    prompt_token_ids: list[int]
+    token_ids: list[int]
+    text: str
+    finish_reason: FinishReason
+    timings: RequestTimings
+
+
+class LLM:
+    """Loads a model and runs the chosen batching policy on a background loop thread."""
+
+    def __init__(self, model: str | None = None, mode: str = "continuous", loaded: LoadedModel | None = None,
+                 **server_options: object) -> None:
+        self.config = ServerConfig(model=model, mode=mode, **server_options)  # type: ignore[arg-type]
+        self.loaded = loaded or load_model(model, device=self.config.device)
+        self.runtime = build_runtime(self.config, self.loaded)
+        self.tokenizer = self.loaded.tokenizer
+        self.runtime.loop.start()
+        self._next_id = 0
+
+    def generate(self, prompts: Sequence[str | list[int]], params: SamplingParams | Sequence[SamplingParams],
+                 chat: bool = False) -> list[CompletionOutput]:
+        """Submit all prompts at once (so they batch), block until every one is released."""
+        params_list = [params] * len(prompts) if isinstance(params, SamplingParams) else list(params)
+        events: queue.Queue[tuple[int, RequestEvent]] = queue.Queue()
+        ids = [self._encode(p, chat) for p in prompts]
+        for index, (prompt_ids, p) in enumerate(zip(ids, params_list, strict=True)):
+            self._next_id += 1
+
+            def sink(event: RequestEvent, index: int = index) -> None:
+                events.put((index, event))
+
+            self.runtime.loop.submit(Request(f"offline-{self._next_id}", prompt_ids, p, sink))
+        tokens: list[list[int]] = [[] for _ in prompts]
+        finished: dict[int, FinishEvent] = {}
+        while len(finished) < len(prompts):
+            index, event = events.get()
+            if isinstance(event, TokenEvent):
+                tokens[index].append(event.token.token_id)
+            else:
+                finished[index] = event
+        outputs = []
+        for i, prompt_ids in enumerate(ids):
+            detok = IncrementalDetokenizer(self.tokenizer)
+            text = detok.push(tokens[i]) + detok.flush()
+            outputs.append(CompletionOutput(prompt_ids, tokens[i], text, finished[i].reason, finished[i].timings))
+        return outputs
+
+    def _encode(self, prompt: str | list[int], chat: bool) -> list[int]:
+        if isinstance(prompt, list):
+            return prompt
+        if chat:
+            messages = [{"role": "user", "content": prompt}]
+            return list(self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
+                                                           return_dict=False))
+        return list(self.tokenizer(prompt)["input_ids"])
+
+    def close(self) -> None:
+        self.runtime.loop.stop()
+
+    def __enter__(self) -> LLM:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,217 @@
+"""HTTP handlers: completions, chat completions, models, health and metrics."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator, Awaitable
+from typing import TypeVar
+
+from sse_starlette import EventSourceResponse
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from api.config import ServerConfig
+from api.errors import APIError, bad_request
+from api.formatting import Formatter, UsageTally
+from api.prompts import chat_max_tokens, chat_prompt, check_common_limits, choice_inputs, completion_prompts
+from api.protocol import ChatCompletionRequest, CompletionRequest, _SamplingFields, parse_request
+from api.service import ChoiceDelta, Generation
+from api.state import Phase, Runtime
+
+_T = TypeVar("_T")
+
+
+def _runtime(request: Request) -> Runtime:
+    phase: Phase = request.app.state.phase
+    if phase is Phase.LOADING:
+        raise APIError(503, "the model is still loading; retry shortly", headers={"Retry-After": "5"})
+    if phase is not Phase.READY:
+        raise APIError(503, f"the server is not serving ({phase.value})")
+    runtime: Runtime = request.app.state.runtime
+    return runtime
+
+
+async def _read_json_body(request: Request, limit: int) -> bytes:
+    content_type = request.headers.get("content-type", "")
+    if content_type.split(";")[0].strip().lower() != "application/json":
+        raise bad_request("the request body must be JSON with Content-Type: application/json")
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise APIError(413, f"the request body exceeds the limit of {limit} bytes")
+    body = bytearray()
+    async for chunk in request.stream():
+        body.extend(chunk)
+        if len(body) > limit:
+            raise APIError(413, f"the request body exceeds the limit of {limit} bytes")
+    return bytes(body)
+
+
+def _check_model(requested: str | None, runtime: Runtime) -> None:
+    if requested is not None and requested != runtime.model_name:
+        raise APIError(404, f"the model '{requested}' does not exist; this server serves '{runtime.model_name}'",
+                       param="model", code="model_not_found")
+
+
+async def _until_disconnect(request: Request, work: Awaitable[_T]) -> _T | None:
+    """Run `work`, cancelling it if the client disconnects first (which aborts its sequences)."""
+    task = asyncio.ensure_future(work)
+
+    async def disconnected() -> None:
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+
+    watcher = asyncio.ensure_future(disconnected())
+    try:
+        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watcher.cancel()
+    if not task.done():
+        task.cancel()
+        return None
+    return task.result()
+
+
+async def completions(request: Request) -> Response:
+    config: ServerConfig = request.app.state.config
+    runtime = _runtime(request)
+    body = parse_request(CompletionRequest, await _read_json_body(request, config.max_body_bytes))
+    _check_model(body.model, runtime)
+    check_common_limits(body, config)
+    if body.echo and body.logprobs is not None:
+        raise bad_request("echo together with logprobs (prompt logprobs) is not supported", param="echo")
+    prompts = completion_prompts(body, runtime.tokenizer, config)
+    inputs = choice_inputs(body, prompts, body.max_tokens or 16, body.logprobs)
+    formatter = Formatter(runtime.service.new_request_id("cmpl"), runtime.model_name, runtime.tokenizer, chat=False)
+    echo_texts = [runtime.tokenizer.decode(p) for p in prompts] if body.echo else None
+    return await _respond(request, body, runtime, formatter, inputs, echo_texts, body.logprobs)
+
+
+async def chat_completions(request: Request) -> Response:
+    config: ServerConfig = request.app.state.config
+    runtime = _runtime(request)
+    body = parse_request(ChatCompletionRequest, await _read_json_body(request, config.max_body_bytes))
+    _check_model(body.model, runtime)
+    check_common_limits(body, config)
+    if body.top_logprobs is not None and not body.logprobs:
+        raise bad_request("top_logprobs requires logprobs to be true", param="top_logprobs")
+    prompt = chat_prompt(body, runtime.tokenizer)
+    max_tokens = chat_max_tokens(body, len(prompt), runtime.max_model_len)
+    logprobs = (body.top_logprobs or 0) if body.logprobs else None
+    inputs = choice_inputs(body, [prompt], max_tokens, logprobs)
+    formatter = Formatter(runtime.service.new_request_id("chatcmpl"), runtime.model_name, runtime.tokenizer,
+                          chat=True)
+    return await _respond(request, body, runtime, formatter, inputs, None, logprobs)
+
+
+async def _respond(
+    request: Request,
+    body: _SamplingFields,
+    runtime: Runtime,
+    formatter: Formatter,
+    inputs: list,
+    echo_texts: list[str] | None,
+    logprobs: int | None,
+) -> Response:
+    generation = runtime.service.start(inputs, formatter.request_id)  # raises 400/429/503 before any byte
+    if body.stream:
+        events = _stream(generation, body, formatter, echo_texts, logprobs)
+        return EventSourceResponse(events, sep="\n", ping=15, headers={"Cache-Control": "no-cache"})
+    try:
+        result = await _until_disconnect(request, _collect(generation, body, formatter, echo_texts, logprobs))
+    finally:
+        generation.close()
+    if result is None:
+        return Response(status_code=499)  # the client is gone; nobody reads this
+    return JSONResponse(result)
+
+
+def _prompt_index(delta: ChoiceDelta, n: int) -> int:
+    return delta.index // n
+
+
+async def _collect(generation: Generation, body: _SamplingFields, formatter: Formatter,
+                   echo_texts: list[str] | None, logprobs: int | None) -> dict[str, object]:
+    count = len(generation.choices)
+    texts = [echo_texts[i // body.n] if echo_texts else "" for i in range(count)]
+    entries: list[list] = [[] for _ in range(count)]
+    finish: list[str | None] = [None] * count
+    tally = UsageTally()
+    async for delta in generation.deltas():
+        if delta.error is not None:
+            raise APIError(500, f"generation failed: {delta.error}")
+        texts[delta.index] += delta.text
+        entries[delta.index].extend(delta.logprobs)
+        if delta.finish_reason is not None:
+            finish[delta.index] = delta.finish_reason
+            tally.add(delta, _prompt_index(delta, body.n))
+    choices = []
+    for i in range(count):
+        lp = None
+        if logprobs is not None:
+            lp = (formatter.chat_logprobs(entries[i], logprobs) if formatter.chat
+                  else formatter.completion_logprobs(entries[i], 0, logprobs))
+        choices.append(formatter.final_choice(i, texts[i], finish[i], lp))
+    return formatter.response(choices, tally)
+
+
+async def _stream(generation: Generation, body: _SamplingFields, formatter: Formatter,
+                  echo_texts: list[str] | None, logprobs: int | None) -> AsyncIterator[str]:
+    count = len(generation.choices)
+    offsets = [0] * count
+    tally = UsageTally()
+    finished = 0
+    try:
+        for i in range(count):
+            if formatter.chat:
+                yield json.dumps(formatter.chunk([formatter.stream_choice(i, "", None, None, role=True)]))
+            elif echo_texts:
+                text = echo_texts[i // body.n]
+                offsets[i] = len(text)
+                yield json.dumps(formatter.chunk([formatter.stream_choice(i, text, None, None)]))
+        async for delta in generation.deltas():
+            if delta.error is not None:
+                error = APIError(500, f"generation failed: {delta.error}").body()
+                yield json.dumps(error)
+                break
+            if delta.finish_reason is not None:
+                finished += 1
+                tally.add(delta, _prompt_index(delta, body.n))
+            if not delta.text and not delta.logprobs and delta.finish_reason is None:
+                continue
+            lp = None
+            if logprobs is not None and delta.logprobs:
+                lp = (formatter.chat_logprobs(delta.logprobs, logprobs) if formatter.chat
+                      else formatter.completion_logprobs(delta.logprobs, offsets[delta.index], logprobs))
+            offsets[delta.index] += len(delta.text)
+            last = finished == count and delta.finish_reason is not None
+            choice = formatter.stream_choice(delta.index, delta.text, delta.finish_reason, lp)
+            extra = {"usage": tally.usage(), "timings": tally.timings()} if last else {}
+            yield json.dumps(formatter.chunk([choice], **extra))
+        else:
+            if body.include_usage:
+                yield json.dumps(formatter.chunk([], usage=tally.usage(), timings=tally.timings()))
+    except APIError as exc:  # e.g. the request timeout, after the stream started
+        yield json.dumps(exc.body())
+    finally:
+        generation.close()
+    yield "[DONE]"
+
+
+async def models(request: Request) -> Response:
+    runtime = _runtime(request)
+    card = {"id": runtime.model_name, "object": "model", "created": 0, "owned_by": "batchserve",
+            "max_model_len": runtime.max_model_len}
+    return JSONResponse({"object": "list", "data": [card]})
+
+
+async def health(request: Request) -> Response:
+    phase: Phase = request.app.state.phase
+    if phase is Phase.READY and request.app.state.runtime.loop.alive:
+        return JSONResponse({"status": "ok", "mode": request.app.state.config.mode})
+    return JSONResponse({"status": phase.value}, status_code=503)
+
+
+async def metrics(request: Request) -> Response:
+    runtime = _runtime(request)
+    return Response(runtime.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")

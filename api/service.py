@@ -1,0 +1,188 @@
+"""Between HTTP and the scheduler: tokenise, submit one sequence per choice, turn events into text deltas.
+
+Each choice is a scheduler request whose events arrive through a shared asyncio queue. Text is produced by
+an incremental detokenizer per choice, which also finds stop strings; a stop string finishes the sequence
+early through the scheduler (in dynamic mode its completion is still held until the batch ends).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
+
+from transformers import PreTrainedTokenizerBase
+
+from api.detokenizer import IncrementalDetokenizer
+from api.errors import APIError
+from api.metrics import ServerMetrics
+from engine.errors import EngineInputError
+from engine.outputs import FinishReason
+from engine.sampling_params import SamplingParams
+from scheduler.errors import QueueFullError, SchedulerClosedError
+from scheduler.loop import EngineLoop
+from scheduler.request import FinishEvent, Request, RequestEvent, RequestTimings, TokenEvent
+
+
+@dataclass(frozen=True)
+class ChoiceInput:
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    stop: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class TokenLogprob:
+    token_id: int
+    logprob: float
+    top: tuple[tuple[int, float], ...]
+
+
+@dataclass(frozen=True)
+class ChoiceDelta:
+    """New output of one choice: text, the tokens behind it, and its end when it is released."""
+
+    index: int
+    text: str
+    logprobs: tuple[TokenLogprob, ...] = ()
+    finish_reason: str | None = None
+    timings: RequestTimings | None = None
+    num_prompt_tokens: int = 0
+    num_output_tokens: int = 0
+    error: str | None = None
+
+
+@dataclass
+class _Choice:
+    index: int
+    request_id: str
+    detokenizer: IncrementalDetokenizer
+    num_prompt_tokens: int
+    num_output_tokens: int = 0
+    stopped_by_string: bool = False
+    last_token_time: float | None = None
+    inter_token_latencies: list[float] = field(default_factory=list)
+
+
+class GenerationService:
+    def __init__(
+        self,
+        loop: EngineLoop,
+        tokenizer: PreTrainedTokenizerBase,
+        metrics: ServerMetrics,
+        request_timeout_s: float | None = None,
+    ) -> None:
+        self.loop = loop
+        self.tokenizer = tokenizer
+        self.metrics = metrics
+        self.request_timeout_s = request_timeout_s
+
+    def new_request_id(self, prefix: str) -> str:
+        return f"{prefix}-{uuid.uuid4().hex[:24]}"
+
+    def start(self, inputs: Sequence[ChoiceInput], request_id: str) -> Generation:
+        """Submit every choice now, so that bad input or a full queue fail before any response is sent."""
+        generation = Generation(self, request_id)
+        try:
+            for item in inputs:
+                generation.add(item)
+        except BaseException:
+            generation.close()
+            raise
+        return generation
+
+    def _submit(self, request: Request) -> None:
+        try:
+            self.loop.submit(request)
+        except EngineInputError as exc:
+            raise APIError(400, str(exc), param=exc.param) from None
+        except QueueFullError as exc:
+            raise APIError(429, f"{exc}; retry later", headers={"Retry-After": "1"}) from None
+        except SchedulerClosedError as exc:
+            raise APIError(503, str(exc)) from None
+
+    def _on_token(self, choice: _Choice, event: TokenEvent) -> ChoiceDelta | None:
+        if choice.stopped_by_string:
+            return None  # tokens computed before the stop reached the loop are not part of the answer
+        token = event.token
+        if choice.last_token_time is not None:
+            choice.inter_token_latencies.append(event.time - choice.last_token_time)
+        choice.last_token_time = event.time
+        choice.num_output_tokens += 1
+        text = choice.detokenizer.push([token.token_id])
+        if choice.detokenizer.stopped:
+            choice.stopped_by_string = True
+            self.loop.stop_request(choice.request_id)
+        logprobs: tuple[TokenLogprob, ...] = ()
+        if token.logprob is not None:
+            logprobs = (TokenLogprob(token.token_id, token.logprob, token.top_logprobs or ()),)
+        return ChoiceDelta(choice.index, text, logprobs, num_output_tokens=choice.num_output_tokens)
+
+    def _on_finish(self, choice: _Choice, event: FinishEvent) -> ChoiceDelta:
+        if event.reason is FinishReason.ERROR:
+            self.metrics.observe_failure()
+            return ChoiceDelta(choice.index, "", error=event.error or "internal error")
+        tail = "" if choice.stopped_by_string else choice.detokenizer.flush()
+        reason = FinishReason.STOP if choice.stopped_by_string else event.reason
+        self.metrics.observe_request(event.timings, choice.num_prompt_tokens, choice.num_output_tokens,
+                                     choice.inter_token_latencies, reason)
+        return ChoiceDelta(
+            choice.index,
+            tail,
+            finish_reason=reason.openai,
+            timings=event.timings,
+            num_prompt_tokens=choice.num_prompt_tokens,
+            num_output_tokens=choice.num_output_tokens,
+        )
+
+
+class Generation:
+    """The running choices of one API request. Iterate for deltas; `close()` aborts whatever still runs."""
+
+    def __init__(self, service: GenerationService, request_id: str) -> None:
+        self.service = service
+        self.request_id = request_id
+        self.choices: list[_Choice] = []
+        self._open: set[str] = set()
+        self._events: asyncio.Queue[tuple[int, RequestEvent]] = asyncio.Queue()
+        self._aio_loop = asyncio.get_running_loop()
+
+    def add(self, item: ChoiceInput) -> None:
+        index = len(self.choices)
+        sub_id = f"{self.request_id}-{index}"
+        detokenizer = IncrementalDetokenizer(self.service.tokenizer, stop=item.stop)
+        self.choices.append(_Choice(index, sub_id, detokenizer, len(item.prompt_token_ids)))
+
+        def sink(event: RequestEvent) -> None:
+            self._aio_loop.call_soon_threadsafe(self._events.put_nowait, (index, event))
+
+        self.service._submit(Request(sub_id, item.prompt_token_ids, item.params, sink))
+        self._open.add(sub_id)
+
+    async def deltas(self) -> AsyncIterator[ChoiceDelta]:
+        service = self.service
+        try:
+            async with asyncio.timeout(service.request_timeout_s):
+                while self._open:
+                    index, event = await self._events.get()
+                    choice = self.choices[index]
+                    if isinstance(event, TokenEvent):
+                        delta = service._on_token(choice, event)
+                    else:
+                        self._open.discard(choice.request_id)
+                        delta = service._on_finish(choice, event)
+                    if delta is not None:
+                        yield delta
+        except TimeoutError:
+            raise APIError(
+                504, f"the request ran longer than the server's request timeout of {service.request_timeout_s} s"
+            ) from None
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        """Abort the choices still running (client gone, timeout, error); their seats free within a step."""
+        for sub_id in self._open:
+            self.service.loop.abort(sub_id)
+        self._open.clear()
