@@ -17,7 +17,7 @@ from engine.forward_batch import build_forward_batch, move_batch
 from engine.kv_cache import BlockAllocator, PagedKVCache
 from engine.model_runner import ModelRunner
 from engine.outputs import FinishReason, StepOutput, TokenOutput
-from engine.sampler import RowSampling, apply_penalties, sample
+from engine.sampler import RowSampling, SampleResult, apply_penalties, sample
 from engine.sampling_params import SamplingParams
 
 _NOT_FINISHED, _STOPPED, _LENGTH = 0, 1, 2
@@ -256,7 +256,7 @@ class Engine:
         self._token_buffer[rows, positions] = tokens
         self._seq_len[rows] += 1
         finish = self._finish_codes(rows, tokens)
-        return self._package(seq_ids, rows, tokens, finish, result)
+        return self._package(seq_ids, self._logprobs[rows].tolist(), tokens, finish, result)
 
     def _output_counts(self, rows: torch.Tensor, vocab: int) -> torch.Tensor:
         """[rows, vocab] how often each token appears in each row's output so far."""
@@ -282,15 +282,22 @@ class Engine:
 
     @staticmethod
     def _package(
-        seq_ids: list[int], rows: torch.Tensor, tokens: torch.Tensor, finish: torch.Tensor, result
+        seq_ids: list[int], wanted: list[int], tokens: torch.Tensor, finish: torch.Tensor, result: SampleResult
     ) -> tuple[TokenOutput, ...]:
+        """One TokenOutput per row, with only the logprobs that row asked for (-1: none)."""
         reasons = {_NOT_FINISHED: None, _STOPPED: FinishReason.STOP, _LENGTH: FinishReason.LENGTH}
         token_list, finish_list = tokens.tolist(), finish.tolist()
         chosen = result.logprobs.tolist() if result.logprobs is not None else [None] * len(seq_ids)
-        tops: list = [None] * len(seq_ids)
+        tops: list[tuple[tuple[int, float], ...]] = [()] * len(seq_ids)
         if result.top_ids is not None and result.top_logprobs is not None:
             tops = [tuple(zip(i, lp)) for i, lp in zip(result.top_ids.tolist(), result.top_logprobs.tolist())]
         return tuple(
-            TokenOutput(seq_id, token, logprob, top, reasons[code])
-            for seq_id, token, logprob, top, code in zip(seq_ids, token_list, chosen, tops, finish_list)
+            TokenOutput(
+                seq_id,
+                token,
+                logprob if want >= 0 else None,
+                top[:want] if want >= 0 else None,
+                reasons[code],
+            )
+            for seq_id, want, token, logprob, top, code in zip(seq_ids, wanted, token_list, chosen, tops, finish_list)
         )

@@ -20,7 +20,7 @@ from scheduler.continuous import ContinuousPolicy
 from scheduler.dynamic import DynamicPolicy
 from scheduler.errors import QueueFullError, SchedulerClosedError
 from scheduler.policy import Policy, StepPlan
-from scheduler.request import FinishEvent, Request, RequestStatus, TokenEvent
+from scheduler.request import FinishEvent, Request, RequestEvent, RequestStatus, TokenEvent
 from scheduler.stats import StepStats
 
 logger = logging.getLogger("batchserve.scheduler")
@@ -113,6 +113,8 @@ class Scheduler:
         plan = self.policy.plan(self.waiting, now)
         if not plan:
             return None
+        # Prefill work: prompt chunks, and recomputation after preemption; the rest are decode tokens.
+        prefill = sum(count for request, count in plan if count > 1 or request.first_token is None)
         for request, _ in plan:
             self._mark_scheduled(request, now)
         failed = False
@@ -133,7 +135,7 @@ class Scheduler:
             duration=end - now,
             num_seqs=len(plan),
             num_tokens=num_tokens,
-            num_prompt_tokens=num_tokens - generated if not failed else num_tokens,
+            num_prompt_tokens=prefill,
             num_generated=generated,
             held_seats=self.policy.held_seats,
             num_running=len(self.policy.running),
@@ -167,8 +169,9 @@ class Scheduler:
             request.token_times.append(now)
             request.num_output_tokens += 1
             delivered += 1
-            request.sink(TokenEvent(token, now))
-            if token.finish_reason is not None:
+            if not self._emit(request, TokenEvent(token, now)):
+                self._finish(request, FinishReason.ABORT)
+            elif token.finish_reason is not None:
                 self._finish(request, token.finish_reason)
         return delivered
 
@@ -218,7 +221,18 @@ class Scheduler:
         request.status = RequestStatus.RELEASED
         self._requests.pop(request.request_id, None)
         reason = request.finish_reason or FinishReason.ERROR
-        request.sink(FinishEvent(reason, request.timings(self.mode, self.clock()), request.error))
+        self._emit(request, FinishEvent(reason, request.timings(self.mode, self.clock()), request.error))
+
+    @staticmethod
+    def _emit(request: Request, event: RequestEvent) -> bool:
+        """Hand an event to the request's consumer; a consumer that fails (its loop closed) must not stop
+        the step for everyone else. Returns False if it failed."""
+        try:
+            request.sink(event)
+        except Exception:
+            logger.exception("the consumer of request %s failed; aborting it", request.request_id)
+            return False
+        return True
 
     def abort_all(self) -> None:
         """Abort everything (shutdown after the grace period)."""

@@ -1,0 +1,98 @@
+"""Shared test helpers: tiny random-initialised causal LMs built from a config (no downloads, CPU, fast)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+import torch
+from transformers import (
+    GenerationConfig,
+    LlamaConfig,
+    LlamaForCausalLM,
+    MistralConfig,
+    MistralForCausalLM,
+    PreTrainedModel,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+)
+
+TINY_ARCHITECTURES: dict[str, tuple[type, type]] = {
+    "llama": (LlamaConfig, LlamaForCausalLM),
+    "qwen2": (Qwen2Config, Qwen2ForCausalLM),
+    "mistral": (MistralConfig, MistralForCausalLM),
+}
+TINY_VOCAB_SIZE = 160
+TINY_MAX_POSITIONS = 256
+
+
+def build_tiny_causal_lm(
+    arch: str, *, seed: int = 0, vocab_size: int = TINY_VOCAB_SIZE, initializer_range: float = 0.1
+) -> PreTrainedModel:
+    """A 2-layer, hidden-64 GQA decoder of the given family with random weights, in eval mode.
+
+    The weights are larger than the default init (initializer_range 0.1) so next-token distributions are
+    peaked and greedy choices are not near-ties. Norm weights and (for Qwen2) the q/k/v biases are
+    randomised too, so code that ignores them cannot pass. No special tokens are configured and the
+    generation config has no EOS, so `generate()` always produces exactly `max_new_tokens` tokens.
+    """
+    config_cls, model_cls = TINY_ARCHITECTURES[arch]
+    config = config_cls(
+        vocab_size=vocab_size,
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=128,
+        max_position_embeddings=TINY_MAX_POSITIONS,
+        initializer_range=initializer_range,
+        bos_token_id=None,
+        eos_token_id=None,
+        pad_token_id=None,
+        tie_word_embeddings=False,
+    )
+    # Distinct weights per family even where the architectures coincide (Mistral is Llama-shaped).
+    torch.manual_seed(1000 * seed + list(TINY_ARCHITECTURES).index(arch))
+    model = model_cls(config).eval()
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name.endswith("norm.weight"):
+                param.copy_(1.0 + 0.2 * torch.randn_like(param))
+            elif name.endswith("bias"):
+                param.copy_(0.5 * torch.randn_like(param))
+    model.generation_config = GenerationConfig(
+        do_sample=False, eos_token_id=None, pad_token_id=None, bos_token_id=None
+    )
+    return model
+
+
+@pytest.fixture(scope="session")
+def tiny_model_builder() -> Callable[..., PreTrainedModel]:
+    """`build(arch, seed=0, vocab_size=160)` -> a cached tiny model; arch is 'llama', 'qwen2' or 'mistral'.
+
+    Models are shared within the session: treat them as read-only.
+    """
+    cache: dict[tuple, PreTrainedModel] = {}
+
+    def build(arch: str, *, seed: int = 0, vocab_size: int = TINY_VOCAB_SIZE) -> PreTrainedModel:
+        key = (arch, seed, vocab_size)
+        if key not in cache:
+            cache[key] = build_tiny_causal_lm(arch, seed=seed, vocab_size=vocab_size)
+        return cache[key]
+
+    return build
+
+
+@pytest.fixture(scope="session")
+def tiny_llama(tiny_model_builder: Callable[..., PreTrainedModel]) -> PreTrainedModel:
+    return tiny_model_builder("llama")
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen2(tiny_model_builder: Callable[..., PreTrainedModel]) -> PreTrainedModel:
+    return tiny_model_builder("qwen2")
+
+
+@pytest.fixture(scope="session")
+def tiny_mistral(tiny_model_builder: Callable[..., PreTrainedModel]) -> PreTrainedModel:
+    return tiny_model_builder("mistral")

@@ -1,0 +1,111 @@
+"""Run the real batchserve app under uvicorn on a free loopback port, with a tiny or the real model."""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import httpx
+import uvicorn
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from transformers import PreTrainedTokenizerFast
+
+from api.app import create_app
+from api.config import ServerConfig
+from engine.loader import LoadedModel, load_model
+from tests.conftest import build_tiny_causal_lm
+
+TINY_EOS = "<|eos|>"
+TINY_CHAT_TEMPLATE = (
+    "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}\n{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>{% endif %}"
+)
+_CORPUS = [
+    "the quick brown fox jumps over the lazy dog",
+    "hello world, this is a tiny tokenizer for fast tests",
+    "numbers 0123456789 and punctuation: ;,.!?()[]{}",
+    "user assistant system role content",
+]
+
+
+@functools.cache
+def tiny_tokenizer() -> PreTrainedTokenizerFast:
+    """A byte-level BPE tokenizer trained in memory: every string encodes, multi-byte characters split."""
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=320,
+        min_frequency=2,
+        special_tokens=[TINY_EOS],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(_CORPUS * 10, trainer=trainer)
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=TINY_EOS)
+    fast.chat_template = TINY_CHAT_TEMPLATE
+    return fast
+
+
+def tiny_loaded_model(arch: str = "llama", seed: int = 0) -> LoadedModel:
+    """A random tiny model whose vocabulary matches `tiny_tokenizer()`; EOS is its special token."""
+    tokenizer = tiny_tokenizer()
+    model = build_tiny_causal_lm(arch, seed=seed, vocab_size=len(tokenizer))
+    return LoadedModel(model, tokenizer, f"tiny-{arch}", (int(tokenizer.eos_token_id),), 256)
+
+
+@functools.cache
+def real_loaded_model() -> LoadedModel:
+    """SmolLM2-135M-Instruct (converted once, then from the cache); shared by the slow tests of a session."""
+    return load_model()
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@dataclass(frozen=True)
+class RunningServer:
+    base_url: str
+    app: object
+    server: uvicorn.Server
+
+    @property
+    def runtime(self):  # type: ignore[no-untyped-def]
+        return self.app.state.runtime  # type: ignore[attr-defined]
+
+
+@contextlib.contextmanager
+def running_server(config: ServerConfig, loaded: LoadedModel | None = None) -> Iterator[RunningServer]:
+    """Start the app on `config.port` (0: a free port) in a thread; wait until /health is 200."""
+    port = config.port or free_port()
+    config = ServerConfig(**{**config.__dict__, "port": port})
+    model = loaded if loaded is not None else tiny_loaded_model()
+    app = create_app(config, loader=lambda _config: model)
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    base_url = f"http://127.0.0.1:{port}"
+    try:
+        _wait_healthy(base_url)
+        yield RunningServer(base_url, app, server)
+    finally:
+        server.should_exit = True
+        thread.join(30)
+
+
+def _wait_healthy(base_url: str, timeout_s: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        with contextlib.suppress(httpx.HTTPError):
+            if httpx.get(f"{base_url}/health", timeout=2).status_code == 200:
+                return
+        time.sleep(0.05)
+    raise RuntimeError(f"server at {base_url} did not become healthy in {timeout_s} s")

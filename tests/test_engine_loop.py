@@ -1,0 +1,171 @@
+"""The engine loop thread and AsyncEventStream, over the real Scheduler and Engine with a ScriptedRunner.
+
+These run on the real monotonic clock (the loop sleeps until a deadline), but assert only counts and
+orderings: events arrive, the idle thread blocks instead of spinning, a batch timeout wakes it by itself.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Callable
+
+import pytest
+
+from engine.outputs import FinishReason
+from engine.sampling_params import SamplingParams
+from scheduler.config import Mode
+from scheduler.loop import AsyncEventStream, EngineLoop
+from scheduler.request import FinishEvent, Request, RequestEvent, TokenEvent
+from tests.fakes import Harness, build, expected_tokens
+
+EVENT_TIMEOUT_S = 10.0  # only a guard against a hung test; never reached when things work
+
+
+class RecordingEvent(threading.Event):
+    """The loop's wake-up event: records each wait's timeout; `idle` is set while the loop thread waits."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.timeouts: list[float | None] = []
+        self.idle = threading.Event()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        self.timeouts.append(timeout)
+        self.idle.set()
+        try:
+            return super().wait(timeout)
+        finally:
+            self.idle.clear()
+
+
+class CountingStep:
+    def __init__(self, step: Callable[[], object]) -> None:
+        self.step = step
+        self.calls = 0
+
+    def __call__(self) -> object:
+        self.calls += 1
+        return self.step()
+
+
+def make_loop(mode: Mode, **config: object) -> tuple[Harness, EngineLoop, RecordingEvent, CountingStep]:
+    h = build(mode, clock=time.monotonic, **config)
+    counter = CountingStep(h.scheduler.step)
+    h.scheduler.step = counter  # type: ignore[method-assign]
+    loop = EngineLoop(h.scheduler)
+    wake = RecordingEvent()
+    loop._wake = wake  # observe the loop's sleeps
+    return h, loop, wake, counter
+
+
+def wait_idle(wake: RecordingEvent) -> None:
+    """Return once the loop thread is inside its event wait."""
+    assert wake.idle.wait(EVENT_TIMEOUT_S), "the loop never went idle"
+
+
+async def collect(stream: AsyncEventStream) -> list[RequestEvent]:
+    events: list[RequestEvent] = []
+    while not events or not isinstance(events[-1], FinishEvent):
+        events.append(await asyncio.wait_for(stream.get(), EVENT_TIMEOUT_S))
+    return events
+
+
+def submit(loop: EngineLoop, request_id: str, prompt: list[int], max_tokens: int) -> AsyncEventStream:
+    stream = AsyncEventStream(asyncio.get_running_loop())
+    loop.submit(Request(request_id, prompt, SamplingParams(max_tokens=max_tokens, temperature=0.0), stream))
+    return stream
+
+
+@pytest.mark.parametrize("mode", [Mode.DYNAMIC, Mode.CONTINUOUS], ids=lambda m: m.value)
+def test_async_consumer_receives_token_events_then_finish_event(mode: Mode) -> None:
+    h, loop, _, _ = make_loop(mode, seats=2)
+    prompts = {"a": ([1, 2, 3], 5), "b": ([4, 5], 3)}
+
+    async def main() -> dict[str, list[RequestEvent]]:
+        streams = {rid: submit(loop, rid, p, n) for rid, (p, n) in prompts.items()}
+        results = await asyncio.gather(*(collect(s) for s in streams.values()))
+        return dict(zip(streams, results, strict=True))
+
+    loop.start()
+    try:
+        events = asyncio.run(main())
+    finally:
+        loop.stop()
+    assert not loop.alive
+    for rid, (prompt, max_tokens) in prompts.items():
+        *tokens, finish = events[rid]
+        assert all(isinstance(e, TokenEvent) for e in tokens)
+        assert [e.token.token_id for e in tokens if isinstance(e, TokenEvent)] == expected_tokens(
+            prompt, max_tokens
+        )
+        assert isinstance(finish, FinishEvent) and finish.reason is FinishReason.LENGTH
+        assert finish.timings.mode == mode.value
+    assert h.engine.cache_usage == 0 and h.engine.num_free_rows == h.seats
+
+
+def test_idle_loop_blocks_on_its_event_instead_of_stepping() -> None:
+    h, loop, wake, counter = make_loop(Mode.CONTINUOUS, seats=2)
+    loop.start()
+    try:
+        wait_idle(wake)
+        assert wake.timeouts == [None]  # no deadline: it sleeps until woken
+        time.sleep(0.2)
+        # One step found nothing to do; a spinning loop would have stepped thousands of times by now.
+        assert counter.calls == 1
+
+        async def main() -> list[RequestEvent]:
+            return await collect(submit(loop, "a", [1, 2], 3))
+
+        events = asyncio.run(main())
+        assert isinstance(events[-1], FinishEvent) and events[-1].reason is FinishReason.LENGTH
+        wait_idle(wake)
+        calls = counter.calls
+        assert wake.timeouts[-1] is None
+        time.sleep(0.2)
+        assert counter.calls == calls  # idle again, and not stepping
+        # 1 idle step, 1 woken by the submit (it may already see the request), 3 steps with tokens, 1 finding
+        # nothing left: never more than a handful.
+        assert counter.calls <= 7
+    finally:
+        loop.stop()
+    assert not loop.alive
+    assert not h.scheduler.has_pending_work()
+
+
+def test_dynamic_loop_wakes_by_itself_to_dispatch_partial_batch_after_timeout() -> None:
+    timeout_ms = 50.0
+    h, loop, wake, _ = make_loop(Mode.DYNAMIC, seats=4, batch_timeout_ms=timeout_ms)
+    loop.start()
+    try:
+
+        async def main() -> list[RequestEvent]:
+            # 1 of 4 seats: only the batch timeout can send it.
+            return await collect(submit(loop, "alone", [1, 2, 3], 2))
+
+        events = asyncio.run(main())
+    finally:
+        loop.stop()
+    finish = events[-1]
+    assert isinstance(finish, FinishEvent) and finish.reason is FinishReason.LENGTH
+    assert len(events) == 3
+    # Nothing woke the loop after the submit: it slept with the batch deadline as its timeout.
+    finite = [t for t in wake.timeouts if t is not None]
+    assert finite and all(0 <= t <= timeout_ms / 1000 for t in finite)
+    assert finish.timings.scheduled is not None
+    assert finish.timings.scheduled - finish.timings.arrival >= timeout_ms / 1000
+    assert finish.timings.batch_id == 1
+    assert not h.scheduler.has_pending_work()
+
+
+def test_stop_joins_the_loop_thread() -> None:
+    _, loop, wake, counter = make_loop(Mode.CONTINUOUS)
+    loop.start()
+    assert loop.alive
+    wait_idle(wake)
+    loop.stop()
+    assert not loop.alive
+    calls = counter.calls
+    loop.submit(Request("after", [1], SamplingParams(max_tokens=1), lambda event: None))
+    assert counter.calls == calls  # a stopped loop steps no more
