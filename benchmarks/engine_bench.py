@@ -1,0 +1,244 @@
+"""Engine throughput against its ceiling and against transformers `generate()`, in one run.
+
+For each batch size the script measures, on the same prompts (mixed lengths, 32..96 tokens):
+- the engine: prefill tokens/s (all prompts in one step) and decode tokens/s (one token per sequence per step);
+- the ceiling: the model's own weight matmuls alone (every layer's q/k/v/o/gate/up/down and the LM head,
+  nothing else) for one decode step at that batch size;
+- transformers `generate()`: batch 1, and batched with left padding.
+Warm-up runs are excluded. The machine is noisy, so every ratio compares numbers taken in the same run, and
+the ceiling is measured right before and after the engine and averaged.
+
+    python -m benchmarks.engine_bench [--batch-sizes 1,8,32,64] [--decode-steps 32] [--out FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from engine.config import EngineConfig
+from engine.engine import Engine
+from engine.loader import LoadedModel, load_model
+from engine.model_runner import TransformersRunner
+from engine.sampling_params import SamplingParams
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    batch_sizes: tuple[int, ...] = (1, 8, 32, 64)
+    decode_steps: int = 32
+    min_prompt: int = 32
+    max_prompt: int = 96
+    repeats: int = 3
+    generate_batch: int = 8
+
+    def __post_init__(self) -> None:
+        if not self.batch_sizes or min(self.batch_sizes) < 1:
+            raise ValueError("batch sizes must be positive")
+        if self.decode_steps < 2 or self.repeats < 1:
+            raise ValueError("need at least 2 decode steps and 1 repeat")
+
+
+@dataclass(frozen=True)
+class Row:
+    batch: int
+    engine_prefill_tok_s: float
+    engine_decode_tok_s: float
+    engine_step_ms: float
+    ceiling_step_ms: float
+    ceiling_tok_s: float
+    decode_vs_ceiling: float  # engine decode tok/s over the ceiling's tok/s (1.0 = no overhead at all)
+    step_time_vs_ceiling: float  # engine step time over the ceiling's step time
+    weight_bandwidth_gb_s: float  # weight bytes read per engine decode step over its time
+
+
+def mixed_prompts(count: int, config: BenchConfig, vocab: int) -> list[list[int]]:
+    """Deterministic prompts of lengths cycling through min_prompt..max_prompt."""
+    generator = torch.Generator().manual_seed(0)
+    span = config.max_prompt - config.min_prompt
+    lengths = [config.min_prompt + (i * 37) % (span + 1) for i in range(count)]
+    return [torch.randint(100, vocab - 1, (n,), generator=generator).tolist() for n in lengths]
+
+
+def _timed(fn: Callable[[], object]) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def _best(fn: Callable[[], object], repeats: int) -> float:
+    """Median of `repeats` timed runs after one untimed warm-up."""
+    fn()
+    return statistics.median(_timed(fn) for _ in range(repeats))
+
+
+def weight_matmuls(model: nn.Module) -> list[torch.Tensor]:
+    """Every projection weight of every layer, then the LM head: exactly what a decode step must multiply."""
+    weights = []
+    for layer in model.model.layers:
+        attn, mlp = layer.self_attn, layer.mlp
+        weights += [attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight, attn.o_proj.weight]
+        weights += [mlp.gate_proj.weight, mlp.up_proj.weight, mlp.down_proj.weight]
+    weights.append(model.lm_head.weight)
+    return weights
+
+
+@torch.inference_mode()
+def ceiling_step_seconds(weights: list[torch.Tensor], batch: int, steps: int, repeats: int) -> float:
+    """Time of one decode step's weight matmuls alone at this batch size (inputs shaped like the real ones)."""
+    inputs = {w.shape[1]: torch.randn(batch, w.shape[1], dtype=w.dtype) for w in weights}
+
+    def run() -> None:
+        for _ in range(steps):
+            for w in weights:
+                F.linear(inputs[w.shape[1]], w)
+
+    return _best(run, repeats) / steps
+
+
+def engine_seconds(loaded: LoadedModel, prompts: list[list[int]], steps: int, repeats: int
+                   ) -> tuple[float, float]:
+    """(prefill seconds for all prompts in one step, seconds per decode step), medians over repeats."""
+    batch = len(prompts)
+    longest = max(len(p) for p in prompts) + steps + 1
+    engine = Engine(
+        TransformersRunner(loaded.model),
+        EngineConfig(max_num_seqs=batch, kv_cache_tokens=batch * (longest + 16), max_model_len=longest + 16),
+        loaded.eos_token_ids,
+        loaded.max_model_len,
+    )
+    params = SamplingParams(max_tokens=steps + 1, temperature=0.0, ignore_eos=True)
+    prefill_times, decode_times = [], []
+    for attempt in range(repeats + 1):  # the first attempt is a warm-up
+        for seq_id, prompt in enumerate(prompts):
+            engine.add(seq_id, prompt, params)
+            engine.reserve(seq_id, len(prompt) + steps + 1)
+        prefill = _timed(lambda: engine.step([(i, len(p)) for i, p in enumerate(prompts)]))
+        decode_plan = [(i, 1) for i in range(batch)]
+        decode = _timed(lambda: [engine.step(decode_plan) for _ in range(steps)]) / steps
+        for seq_id in range(batch):
+            engine.remove(seq_id)
+        if attempt:
+            prefill_times.append(prefill)
+            decode_times.append(decode)
+    return statistics.median(prefill_times), statistics.median(decode_times)
+
+
+@torch.inference_mode()
+def generate_seconds(loaded: LoadedModel, prompts: list[list[int]], steps: int) -> tuple[float, float]:
+    """transformers generate(): (prefill seconds, seconds per decode step), left-padded when batched."""
+    model, pad = loaded.model, loaded.eos_token_ids[0]
+    width = max(len(p) for p in prompts)
+    ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts])
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+    kwargs = dict(attention_mask=mask, do_sample=False, pad_token_id=pad, eos_token_id=None)
+    model.generate(ids, max_new_tokens=2, min_new_tokens=2, **kwargs)  # warm-up
+    prefill = _timed(lambda: model.generate(ids, max_new_tokens=1, min_new_tokens=1, **kwargs))
+    total = _timed(lambda: model.generate(ids, max_new_tokens=steps + 1, min_new_tokens=steps + 1, **kwargs))
+    return prefill, (total - prefill) / steps
+
+
+def run(config: BenchConfig, loaded: LoadedModel) -> dict[str, object]:
+    model = loaded.model
+    weights = weight_matmuls(model)
+    weight_bytes = sum(w.numel() * w.element_size() for w in weights)
+    vocab = int(model.config.vocab_size)
+    rows = []
+    for batch in config.batch_sizes:
+        prompts = mixed_prompts(batch, config, vocab)
+        before = ceiling_step_seconds(weights, batch, config.decode_steps, config.repeats)
+        prefill_s, step_s = engine_seconds(loaded, prompts, config.decode_steps, config.repeats)
+        after = ceiling_step_seconds(weights, batch, config.decode_steps, config.repeats)
+        ceiling_s = (before + after) / 2
+        row = Row(
+            batch=batch,
+            engine_prefill_tok_s=sum(map(len, prompts)) / prefill_s,
+            engine_decode_tok_s=batch / step_s,
+            engine_step_ms=step_s * 1000,
+            ceiling_step_ms=ceiling_s * 1000,
+            ceiling_tok_s=batch / ceiling_s,
+            decode_vs_ceiling=ceiling_s / step_s,
+            step_time_vs_ceiling=step_s / ceiling_s,
+            weight_bandwidth_gb_s=weight_bytes / step_s / 1e9,
+        )
+        rows.append(row)
+        print(_format_row(row), flush=True)
+
+    baselines = {}
+    for label, batch in (("generate_batch1", 1), (f"generate_batch{config.generate_batch}_padded",
+                                                  config.generate_batch)):
+        prompts = mixed_prompts(batch, config, vocab)
+        prefill_s, step_s = generate_seconds(loaded, prompts, config.decode_steps)
+        ceiling_s = ceiling_step_seconds(weights, batch, config.decode_steps, config.repeats)
+        baselines[label] = {
+            "batch": batch,
+            "prefill_tok_s": sum(map(len, prompts)) / prefill_s,
+            "decode_tok_s": batch / step_s,
+            "step_ms": step_s * 1000,
+            "step_time_vs_ceiling": step_s / ceiling_s,
+        }
+        print(f"{label:>24}: prefill {baselines[label]['prefill_tok_s']:8.1f} tok/s  decode "
+              f"{baselines[label]['decode_tok_s']:7.1f} tok/s  step {step_s * 1000:7.1f} ms  "
+              f"({step_s / ceiling_s:.2f}x ceiling)", flush=True)
+    return {
+        "config": asdict(config),
+        "threads": torch.get_num_threads(),
+        "weight_bytes": weight_bytes,
+        "engine": [asdict(r) for r in rows],
+        "generate": baselines,
+        "targets": _targets(rows),
+    }
+
+
+def _format_row(row: Row) -> str:
+    return (f"batch {row.batch:>3}: prefill {row.engine_prefill_tok_s:8.1f} tok/s  decode "
+            f"{row.engine_decode_tok_s:7.1f} tok/s  step {row.engine_step_ms:7.1f} ms  | ceiling "
+            f"{row.ceiling_tok_s:7.1f} tok/s ({row.ceiling_step_ms:6.1f} ms)  -> {row.decode_vs_ceiling:5.1%} of "
+            f"ceiling, {row.step_time_vs_ceiling:.2f}x its time, weights at {row.weight_bandwidth_gb_s:.1f} GB/s")
+
+
+def _targets(rows: list[Row]) -> dict[str, object]:
+    by_batch = {r.batch: r for r in rows}
+    targets: dict[str, object] = {}
+    if 32 in by_batch:
+        value = by_batch[32].decode_vs_ceiling
+        targets["decode_b32_fraction_of_ceiling"] = {"value": value, "target": ">= 0.80", "met": value >= 0.8}
+    if 1 in by_batch:
+        value = by_batch[1].step_time_vs_ceiling
+        targets["decode_b1_time_vs_ceiling"] = {"value": value, "target": "<= 1.25", "met": value <= 1.25}
+    return targets
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default=None, help="checkpoint dir or .gguf (default: SmolLM2-135M-Instruct)")
+    parser.add_argument("--batch-sizes", default="1,8,32,64")
+    parser.add_argument("--decode-steps", type=int, default=32)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--out", type=Path, default=None, help="write the result as JSON here")
+    args = parser.parse_args()
+    config = BenchConfig(
+        batch_sizes=tuple(int(b) for b in args.batch_sizes.split(",")),
+        decode_steps=args.decode_steps,
+        repeats=args.repeats,
+    )
+    result = run(config, load_model(args.model))
+    for name, target in result["targets"].items():  # type: ignore[union-attr]
+        print(f"target {name}: {target['value']:.3f} (want {target['target']}) -> "
+              f"{'met' if target['met'] else 'NOT met'}")
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()
