@@ -107,9 +107,7 @@ class Engine:
             raise EngineInputError("the prompt is empty; give at least one token", param="prompt")
         bad = [t for t in prompt_token_ids if not 0 <= t < vocab]
         if bad:
-            raise EngineInputError(
-                f"prompt token id {bad[0]} is outside the vocabulary [0, {vocab})", param="prompt"
-            )
+            raise EngineInputError(f"prompt token id {bad[0]} is outside the vocabulary [0, {vocab})", param="prompt")
         bad_stops = [t for t in params.stop_token_ids if not 0 <= t < vocab]
         if bad_stops:
             raise EngineInputError(
@@ -205,11 +203,19 @@ class Engine:
         self._check_schedule(seq_ids, rows, counts)
 
         batch, samples = build_forward_batch(
-            rows, counts, self._num_computed, self._seq_len, self._token_buffer, self._block_table, self.block_size
+            rows,
+            counts,
+            self._num_computed,
+            self._seq_len,
+            self._token_buffer,
+            self._block_table,
+            self.block_size,
         )
         logits = self.runner.forward(move_batch(batch, self.device), self.cache)
         self._num_computed[rows] += counts
-        outputs = self._sample_and_record(rows[samples], logits, [s for s, m in zip(seq_ids, samples.tolist()) if m])
+        outputs = self._sample_and_record(
+            rows[samples], logits, [s for s, m in zip(seq_ids, samples.tolist(), strict=True) if m]
+        )
         return StepOutput(outputs, len(seq_ids), batch.num_tokens)
 
     def _check_schedule(self, seq_ids: list[int], rows: torch.Tensor, counts: torch.Tensor) -> None:
@@ -282,7 +288,11 @@ class Engine:
 
     @staticmethod
     def _package(
-        seq_ids: list[int], wanted: list[int], tokens: torch.Tensor, finish: torch.Tensor, result: SampleResult
+        seq_ids: list[int],
+        wanted: list[int],
+        tokens: torch.Tensor,
+        finish: torch.Tensor,
+        result: SampleResult,
     ) -> tuple[TokenOutput, ...]:
         """One TokenOutput per row, with only the logprobs that row asked for (-1: none)."""
         reasons = {_NOT_FINISHED: None, _STOPPED: FinishReason.STOP, _LENGTH: FinishReason.LENGTH}
@@ -290,7 +300,10 @@ class Engine:
         chosen = result.logprobs.tolist() if result.logprobs is not None else [None] * len(seq_ids)
         tops: list[tuple[tuple[int, float], ...]] = [()] * len(seq_ids)
         if result.top_ids is not None and result.top_logprobs is not None:
-            tops = [tuple(zip(i, lp)) for i, lp in zip(result.top_ids.tolist(), result.top_logprobs.tolist())]
+            tops = [
+                tuple(zip(i, lp, strict=True))
+                for i, lp in zip(result.top_ids.tolist(), result.top_logprobs.tolist(), strict=True)
+            ]
         return tuple(
             TokenOutput(
                 seq_id,
@@ -299,5 +312,7 @@ class Engine:
                 top[:want] if want >= 0 else None,
                 reasons[code],
             )
-            for seq_id, want, token, logprob, top, code in zip(seq_ids, wanted, token_list, chosen, tops, finish_list)
+            for seq_id, want, token, logprob, top, code in zip(
+                seq_ids, wanted, token_list, chosen, tops, finish_list, strict=True
+            )
         )

@@ -60,7 +60,13 @@ class PagedKVCache:
         self.shape = shape
         # [layers, 2 (key, value), slots, kv_heads, head_dim]
         self.data = torch.zeros(
-            shape.num_layers, 2, shape.num_slots, shape.num_kv_heads, shape.head_dim, dtype=dtype, device=device
+            shape.num_layers,
+            2,
+            shape.num_slots,
+            shape.num_kv_heads,
+            shape.head_dim,
+            dtype=dtype,
+            device=device,
         )
 
     def layer(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:

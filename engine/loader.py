@@ -57,8 +57,7 @@ def default_model_path() -> Path:
         dist = importlib.metadata.distribution(DEFAULT_MODEL_PACKAGE)
     except importlib.metadata.PackageNotFoundError:
         raise ModelNotFoundError(
-            f"No model given and the default model package {DEFAULT_MODEL_PACKAGE!r} "
-            f"is not installed: {hint}."
+            f"No model given and the default model package {DEFAULT_MODEL_PACKAGE!r} is not installed: {hint}."
         ) from None
     for entry in dist.files or ():
         if entry.name == DEFAULT_MODEL_FILE:
@@ -112,9 +111,7 @@ def gguf_cache_key(path: Path) -> str:
     return f"{path.stem}-{file_sha256(path)[:_CACHE_KEY_HEX_CHARS]}"
 
 
-def load_model(
-    path: str | Path | None = None, device: str = "cpu", cache_dir: Path | None = None
-) -> LoadedModel:
+def load_model(path: str | Path | None = None, device: str = "cpu", cache_dir: Path | None = None) -> LoadedModel:
     """Load a checkpoint directory or a .gguf file (None: the default SmolLM2 GGUF) onto `device`."""
     target = resolve_device(device)
     source = _resolve_source(path)
@@ -260,7 +257,5 @@ def _eos_token_ids(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -
 def _max_model_len(model: PreTrainedModel) -> int:
     max_len = getattr(model.config, "max_position_embeddings", None)
     if max_len is None:
-        raise ValueError(
-            f"{type(model.config).__name__} has no max_position_embeddings; cannot size the context."
-        )
+        raise ValueError(f"{type(model.config).__name__} has no max_position_embeddings; cannot size the context.")
     return int(max_len)

@@ -10,7 +10,7 @@ fused weights, so the model object stays valid (and is what the parity tests run
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 import torch.nn.functional as F
@@ -67,7 +67,7 @@ def _fuse(linears: list[nn.Linear]) -> tuple[torch.Tensor, torch.Tensor | None]:
 
 
 class TransformersRunner:
-    def __init__(self, model: nn.Module) -> None:
+    def __init__(self, model: Any) -> None:
         config = model.config
         inner = getattr(model, "model", None)
         if inner is None or not hasattr(inner, "layers") or not hasattr(inner, "rotary_emb"):
@@ -91,7 +91,7 @@ class TransformersRunner:
         self.scale = float(getattr(attention, "scaling", self.head_dim**-0.5))
         self.act = inner.layers[0].mlp.act_fn
 
-    def _prepare_layer(self, layer: nn.Module) -> _Layer:
+    def _prepare_layer(self, layer: Any) -> _Layer:
         attn, mlp = layer.self_attn, layer.mlp
         for name in ("q_proj", "k_proj", "v_proj", "o_proj"):
             if not isinstance(getattr(attn, name, None), nn.Linear):
