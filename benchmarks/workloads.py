@@ -1,0 +1,171 @@
+"""Seeded, reproducible request sets: what to ask the server, not when.
+
+Prompts are strings of common English words; with a BPE tokenizer each is about one token (a leading space
+plus a frequent word), so `prompt_tokens` is an estimate. Output length is set by `max_tokens`; with
+`ignore_eos` the server generates exactly that many.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+WORKLOADS = ("mixed", "uniform", "long-prompt", "jsonl")
+
+_WORD_TEXT = (
+    "the of and to in is was for on that with as by at from his her it an were are which this be or has had "
+    "not their first one new also after two its who but been they more other when time there city three into "
+    "year school most over some world only years him during may where made since many while later about "
+    "would between known part team such used well state can before around both being under through early "
+    "then four several day she these same found until best second without however people each named game "
+    "water house music light river small great large north south east west high life long good work name "
+    "home line side place group power order point system story field night word paper money market family "
+    "table road stone garden window morning summer winter spring autumn village forest island "
+    "mountain valley bridge"
+)
+_WORDS = tuple(_WORD_TEXT.split())
+
+
+@dataclass(frozen=True)
+class RequestSpec:
+    index: int
+    prompt: str
+    max_tokens: int
+    prompt_tokens: int  # estimate; the server's usage.prompt_tokens is the truth when it reports it
+    kind: str  # which part of the workload this came from, e.g. "short" or "long"
+
+
+@dataclass(frozen=True)
+class WorkloadConfig:
+    name: str = "mixed"
+    num_prompts: int = 48
+    seed: int = 0
+    # mixed: most requests short, a fraction with long outputs
+    short_output: int = 16
+    long_output_min: int = 128
+    long_output_max: int = 256
+    long_fraction: float = 0.25
+    short_prompt_min: int = 16
+    short_prompt_max: int = 64
+    # uniform
+    input_len: int = 64
+    output_len: int = 64
+    # long-prompt: a few prompts of several hundred tokens among short ones
+    long_prompt_min: int = 384
+    long_prompt_max: int = 768
+    long_prompt_fraction: float = 0.125
+    long_prompt_output: int = 32
+    # jsonl
+    jsonl_path: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.name not in WORKLOADS:
+            raise ValueError(f"workload must be one of {WORKLOADS}, got {self.name!r}")
+        if self.num_prompts < 1:
+            raise ValueError(f"num_prompts must be >= 1, got {self.num_prompts}")
+        if self.name == "jsonl" and not self.jsonl_path:
+            raise ValueError("the jsonl workload needs jsonl_path")
+        for low, high, what in (
+            (self.long_output_min, self.long_output_max, "long_output"),
+            (self.short_prompt_min, self.short_prompt_max, "short_prompt"),
+            (self.long_prompt_min, self.long_prompt_max, "long_prompt"),
+        ):
+            if not 1 <= low <= high:
+                raise ValueError(f"{what} range must satisfy 1 <= min <= max, got {low}..{high}")
+        for value, what in (
+            (self.short_output, "short_output"),
+            (self.input_len, "input_len"),
+            (self.output_len, "output_len"),
+            (self.long_prompt_output, "long_prompt_output"),
+        ):
+            if value < 1:
+                raise ValueError(f"{what} must be >= 1, got {value}")
+        for frac, what in (
+            (self.long_fraction, "long_fraction"),
+            (self.long_prompt_fraction, "long_prompt_fraction"),
+        ):
+            if not 0.0 <= frac <= 1.0:
+                raise ValueError(f"{what} must be in [0, 1], got {frac}")
+
+
+def build_workload(config: WorkloadConfig) -> list[RequestSpec]:
+    rng = np.random.default_rng(config.seed)
+    if config.name == "mixed":
+        return _mixed(config, rng)
+    if config.name == "uniform":
+        return _uniform(config, rng)
+    if config.name == "long-prompt":
+        return _long_prompt(config, rng)
+    return _from_jsonl(config)
+
+
+def make_prompt(rng: np.random.Generator, num_words: int) -> str:
+    words = rng.choice(len(_WORDS), size=num_words)
+    return " ".join(_WORDS[i] for i in words)
+
+
+def _pick_indices(rng: np.random.Generator, n: int, fraction: float) -> set[int]:
+    # An exact count (not a coin flip per request) keeps the mix the same for every seed.
+    count = round(n * fraction)
+    return {int(i) for i in rng.permutation(n)[:count]}
+
+
+def _short_prompt_len(config: WorkloadConfig, rng: np.random.Generator) -> int:
+    return int(rng.integers(config.short_prompt_min, config.short_prompt_max + 1))
+
+
+def _mixed(config: WorkloadConfig, rng: np.random.Generator) -> list[RequestSpec]:
+    long_ids = _pick_indices(rng, config.num_prompts, config.long_fraction)
+    specs = []
+    for i in range(config.num_prompts):
+        n_words = _short_prompt_len(config, rng)
+        if i in long_ids:
+            max_tokens, kind = int(rng.integers(config.long_output_min, config.long_output_max + 1)), "long"
+        else:
+            max_tokens, kind = config.short_output, "short"
+        specs.append(RequestSpec(i, make_prompt(rng, n_words), max_tokens, n_words, kind))
+    return specs
+
+
+def _uniform(config: WorkloadConfig, rng: np.random.Generator) -> list[RequestSpec]:
+    return [
+        RequestSpec(i, make_prompt(rng, config.input_len), config.output_len, config.input_len, "uniform")
+        for i in range(config.num_prompts)
+    ]
+
+
+def _long_prompt(config: WorkloadConfig, rng: np.random.Generator) -> list[RequestSpec]:
+    n_long = max(1, round(config.num_prompts * config.long_prompt_fraction))
+    long_ids = {int(i) for i in rng.permutation(config.num_prompts)[:n_long]}
+    specs = []
+    for i in range(config.num_prompts):
+        if i in long_ids:
+            n_words, kind = int(rng.integers(config.long_prompt_min, config.long_prompt_max + 1)), "long"
+        else:
+            n_words, kind = _short_prompt_len(config, rng), "short"
+        specs.append(RequestSpec(i, make_prompt(rng, n_words), config.long_prompt_output, n_words, kind))
+    return specs
+
+
+def _from_jsonl(config: WorkloadConfig) -> list[RequestSpec]:
+    assert config.jsonl_path is not None
+    rows = []
+    for line_no, line in enumerate(Path(config.jsonl_path).read_text().splitlines(), start=1):
+        if not line.strip():
+            continue
+        row = json.loads(line)
+        prompt, max_tokens = row.get("prompt"), row.get("max_tokens")
+        if not isinstance(prompt, str) or not isinstance(max_tokens, int) or max_tokens < 1:
+            raise ValueError(f"{config.jsonl_path}:{line_no}: need a string 'prompt' and a positive 'max_tokens'")
+        rows.append((prompt, max_tokens))
+    if not rows:
+        raise ValueError(f"{config.jsonl_path} has no requests")
+    # Cycle through the file so --num-prompts means the same thing for every workload.
+    specs = []
+    for i in range(config.num_prompts):
+        prompt, max_tokens = rows[i % len(rows)]
+        specs.append(RequestSpec(i, prompt, max_tokens, len(prompt.split()), "jsonl"))
+    return specs
