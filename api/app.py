@@ -18,7 +18,7 @@ from starlette.middleware.cors import CORSMiddleware
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from api import routes
 from api.config import ServerConfig
@@ -75,6 +75,40 @@ class APIKeyMiddleware:
         await self.app(scope, receive, send)
 
 
+class InternalErrorMiddleware:
+    """Answer an unhandled exception with an OpenAI-shaped 500 and keep the connection open.
+
+    Starlette's own 500 handler re-raises after answering, and uvicorn then closes the keep-alive connection,
+    so the same client's next request on it could fail with a reset. Once a response has started (a stream)
+    there is no clean answer left: the exception propagates and the connection closes.
+    """
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = False
+
+        async def tracking_send(message: Message) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, receive, tracking_send)
+        except Exception:
+            if started:
+                raise
+            logger.exception("unhandled error on %s", scope.get("path"))
+            await _INTERNAL_ERROR.response()(scope, receive, send)
+
+
+_INTERNAL_ERROR = APIError(500, "internal server error; the server is still serving")
+
+
 async def _api_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, APIError)
     return exc.response()
@@ -91,7 +125,7 @@ async def _http_error(request: Request, exc: Exception) -> Response:
 
 async def _internal_error(request: Request, exc: Exception) -> Response:
     logger.exception("unhandled error on %s", request.url.path, exc_info=exc)
-    return APIError(500, "internal server error; the server is still serving").response()
+    return _INTERNAL_ERROR.response()
 
 
 def create_app(config: ServerConfig, loader: ModelLoader = default_loader) -> Starlette:
@@ -107,6 +141,7 @@ def create_app(config: ServerConfig, loader: ModelLoader = default_loader) -> St
     if config.cors_origins:
         middleware.append(Middleware(CORSMiddleware, allow_origins=list(config.cors_origins),
                                      allow_methods=["GET", "POST"], allow_headers=["*"]))
+    middleware.append(Middleware(InternalErrorMiddleware))  # inside CORS, so its 500s carry CORS headers
     if config.api_key:
         middleware.append(Middleware(APIKeyMiddleware, api_key=config.api_key))
     app = Starlette(

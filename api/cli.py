@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import logging
 import os
+import signal
 import sys
+import threading
 import types
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any, Union, get_args, get_origin, get_type_hints
 
 import uvicorn
@@ -33,7 +36,9 @@ def add_config_flags(parser: argparse.ArgumentParser, skip: Sequence[str] = ()) 
             continue
         kind = _base_type(hints[f.name])
         flag = "--" + f.name.replace("_", "-")
-        help_text = f"{f.metadata['help']} (default: {f.default})"
+        help_text = f.metadata["help"]
+        if "(default:" not in help_text:  # some fields describe their default themselves
+            help_text = f"{help_text} (default: {f.default})"
         if kind is tuple:
             parser.add_argument(flag, nargs="*", default=f.default, help=help_text)
         else:
@@ -60,6 +65,20 @@ class _Server(uvicorn.Server):
         self._on_exit()
         super().handle_exit(sig, frame)
 
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        """uvicorn's, minus re-raising the signal after shutdown (which kills the process with it): a drained
+        SIGTERM or SIGINT is a clean exit, status 0."""
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+        original = {sig: signal.signal(sig, self.handle_exit) for sig in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            yield
+        finally:
+            for sig, handler in original.items():
+                signal.signal(sig, handler)
+
 
 def serve(config: ServerConfig) -> None:
     from api.app import begin_drain, create_app
@@ -79,10 +98,10 @@ def serve(config: ServerConfig) -> None:
             print("batchserve failed to load the model; see the log above", file=sys.stderr, flush=True)
             server.should_exit = True
 
-    import threading
-
     threading.Thread(target=announce, daemon=True).start()
     server.run()
+    if app.state.phase.value == "failed":
+        raise SystemExit("batchserve: the model could not be loaded")
 
 
 def generate(args: argparse.Namespace) -> None:

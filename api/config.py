@@ -32,7 +32,10 @@ class ServerConfig:
     queue_timeout_s: float | None = _opt(None, "Reject a request that waited longer than this in the queue")
     max_model_len: int | None = _opt(2048, "Prompt plus completion tokens of one sequence (model maximum if unset)")
     kv_cache_tokens: int | None = _opt(None, "KV cache size in tokens (default: seats x max_model_len)")
-    api_key: str | None = _opt(None, f"Require this bearer key on every endpoint but /health (or ${API_KEY_ENV})")
+    api_key: str | None = field(  # repr=False: a logged or printed config must not show the key
+        default=None, repr=False,
+        metadata={"help": f"Require this bearer key on every endpoint but /health (or ${API_KEY_ENV})"},
+    )
     device: str = _opt("cpu", "cpu, cuda or auto", choices=("cpu", "cuda", "auto"))
     served_model_name: str | None = _opt(None, "Model name in the API (default: the model file's stem)")
     max_body_bytes: int = _opt(1_000_000, "Largest request body accepted (413 beyond)")

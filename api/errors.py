@@ -15,6 +15,7 @@ _TYPES = {
     429: "rate_limit_error",
     500: "internal_error",
     503: "service_unavailable",
+    504: "timeout_error",
 }
 
 
@@ -34,11 +35,17 @@ class APIError(Exception):
         self.code = code or HTTPStatus(status).phrase.lower().replace(" ", "_")
         self.headers = headers or {}
 
+    @property
+    def type(self) -> str:
+        """OpenAI's error type; a status without its own (a new 5xx) still reads as the server's fault."""
+        fallback = "internal_error" if self.status >= 500 else "invalid_request_error"
+        return _TYPES.get(self.status, fallback)
+
     def body(self) -> dict[str, dict[str, str | None]]:
         return {
             "error": {
                 "message": self.message,
-                "type": _TYPES.get(self.status, "invalid_request_error"),
+                "type": self.type,
                 "param": self.param,
                 "code": self.code,
             }

@@ -81,7 +81,9 @@ class Formatter:
         return "chat.completion" if self.chat else "text_completion"
 
     def _token_text(self, token_id: int) -> str:
-        return self.tokenizer.decode([token_id])
+        text = self.tokenizer.decode([token_id])
+        assert isinstance(text, str)
+        return text
 
     def completion_logprobs(self, entries: Sequence[TokenLogprob], offset: int, top_n: int) -> dict[str, list]:
         tokens, token_logprobs, tops, offsets = [], [], [], []
@@ -89,10 +91,19 @@ class Formatter:
             text = self._token_text(entry.token_id)
             tokens.append(text)
             token_logprobs.append(entry.logprob)
-            tops.append({self._token_text(t): lp for t, lp in entry.top[:top_n]} if top_n else None)
+            tops.append(self._top_dict(entry.top[:top_n]) if top_n else None)
             offsets.append(offset)
             offset += len(text)
         return {"tokens": tokens, "token_logprobs": token_logprobs, "top_logprobs": tops, "text_offset": offsets}
+
+    def _top_dict(self, top: Sequence[tuple[int, float]]) -> dict[str, float]:
+        """Text -> logprob, best first. Distinct ids can decode to the same text (e.g. partial UTF-8 bytes all
+        read as U+FFFD); the most likely one keeps the key, so the dict stays sorted and holds the chosen token's
+        logprob under greedy decoding."""
+        result: dict[str, float] = {}
+        for token_id, logprob in top:
+            result.setdefault(self._token_text(token_id), logprob)
+        return result
 
     def chat_logprobs(self, entries: Sequence[TokenLogprob], top_n: int) -> dict[str, list]:
         def item(token_id: int, logprob: float) -> dict[str, object]:

@@ -45,6 +45,11 @@ class ServerMetrics:
         self.running = Gauge("vllm:num_requests_running", "Requests running", names, registry=self.registry)
         self.waiting = Gauge("vllm:num_requests_waiting", "Requests waiting", names, registry=self.registry)
         self.cache_usage = Gauge("vllm:kv_cache_usage_perc", "KV cache usage (0..1)", names, registry=self.registry)
+        # Create every labelled series now, so scrapes see zeros instead of missing series.
+        for metric in (self.ttft, self.itl, self.e2e, self.queue, self.held, self.prompt_tokens,
+                       self.generation_tokens, self.failures, self.batch_size, self.step_tokens, self.held_seats,
+                       self.steps):
+            metric.labels(**self._labels)
 
     def bind_gauges(
         self, running: Callable[[], float], waiting: Callable[[], float], cache_usage: Callable[[], float]

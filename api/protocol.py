@@ -31,7 +31,10 @@ UNSUPPORTED_PARAMS = frozenset(
     }
 )
 
-TokenIds = list[Annotated[int, Field(ge=0)]]
+# No vocabulary has 2**31 entries. Bounding ids (and top_k) here keeps absurd values out of 32-bit tokenizer
+# code and int64 engine rows, which raised past validation; the engine checks ids against the real vocabulary.
+MAX_ID = 2**31 - 1
+TokenIds = list[Annotated[int, Field(ge=0, le=MAX_ID)]]
 _Model = TypeVar("_Model", bound=BaseModel)
 
 
@@ -44,16 +47,17 @@ class StreamOptions(_Strict):
 
 
 class _SamplingFields(_Strict):
+    # Floats refuse NaN and infinities as "not a finite number" rather than as out of range.
     model: str | None = None
-    temperature: float = Field(1.0, ge=0.0, le=2.0)
-    top_p: float = Field(1.0, gt=0.0, le=1.0)
-    top_k: int = Field(-1, ge=-1)  # -1 or 0: off (vLLM spells "off" as -1)
+    temperature: float = Field(1.0, ge=0.0, le=2.0, allow_inf_nan=False)
+    top_p: float = Field(1.0, gt=0.0, le=1.0, allow_inf_nan=False)
+    top_k: int = Field(-1, ge=-1, le=MAX_ID)  # -1 or 0: off (vLLM spells "off" as -1)
     seed: int | None = Field(None, ge=0, le=2**63 - 1)
     stop: str | list[str] | None = None
-    stop_token_ids: list[Annotated[int, Field(ge=0)]] | None = None
+    stop_token_ids: TokenIds | None = None
     n: int = Field(1, ge=1)
-    presence_penalty: float = Field(0.0, ge=-2.0, le=2.0)
-    frequency_penalty: float = Field(0.0, ge=-2.0, le=2.0)
+    presence_penalty: float = Field(0.0, ge=-2.0, le=2.0, allow_inf_nan=False)
+    frequency_penalty: float = Field(0.0, ge=-2.0, le=2.0, allow_inf_nan=False)
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: str | None = None
@@ -113,7 +117,7 @@ def _to_api_error(exc: ValidationError) -> APIError:
     loc = [str(part) for part in first["loc"]]
     if kind == "json_invalid":
         return bad_request(f"the request body is not valid JSON: {first['msg']}")
-    if kind == "model_type" or not loc:
+    if not loc:  # the body itself; a nested object of the wrong type (stream_options: "yes") names its field
         return bad_request("the request body must be a JSON object")
     # Union branches add their type name to the location (e.g. prompt.str); report the field itself.
     param = loc[0]

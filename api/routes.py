@@ -83,7 +83,7 @@ async def completions(request: Request) -> Response:
     prompts = completion_prompts(body, runtime.tokenizer, config)
     inputs = choice_inputs(body, prompts, body.max_tokens or 16, body.logprobs)
     formatter = Formatter(runtime.service.new_request_id("cmpl"), runtime.model_name, runtime.tokenizer, chat=False)
-    echo_texts = [runtime.tokenizer.decode(p) for p in prompts] if body.echo else None
+    echo_texts = [str(runtime.tokenizer.decode(p)) for p in prompts] if body.echo else None
     return await _respond(request, body, runtime, formatter, inputs, echo_texts, body.logprobs)
 
 
@@ -116,7 +116,11 @@ async def _respond(
     generation = runtime.service.start(inputs, formatter.request_id)  # raises 400/429/503 before any byte
     if body.stream:
         events = _stream(generation, body, formatter, echo_texts, logprobs)
-        return EventSourceResponse(events, sep="\n", ping=15, headers={"Cache-Control": "no-cache"})
+        # On shutdown sse-starlette cancels open streams at once unless given a grace period: let them finish
+        # within the server's (the lifespan's drain aborts whatever still runs after it).
+        grace_s = request.app.state.config.shutdown_grace_s
+        return EventSourceResponse(events, sep="\n", ping=15, headers={"Cache-Control": "no-cache"},
+                                   shutdown_grace_period=grace_s)
     try:
         result = await _until_disconnect(request, _collect(generation, body, formatter, echo_texts, logprobs))
     finally:

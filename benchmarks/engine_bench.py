@@ -14,6 +14,7 @@ the ceiling is measured right before and after the engine and averaged.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import statistics
 import time
@@ -75,6 +76,11 @@ def _timed(fn: Callable[[], object]) -> float:
     return time.perf_counter() - start
 
 
+def _repeat(engine: Engine, plan: list[tuple[int, int]], steps: int) -> None:
+    for _ in range(steps):
+        engine.step(plan)
+
+
 def _best(fn: Callable[[], object], repeats: int) -> float:
     """Median of `repeats` timed runs after one untimed warm-up."""
     fn()
@@ -105,8 +111,7 @@ def ceiling_step_seconds(weights: list[torch.Tensor], batch: int, steps: int, re
     return _best(run, repeats) / steps
 
 
-def engine_seconds(loaded: LoadedModel, prompts: list[list[int]], steps: int, repeats: int
-                   ) -> tuple[float, float]:
+def engine_seconds(loaded: LoadedModel, prompts: list[list[int]], steps: int, repeats: int) -> tuple[float, float]:
     """(prefill seconds for all prompts in one step, seconds per decode step), medians over repeats."""
     batch = len(prompts)
     longest = max(len(p) for p in prompts) + steps + 1
@@ -122,9 +127,10 @@ def engine_seconds(loaded: LoadedModel, prompts: list[list[int]], steps: int, re
         for seq_id, prompt in enumerate(prompts):
             engine.add(seq_id, prompt, params)
             engine.reserve(seq_id, len(prompt) + steps + 1)
-        prefill = _timed(lambda: engine.step([(i, len(p)) for i, p in enumerate(prompts)]))
+        prefill_plan = [(i, len(p)) for i, p in enumerate(prompts)]
         decode_plan = [(i, 1) for i in range(batch)]
-        decode = _timed(lambda: [engine.step(decode_plan) for _ in range(steps)]) / steps
+        prefill = _timed(functools.partial(engine.step, prefill_plan))
+        decode = _timed(functools.partial(_repeat, engine, decode_plan, steps)) / steps
         for seq_id in range(batch):
             engine.remove(seq_id)
         if attempt:
@@ -174,8 +180,10 @@ def run(config: BenchConfig, loaded: LoadedModel) -> dict[str, object]:
         print(_format_row(row), flush=True)
 
     baselines = {}
-    for label, batch in (("generate_batch1", 1), (f"generate_batch{config.generate_batch}_padded",
-                                                  config.generate_batch)):
+    for label, batch in (
+        ("generate_batch1", 1),
+        (f"generate_batch{config.generate_batch}_padded", config.generate_batch),
+    ):
         prompts = mixed_prompts(batch, config, vocab)
         prefill_s, step_s = generate_seconds(loaded, prompts, config.decode_steps)
         ceiling_s = ceiling_step_seconds(weights, batch, config.decode_steps, config.repeats)
@@ -186,9 +194,12 @@ def run(config: BenchConfig, loaded: LoadedModel) -> dict[str, object]:
             "step_ms": step_s * 1000,
             "step_time_vs_ceiling": step_s / ceiling_s,
         }
-        print(f"{label:>24}: prefill {baselines[label]['prefill_tok_s']:8.1f} tok/s  decode "
-              f"{baselines[label]['decode_tok_s']:7.1f} tok/s  step {step_s * 1000:7.1f} ms  "
-              f"({step_s / ceiling_s:.2f}x ceiling)", flush=True)
+        print(
+            f"{label:>24}: prefill {baselines[label]['prefill_tok_s']:8.1f} tok/s  decode "
+            f"{baselines[label]['decode_tok_s']:7.1f} tok/s  step {step_s * 1000:7.1f} ms  "
+            f"({step_s / ceiling_s:.2f}x ceiling)",
+            flush=True,
+        )
     return {
         "config": asdict(config),
         "threads": torch.get_num_threads(),
@@ -200,10 +211,12 @@ def run(config: BenchConfig, loaded: LoadedModel) -> dict[str, object]:
 
 
 def _format_row(row: Row) -> str:
-    return (f"batch {row.batch:>3}: prefill {row.engine_prefill_tok_s:8.1f} tok/s  decode "
-            f"{row.engine_decode_tok_s:7.1f} tok/s  step {row.engine_step_ms:7.1f} ms  | ceiling "
-            f"{row.ceiling_tok_s:7.1f} tok/s ({row.ceiling_step_ms:6.1f} ms)  -> {row.decode_vs_ceiling:5.1%} of "
-            f"ceiling, {row.step_time_vs_ceiling:.2f}x its time, weights at {row.weight_bandwidth_gb_s:.1f} GB/s")
+    return (
+        f"batch {row.batch:>3}: prefill {row.engine_prefill_tok_s:8.1f} tok/s  decode "
+        f"{row.engine_decode_tok_s:7.1f} tok/s  step {row.engine_step_ms:7.1f} ms  | ceiling "
+        f"{row.ceiling_tok_s:7.1f} tok/s ({row.ceiling_step_ms:6.1f} ms)  -> {row.decode_vs_ceiling:5.1%} of "
+        f"ceiling, {row.step_time_vs_ceiling:.2f}x its time, weights at {row.weight_bandwidth_gb_s:.1f} GB/s"
+    )
 
 
 def _targets(rows: list[Row]) -> dict[str, object]:
@@ -233,8 +246,9 @@ def main() -> None:
     )
     result = run(config, load_model(args.model))
     for name, target in result["targets"].items():  # type: ignore[union-attr]
-        print(f"target {name}: {target['value']:.3f} (want {target['target']}) -> "
-              f"{'met' if target['met'] else 'NOT met'}")
+        print(
+            f"target {name}: {target['value']:.3f} (want {target['target']}) -> {'met' if target['met'] else 'NOT met'}"
+        )
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(result, indent=2))

@@ -1,0 +1,311 @@
+"""A corpus of bad requests against both generation endpoints, in both batching modes.
+
+Every bad request gets its documented status and an OpenAI error body that names the problem (and the
+parameter, where there is one), never a traceback; and after the whole corpus the server still answers a good
+request and holds no seat, cache or queue entry. Wrong Content-Type is a 400 (see docs/reliability.md).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import httpx
+import pytest
+
+from api.config import ServerConfig
+from tests.server_harness import RunningServer, running_server
+
+COMPLETIONS = "/v1/completions"
+CHAT = "/v1/chat/completions"
+ENDPOINTS = (COMPLETIONS, CHAT)
+JSON = (("content-type", "application/json"),)
+MAX_MODEL_LEN = 128
+MAX_BODY = 64 * 1024  # small, so that a too-big body costs the loopback little
+MAX_N = ServerConfig.max_n
+MAX_STOPS = ServerConfig.max_stop_strings
+MAX_PROMPTS = ServerConfig.max_prompts
+LONG_TEXT = "the quick brown fox jumps over the lazy dog " * 40  # far more than MAX_MODEL_LEN tokens
+_DROP = object()
+GOOD: dict[str, dict[str, object]] = {
+    COMPLETIONS: {"prompt": "hello world", "max_tokens": 4},
+    CHAT: {"messages": [{"role": "user", "content": "hello"}], "max_tokens": 4},
+}
+
+
+@dataclass(frozen=True)
+class Bad:
+    name: str
+    endpoint: str
+    headers: tuple[tuple[str, str], ...]
+    body: bytes
+    status: int
+    param: str | None  # the error's `param`, exactly (None: the problem is the body as a whole)
+    fragment: str  # a piece of the error message that names the problem (case-insensitive)
+    chunked: bool = False  # send without Content-Length
+
+    @property
+    def id(self) -> str:
+        return f"{'chat' if self.endpoint == CHAT else 'cmpl'}-{self.name}"
+
+
+def _body(endpoint: str, **changes: object) -> bytes:
+    fields = {**GOOD[endpoint], **changes}
+    return json.dumps({k: v for k, v in fields.items() if v is not _DROP}).encode()
+
+
+def _bad(name: str, endpoint: str, changes: dict[str, object], status: int, param: str | None,
+         fragment: str) -> Bad:
+    return Bad(name, endpoint, JSON, _body(endpoint, **changes), status, param, fragment)
+
+
+def _raw(name: str, endpoint: str, body: bytes, status: int = 400, param: str | None = None,
+         fragment: str = "not valid JSON", headers: tuple[tuple[str, str], ...] = JSON,
+         chunked: bool = False) -> Bad:
+    return Bad(name, endpoint, headers, body, status, param, fragment, chunked)
+
+
+# (name, changed fields, status, param, message fragment), sent to both endpoints.
+_FIELD_CASES: list[tuple[str, dict[str, object], int, str | None, str]] = [
+    ("unknown-field", {"frobnicate": 1}, 400, "frobnicate", "unknown parameter 'frobnicate'"),
+    ("unsupported-best_of", {"best_of": 2}, 400, "best_of", "'best_of' is not supported"),
+    ("unsupported-logit_bias", {"logit_bias": {"5": 10}}, 400, "logit_bias", "'logit_bias' is not supported"),
+    ("unsupported-tools", {"tools": [{"type": "function", "function": {"name": "f"}}]}, 400, "tools",
+     "'tools' is not supported"),
+    ("max_tokens-string", {"max_tokens": "5"}, 400, "max_tokens", "valid integer"),
+    ("max_tokens-bool", {"max_tokens": True}, 400, "max_tokens", "valid integer"),
+    ("max_tokens-float", {"max_tokens": 4.5}, 400, "max_tokens", "valid integer"),
+    ("max_tokens-zero", {"max_tokens": 0}, 400, "max_tokens", "greater than or equal to 1"),
+    ("max_tokens-negative", {"max_tokens": -3}, 400, "max_tokens", "greater than or equal to 1"),
+    ("max_tokens-huge", {"max_tokens": 10**12}, 400, "max_tokens", "maximum context length"),
+    ("max_tokens-huge-stream", {"max_tokens": 10**6, "stream": True}, 400, "max_tokens", "maximum context length"),
+    ("n-zero", {"n": 0}, 400, "n", "greater than or equal to 1"),
+    ("n-huge", {"n": 10**6}, 400, "n", f"at most {MAX_N}"),
+    ("n-float", {"n": 2.0}, 400, "n", "valid integer"),
+    ("n-bool", {"n": True}, 400, "n", "valid integer"),
+    ("temperature-negative", {"temperature": -1}, 400, "temperature", "greater than or equal to 0"),
+    ("temperature-3", {"temperature": 3}, 400, "temperature", "less than or equal to 2"),
+    ("temperature-string", {"temperature": "hot"}, 400, "temperature", "valid number"),
+    ("temperature-nan", {"temperature": float("nan")}, 400, "temperature", "finite number"),
+    ("top_p-zero", {"top_p": 0}, 400, "top_p", "greater than 0"),
+    ("top_p-1.5", {"top_p": 1.5}, 400, "top_p", "less than or equal to 1"),
+    ("top_p-infinity", {"top_p": float("inf")}, 400, "top_p", "finite number"),
+    ("top_k-negative", {"top_k": -5}, 400, "top_k", "greater than or equal to -1"),
+    ("top_k-beyond-int64", {"top_k": 10**30}, 400, "top_k", "less than or equal to"),
+    ("presence_penalty-3", {"presence_penalty": 3}, 400, "presence_penalty", "less than or equal to 2"),
+    ("frequency_penalty-3", {"frequency_penalty": 3}, 400, "frequency_penalty", "less than or equal to 2"),
+    ("frequency_penalty-minus-3", {"frequency_penalty": -3}, 400, "frequency_penalty",
+     "greater than or equal to -2"),
+    ("seed-negative", {"seed": -1}, 400, "seed", "greater than or equal to 0"),
+    ("seed-beyond-int64", {"seed": 2**64}, 400, "seed", "less than or equal to"),
+    ("seed-string", {"seed": "42"}, 400, "seed", "valid integer"),
+    ("stop-empty-string", {"stop": ""}, 400, "stop", "1 to 256 characters"),
+    ("stop-list-with-empty", {"stop": ["ok", ""]}, 400, "stop", "1 to 256 characters"),
+    ("stop-very-long-list", {"stop": [f"s{i}" for i in range(1000)]}, 400, "stop",
+     f"at most {MAX_STOPS} stop strings"),
+    ("stop-too-long-string", {"stop": "x" * 300}, 400, "stop", "1 to 256 characters"),
+    ("stop-number", {"stop": 5}, 400, "stop", "valid string"),
+    ("stop-list-of-numbers", {"stop": [1, 2]}, 400, "stop", "valid string"),
+    ("stop_token_ids-outside-vocab", {"stop_token_ids": [10**6]}, 400, "stop_token_ids",
+     "outside the vocabulary"),
+    ("stop_token_ids-negative", {"stop_token_ids": [-1]}, 400, "stop_token_ids", "greater than or equal to 0"),
+    ("stop_token_ids-too-many", {"stop_token_ids": list(range(40))}, 400, "stop_token_ids", "at most"),
+    ("stream-string", {"stream": "yes"}, 400, "stream", "valid boolean"),
+    ("stream_options-unknown-key", {"stream": True, "stream_options": {"include_usage": True, "verbose": 1}},
+     400, "stream_options", "unknown parameter 'stream_options.verbose'"),
+    ("stream_options-string", {"stream": True, "stream_options": "yes"}, 400, "stream_options", "stream_options"),
+    ("ignore_eos-string", {"ignore_eos": "true"}, 400, "ignore_eos", "valid boolean"),
+    ("model-unknown", {"model": "gpt-4"}, 404, "model", "'gpt-4' does not exist"),
+    ("model-number", {"model": 5}, 400, "model", "valid string"),
+    ("user-object", {"user": {"id": 1}}, 400, "user", "valid string"),
+]
+
+_COMPLETION_CASES: list[tuple[str, dict[str, object], int, str | None, str]] = [
+    ("prompt-missing", {"prompt": _DROP}, 400, "prompt", "'prompt' is missing"),
+    ("prompt-empty-string", {"prompt": ""}, 400, "prompt", "empty"),
+    ("prompt-empty-list", {"prompt": []}, 400, "prompt", "empty"),
+    ("prompt-list-of-empty-list", {"prompt": [[]]}, 400, "prompt", "empty"),
+    ("prompt-list-with-empty-string", {"prompt": ["ok", ""]}, 400, "prompt", "empty"),
+    ("prompt-object", {"prompt": {"text": "hi"}}, 400, "prompt", "invalid value for 'prompt'"),
+    ("prompt-null", {"prompt": None}, 400, "prompt", "invalid value for 'prompt'"),
+    ("prompt-mixed-ids-and-text", {"prompt": [1, "a"]}, 400, "prompt", "invalid value for 'prompt'"),
+    ("prompt-float-ids", {"prompt": [1.5, 2.0]}, 400, "prompt", "invalid value for 'prompt'"),
+    ("prompt-bool-ids", {"prompt": [True]}, 400, "prompt", "invalid value for 'prompt'"),
+    ("prompt-id-outside-vocab", {"prompt": [1, 99999]}, 400, "prompt", "outside the vocabulary"),
+    ("prompt-batch-id-outside-vocab", {"prompt": [[1, 2], [3, 99999]]}, 400, "prompt", "outside the vocabulary"),
+    ("prompt-negative-id", {"prompt": [-1]}, 400, "prompt", "greater than or equal to 0"),
+    ("prompt-id-beyond-int32-echo", {"prompt": [2**40], "echo": True}, 400, "prompt", "less than or equal to"),
+    ("prompt-text-longer-than-context", {"prompt": LONG_TEXT}, 400, "prompt", "maximum context length"),
+    ("prompt-ids-longer-than-context", {"prompt": [5] * 200}, 400, "prompt", "maximum context length"),
+    ("prompt-too-long-stream", {"prompt": [5] * 200, "stream": True}, 400, "prompt", "maximum context length"),
+    ("prompt-plus-max_tokens-too-long", {"prompt": [5] * 100, "max_tokens": 100}, 400, "max_tokens",
+     "maximum context length"),
+    ("prompt-too-many", {"prompt": ["hi"] * (MAX_PROMPTS + 1)}, 400, "prompt", f"at most {MAX_PROMPTS} prompts"),
+    ("prompt-nested-too-deep", {"prompt": [[[1]]]}, 400, "prompt", "invalid value for 'prompt'"),
+    ("logprobs-6", {"logprobs": 6}, 400, "logprobs", "less than or equal to 5"),
+    ("logprobs-negative", {"logprobs": -1}, 400, "logprobs", "greater than or equal to 0"),
+    ("logprobs-bool", {"logprobs": True}, 400, "logprobs", "valid integer"),
+    ("echo-with-logprobs", {"echo": True, "logprobs": 1}, 400, "echo", "not supported"),
+    ("echo-string", {"echo": "yes"}, 400, "echo", "valid boolean"),
+    ("unsupported-suffix", {"suffix": "!"}, 400, "suffix", "'suffix' is not supported"),
+    ("messages-on-completions", {"messages": [{"role": "user", "content": "hi"}]}, 400, "messages",
+     "unknown parameter 'messages'"),
+]
+
+_USER = {"role": "user", "content": "hello"}
+_CHAT_CASES: list[tuple[str, dict[str, object], int, str | None, str]] = [
+    ("messages-missing", {"messages": _DROP}, 400, "messages", "'messages' is missing"),
+    ("messages-empty", {"messages": []}, 400, "messages", "at least 1 item"),
+    ("messages-string", {"messages": "hello"}, 400, "messages", "valid array"),
+    ("messages-list-of-strings", {"messages": ["hello"]}, 400, "messages", "invalid value for 'messages'"),
+    ("message-bad-role", {"messages": [{"role": "bot", "content": "hi"}]}, 400, "messages", "'user'"),
+    ("message-missing-role", {"messages": [{"content": "hi"}]}, 400, "messages", "'messages.0.role' is missing"),
+    ("message-missing-content", {"messages": [_USER, {"role": "user"}]}, 400, "messages",
+     "'messages.1.content' is missing"),
+    ("message-null-content", {"messages": [{"role": "user", "content": None}]}, 400, "messages",
+     "invalid value for 'messages'"),
+    ("message-number-content", {"messages": [{"role": "user", "content": 5}]}, 400, "messages",
+     "invalid value for 'messages'"),
+    ("content-part-image", {"messages": [{"role": "user", "content": [
+        {"type": "image_url", "image_url": {"url": "http://x/y.png"}}]}]}, 400, "messages", "'text'"),
+    ("content-part-text-number", {"messages": [{"role": "user", "content": [{"type": "text", "text": 5}]}]},
+     400, "messages", "valid string"),
+    ("content-part-missing-text", {"messages": [{"role": "user", "content": [{"type": "text"}]}]}, 400,
+     "messages", "field required"),
+    ("content-part-string-list", {"messages": [{"role": "user", "content": ["hi"]}]}, 400, "messages",
+     "invalid value for 'messages'"),
+    ("message-unknown-key", {"messages": [{**_USER, "tool_calls": []}]}, 400, "messages",
+     "unknown parameter 'messages.0.tool_calls'"),
+    ("messages-fill-context", {"messages": [{"role": "user", "content": LONG_TEXT}], "max_tokens": _DROP},
+     400, "messages", "leaving no room"),
+    ("messages-longer-than-context", {"messages": [{"role": "user", "content": LONG_TEXT}]}, 400, "prompt",
+     "maximum context length"),
+    ("messages-too-long-stream", {"messages": [{"role": "user", "content": LONG_TEXT}], "stream": True}, 400,
+     "prompt", "maximum context length"),
+    ("top_logprobs-6", {"logprobs": True, "top_logprobs": 6}, 400, "top_logprobs", "less than or equal to 5"),
+    ("top_logprobs-without-logprobs", {"top_logprobs": 2}, 400, "top_logprobs", "requires logprobs"),
+    ("logprobs-int", {"logprobs": 5}, 400, "logprobs", "valid boolean"),
+    ("max_completion_tokens-zero", {"max_completion_tokens": 0}, 400, "max_completion_tokens",
+     "greater than or equal to 1"),
+    ("prompt-on-chat", {"prompt": "hi"}, 400, "prompt", "unknown parameter 'prompt'"),
+    ("unsupported-tool_choice", {"tool_choice": "auto"}, 400, "tool_choice", "'tool_choice' is not supported"),
+    ("unsupported-response_format", {"response_format": {"type": "json_object"}}, 400, "response_format",
+     "'response_format' is not supported"),
+]
+
+
+def _raw_cases(endpoint: str) -> list[Bad]:
+    good = _body(endpoint)
+    nested_key = "prompt" if endpoint == COMPLETIONS else "messages"
+    too_big = _body(endpoint, user="x" * (MAX_BODY + 1))
+    return [
+        _raw("json-truncated", endpoint, good[:-5]),
+        _raw("json-trailing-garbage", endpoint, good + b" trailing"),
+        _raw("json-single-quotes", endpoint, good.replace(b'"', b"'")),
+        _raw("body-empty", endpoint, b""),
+        _raw("body-array", endpoint, b"[1, 2, 3]", fragment="must be a JSON object"),
+        _raw("body-string", endpoint, b'"hello"', fragment="must be a JSON object"),
+        _raw("body-null", endpoint, b"null", fragment="must be a JSON object"),
+        _raw("utf8-invalid-in-string", endpoint, good.replace(b"hello", b"hel\xff\xfelo")),
+        _raw("utf8-invalid-body", endpoint, b"\xff\xfe\xfd\x00\x01"),
+        _raw("utf8-lone-surrogate-escape", endpoint, good.replace(b"hello", b"\\ud800")),
+        _raw("number-with-5000-digits", endpoint, good.replace(b'"max_tokens": 4', b'"max_tokens": 1' + b"0" * 5000)),
+        _raw("json-nested-10000-deep", endpoint,
+             b'{"%s": ' % nested_key.encode() + b"[" * 10_000 + b"]" * 10_000 + b"}"),
+        _raw("json-nested-150-deep", endpoint,
+             b'{"%s": ' % nested_key.encode() + b"[" * 150 + b"]" * 150 + b"}",
+             param=nested_key, fragment=f"invalid value for '{nested_key}'"),
+        _raw("content-type-text-plain", endpoint, good, fragment="Content-Type: application/json",
+             headers=(("content-type", "text/plain"),)),
+        _raw("content-type-form", endpoint, good, fragment="Content-Type: application/json",
+             headers=(("content-type", "application/x-www-form-urlencoded"),)),
+        _raw("content-type-missing", endpoint, good, fragment="Content-Type: application/json", headers=()),
+        _raw("body-too-big", endpoint, too_big, status=413, fragment=f"limit of {MAX_BODY} bytes"),
+        _raw("body-too-big-chunked", endpoint, too_big, status=413, fragment=f"limit of {MAX_BODY} bytes",
+             chunked=True),
+    ]
+
+
+def _corpus() -> list[Bad]:
+    cases = []
+    for endpoint in ENDPOINTS:
+        cases += _raw_cases(endpoint)
+        specific = _COMPLETION_CASES if endpoint == COMPLETIONS else _CHAT_CASES
+        cases += [_bad(name, endpoint, *rest) for name, *rest in [*_FIELD_CASES, *specific]]  # type: ignore[arg-type]
+    return cases
+
+
+CORPUS = _corpus()
+
+
+def test_the_corpus_is_large_and_covers_both_endpoints() -> None:
+    assert len({case.id for case in CORPUS}) == len(CORPUS) >= 60
+    for endpoint in ENDPOINTS:
+        assert sum(case.endpoint == endpoint for case in CORPUS) >= 40
+
+
+@pytest.fixture(scope="module", params=["dynamic", "continuous"])
+def server(request: pytest.FixtureRequest) -> Iterator[RunningServer]:
+    config = ServerConfig(port=0, mode=request.param, max_model_len=MAX_MODEL_LEN, max_body_bytes=MAX_BODY,
+                          max_batch_size=4, max_num_seqs=4, batch_timeout_ms=5.0)
+    with running_server(config) as srv:
+        yield srv
+
+
+@pytest.fixture(scope="module")
+def client(server: RunningServer) -> Iterator[httpx.Client]:
+    with httpx.Client(base_url=server.base_url, timeout=60) as http:
+        yield http
+
+
+def _send(client: httpx.Client, case: Bad) -> httpx.Response:
+    content: bytes | Iterator[bytes] = case.body
+    if case.chunked:
+        content = iter([case.body[i : i + 8192] for i in range(0, len(case.body), 8192)])
+    return client.post(case.endpoint, content=content, headers=dict(case.headers))
+
+
+def _check_error(response: httpx.Response, case: Bad) -> None:
+    text = response.text
+    assert "Traceback" not in text and 'File "' not in text
+    assert response.status_code == case.status, text
+    assert response.headers["content-type"].startswith("application/json")
+    error = response.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    assert error["type"] == ("not_found_error" if case.status == 404 else "invalid_request_error")
+    assert error["param"] == case.param, error
+    assert case.fragment.lower() in error["message"].lower(), error
+    assert isinstance(error["code"], str) and error["code"]
+
+
+@pytest.mark.parametrize("case", CORPUS, ids=[case.id for case in CORPUS])
+def test_bad_request_gets_a_named_openai_error(client: httpx.Client, case: Bad) -> None:
+    _check_error(_send(client, case), case)
+
+
+def _assert_holds_nothing(server: RunningServer) -> None:
+    engine, scheduler = server.runtime.engine, server.runtime.scheduler
+    assert engine.cache_usage == 0
+    assert engine.num_free_rows == engine.config.max_num_seqs
+    assert scheduler.num_queued == 0 and not scheduler.waiting and not scheduler.policy.running
+    assert not scheduler.has_pending_work()
+
+
+def test_after_the_whole_corpus_the_server_serves_and_holds_nothing(
+    server: RunningServer, client: httpx.Client
+) -> None:
+    for case in CORPUS:
+        _check_error(_send(client, case), case)
+    for endpoint in ENDPOINTS:
+        response = client.post(endpoint, json=_good_request(endpoint, max_tokens=5))
+        assert response.status_code == 200, response.text
+        body = response.json()
+        assert body["usage"]["completion_tokens"] == 5
+        assert body["choices"][0]["finish_reason"] == "length"
+    assert client.get("/health").status_code == 200
+    _assert_holds_nothing(server)
+
+
+def _good_request(endpoint: str, **changes: object) -> dict[str, object]:
+    return {**GOOD[endpoint], "ignore_eos": True, "temperature": 0.0, **changes}
