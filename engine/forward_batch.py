@@ -2,8 +2,8 @@
 
 Tokens of all scheduled sequences are packed into one flat batch (no padding for the projections and MLP).
 Attention is the one place that needs per-sequence structure: rows are split into a decode group (one new
-token each) and a prefill group (a chunk of prompt tokens each), and each group gathers its keys from the
-paged cache into a [rows, context] view with a boolean mask.
+token each) and a prefill group (a chunk of prompt tokens each), and each group gathers its context blocks
+from the paged cache with a boolean mask over the padded positions.
 """
 
 from __future__ import annotations
@@ -19,9 +19,14 @@ class AttentionGroup:
 
     query_index: torch.Tensor  # [rows, max_q] index into the packed tokens (padding repeats a valid token)
     query_valid: torch.Tensor  # [rows, max_q] bool, False for padding queries
-    key_slots: torch.Tensor  # [rows, max_ctx] flat cache slot of each key position
-    mask: torch.Tensor  # [rows, 1, max_q, max_ctx] bool, True where the query may attend to the key
+    block_table: torch.Tensor  # [rows, context blocks] the cache blocks holding each row's context, in order
+    mask: torch.Tensor  # [rows, 1, max_q, context blocks * block_size] bool, True where the query may attend
     is_decode: bool
+
+    def key_slots(self, block_size: int) -> torch.Tensor:
+        """[rows, context blocks * block_size] the cache slot of every key position."""
+        offsets = torch.arange(block_size, device=self.block_table.device)
+        return (self.block_table[:, :, None] * block_size + offsets).flatten(1)
 
 
 @dataclass(frozen=True)
@@ -53,17 +58,15 @@ def _group(
 ) -> AttentionGroup:
     context = start + count
     max_q = int(count.max())
-    max_ctx = int(context.max())
+    num_blocks = -(-int(context.max()) // block_size)
     q_offsets = torch.arange(max_q)
     query_valid = q_offsets[None, :] < count[:, None]
     # Padding queries point at the row's first token and at position 0, so their softmax is well defined.
     query_index = token_start[:, None] + torch.where(query_valid, q_offsets[None, :], 0)
     query_pos = torch.where(query_valid, start[:, None] + q_offsets[None, :], 0)
-    key_pos = torch.arange(max_ctx)
-    key_positions = key_pos.expand(len(start), max_ctx)
-    key_slots = _slots(block_table, key_positions, block_size)
+    key_pos = torch.arange(num_blocks * block_size)
     mask = (key_pos[None, None, :] <= query_pos[:, :, None]).unsqueeze(1)
-    return AttentionGroup(query_index, query_valid, key_slots, mask, is_decode)
+    return AttentionGroup(query_index, query_valid, block_table[:, :num_blocks], mask, is_decode)
 
 
 def build_forward_batch(
@@ -118,7 +121,7 @@ def move_batch(batch: ForwardBatch, device: torch.device) -> ForwardBatch:
         AttentionGroup(
             g.query_index.to(device),
             g.query_valid.to(device),
-            g.key_slots.to(device),
+            g.block_table.to(device),
             g.mask.to(device),
             g.is_decode,
         )

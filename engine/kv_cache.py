@@ -54,23 +54,18 @@ class BlockAllocator:
 
 
 class PagedKVCache:
-    """Key and value storage for every layer, addressed by flat slot = block_id * block_size + offset."""
+    """Key and value storage for every layer, addressed by slot = block_id * block_size + offset within each head."""
 
     def __init__(self, shape: KVCacheShape, dtype: torch.dtype, device: torch.device) -> None:
         self.shape = shape
-        # [layers, 2 (key, value), slots, kv_heads, head_dim]
+        # [layers, 2 (key, value), kv_heads, slots, head_dim]: head-major, so that a block of one head is one
+        # contiguous run of block_size * head_dim values and attention gathers whole blocks, not single tokens.
         self.data = torch.zeros(
-            shape.num_layers,
-            2,
-            shape.num_slots,
-            shape.num_kv_heads,
-            shape.head_dim,
-            dtype=dtype,
-            device=device,
+            shape.num_layers, 2, shape.num_kv_heads, shape.num_slots, shape.head_dim, dtype=dtype, device=device
         )
 
     def layer(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """The (keys, values) of one layer, each [slots, kv_heads, head_dim]."""
+        """The (keys, values) of one layer, each [kv_heads, slots, head_dim]."""
         return self.data[index, 0], self.data[index, 1]
 
     @property

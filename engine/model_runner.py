@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from engine.attention import paged_attention
+from engine.attention import PreparedGroup, paged_attention, prepare
 from engine.forward_batch import ForwardBatch
 from engine.kv_cache import KVCacheShape, PagedKVCache
 
@@ -90,6 +90,7 @@ class TransformersRunner:
         attention = inner.layers[0].self_attn
         self.scale = float(getattr(attention, "scaling", self.head_dim**-0.5))
         self.act = inner.layers[0].mlp.act_fn
+        self._scratch: tuple[torch.Tensor, torch.Tensor] | None = None
 
     def _prepare_layer(self, layer: Any) -> _Layer:
         attn, mlp = layer.self_attn, layer.mlp
@@ -115,11 +116,22 @@ class TransformersRunner:
     def kv_cache_shape(self, num_blocks: int, block_size: int) -> KVCacheShape:
         return KVCacheShape(len(self.layers), self.num_kv_heads, self.head_dim, num_blocks, block_size)
 
+    def _gather_scratch(
+        self, groups: tuple[PreparedGroup, ...], cache: PagedKVCache
+    ) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """Key and value gather buffers for a pure decode step, grown as contexts grow and reused by all layers."""
+        if len(groups) != 1 or not groups[0].group.is_decode:
+            return None
+        needed = groups[0].block_index.numel() * cache.shape.block_size * self.head_dim
+        if self._scratch is None or self._scratch[0].numel() < needed:
+            size = max(needed, 2 * (self._scratch[0].numel() if self._scratch is not None else 0))
+            self._scratch = (cache.data.new_empty(size), cache.data.new_empty(size))
+        return self._scratch
+
     def _rms_norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-        # Same arithmetic as LlamaRMSNorm (float32 variance, scale after casting back) for exact parity.
-        x32 = x.float()
-        normed = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
-        return weight * normed.to(x.dtype)
+        # One fused op; in float32 it gives bit-for-bit what LlamaRMSNorm's six ops give (tested), which the
+        # greedy parity with generate() relies on.
+        return F.rms_norm(x, (x.shape[-1],), weight, self.eps)
 
     @torch.inference_mode()
     def forward(self, batch: ForwardBatch, cache: PagedKVCache) -> torch.Tensor:
@@ -127,21 +139,25 @@ class TransformersRunner:
         tokens = batch.num_tokens
         x = self.embed(batch.input_ids)  # [tokens, hidden]
         cos, sin = self.rotary(x, batch.positions[None])  # each [1, tokens, head_dim]
-        cos, sin = cos[0, :, None, :], sin[0, :, None, :]  # [tokens, 1, head_dim]
         half = dim // 2
+        cos = cos[0, :, None, :]  # [tokens, 1, head_dim]
+        # rotate_half(x) * sin == x[..., swapped halves] * (sin with its first half negated): one gather, no cat.
+        sin = torch.cat((-sin[0, :, None, :half], sin[0, :, None, half:]), dim=-1)
+        swap = torch.cat((torch.arange(half, dim), torch.arange(half))).to(x.device)
+        groups = prepare(batch.groups, kv_heads, cache.shape.num_blocks)  # shared by every layer
+        scratch = self._gather_scratch(groups, cache)
         qk_width = (heads + kv_heads) * dim
         for index, layer in enumerate(self.layers):
             h = self._rms_norm(x, layer.input_norm)
             qkv = F.linear(h, layer.qkv_weight, layer.qkv_bias)  # [tokens, (heads + 2 kv_heads) * dim]
             qk = qkv[:, :qk_width].view(tokens, heads + kv_heads, dim)
-            rotated = torch.cat((-qk[..., half:], qk[..., :half]), dim=-1)
-            qk = qk * cos + rotated * sin
+            qk = qk * cos + qk.index_select(-1, swap) * sin  # separate mul and add, as HF rounds them
             query, key = qk[:, :heads], qk[:, heads:]
             value = qkv[:, qk_width:].view(tokens, kv_heads, dim)
             key_cache, value_cache = cache.layer(index)
-            key_cache.index_copy_(0, batch.slot_mapping, key)
-            value_cache.index_copy_(0, batch.slot_mapping, value)
-            attended = paged_attention(query, key_cache, value_cache, batch.groups, self.scale)
+            key_cache.index_copy_(1, batch.slot_mapping, key.transpose(0, 1))
+            value_cache.index_copy_(1, batch.slot_mapping, value.transpose(0, 1))
+            attended = paged_attention(query, key_cache, value_cache, groups, self.scale, scratch)
             x = x + layer.o_proj(attended.reshape(tokens, heads * dim))
             h = self._rms_norm(x, layer.post_norm)
             gate_up = F.linear(h, layer.gate_up_weight, layer.gate_up_bias)

@@ -72,6 +72,11 @@ class InjectedFault(RuntimeError):
     pass
 
 
+def cache_block_size(cache: torch.Tensor, group: object) -> int:
+    """Block size implied by a group's mask width over its block table."""
+    return int(group.mask.shape[-1] // group.block_table.shape[1])  # type: ignore[attr-defined]
+
+
 class ScriptedRunner:
     """A ModelRunner sampling `token_fn(position, context)`, or `eos_token_id` at `eos_positions`."""
 
@@ -105,9 +110,9 @@ class ScriptedRunner:
             self.clock.advance(self.step_time)  # the step "takes" step_time
         if self.calls in self.fail_on_calls:
             raise InjectedFault(f"injected fault on forward call {self.calls}")
-        keys, values = cache.layer(0)  # each [slots, 1, 1]
-        keys[batch.slot_mapping, 0, 0] = batch.input_ids.to(keys.dtype)
-        values[batch.slot_mapping, 0, 0] = (batch.positions + 1).to(values.dtype)
+        keys, values = cache.layer(0)  # each [1 kv head, slots, 1]
+        keys[0, batch.slot_mapping, 0] = batch.input_ids.to(keys.dtype)
+        values[0, batch.slot_mapping, 0] = (batch.positions + 1).to(values.dtype)
 
         logits = torch.full((len(batch.sample_index), self.vocab_size), -10.0, dtype=torch.float32)
         sample_positions = []
@@ -138,14 +143,14 @@ class ScriptedRunner:
             hit = (group.query_index == token_index) & group.query_valid
             if bool(hit.any()):
                 row = int(hit.nonzero()[0, 0])
-                slots = group.key_slots[row, :length]
-                stored_positions = values[slots, 0, 0].long()
+                slots = group.key_slots(cache_block_size(values, group))[row, :length]
+                stored_positions = values[0, slots, 0].long()
                 if not torch.equal(stored_positions, torch.arange(1, length + 1)):
                     self.violations.append(
                         f"call {self.calls}: context of length {length} holds positions "
                         f"{(stored_positions - 1).tolist()}"
                     )
-                return keys[slots, 0, 0].long().tolist()
+                return keys[0, slots, 0].long().tolist()
         self.violations.append(f"call {self.calls}: sampled token {token_index} is in no attention group")
         return []
 
