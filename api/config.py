@@ -6,6 +6,7 @@ The command line is generated from the fields and their `help` metadata, so ever
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from engine.config import EngineConfig
 from scheduler.config import Mode, SchedulerConfig
@@ -13,7 +14,7 @@ from scheduler.config import Mode, SchedulerConfig
 API_KEY_ENV = "BATCHSERVE_API_KEY"
 
 
-def _opt(default: object, help: str, **extra: object) -> object:
+def _opt(default: Any, help: str, **extra: object) -> Any:
     return field(default=default, metadata={"help": help, **extra})
 
 

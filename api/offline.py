@@ -6,9 +6,9 @@ import queue
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from api.app import build_runtime
 from api.config import ServerConfig
 from api.detokenizer import IncrementalDetokenizer
-from api.app import build_runtime
 from engine.loader import LoadedModel, load_model
 from engine.outputs import FinishReason
 from engine.sampling_params import SamplingParams

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from collections.abc import AsyncIterator, Awaitable
 from typing import TypeVar
 
@@ -20,6 +21,7 @@ from api.service import ChoiceDelta, Generation
 from api.state import Phase, Runtime
 
 _T = TypeVar("_T")
+logger = logging.getLogger("batchserve.api")
 
 
 def _runtime(request: Request) -> Runtime:
@@ -80,7 +82,8 @@ async def completions(request: Request) -> Response:
     check_common_limits(body, config)
     if body.echo and body.logprobs is not None:
         raise bad_request("echo together with logprobs (prompt logprobs) is not supported", param="echo")
-    prompts = completion_prompts(body, runtime.tokenizer, config)
+    # Tokenising a large prompt takes a while: off the event loop, so other streams keep flowing.
+    prompts = await asyncio.to_thread(completion_prompts, body, runtime.tokenizer, config)
     inputs = choice_inputs(body, prompts, body.max_tokens or 16, body.logprobs)
     formatter = Formatter(runtime.service.new_request_id("cmpl"), runtime.model_name, runtime.tokenizer, chat=False)
     echo_texts = [str(runtime.tokenizer.decode(p)) for p in prompts] if body.echo else None
@@ -95,7 +98,7 @@ async def chat_completions(request: Request) -> Response:
     check_common_limits(body, config)
     if body.top_logprobs is not None and not body.logprobs:
         raise bad_request("top_logprobs requires logprobs to be true", param="top_logprobs")
-    prompt = chat_prompt(body, runtime.tokenizer)
+    prompt = await asyncio.to_thread(chat_prompt, body, runtime.tokenizer)
     max_tokens = chat_max_tokens(body, len(prompt), runtime.max_model_len)
     logprobs = (body.top_logprobs or 0) if body.logprobs else None
     inputs = choice_inputs(body, [prompt], max_tokens, logprobs)
@@ -130,6 +133,12 @@ async def _respond(
     return JSONResponse(result)
 
 
+def _generation_error(delta: ChoiceDelta) -> APIError:
+    if delta.error_status == 503:
+        return APIError(503, delta.error or "the server is overloaded", headers={"Retry-After": "1"})
+    return APIError(500, f"generation failed: {delta.error}")
+
+
 def _prompt_index(delta: ChoiceDelta, n: int) -> int:
     return delta.index // n
 
@@ -143,7 +152,7 @@ async def _collect(generation: Generation, body: _SamplingFields, formatter: For
     tally = UsageTally()
     async for delta in generation.deltas():
         if delta.error is not None:
-            raise APIError(500, f"generation failed: {delta.error}")
+            raise _generation_error(delta)
         texts[delta.index] += delta.text
         entries[delta.index].extend(delta.logprobs)
         if delta.finish_reason is not None:
@@ -175,7 +184,7 @@ async def _stream(generation: Generation, body: _SamplingFields, formatter: Form
                 yield json.dumps(formatter.chunk([formatter.stream_choice(i, text, None, None)]))
         async for delta in generation.deltas():
             if delta.error is not None:
-                error = APIError(500, f"generation failed: {delta.error}").body()
+                error = _generation_error(delta).body()
                 yield json.dumps(error)
                 break
             if delta.finish_reason is not None:
@@ -197,6 +206,9 @@ async def _stream(generation: Generation, body: _SamplingFields, formatter: Form
                 yield json.dumps(formatter.chunk([], usage=tally.usage(), timings=tally.timings()))
     except APIError as exc:  # e.g. the request timeout, after the stream started
         yield json.dumps(exc.body())
+    except Exception:  # the stream has started: report the fault in-band, then end it properly
+        logger.exception("streaming %s failed", formatter.request_id)
+        yield json.dumps(APIError(500, "internal server error while streaming").body())
     finally:
         generation.close()
     yield "[DONE]"

@@ -22,7 +22,7 @@ from engine.outputs import FinishReason
 from engine.sampling_params import SamplingParams
 from scheduler.errors import QueueFullError, SchedulerClosedError
 from scheduler.loop import EngineLoop
-from scheduler.request import FinishEvent, Request, RequestEvent, RequestTimings, TokenEvent
+from scheduler.request import ErrorKind, FinishEvent, Request, RequestEvent, RequestTimings, TokenEvent
 
 
 @dataclass(frozen=True)
@@ -51,6 +51,7 @@ class ChoiceDelta:
     num_prompt_tokens: int = 0
     num_output_tokens: int = 0
     error: str | None = None
+    error_status: int = 500  # 503 when the server was too busy to start the request in time
 
 
 @dataclass
@@ -122,7 +123,8 @@ class GenerationService:
     def _on_finish(self, choice: _Choice, event: FinishEvent) -> ChoiceDelta:
         if event.reason is FinishReason.ERROR:
             self.metrics.observe_failure()
-            return ChoiceDelta(choice.index, "", error=event.error or "internal error")
+            status = 503 if event.error_kind is ErrorKind.QUEUE_TIMEOUT else 500
+            return ChoiceDelta(choice.index, "", error=event.error or "internal error", error_status=status)
         tail = "" if choice.stopped_by_string else choice.detokenizer.flush()
         reason = FinishReason.STOP if choice.stopped_by_string else event.reason
         self.metrics.observe_request(event.timings, choice.num_prompt_tokens, choice.num_output_tokens,

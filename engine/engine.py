@@ -139,11 +139,14 @@ class Engine:
             raise ValueError(f"sequence {seq_id} is already in the engine")
         if not self._free_rows:
             raise RuntimeError("no free engine row; the scheduler admitted more than max_num_seqs sequences")
+        # Convert everything before taking a row, so a failure here leaves no half-registered sequence.
+        prompt = torch.tensor(prompt_token_ids, dtype=torch.long)
+        stops = torch.tensor(params.stop_token_ids, dtype=torch.long)
         row = self._free_rows.pop()
         self._row_of[seq_id] = row
         self._blocks_of[seq_id] = []
         n = len(prompt_token_ids)
-        self._token_buffer[row, :n] = torch.tensor(prompt_token_ids, dtype=torch.long)
+        self._token_buffer[row, :n] = prompt
         self._num_computed[row] = 0
         self._seq_len[row] = n
         self._prompt_len[row] = n
@@ -158,8 +161,7 @@ class Engine:
         self._ignore_eos[row] = params.ignore_eos
         self._logprobs[row] = -1 if params.logprobs is None else params.logprobs
         self._stop_ids[row] = -1
-        if params.stop_token_ids:
-            self._stop_ids[row, : len(params.stop_token_ids)] = torch.tensor(params.stop_token_ids)
+        self._stop_ids[row, : len(stops)] = stops
 
     def reserve(self, seq_id: int, total_tokens: int) -> bool:
         """Make the sequence's cache hold `total_tokens` positions; all or nothing. False if blocks ran out."""

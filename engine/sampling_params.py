@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 MAX_LOGPROBS = 5
 MAX_SEED = 2**63 - 1
+MAX_TOP_K = 2**31 - 1  # no vocabulary is larger; bounds what the engine stores in an int64 row
 
 
 @dataclass(frozen=True)
@@ -30,8 +31,8 @@ class SamplingParams:
             raise ValueError(f"temperature must be between 0 and 2, got {self.temperature}")
         if not 0.0 < self.top_p <= 1.0:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
-        if self.top_k < 0:
-            raise ValueError(f"top_k must be >= 0 (0 disables it), got {self.top_k}")
+        if not 0 <= self.top_k <= MAX_TOP_K:
+            raise ValueError(f"top_k must be between 0 (off) and {MAX_TOP_K}, got {self.top_k}")
         if self.seed is not None and not 0 <= self.seed <= MAX_SEED:
             raise ValueError(f"seed must be between 0 and {MAX_SEED}, got {self.seed}")
         if self.logprobs is not None and not 0 <= self.logprobs <= MAX_LOGPROBS:

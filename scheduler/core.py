@@ -20,7 +20,7 @@ from scheduler.continuous import ContinuousPolicy
 from scheduler.dynamic import DynamicPolicy
 from scheduler.errors import QueueFullError, SchedulerClosedError
 from scheduler.policy import Policy, StepPlan
-from scheduler.request import FinishEvent, Request, RequestEvent, RequestStatus, TokenEvent
+from scheduler.request import ErrorKind, FinishEvent, Request, RequestEvent, RequestStatus, TokenEvent
 from scheduler.stats import StepStats
 
 logger = logging.getLogger("batchserve.scheduler")
@@ -110,7 +110,16 @@ class Scheduler:
         now = self.clock()
         self._drain_inbox()
         self._expire_waiting(now)
-        plan = self.policy.plan(self.waiting, now)
+        try:
+            plan = self.policy.plan(self.waiting, now)
+        except Exception:
+            # Admitting the head of the queue failed (a bug or an input the checks missed): fail that request
+            # alone, then plan again for everyone else rather than stalling the running sequences.
+            logger.exception("planning a step failed")
+            if not self.waiting:
+                raise
+            self._finish(self.waiting[0], FinishReason.ERROR, "internal error while admitting the request")
+            return self.step()
         if not plan:
             return None
         # Prefill work: prompt chunks, and recomputation after preemption; the rest are decode tokens.
@@ -200,9 +209,20 @@ class Scheduler:
         if limit is None:
             return
         for request in [r for r in self.waiting if r.scheduled is None and now - r.arrival > limit]:
-            self._finish(request, FinishReason.ERROR, f"the request waited in the queue longer than {limit} s")
+            self._finish(
+                request,
+                FinishReason.ERROR,
+                f"the request waited in the queue longer than {limit} s; the server is overloaded",
+                ErrorKind.QUEUE_TIMEOUT,
+            )
 
-    def _finish(self, request: Request, reason: FinishReason, error: str | None = None) -> None:
+    def _finish(
+        self,
+        request: Request,
+        reason: FinishReason,
+        error: str | None = None,
+        error_kind: ErrorKind | None = None,
+    ) -> None:
         if request.status is RequestStatus.WAITING:
             self.waiting.remove(request)
             if request.scheduled is None:
@@ -211,6 +231,7 @@ class Scheduler:
         request.status = RequestStatus.FINISHED
         request.finish_reason = reason
         request.error = error
+        request.error_kind = error_kind if error_kind is not None or error is None else ErrorKind.INTERNAL
         if reason in (FinishReason.ABORT, FinishReason.ERROR):
             self.engine.remove(request.seq_id)  # free its cache now, whatever the policy holds
         for released in self.policy.on_finished(request):
@@ -221,7 +242,9 @@ class Scheduler:
         request.status = RequestStatus.RELEASED
         self._requests.pop(request.request_id, None)
         reason = request.finish_reason or FinishReason.ERROR
-        self._emit(request, FinishEvent(reason, request.timings(self.mode, self.clock()), request.error))
+        self._emit(
+            request, FinishEvent(reason, request.timings(self.mode, self.clock()), request.error, request.error_kind)
+        )
 
     @staticmethod
     def _emit(request: Request, event: RequestEvent) -> bool:

@@ -55,11 +55,19 @@ class TokenEvent:
     time: float
 
 
+class ErrorKind(enum.Enum):
+    """Why a request ended with FinishReason.ERROR: the API answers 500 for one and 503 for the other."""
+
+    INTERNAL = "internal"  # the engine step that ran it failed
+    QUEUE_TIMEOUT = "queue_timeout"  # it waited longer than queue_timeout_s: the server is overloaded
+
+
 @dataclass(frozen=True)
 class FinishEvent:
     reason: FinishReason
     timings: RequestTimings
     error: str | None = None
+    error_kind: ErrorKind | None = None
 
 
 RequestEvent = TokenEvent | FinishEvent
@@ -79,6 +87,7 @@ class Request:
     status: RequestStatus = RequestStatus.WAITING
     finish_reason: FinishReason | None = None
     error: str | None = None
+    error_kind: ErrorKind | None = None
     num_output_tokens: int = 0
     scheduled: float | None = None
     first_token: float | None = None

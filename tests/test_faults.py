@@ -295,3 +295,25 @@ def test_the_request_timeout_aborts_a_long_request_and_frees_its_seat(mode: str)
         assert response.status_code == 200 and response.json()["usage"]["completion_tokens"] == 3
         assert client.get("/health").status_code == 200
         _wait_idle(srv)
+
+
+# ----- the queue timeout -----
+@pytest.mark.parametrize("mode", ["dynamic", "continuous"])
+def test_a_request_that_waits_past_the_queue_timeout_gets_503_and_others_are_served(mode: str) -> None:
+    config = _config(mode, max_num_seqs=1, max_batch_size=1, queue_timeout_s=0.5)
+    with running_server(config) as srv, httpx.Client(base_url=srv.base_url, timeout=60) as client:
+        slow = FaultyForward(srv.runtime.engine.runner)
+        slow.delay_s = 0.05  # the one seat stays busy for 60 steps, 3 s or more: far past the 0.5 s limit
+        srv.runtime.engine.runner.forward = slow
+        with client.stream("POST", COMPLETIONS, json=_body(COMPLETIONS, 60, stream=True)) as busy:
+            lines = busy.iter_lines()  # kept open: dropping the iterator would close the stream (a disconnect)
+            first = next(line for line in lines if line.startswith("data: "))  # it holds the seat now
+            assert "error" not in first
+            late = client.post(COMPLETIONS, json=_body(COMPLETIONS, 2))
+            assert late.status_code == 503, late.text
+            assert late.headers["retry-after"] == "1"
+            error = late.json()["error"]
+            assert error["type"] == "service_unavailable" and "queue" in error["message"]
+            _assert_complete_stream([line[6:] for line in lines if line.startswith("data: ")], 60)
+        slow.delay_s = 0.0
+        _assert_serving(srv, client)

@@ -20,7 +20,7 @@ from engine.sampling_params import SamplingParams
 from scheduler.config import Mode, SchedulerConfig
 from scheduler.core import Scheduler
 from scheduler.errors import QueueFullError
-from scheduler.request import FinishEvent, Request, RequestStatus, TokenEvent
+from scheduler.request import ErrorKind, FinishEvent, Request, RequestStatus, TokenEvent
 from tests.fakes import FakeClock, Harness, ScriptedRunner, Stream, build, expected_tokens
 
 MODES = [Mode.DYNAMIC, Mode.CONTINUOUS]
@@ -435,6 +435,7 @@ def test_queue_timeout_expires_waiting_request_with_error(mode: Mode) -> None:
     h.step()
     assert late.reason is FinishReason.ERROR and late.finish_step == 7
     assert late.finish is not None and late.finish.error and "queue" in late.finish.error
+    assert late.finish.error_kind is ErrorKind.QUEUE_TIMEOUT
     assert late.finish.timings.scheduled is None and late.tokens == []
     assert late.finish.timings.queue_time == 6.0
     assert h.scheduler.num_queued == 0
@@ -593,3 +594,25 @@ def test_same_greedy_tokens_in_both_modes_and_equal_to_generate(tiny_llama: PreT
     assert results[Mode.DYNAMIC] == reference
     assert results[Mode.CONTINUOUS] == reference
     assert preemptions[Mode.CONTINUOUS] > 0
+
+
+def test_a_request_that_fails_to_be_admitted_fails_alone_and_the_running_go_on(monkeypatch: pytest.MonkeyPatch) -> None:
+    h = build(Mode.CONTINUOUS, seats=2)
+    running = h.submit(max_tokens=6)
+    h.step()
+    real_add = h.engine.add
+
+    def broken_add(seq_id: int, prompt: object, params: object) -> None:
+        if seq_id == poisoned.request.seq_id:
+            raise RuntimeError("a bug in admission")
+        real_add(seq_id, prompt, params)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(h.engine, "add", broken_add)
+    poisoned = h.submit(max_tokens=3)
+    h.step()  # admitting `poisoned` raises: it alone fails, and `running` still decodes in this very step
+    assert poisoned.reason is FinishReason.ERROR
+    assert poisoned.finish is not None and poisoned.finish.error_kind is ErrorKind.INTERNAL
+    assert len(running.tokens) == 2
+    h.run()
+    assert_complete(running)
+    assert_drained(h)
