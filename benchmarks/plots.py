@@ -31,6 +31,7 @@ def plot_timelines(runs: Mapping[str, RunResult], path: Path) -> Path:
     axes = fig.subplots(rows, cols, sharex=True, squeeze=False).flatten()
     for ax in axes[len(names) :]:
         ax.set_visible(False)
+    latest = 0.0
     for ax, name in zip(axes, names, strict=False):
         sources: set[str] = set()
         records = sorted(runs[name].records, key=lambda r: (r.send_time, r.index))
@@ -50,13 +51,15 @@ def plot_timelines(runs: Mapping[str, RunResult], path: Path) -> Path:
                 if width > 0:
                     ax.barh(row, width, left=left, color=PHASE_COLORS[label], height=0.8)
                 left += width
+            latest = max(latest, left)
         ax.set_title(f"{name} ({'/'.join(sorted(sources)) or 'no'} timings)")
         ax.set_xlabel("seconds since start")
         ax.set_ylabel("request (by send time)")
-        ax.set_xlim(left=0)
         ax.tick_params(labelbottom=True)  # sharex hides them above the bottom row, which may have a gap
         ax.yaxis.set_major_locator(MaxNLocator(integer=True))
         ax.invert_yaxis()
+    # Set once, after every panel is drawn: limits set per panel on shared axes would clip the longest run.
+    axes[0].set_xlim(0, max(latest, 1e-3) * 1.02)
     handles = [Patch(color=color, label=label) for label, color in PHASE_COLORS.items()]
     fig.legend(handles=handles, loc="outside lower center", ncols=len(handles))
     fig.savefig(path, dpi=100)
