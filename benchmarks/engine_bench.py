@@ -21,10 +21,10 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.nn.functional as F
-from torch import nn
 
 from engine.config import EngineConfig
 from engine.engine import Engine
@@ -87,7 +87,7 @@ def _best(fn: Callable[[], object], repeats: int) -> float:
     return statistics.median(_timed(fn) for _ in range(repeats))
 
 
-def weight_matmuls(model: nn.Module) -> list[torch.Tensor]:
+def weight_matmuls(model: Any) -> list[torch.Tensor]:
     """Every projection weight of every layer, then the LM head: exactly what a decode step must multiply."""
     weights = []
     for layer in model.model.layers:
@@ -142,7 +142,8 @@ def engine_seconds(loaded: LoadedModel, prompts: list[list[int]], steps: int, re
 @torch.inference_mode()
 def generate_seconds(loaded: LoadedModel, prompts: list[list[int]], steps: int) -> tuple[float, float]:
     """transformers generate(): (prefill seconds, seconds per decode step), left-padded when batched."""
-    model, pad = loaded.model, loaded.eos_token_ids[0]
+    model: Any = loaded.model
+    pad = loaded.eos_token_ids[0]
     width = max(len(p) for p in prompts)
     ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts])
     mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
@@ -245,7 +246,8 @@ def main() -> None:
         repeats=args.repeats,
     )
     result = run(config, load_model(args.model))
-    for name, target in result["targets"].items():  # type: ignore[union-attr]
+    targets: dict[str, dict[str, Any]] = result["targets"]  # type: ignore[assignment]
+    for name, target in targets.items():
         print(
             f"target {name}: {target['value']:.3f} (want {target['target']}) -> {'met' if target['met'] else 'NOT met'}"
         )

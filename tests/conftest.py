@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
 import torch
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import (
     GenerationConfig,
     LlamaConfig,
@@ -13,9 +15,28 @@ from transformers import (
     MistralConfig,
     MistralForCausalLM,
     PreTrainedModel,
+    PreTrainedTokenizerFast,
     Qwen2Config,
     Qwen2ForCausalLM,
 )
+
+
+def train_byte_level_tokenizer(corpus: list[str], vocab_size: int, eos: str) -> PreTrainedTokenizerFast:
+    """A byte-level BPE tokenizer trained in memory on `corpus` (no downloads): every string encodes, and
+    characters outside the corpus fall back to single-byte tokens, so multi-byte characters span several."""
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        min_frequency=2,
+        special_tokens=[eos],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(corpus * 10, trainer=trainer)
+    return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=eos)
+
 
 TINY_ARCHITECTURES: dict[str, tuple[type, type]] = {
     "llama": (LlamaConfig, LlamaForCausalLM),
@@ -96,3 +117,24 @@ def tiny_qwen2(tiny_model_builder: Callable[..., PreTrainedModel]) -> PreTrained
 @pytest.fixture(scope="session")
 def tiny_mistral(tiny_model_builder: Callable[..., PreTrainedModel]) -> PreTrainedModel:
     return tiny_model_builder("mistral")
+
+
+# ----- a pair of tiny-model servers, one per mode, shared by the API test modules -----
+@pytest.fixture(scope="module")
+def servers() -> Iterator[dict[str, Any]]:
+    from tests.server_harness import mode_config, running_server  # lazy: server_harness imports this module
+
+    with running_server(mode_config("dynamic")) as dynamic, running_server(mode_config("continuous")) as continuous:
+        yield {"dynamic": dynamic, "continuous": continuous}
+
+
+@pytest.fixture(params=["dynamic", "continuous"])
+def server(request: pytest.FixtureRequest, servers: dict[str, Any]) -> Any:
+    return servers[request.param]
+
+
+@pytest.fixture
+def client(server: Any) -> Any:
+    from tests.server_harness import openai_client
+
+    return openai_client(server)

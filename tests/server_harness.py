@@ -11,14 +11,14 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 import httpx
+import openai
 import uvicorn
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
 
 from api.app import create_app
 from api.config import ServerConfig
 from engine.loader import LoadedModel, load_model
-from tests.conftest import build_tiny_causal_lm
+from tests.conftest import build_tiny_causal_lm, train_byte_level_tokenizer
 
 TINY_EOS = "<|eos|>"
 TINY_CHAT_TEMPLATE = (
@@ -35,19 +35,8 @@ _CORPUS = [
 
 @functools.cache
 def tiny_tokenizer() -> PreTrainedTokenizerFast:
-    """A byte-level BPE tokenizer trained in memory: every string encodes, multi-byte characters split."""
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=320,
-        min_frequency=2,
-        special_tokens=[TINY_EOS],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    tok.train_from_iterator(_CORPUS * 10, trainer=trainer)
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=TINY_EOS)
+    """The tiny models' tokenizer, with a chat template so the chat endpoint works too."""
+    fast = train_byte_level_tokenizer(_CORPUS, 320, TINY_EOS)
     fast.chat_template = TINY_CHAT_TEMPLATE
     return fast
 
@@ -109,3 +98,14 @@ def _wait_healthy(base_url: str, timeout_s: float = 120.0) -> None:
                 return
         time.sleep(0.05)
     raise RuntimeError(f"server at {base_url} did not become healthy in {timeout_s} s")
+
+
+def mode_config(mode: str, **overrides: object) -> ServerConfig:
+    """A small server on a free port: 4 seats; in dynamic mode a batch leaves as soon as a request waits."""
+    values: dict[str, object] = {"mode": mode, "port": 0, "max_batch_size": 4, "batch_timeout_ms": 0.0,
+                                 "max_num_seqs": 4}
+    return ServerConfig(**{**values, **overrides})  # type: ignore[arg-type]
+
+
+def openai_client(server: RunningServer, api_key: str = "unused") -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{server.base_url}/v1", api_key=api_key, max_retries=0, timeout=60)

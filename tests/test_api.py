@@ -24,7 +24,15 @@ from prometheus_client.parser import text_string_to_metric_families
 from api.app import create_app
 from api.config import ServerConfig
 from engine.loader import LoadedModel
-from tests.server_harness import RunningServer, free_port, running_server, tiny_loaded_model, tiny_tokenizer
+from tests.server_harness import (
+    RunningServer,
+    free_port,
+    mode_config,
+    openai_client,
+    running_server,
+    tiny_loaded_model,
+    tiny_tokenizer,
+)
 
 MODES = ("dynamic", "continuous")
 PROMPT = "the quick brown fox"
@@ -33,17 +41,6 @@ LONG = 200  # tokens of a request that is still running when the test acts on it
 
 
 # ----- helpers shared with test_api_streaming.py -----
-def mode_config(mode: str, **overrides: object) -> ServerConfig:
-    """A small server on a free port: 4 seats; in dynamic mode a batch leaves as soon as a request waits."""
-    values: dict[str, object] = {"mode": mode, "port": 0, "max_batch_size": 4, "batch_timeout_ms": 0.0,
-                                 "max_num_seqs": 4}
-    return ServerConfig(**{**values, **overrides})  # type: ignore[arg-type]
-
-
-def openai_client(server: RunningServer, api_key: str = "unused") -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{server.base_url}/v1", api_key=api_key, max_retries=0, timeout=60)
-
-
 def model_name(server: RunningServer) -> str:
     return str(server.runtime.model_name)
 
@@ -113,23 +110,6 @@ def stop_string_in(text: str, length: int = 2) -> tuple[int, str]:
         if "\ufffd" not in candidate and text.find(candidate) == index:
             return index, candidate
     raise AssertionError(f"no usable stop string in {text!r}")
-
-
-# ----- fixtures -----
-@pytest.fixture(scope="module")
-def servers() -> Iterator[dict[str, RunningServer]]:
-    with running_server(mode_config("dynamic")) as dynamic, running_server(mode_config("continuous")) as continuous:
-        yield {"dynamic": dynamic, "continuous": continuous}
-
-
-@pytest.fixture(params=MODES)
-def server(request: pytest.FixtureRequest, servers: dict[str, RunningServer]) -> RunningServer:
-    return servers[request.param]
-
-
-@pytest.fixture
-def client(server: RunningServer) -> openai.OpenAI:
-    return openai_client(server)
 
 
 # ----- models, completions, chat -----

@@ -5,46 +5,26 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Iterator
 
 import httpx
 import openai
 import pytest
 
 from scheduler.request import FinishEvent, Request, RequestEvent
-from tests.server_harness import RunningServer, running_server, tiny_tokenizer
+from tests.server_harness import RunningServer, mode_config, openai_client, running_server, tiny_tokenizer
 from tests.test_api import (
     CHAT,
     LONG,
-    MODES,
     PROMPT,
     error_of,
     metric_value,
-    mode_config,
     model_name,
     num_running,
-    openai_client,
     seats_all_free,
     server_mode,
     stop_string_in,
     wait_until,
 )
-
-
-@pytest.fixture(scope="module")
-def servers() -> Iterator[dict[str, RunningServer]]:
-    with running_server(mode_config("dynamic")) as dynamic, running_server(mode_config("continuous")) as continuous:
-        yield {"dynamic": dynamic, "continuous": continuous}
-
-
-@pytest.fixture(params=MODES)
-def server(request: pytest.FixtureRequest, servers: dict[str, RunningServer]) -> RunningServer:
-    return servers[request.param]
-
-
-@pytest.fixture
-def client(server: RunningServer) -> openai.OpenAI:
-    return openai_client(server)
 
 
 def sse_events(response: httpx.Response) -> list[dict]:

@@ -7,10 +7,10 @@ import functools
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
 
 from api.detokenizer import IncrementalDetokenizer
+from tests.conftest import train_byte_level_tokenizer
 
 EOS = "<|endoftext|>"
 CORPUS = [
@@ -33,19 +33,8 @@ TEXTS = [
 
 @functools.cache
 def _tokenizer() -> PreTrainedTokenizerFast:
-    # Trained in memory on ASCII-only text, so non-ASCII characters fall back to single-byte tokens.
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=400,
-        min_frequency=2,
-        special_tokens=[EOS],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    tok.train_from_iterator(CORPUS * 10, trainer=trainer)
-    return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=EOS)
+    # Trained on ASCII-only text, so non-ASCII characters fall back to single-byte tokens.
+    return train_byte_level_tokenizer(CORPUS, 400, EOS)
 
 
 @pytest.fixture
