@@ -21,6 +21,7 @@ from api.service import ChoiceDelta, Generation
 from api.state import Phase, Runtime
 
 _T = TypeVar("_T")
+_Request = TypeVar("_Request", CompletionRequest, ChatCompletionRequest)
 logger = logging.getLogger("batchserve.api")
 
 
@@ -74,12 +75,18 @@ async def _until_disconnect(request: Request, work: Awaitable[_T]) -> _T | None:
     return task.result()
 
 
-async def completions(request: Request) -> Response:
+async def _accept(request: Request, model: type[_Request]) -> tuple[ServerConfig, Runtime, _Request]:
+    """What both endpoints do first: readiness, body, schema, model name and the server's request limits."""
     config: ServerConfig = request.app.state.config
     runtime = _runtime(request)
-    body = parse_request(CompletionRequest, await _read_json_body(request, config.max_body_bytes))
+    body = parse_request(model, await _read_json_body(request, config.max_body_bytes))
     _check_model(body.model, runtime)
     check_common_limits(body, config)
+    return config, runtime, body
+
+
+async def completions(request: Request) -> Response:
+    config, runtime, body = await _accept(request, CompletionRequest)
     if body.echo and body.logprobs is not None:
         raise bad_request("echo together with logprobs (prompt logprobs) is not supported", param="echo")
     # Tokenising a large prompt takes a while: off the event loop, so other streams keep flowing.
@@ -91,11 +98,7 @@ async def completions(request: Request) -> Response:
 
 
 async def chat_completions(request: Request) -> Response:
-    config: ServerConfig = request.app.state.config
-    runtime = _runtime(request)
-    body = parse_request(ChatCompletionRequest, await _read_json_body(request, config.max_body_bytes))
-    _check_model(body.model, runtime)
-    check_common_limits(body, config)
+    _, runtime, body = await _accept(request, ChatCompletionRequest)
     if body.top_logprobs is not None and not body.logprobs:
         raise bad_request("top_logprobs requires logprobs to be true", param="top_logprobs")
     prompt = await asyncio.to_thread(chat_prompt, body, runtime.tokenizer)
