@@ -11,10 +11,10 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from engine.engine import Engine
-from engine.outputs import FinishReason
+from engine.outputs import FinishReason, TokenOutput
 from scheduler.config import Mode, SchedulerConfig
 from scheduler.continuous import ContinuousPolicy
 from scheduler.dynamic import DynamicPolicy
@@ -164,7 +164,7 @@ class Scheduler:
             with self._lock:
                 self._num_queued -= 1
 
-    def _deliver(self, tokens) -> int:
+    def _deliver(self, tokens: Sequence[TokenOutput]) -> int:
         by_seq = {r.seq_id: r for r in self.policy.running}
         now = self.clock()
         delivered = 0
