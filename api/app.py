@@ -43,7 +43,7 @@ def default_loader(config: ServerConfig) -> LoadedModel:
 
 def build_runtime(config: ServerConfig, loaded: LoadedModel) -> Runtime:
     model_name = config.served_model_name or Path(loaded.source).name.removesuffix(".gguf")
-    engine_config = config.engine_config(loaded.max_model_len)
+    engine_config = config.engine_config(loaded.max_model_len, str(next(loaded.model.parameters()).device))
     engine = Engine(TransformersRunner(loaded.model), engine_config, loaded.eos_token_ids, loaded.max_model_len)
     metrics = ServerMetrics(config.mode, model_name)
     scheduler = Scheduler(engine, config.scheduler_config(), on_step=metrics.observe_step)

@@ -71,11 +71,12 @@ class ServerConfig:
             queue_timeout_s=self.queue_timeout_s,
         )
 
-    def engine_config(self, model_max_len: int) -> EngineConfig:
+    def engine_config(self, model_max_len: int, device: str) -> EngineConfig:
+        """`device` is where the model was actually loaded: `--device auto` is resolved by the loader, not here."""
         max_len = min(self.max_model_len or model_max_len, model_max_len)
         return EngineConfig(
             max_num_seqs=self.seats,
             kv_cache_tokens=self.kv_cache_tokens or self.seats * max_len,
             max_model_len=max_len,
-            device=self.device,
+            device=device,
         )

@@ -609,3 +609,10 @@ def test_metrics_use_vllm_names_with_a_mode_label(server: RunningServer, client:
     assert metric_value(server.base_url, "vllm:request_success_total", mode=mode, finished_reason="length") >= 1
     text = httpx.get(f"{server.base_url}/metrics").text
     assert "# TYPE vllm:time_to_first_token_seconds histogram" in text
+
+
+def test_device_auto_serves_on_the_device_the_model_was_loaded_on() -> None:
+    from api.app import build_runtime
+
+    runtime = build_runtime(ServerConfig(device="auto"), tiny_loaded_model())
+    assert runtime.engine.device == next(runtime.engine.runner.model.parameters()).device
