@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from api.app import build_runtime
 from api.config import ServerConfig
 from api.detokenizer import IncrementalDetokenizer
+from api.prompts import encode_chat
 from engine.loader import LoadedModel, load_model
 from engine.outputs import FinishReason
 from engine.sampling_params import SamplingParams
@@ -68,9 +69,7 @@ class LLM:
         if isinstance(prompt, list):
             return prompt
         if chat:
-            messages = [{"role": "user", "content": prompt}]
-            return list(self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
-                                                           return_dict=False))
+            return encode_chat(self.tokenizer, [{"role": "user", "content": prompt}])
         return list(self.tokenizer(prompt)["input_ids"])
 
     def close(self) -> None:

@@ -33,13 +33,18 @@ def completion_prompts(request: CompletionRequest, tokenizer: PreTrainedTokenize
     return prompts
 
 
+def encode_chat(tokenizer: PreTrainedTokenizerBase, messages: list[dict[str, str]]) -> list[int]:
+    """Token ids of `messages` in the model's chat template, ending where the assistant's answer begins."""
+    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False)
+    return list(ids)
+
+
 def chat_prompt(request: ChatCompletionRequest, tokenizer: PreTrainedTokenizerBase) -> list[int]:
     if tokenizer.chat_template is None:
         raise bad_request("this model has no chat template; use /v1/completions", param="messages")
     messages = [{"role": m.role if m.role != "developer" else "system", "content": m.text()}
                 for m in request.messages]
-    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False)
-    return list(ids)
+    return encode_chat(tokenizer, messages)
 
 
 def check_common_limits(request: _SamplingFields, config: ServerConfig) -> None:

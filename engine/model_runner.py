@@ -91,6 +91,8 @@ class TransformersRunner:
         self.scale = float(getattr(attention, "scaling", self.head_dim**-0.5))
         self.act = inner.layers[0].mlp.act_fn
         self._scratch: tuple[torch.Tensor, torch.Tensor] | None = None
+        half = self.head_dim // 2  # the halves of each head that RoPE's rotate_half exchanges
+        self._rope_swap = torch.cat((torch.arange(half, self.head_dim), torch.arange(half))).to(self.device)
 
     def _prepare_layer(self, layer: Any) -> _Layer:
         attn, mlp = layer.self_attn, layer.mlp
@@ -143,7 +145,6 @@ class TransformersRunner:
         cos = cos[0, :, None, :]  # [tokens, 1, head_dim]
         # rotate_half(x) * sin == x[..., swapped halves] * (sin with its first half negated): one gather, no cat.
         sin = torch.cat((-sin[0, :, None, :half], sin[0, :, None, half:]), dim=-1)
-        swap = torch.cat((torch.arange(half, dim), torch.arange(half))).to(x.device)
         groups = prepare(batch.groups, kv_heads, cache.shape.num_blocks)  # shared by every layer
         scratch = self._gather_scratch(groups, cache)
         qk_width = (heads + kv_heads) * dim
@@ -151,7 +152,7 @@ class TransformersRunner:
             h = self._rms_norm(x, layer.input_norm)
             qkv = F.linear(h, layer.qkv_weight, layer.qkv_bias)  # [tokens, (heads + 2 kv_heads) * dim]
             qk = qkv[:, :qk_width].view(tokens, heads + kv_heads, dim)
-            qk = qk * cos + qk.index_select(-1, swap) * sin  # separate mul and add, as HF rounds them
+            qk = qk * cos + qk.index_select(-1, self._rope_swap) * sin  # separate mul and add, as HF rounds them
             query, key = qk[:, :heads], qk[:, heads:]
             value = qkv[:, qk_width:].view(tokens, kv_heads, dim)
             key_cache, value_cache = cache.layer(index)

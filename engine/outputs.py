@@ -18,6 +18,11 @@ class FinishReason(enum.Enum):
     def openai(self) -> str:
         return self.value
 
+    @property
+    def ended_early(self) -> bool:
+        """Aborted or failed: the sequence's cache is freed at once and nothing waits for its batch."""
+        return self in (FinishReason.ABORT, FinishReason.ERROR)
+
 
 @dataclass(frozen=True)
 class TokenOutput:

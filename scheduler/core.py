@@ -232,7 +232,7 @@ class Scheduler:
         request.finish_reason = reason
         request.error = error
         request.error_kind = error_kind if error_kind is not None or error is None else ErrorKind.INTERNAL
-        if reason in (FinishReason.ABORT, FinishReason.ERROR):
+        if reason.ended_early:
             self.engine.remove(request.seq_id)  # free its cache now, whatever the policy holds
         for released in self.policy.on_finished(request):
             self._release(released)

@@ -48,7 +48,7 @@ class DynamicPolicy(Policy):
     def on_finished(self, request: Request) -> list[Request]:
         if request not in self.running:
             return [request]  # never boarded (aborted or expired while waiting)
-        if self._is_terminal_early(request):
+        if request.finish_reason is not None and request.finish_reason.ended_early:
             # An abort or a failed step frees its seat at once; it does not wait for the bus.
             self.running.remove(request)
             return [request, *self._end_of_batch()]

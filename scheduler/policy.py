@@ -6,7 +6,6 @@ import abc
 from collections import deque
 
 from engine.engine import Engine
-from engine.outputs import FinishReason
 from scheduler.config import Mode, SchedulerConfig
 from scheduler.request import Request, RequestStatus
 
@@ -49,10 +48,6 @@ class Policy(abc.ABC):
             return False
         self.engine.add(request.seq_id, request.prompt_token_ids, request.params)
         return True
-
-    @staticmethod
-    def _is_terminal_early(request: Request) -> bool:
-        return request.finish_reason in (FinishReason.ABORT, FinishReason.ERROR)
 
     @staticmethod
     def _unfinished(requests: list[Request]) -> list[Request]:
