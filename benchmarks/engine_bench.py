@@ -3,7 +3,9 @@
 For each batch size the script measures, on the same prompts (mixed lengths, 32..96 tokens):
 - the engine: prefill tokens/s (all prompts in one step) and decode tokens/s (one token per sequence per step);
 - the ceiling: the model's own weight matmuls alone (every layer's q/k/v/o/gate/up/down and the LM head,
-  nothing else) for one decode step at that batch size;
+  nothing else) for one decode step at that batch size, through `F.linear` as torch runs them by default;
+- the engine's own matmuls alone (fused q/k/v and gate/up, oneDNN-reordered weights on the CPU), so that the
+  share of a step spent outside the weight matmuls (attention, norms, sampling, bookkeeping) is visible too;
 - transformers `generate()`: batch 1, and batched with left padding.
 Warm-up runs are excluded. The machine is noisy, so every ratio compares numbers taken in the same run, and
 the ceiling is measured right before and after the engine and averaged.
@@ -59,6 +61,8 @@ class Row:
     ceiling_tok_s: float
     decode_vs_ceiling: float  # engine decode tok/s over the ceiling's tok/s (1.0 = no overhead at all)
     step_time_vs_ceiling: float  # engine step time over the ceiling's step time
+    engine_matmul_step_ms: float  # the engine's own weight matmuls alone for one decode step
+    outside_matmul_share: float  # fraction of the engine's step spent outside its weight matmuls
     weight_bandwidth_gb_s: float  # weight bytes read per engine decode step over its time
 
 
@@ -111,12 +115,28 @@ def ceiling_step_seconds(weights: list[torch.Tensor], batch: int, steps: int, re
     return _best(run, repeats) / steps
 
 
-def engine_seconds(loaded: LoadedModel, prompts: list[list[int]], steps: int, repeats: int) -> tuple[float, float]:
+@torch.inference_mode()
+def engine_matmul_step_seconds(runner: TransformersRunner, batch: int, steps: int, repeats: int) -> float:
+    """Time of one decode step's weight matmuls as the engine runs them (fused, and prepacked where it can)."""
+    linears = [lin for layer in runner.layers for lin in runner.layer_linears(layer)] + [runner.lm_head]
+    inputs = {lin.weight.shape[1]: torch.randn(batch, lin.weight.shape[1]) for lin in linears}
+
+    def run() -> None:
+        for _ in range(steps):
+            for lin in linears:
+                lin(inputs[lin.weight.shape[1]])
+
+    return _best(run, repeats) / steps
+
+
+def engine_seconds(
+    loaded: LoadedModel, runner: TransformersRunner, prompts: list[list[int]], steps: int, repeats: int
+) -> tuple[float, float]:
     """(prefill seconds for all prompts in one step, seconds per decode step), medians over repeats."""
     batch = len(prompts)
     longest = max(len(p) for p in prompts) + steps + 1
     engine = Engine(
-        TransformersRunner(loaded.model),
+        runner,
         EngineConfig(max_num_seqs=batch, kv_cache_tokens=batch * (longest + 16), max_model_len=longest + 16),
         loaded.eos_token_ids,
         loaded.max_model_len,
@@ -157,15 +177,17 @@ def generate_seconds(loaded: LoadedModel, prompts: list[list[int]], steps: int) 
 def run(config: BenchConfig, loaded: LoadedModel) -> dict[str, object]:
     model = loaded.model
     weights = weight_matmuls(model)
+    runner = TransformersRunner(model)
     weight_bytes = sum(w.numel() * w.element_size() for w in weights)
     vocab = int(model.config.vocab_size)
     rows = []
     for batch in config.batch_sizes:
         prompts = mixed_prompts(batch, config, vocab)
         before = ceiling_step_seconds(weights, batch, config.decode_steps, config.repeats)
-        prefill_s, step_s = engine_seconds(loaded, prompts, config.decode_steps, config.repeats)
+        prefill_s, step_s = engine_seconds(loaded, runner, prompts, config.decode_steps, config.repeats)
         after = ceiling_step_seconds(weights, batch, config.decode_steps, config.repeats)
         ceiling_s = (before + after) / 2
+        matmul_s = engine_matmul_step_seconds(runner, batch, config.decode_steps, config.repeats)
         row = Row(
             batch=batch,
             engine_prefill_tok_s=sum(map(len, prompts)) / prefill_s,
@@ -176,6 +198,8 @@ def run(config: BenchConfig, loaded: LoadedModel) -> dict[str, object]:
             decode_vs_ceiling=ceiling_s / step_s,
             step_time_vs_ceiling=step_s / ceiling_s,
             weight_bandwidth_gb_s=weight_bytes / step_s / 1e9,
+            engine_matmul_step_ms=matmul_s * 1000,
+            outside_matmul_share=max(0.0, 1 - matmul_s / step_s),
         )
         rows.append(row)
         print(_format_row(row), flush=True)
@@ -216,7 +240,8 @@ def _format_row(row: Row) -> str:
         f"batch {row.batch:>3}: prefill {row.engine_prefill_tok_s:8.1f} tok/s  decode "
         f"{row.engine_decode_tok_s:7.1f} tok/s  step {row.engine_step_ms:7.1f} ms  | ceiling "
         f"{row.ceiling_tok_s:7.1f} tok/s ({row.ceiling_step_ms:6.1f} ms)  -> {row.decode_vs_ceiling:5.1%} of "
-        f"ceiling, {row.step_time_vs_ceiling:.2f}x its time, weights at {row.weight_bandwidth_gb_s:.1f} GB/s"
+        f"ceiling, {row.step_time_vs_ceiling:.2f}x its time | own matmuls {row.engine_matmul_step_ms:6.1f} ms, "
+        f"{row.outside_matmul_share:4.0%} of the step outside them"
     )
 
 

@@ -5,6 +5,7 @@ but not its forward: the HF forward expects a rectangular padded batch and its o
 continuous-batching step is a ragged mix of prompt chunks and single decode tokens over a paged cache. The
 q/k/v and gate/up projections are fused into one matmul each; the model's parameters become views of the
 fused weights, so the model object stays valid (and is what the parity tests run `generate()` on).
+On the CPU the projections run through oneDNN on reordered weight copies (see engine/linear.py).
 """
 
 from __future__ import annotations
@@ -19,12 +20,18 @@ from torch import nn
 from engine.attention import PreparedGroup, paged_attention, prepare
 from engine.forward_batch import ForwardBatch
 from engine.kv_cache import KVCacheShape, PagedKVCache
+from engine.linear import Linear
 
 
 class ModelRunner(Protocol):
     """Computes next-token logits for the sampling rows of a batch, writing keys and values to the cache."""
 
     vocab_size: int
+
+    @staticmethod
+    def layer_linears(layer: _Layer) -> tuple[Linear, ...]:
+        """The weight matmuls of one layer, in the order a step runs them."""
+        return (layer.qkv_proj, layer.o_proj, layer.gate_up_proj, layer.down_proj)
 
     def kv_cache_shape(self, num_blocks: int, block_size: int) -> KVCacheShape: ...
 
@@ -40,13 +47,11 @@ class UnsupportedModelError(ValueError):
 @dataclass(frozen=True)
 class _Layer:
     input_norm: torch.Tensor
-    qkv_weight: torch.Tensor
-    qkv_bias: torch.Tensor | None
-    o_proj: nn.Linear
+    qkv_proj: Linear
+    o_proj: Linear
     post_norm: torch.Tensor
-    gate_up_weight: torch.Tensor
-    gate_up_bias: torch.Tensor | None
-    down_proj: nn.Linear
+    gate_up_proj: Linear
+    down_proj: Linear
 
 
 def _fuse(linears: list[nn.Linear]) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -67,7 +72,8 @@ def _fuse(linears: list[nn.Linear]) -> tuple[torch.Tensor, torch.Tensor | None]:
 
 
 class TransformersRunner:
-    def __init__(self, model: Any) -> None:
+    def __init__(self, model: Any, prepack_weights: bool = True) -> None:
+        """`prepack_weights`: run the projections through oneDNN on reordered weight copies (CPU, float32)."""
         config = model.config
         inner = getattr(model, "model", None)
         if inner is None or not hasattr(inner, "layers") or not hasattr(inner, "rotary_emb"):
@@ -85,7 +91,8 @@ class TransformersRunner:
         self.embed = inner.embed_tokens
         self.rotary = inner.rotary_emb
         self.final_norm = inner.norm.weight
-        self.lm_head = model.lm_head
+        self.prepack_weights = prepack_weights
+        self.lm_head = self._linear(model.lm_head)
         self.layers = [self._prepare_layer(layer) for layer in inner.layers]
         attention = inner.layers[0].self_attn
         self.scale = float(getattr(attention, "scaling", self.head_dim**-0.5))
@@ -93,6 +100,9 @@ class TransformersRunner:
         self._scratch: tuple[torch.Tensor, torch.Tensor] | None = None
         half = self.head_dim // 2  # the halves of each head that RoPE's rotate_half exchanges
         self._rope_swap = torch.cat((torch.arange(half, self.head_dim), torch.arange(half))).to(self.device)
+
+    def _linear(self, module: nn.Linear) -> Linear:
+        return Linear.build(module.weight.data, None if module.bias is None else module.bias.data, self.prepack_weights)
 
     def _prepare_layer(self, layer: Any) -> _Layer:
         attn, mlp = layer.self_attn, layer.mlp
@@ -106,14 +116,17 @@ class TransformersRunner:
         gate_up_weight, gate_up_bias = _fuse([mlp.gate_proj, mlp.up_proj])
         return _Layer(
             input_norm=layer.input_layernorm.weight,
-            qkv_weight=qkv_weight,
-            qkv_bias=qkv_bias,
-            o_proj=attn.o_proj,
+            qkv_proj=Linear.build(qkv_weight, qkv_bias, self.prepack_weights),
+            o_proj=self._linear(attn.o_proj),
             post_norm=layer.post_attention_layernorm.weight,
-            gate_up_weight=gate_up_weight,
-            gate_up_bias=gate_up_bias,
-            down_proj=mlp.down_proj,
+            gate_up_proj=Linear.build(gate_up_weight, gate_up_bias, self.prepack_weights),
+            down_proj=self._linear(mlp.down_proj),
         )
+
+    @staticmethod
+    def layer_linears(layer: _Layer) -> tuple[Linear, ...]:
+        """The weight matmuls of one layer, in the order a step runs them."""
+        return (layer.qkv_proj, layer.o_proj, layer.gate_up_proj, layer.down_proj)
 
     def kv_cache_shape(self, num_blocks: int, block_size: int) -> KVCacheShape:
         return KVCacheShape(len(self.layers), self.num_kv_heads, self.head_dim, num_blocks, block_size)
@@ -150,7 +163,7 @@ class TransformersRunner:
         qk_width = (heads + kv_heads) * dim
         for index, layer in enumerate(self.layers):
             h = self._rms_norm(x, layer.input_norm)
-            qkv = F.linear(h, layer.qkv_weight, layer.qkv_bias)  # [tokens, (heads + 2 kv_heads) * dim]
+            qkv = layer.qkv_proj(h)  # [tokens, (heads + 2 kv_heads) * dim]
             qk = qkv[:, :qk_width].view(tokens, heads + kv_heads, dim)
             qk = qk * cos + qk.index_select(-1, self._rope_swap) * sin  # separate mul and add, as HF rounds them
             query, key = qk[:, :heads], qk[:, heads:]
@@ -161,7 +174,7 @@ class TransformersRunner:
             attended = paged_attention(query, key_cache, value_cache, groups, self.scale, scratch)
             x = x + layer.o_proj(attended.reshape(tokens, heads * dim))
             h = self._rms_norm(x, layer.post_norm)
-            gate_up = F.linear(h, layer.gate_up_weight, layer.gate_up_bias)
+            gate_up = layer.gate_up_proj(h)
             gate, up = gate_up.chunk(2, dim=-1)
             x = x + layer.down_proj(self.act(gate) * up)
         last = self._rms_norm(x[batch.sample_index], self.final_norm)

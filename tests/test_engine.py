@@ -24,10 +24,13 @@ ARCHS = ("llama", "qwen2", "mistral")
 GREEDY = dict(temperature=0.0)
 
 
-def make_engine(model: PreTrainedModel, eos_token_ids: Sequence[int] = (), **config: object) -> Engine:
+def make_engine(
+    model: PreTrainedModel, eos_token_ids: Sequence[int] = (), prepack_weights: bool = True, **config: object
+) -> Engine:
     settings: dict = dict(max_num_seqs=8, kv_cache_tokens=1024, block_size=4)
     settings.update(config)
-    return Engine(TransformersRunner(model), EngineConfig(**settings), eos_token_ids=eos_token_ids)
+    runner = TransformersRunner(model, prepack_weights=prepack_weights)
+    return Engine(runner, EngineConfig(**settings), eos_token_ids=eos_token_ids)
 
 
 def random_prompt(length: int, seed: int, vocab_size: int) -> list[int]:
@@ -37,9 +40,7 @@ def random_prompt(length: int, seed: int, vocab_size: int) -> list[int]:
 
 def hf_greedy(model: PreTrainedModel, prompt: list[int], max_new_tokens: int) -> list[int]:
     ids = torch.tensor([prompt])
-    out = model.generate(
-        ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens, do_sample=False
-    )
+    out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens, do_sample=False)
     tokens = out[0, len(prompt) :].tolist()
     assert len(tokens) == max_new_tokens
     return tokens
@@ -129,9 +130,7 @@ class Driver:
         raise AssertionError("sequences did not finish")
 
 
-def run_alone(
-    model: PreTrainedModel, prompt: list[int], params: SamplingParams, **engine_kw
-) -> list[TokenOutput]:
+def run_alone(model: PreTrainedModel, prompt: list[int], params: SamplingParams, **engine_kw) -> list[TokenOutput]:
     driver = Driver(make_engine(model, **engine_kw))
     driver.add(0, prompt, params)
     driver.run()
@@ -141,9 +140,10 @@ def run_alone(
 # ----- greedy parity with Hugging Face generate() -----
 
 
+@pytest.mark.parametrize("prepack_weights", [True, False], ids=["onednn", "f_linear"])
 @pytest.mark.parametrize("arch", ARCHS)
 def test_batched_greedy_matches_hf_generate_with_joins_leaves_and_chunked_prefill(
-    arch: str, tiny_model_builder: Callable[..., PreTrainedModel]
+    arch: str, prepack_weights: bool, tiny_model_builder: Callable[..., PreTrainedModel]
 ) -> None:
     model = tiny_model_builder(arch)
     vocab = model.config.vocab_size
@@ -154,7 +154,7 @@ def test_batched_greedy_matches_hf_generate_with_joins_leaves_and_chunked_prefil
     ]  # fmt: skip
     leaver, leave_at_step = 1, 6  # removed by the client before it finishes
     prompts = [random_prompt(n, seed=100 + i, vocab_size=vocab) for i, (n, _, _) in enumerate(plan)]
-    engine = make_engine(model, max_num_seqs=6)
+    engine = make_engine(model, max_num_seqs=6, prepack_weights=prepack_weights)
     driver = Driver(engine, token_budget=16, max_chunk=7)
     free_blocks, free_rows = engine.num_free_blocks, engine.num_free_rows
 
@@ -367,9 +367,7 @@ def test_too_many_stop_token_ids_is_rejected(tiny_llama: PreTrainedModel) -> Non
 def test_sequence_larger_than_whole_cache_raises_cache_capacity_error(tiny_llama: PreTrainedModel) -> None:
     engine = make_engine(tiny_llama, kv_cache_tokens=16, block_size=4, max_model_len=128)
     params = SamplingParams(max_tokens=10)
-    _assert_rejected_without_allocation(
-        engine, [1] * 7, params, CacheCapacityError, "holds 16 tokens", "max_tokens"
-    )
+    _assert_rejected_without_allocation(engine, [1] * 7, params, CacheCapacityError, "holds 16 tokens", "max_tokens")
     engine.add(1, [1] * 6, params)  # exactly 16 tokens fits
 
 
@@ -477,9 +475,7 @@ def test_same_seed_reproduces_and_different_seed_differs(tiny_llama: PreTrainedM
         seed: [t.token_id for t in run_alone(tiny_llama, prompt, SamplingParams(max_tokens=12, seed=seed))]
         for seed in (1, 2)
     }
-    assert runs[1] == [
-        t.token_id for t in run_alone(tiny_llama, prompt, SamplingParams(max_tokens=12, seed=1))
-    ]
+    assert runs[1] == [t.token_id for t in run_alone(tiny_llama, prompt, SamplingParams(max_tokens=12, seed=1))]
     assert runs[1] != runs[2]
 
 
