@@ -1,8 +1,10 @@
 """Attention over the paged KV cache for a packed ragged batch.
 
 The cache of one layer is [kv_heads, slots, head_dim] with slots grouped in blocks, so the keys of one head in
-one block are a contiguous run of block_size * head_dim values. Attention gathers whole blocks with a single
-index_select into a [kv_heads * rows, context, head_dim] layout that batched matmuls use without another copy.
+one block are a contiguous run of block_size * head_dim values. Decode rows use the native kernel where it
+is built (engine/native.py): it reads each row's blocks in place. Otherwise, and for prompt chunks, attention
+gathers whole blocks with a single index_select into a [kv_heads * rows, context, head_dim] layout that
+batched matmuls and SDPA use without another copy.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from engine.forward_batch import AttentionGroup
+from engine.native import DecodeKernel
 
 
 @dataclass(frozen=True)
@@ -20,13 +23,20 @@ class PreparedGroup:
     """A group with the gather index and mask that all layers of one step share."""
 
     group: AttentionGroup
-    block_index: torch.Tensor  # [kv_heads * rows * context blocks] into the cache viewed as [heads*blocks, ...]
-    mask_bias: torch.Tensor | None  # [kv_heads * rows, 1, context] 0 or -inf; decode groups only
+    block_index: torch.Tensor | None  # [kv_heads * rows * context blocks] into the cache as [heads*blocks, ...]
+    mask_bias: torch.Tensor | None  # [kv_heads * rows, 1, context] 0 or -inf; torch-path decode groups only
+    block_size: int
 
 
-def prepare(groups: tuple[AttentionGroup, ...], kv_heads: int, num_blocks: int) -> tuple[PreparedGroup, ...]:
+def prepare(
+    groups: tuple[AttentionGroup, ...], kv_heads: int, num_blocks: int, block_size: int, native_decode: bool
+) -> tuple[PreparedGroup, ...]:
+    """Per-step attention metadata shared by every layer; nothing to gather for decode rows the kernel reads."""
     prepared = []
     for group in groups:
+        if group.is_decode and native_decode:
+            prepared.append(PreparedGroup(group, None, None, block_size))
+            continue
         heads = torch.arange(kv_heads, device=group.block_table.device)
         # Ordered (kv_head, row, block): the gathered blocks line up as [kv_heads, rows, context, head_dim].
         block_index = (heads[:, None, None] * num_blocks + group.block_table[None]).reshape(-1)
@@ -36,7 +46,7 @@ def prepare(groups: tuple[AttentionGroup, ...], kv_heads: int, num_blocks: int) 
             bias = torch.zeros(rows, context, device=group.mask.device)
             bias.masked_fill_(~group.mask.view(rows, context), float("-inf"))
             bias = bias.expand(kv_heads, rows, context).reshape(kv_heads * rows, 1, context)
-        prepared.append(PreparedGroup(group, block_index, bias))
+        prepared.append(PreparedGroup(group, block_index, bias, block_size))
     return tuple(prepared)
 
 
@@ -47,20 +57,32 @@ def paged_attention(
     groups: tuple[PreparedGroup, ...],
     scale: float,
     scratch: tuple[torch.Tensor, torch.Tensor] | None = None,
+    decode_kernel: DecodeKernel | None = None,
 ) -> torch.Tensor:
     """query: [tokens, heads, head_dim]; caches: [kv_heads, slots, head_dim]. Returns [tokens, heads, head_dim].
 
-    The current step's keys and values must already be written to the cache.
+    The current step's keys and values must already be written to the cache. `decode_kernel`, when given,
+    must match how `groups` were prepared (`native_decode`).
     """
+
+    def decode(q: torch.Tensor, prepared: PreparedGroup) -> torch.Tensor:
+        if prepared.block_index is None:
+            assert decode_kernel is not None, "groups were prepared for the native kernel"
+            group = prepared.group
+            return decode_kernel(
+                q, key_cache, value_cache, group.block_table, group.context_lens, prepared.block_size, scale
+            )
+        return _decode(q, key_cache, value_cache, prepared, scale, scratch)
+
     if len(groups) == 1 and groups[0].group.is_decode:
         # Pure decode step: the packed tokens are exactly the group's rows, in order.
-        return _decode(query, key_cache, value_cache, groups[0], scale, scratch)
+        return decode(query, groups[0])
     out = torch.empty_like(query)
     for prepared in groups:  # at most two: decode rows and prefill rows
         group = prepared.group
         if group.is_decode:
             rows = group.query_index[:, 0]
-            out[rows] = _decode(query[rows], key_cache, value_cache, prepared, scale)
+            out[rows] = decode(query[rows].contiguous(), prepared)
         else:
             attended = _prefill(query[group.query_index], key_cache, value_cache, prepared, scale)
             out[group.query_index[group.query_valid]] = attended[group.query_valid]
@@ -72,9 +94,10 @@ def _gather(cache: torch.Tensor, prepared: PreparedGroup, scratch: torch.Tensor 
 
     `scratch`, when given, is a flat buffer reused across layers; writing into it (rather than allocating a
     fresh multi-megabyte tensor per layer) saves the page faults of a new allocation."""
+    assert prepared.block_index is not None
     kv_heads, slots, dim = cache.shape
+    block_size = prepared.block_size
     rows, blocks = prepared.group.block_table.shape
-    block_size = prepared.group.mask.shape[-1] // blocks
     by_block = cache.view(kv_heads * (slots // block_size), block_size * dim)
     shape = (kv_heads * rows, blocks * block_size, dim)
     if scratch is None or scratch.numel() < by_block.shape[1] * prepared.block_index.numel():

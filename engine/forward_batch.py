@@ -21,6 +21,7 @@ class AttentionGroup:
     query_valid: torch.Tensor  # [rows, max_q] bool, False for padding queries
     block_table: torch.Tensor  # [rows, context blocks] the cache blocks holding each row's context, in order
     mask: torch.Tensor  # [rows, 1, max_q, context blocks * block_size] bool, True where the query may attend
+    context_lens: torch.Tensor  # [rows] keys in each row's context once this step's tokens are written
     is_decode: bool
 
     def key_slots(self, block_size: int) -> torch.Tensor:
@@ -66,7 +67,7 @@ def _group(
     query_pos = torch.where(query_valid, start[:, None] + q_offsets[None, :], 0)
     key_pos = torch.arange(num_blocks * block_size)
     mask = (key_pos[None, None, :] <= query_pos[:, :, None]).unsqueeze(1)
-    return AttentionGroup(query_index, query_valid, block_table[:, :num_blocks], mask, is_decode)
+    return AttentionGroup(query_index, query_valid, block_table[:, :num_blocks], mask, context, is_decode)
 
 
 def build_forward_batch(
@@ -123,6 +124,7 @@ def move_batch(batch: ForwardBatch, device: torch.device) -> ForwardBatch:
             g.query_valid.to(device),
             g.block_table.to(device),
             g.mask.to(device),
+            g.context_lens.to(device),
             g.is_decode,
         )
         for g in batch.groups

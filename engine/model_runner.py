@@ -21,6 +21,7 @@ from engine.attention import PreparedGroup, paged_attention, prepare
 from engine.forward_batch import ForwardBatch
 from engine.kv_cache import KVCacheShape, PagedKVCache
 from engine.linear import Linear
+from engine.native import load_decode_kernel
 
 
 class ModelRunner(Protocol):
@@ -72,8 +73,10 @@ def _fuse(linears: list[nn.Linear]) -> tuple[torch.Tensor, torch.Tensor | None]:
 
 
 class TransformersRunner:
-    def __init__(self, model: Any, prepack_weights: bool = True) -> None:
-        """`prepack_weights`: run the projections through oneDNN on reordered weight copies (CPU, float32)."""
+    def __init__(self, model: Any, prepack_weights: bool = True, native_attention: bool = True) -> None:
+        """`prepack_weights`: run the projections through oneDNN on reordered weight copies (CPU, float32).
+        `native_attention`: decode attention through the compiled CPU kernel where it builds (engine/native.py).
+        """
         config = model.config
         inner = getattr(model, "model", None)
         if inner is None or not hasattr(inner, "layers") or not hasattr(inner, "rotary_emb"):
@@ -98,6 +101,8 @@ class TransformersRunner:
         self.scale = float(getattr(attention, "scaling", self.head_dim**-0.5))
         self.act = inner.layers[0].mlp.act_fn
         self._scratch: tuple[torch.Tensor, torch.Tensor] | None = None
+        use_kernel = native_attention and self.device.type == "cpu" and self.dtype == torch.float32
+        self.decode_kernel = load_decode_kernel() if use_kernel else None
         half = self.head_dim // 2  # the halves of each head that RoPE's rotate_half exchanges
         self._rope_swap = torch.cat((torch.arange(half, self.head_dim), torch.arange(half))).to(self.device)
 
@@ -135,7 +140,7 @@ class TransformersRunner:
         self, groups: tuple[PreparedGroup, ...], cache: PagedKVCache
     ) -> tuple[torch.Tensor, torch.Tensor] | None:
         """Key and value gather buffers for a pure decode step, grown as contexts grow and reused by all layers."""
-        if len(groups) != 1 or not groups[0].group.is_decode:
+        if len(groups) != 1 or groups[0].block_index is None or not groups[0].group.is_decode:
             return None
         needed = groups[0].block_index.numel() * cache.shape.block_size * self.head_dim
         if self._scratch is None or self._scratch[0].numel() < needed:
@@ -158,7 +163,9 @@ class TransformersRunner:
         cos = cos[0, :, None, :]  # [tokens, 1, head_dim]
         # rotate_half(x) * sin == x[..., swapped halves] * (sin with its first half negated): one gather, no cat.
         sin = torch.cat((-sin[0, :, None, :half], sin[0, :, None, half:]), dim=-1)
-        groups = prepare(batch.groups, kv_heads, cache.shape.num_blocks)  # shared by every layer
+        block_size = cache.shape.block_size
+        native = self.decode_kernel is not None
+        groups = prepare(batch.groups, kv_heads, cache.shape.num_blocks, block_size, native)  # shared by every layer
         scratch = self._gather_scratch(groups, cache)
         qk_width = (heads + kv_heads) * dim
         for index, layer in enumerate(self.layers):
@@ -171,7 +178,7 @@ class TransformersRunner:
             key_cache, value_cache = cache.layer(index)
             key_cache.index_copy_(1, batch.slot_mapping, key.transpose(0, 1))
             value_cache.index_copy_(1, batch.slot_mapping, value.transpose(0, 1))
-            attended = paged_attention(query, key_cache, value_cache, groups, self.scale, scratch)
+            attended = paged_attention(query, key_cache, value_cache, groups, self.scale, scratch, self.decode_kernel)
             x = x + layer.o_proj(attended.reshape(tokens, heads * dim))
             h = self._rms_norm(x, layer.post_norm)
             gate_up = layer.gate_up_proj(h)

@@ -81,9 +81,7 @@ def build_tiny_causal_lm(
                 param.copy_(1.0 + 0.2 * torch.randn_like(param))
             elif name.endswith("bias"):
                 param.copy_(0.5 * torch.randn_like(param))
-    model.generation_config = GenerationConfig(
-        do_sample=False, eos_token_id=None, pad_token_id=None, bos_token_id=None
-    )
+    model.generation_config = GenerationConfig(do_sample=False, eos_token_id=None, pad_token_id=None, bos_token_id=None)
     return model
 
 

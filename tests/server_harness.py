@@ -102,8 +102,13 @@ def _wait_healthy(base_url: str, timeout_s: float = 120.0) -> None:
 
 def mode_config(mode: str, **overrides: object) -> ServerConfig:
     """A small server on a free port: 4 seats; in dynamic mode a batch leaves as soon as a request waits."""
-    values: dict[str, object] = {"mode": mode, "port": 0, "max_batch_size": 4, "batch_timeout_ms": 0.0,
-                                 "max_num_seqs": 4}
+    values: dict[str, object] = {
+        "mode": mode,
+        "port": 0,
+        "max_batch_size": 4,
+        "batch_timeout_ms": 0.0,
+        "max_num_seqs": 4,
+    }
     return ServerConfig(**{**values, **overrides})  # type: ignore[arg-type]
 
 

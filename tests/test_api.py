@@ -62,8 +62,11 @@ def metric_samples(base_url: str, headers: dict[str, str] | None = None) -> dict
 
 def metric_value(base_url: str, name: str, **labels: str) -> float:
     """Sum of the samples of `name` whose labels include `labels` (0 when the series does not exist yet)."""
-    return sum(value for sample_labels, value in metric_samples(base_url).get(name, [])
-               if all(sample_labels.get(k) == v for k, v in labels.items()))
+    return sum(
+        value
+        for sample_labels, value in metric_samples(base_url).get(name, [])
+        if all(sample_labels.get(k) == v for k, v in labels.items())
+    )
 
 
 def wait_until(predicate: Callable[[], bool], what: str, timeout_s: float = 30.0) -> None:
@@ -78,8 +81,12 @@ def wait_until(predicate: Callable[[], bool], what: str, timeout_s: float = 30.0
 def seats_all_free(server: RunningServer) -> bool:
     runtime = server.runtime
     seats = server.app.state.config.seats  # type: ignore[attr-defined]
-    return (runtime.engine.num_free_rows == seats and not runtime.scheduler.policy.running
-            and runtime.engine.cache_usage == 0.0 and not runtime.scheduler.has_pending_work())
+    return (
+        runtime.engine.num_free_rows == seats
+        and not runtime.scheduler.policy.running
+        and runtime.engine.cache_usage == 0.0
+        and not runtime.scheduler.has_pending_work()
+    )
 
 
 def num_running(server: RunningServer) -> float:
@@ -106,7 +113,7 @@ def stop_string_in(text: str, length: int = 2) -> tuple[int, str]:
     """The first substring of `text` after its first character that occurs nowhere earlier and holds no U+FFFD
     (an undecodable byte): usable as a stop string that truncates `text` at a known index."""
     for index in range(1, len(text) - length + 1):
-        candidate = text[index:index + length]
+        candidate = text[index : index + length]
         if "\ufffd" not in candidate and text.find(candidate) == index:
             return index, candidate
     raise AssertionError(f"no usable stop string in {text!r}")
@@ -122,8 +129,14 @@ def test_models_lists_the_served_model(server: RunningServer, client: openai.Ope
 
 
 def test_completion_has_text_finish_reason_usage_and_timings(server: RunningServer, client: openai.OpenAI) -> None:
-    result = client.completions.create(model=model_name(server), prompt=PROMPT, max_tokens=8, temperature=0,
-                                       logprobs=0, extra_body={"ignore_eos": True})
+    result = client.completions.create(
+        model=model_name(server),
+        prompt=PROMPT,
+        max_tokens=8,
+        temperature=0,
+        logprobs=0,
+        extra_body={"ignore_eos": True},
+    )
     assert result.object == "text_completion" and result.id.startswith("cmpl-")
     [choice] = result.choices
     assert choice.index == 0 and choice.finish_reason == "length"
@@ -144,14 +157,16 @@ def test_completion_has_text_finish_reason_usage_and_timings(server: RunningServ
 
 
 def test_chat_completion_answers_with_an_assistant_message(server: RunningServer, client: openai.OpenAI) -> None:
-    result = client.chat.completions.create(model=model_name(server), messages=CHAT, max_tokens=6,
-                                            temperature=0, extra_body={"ignore_eos": True})
+    result = client.chat.completions.create(
+        model=model_name(server), messages=CHAT, max_tokens=6, temperature=0, extra_body={"ignore_eos": True}
+    )
     assert result.object == "chat.completion" and result.id.startswith("chatcmpl-")
     [choice] = result.choices
     assert choice.message.role == "assistant" and isinstance(choice.message.content, str)
     assert choice.finish_reason == "length"
-    prompt_ids = tiny_tokenizer().apply_chat_template(as_dicts(CHAT), add_generation_prompt=True, tokenize=True,
-                                                      return_dict=False)
+    prompt_ids = tiny_tokenizer().apply_chat_template(
+        as_dicts(CHAT), add_generation_prompt=True, tokenize=True, return_dict=False
+    )
     assert result.usage is not None
     assert result.usage.prompt_tokens == len(prompt_ids)
     assert result.usage.completion_tokens == 6
@@ -159,15 +174,17 @@ def test_chat_completion_answers_with_an_assistant_message(server: RunningServer
 
 
 def test_chat_max_completion_tokens_limits_the_answer(server: RunningServer, client: openai.OpenAI) -> None:
-    result = client.chat.completions.create(model=model_name(server), messages=CHAT,
-                                            max_completion_tokens=3, extra_body={"ignore_eos": True})
+    result = client.chat.completions.create(
+        model=model_name(server), messages=CHAT, max_completion_tokens=3, extra_body={"ignore_eos": True}
+    )
     assert result.choices[0].finish_reason == "length"
     assert result.usage is not None and result.usage.completion_tokens == 3
 
 
 def test_n_returns_n_choices_with_distinct_indices(server: RunningServer, client: openai.OpenAI) -> None:
-    result = client.completions.create(model=model_name(server), prompt=PROMPT, n=3, max_tokens=4, temperature=0,
-                                       extra_body={"ignore_eos": True})
+    result = client.completions.create(
+        model=model_name(server), prompt=PROMPT, n=3, max_tokens=4, temperature=0, extra_body={"ignore_eos": True}
+    )
     assert sorted(c.index for c in result.choices) == [0, 1, 2]
     assert len({c.text for c in result.choices}) == 1  # greedy: every choice is the same answer
     assert result.usage is not None
@@ -177,8 +194,15 @@ def test_n_returns_n_choices_with_distinct_indices(server: RunningServer, client
 
 
 def test_seeded_sampling_gives_each_of_n_choices_its_own_sample(server: RunningServer, client: openai.OpenAI) -> None:
-    kwargs = dict(model=model_name(server), prompt=PROMPT, n=2, max_tokens=8, temperature=1.0, seed=7,
-                  extra_body={"ignore_eos": True})
+    kwargs = dict(
+        model=model_name(server),
+        prompt=PROMPT,
+        n=2,
+        max_tokens=8,
+        temperature=1.0,
+        seed=7,
+        extra_body={"ignore_eos": True},
+    )
     first = client.completions.create(**kwargs)  # type: ignore[call-overload]
     texts = [c.text for c in sorted(first.choices, key=lambda c: c.index)]
     assert texts[0] != texts[1]
@@ -187,8 +211,15 @@ def test_seeded_sampling_gives_each_of_n_choices_its_own_sample(server: RunningS
 
 
 def test_chat_n_returns_n_choices(server: RunningServer, client: openai.OpenAI) -> None:
-    result = client.chat.completions.create(model=model_name(server), messages=CHAT, n=2, max_tokens=4,
-                                            temperature=1.0, seed=3, extra_body={"ignore_eos": True})
+    result = client.chat.completions.create(
+        model=model_name(server),
+        messages=CHAT,
+        n=2,
+        max_tokens=4,
+        temperature=1.0,
+        seed=3,
+        extra_body={"ignore_eos": True},
+    )
     assert sorted(c.index for c in result.choices) == [0, 1]
     assert result.choices[0].message.content != result.choices[1].message.content
     assert result.usage is not None and result.usage.completion_tokens == 8
@@ -198,8 +229,15 @@ def test_chat_n_returns_n_choices(server: RunningServer, client: openai.OpenAI) 
 def test_completion_logprobs_cover_every_token_with_sorted_alternatives(
     server: RunningServer, client: openai.OpenAI, temperature: float
 ) -> None:
-    result = client.completions.create(model=model_name(server), prompt=PROMPT, max_tokens=10, logprobs=3,
-                                       temperature=temperature, seed=11, extra_body={"ignore_eos": True})
+    result = client.completions.create(
+        model=model_name(server),
+        prompt=PROMPT,
+        max_tokens=10,
+        logprobs=3,
+        temperature=temperature,
+        seed=11,
+        extra_body={"ignore_eos": True},
+    )
     [choice] = result.choices
     logprobs = choice.logprobs
     assert logprobs is not None and result.usage is not None
@@ -220,9 +258,15 @@ def test_completion_logprobs_cover_every_token_with_sorted_alternatives(
 
 
 def test_chat_logprobs_give_content_with_top_logprobs(server: RunningServer, client: openai.OpenAI) -> None:
-    result = client.chat.completions.create(model=model_name(server), messages=CHAT, max_tokens=6,
-                                            temperature=0, logprobs=True, top_logprobs=2,
-                                            extra_body={"ignore_eos": True})
+    result = client.chat.completions.create(
+        model=model_name(server),
+        messages=CHAT,
+        max_tokens=6,
+        temperature=0,
+        logprobs=True,
+        top_logprobs=2,
+        extra_body={"ignore_eos": True},
+    )
     [choice] = result.choices
     assert choice.logprobs is not None and choice.logprobs.content is not None
     content = choice.logprobs.content
@@ -236,8 +280,9 @@ def test_chat_logprobs_give_content_with_top_logprobs(server: RunningServer, cli
 
 
 def test_stop_string_truncates_the_answer_before_it(server: RunningServer, client: openai.OpenAI) -> None:
-    kwargs = dict(model=model_name(server), prompt=PROMPT, max_tokens=24, temperature=0,
-                  extra_body={"ignore_eos": True})
+    kwargs = dict(
+        model=model_name(server), prompt=PROMPT, max_tokens=24, temperature=0, extra_body={"ignore_eos": True}
+    )
     full = client.completions.create(**kwargs).choices[0].text  # type: ignore[call-overload]
     index, stop = stop_string_in(full)
     stopped = client.completions.create(**kwargs, stop=[stop])  # type: ignore[call-overload]
@@ -248,8 +293,9 @@ def test_stop_string_truncates_the_answer_before_it(server: RunningServer, clien
 
 
 def test_chat_stop_string_truncates_the_answer_before_it(server: RunningServer, client: openai.OpenAI) -> None:
-    kwargs = dict(model=model_name(server), messages=CHAT, max_tokens=24, temperature=0,
-                  extra_body={"ignore_eos": True})
+    kwargs = dict(
+        model=model_name(server), messages=CHAT, max_tokens=24, temperature=0, extra_body={"ignore_eos": True}
+    )
     full = client.chat.completions.create(**kwargs).choices[0].message.content or ""  # type: ignore[call-overload]
     index, stop = stop_string_in(full)
     choice = client.chat.completions.create(**kwargs, stop=stop).choices[0]  # type: ignore[call-overload]
@@ -258,18 +304,34 @@ def test_chat_stop_string_truncates_the_answer_before_it(server: RunningServer, 
 
 
 def test_echo_prefixes_the_prompt(server: RunningServer, client: openai.OpenAI) -> None:
-    plain = client.completions.create(model=model_name(server), prompt=PROMPT, max_tokens=5, temperature=0,
-                                      extra_body={"ignore_eos": True}).choices[0].text
-    echoed = client.completions.create(model=model_name(server), prompt=PROMPT, max_tokens=5, temperature=0,
-                                       echo=True, extra_body={"ignore_eos": True})
+    plain = (
+        client.completions.create(
+            model=model_name(server), prompt=PROMPT, max_tokens=5, temperature=0, extra_body={"ignore_eos": True}
+        )
+        .choices[0]
+        .text
+    )
+    echoed = client.completions.create(
+        model=model_name(server), prompt=PROMPT, max_tokens=5, temperature=0, echo=True, extra_body={"ignore_eos": True}
+    )
     assert echoed.choices[0].text == PROMPT + plain
     assert echoed.usage is not None and echoed.usage.completion_tokens == 5
 
 
 def test_same_seed_at_temperature_one_gives_the_same_text(server: RunningServer, client: openai.OpenAI) -> None:
     def sample(seed: int) -> str:
-        return client.completions.create(model=model_name(server), prompt=PROMPT, max_tokens=8, temperature=1.0,
-                                         seed=seed, extra_body={"ignore_eos": True}).choices[0].text
+        return (
+            client.completions.create(
+                model=model_name(server),
+                prompt=PROMPT,
+                max_tokens=8,
+                temperature=1.0,
+                seed=seed,
+                extra_body={"ignore_eos": True},
+            )
+            .choices[0]
+            .text
+        )
 
     first = sample(1234)
     assert sample(1234) == first
@@ -298,8 +360,14 @@ def test_prompt_given_as_a_list_of_token_id_lists_answers_each(server: RunningSe
 
 
 def test_prompt_list_with_n_orders_choices_prompt_major(server: RunningServer, client: openai.OpenAI) -> None:
-    result = client.completions.create(model=model_name(server), prompt=[PROMPT, "hello world"], n=2, max_tokens=3,
-                                       temperature=0, extra_body={"ignore_eos": True})
+    result = client.completions.create(
+        model=model_name(server),
+        prompt=[PROMPT, "hello world"],
+        n=2,
+        max_tokens=3,
+        temperature=0,
+        extra_body={"ignore_eos": True},
+    )
     texts = [c.text for c in sorted(result.choices, key=lambda c: c.index)]
     assert len(texts) == 4 and texts[0] == texts[1] and texts[2] == texts[3]
 
@@ -308,11 +376,16 @@ def test_greedy_text_is_identical_in_both_modes(servers: dict[str, RunningServer
     def answers(server: RunningServer) -> list[str]:
         client = openai_client(server)
         extra = {"extra_body": {"ignore_eos": True}}
-        texts = [c.text for p in (PROMPT, "hello", "0123456789")
-                 for c in client.completions.create(model=model_name(server), prompt=p, max_tokens=12,
-                                                    temperature=0, **extra).choices]  # type: ignore[call-overload]
-        chat = client.chat.completions.create(model=model_name(server), messages=CHAT, max_tokens=12,
-                                              temperature=0, **extra)  # type: ignore[call-overload]
+        texts = [
+            c.text
+            for p in (PROMPT, "hello", "0123456789")
+            for c in client.completions.create(
+                model=model_name(server), prompt=p, max_tokens=12, temperature=0, **extra
+            ).choices
+        ]  # type: ignore[call-overload]
+        chat = client.chat.completions.create(
+            model=model_name(server), messages=CHAT, max_tokens=12, temperature=0, **extra
+        )  # type: ignore[call-overload]
         return [*texts, chat.choices[0].message.content or ""]
 
     dynamic, continuous = answers(servers["dynamic"]), answers(servers["continuous"])
@@ -322,9 +395,17 @@ def test_greedy_text_is_identical_in_both_modes(servers: dict[str, RunningServer
 
 def test_seeded_sample_is_identical_in_both_modes(servers: dict[str, RunningServer]) -> None:
     texts = {
-        mode: openai_client(server).completions.create(
-            model=model_name(server), prompt=PROMPT, max_tokens=10, temperature=1.0, seed=99,
-            extra_body={"ignore_eos": True}).choices[0].text
+        mode: openai_client(server)
+        .completions.create(
+            model=model_name(server),
+            prompt=PROMPT,
+            max_tokens=10,
+            temperature=1.0,
+            seed=99,
+            extra_body={"ignore_eos": True},
+        )
+        .choices[0]
+        .text
         for mode, server in servers.items()
     }
     assert texts["dynamic"] == texts["continuous"]
@@ -347,8 +428,9 @@ def test_eos_stops_generation_unless_ignore_eos(mode: str, eos_first_model: Load
         stopped = client.completions.create(model="tiny-eos", prompt=PROMPT, max_tokens=8, temperature=0)
         assert stopped.choices[0].finish_reason == "stop"
         assert stopped.usage is not None and stopped.usage.completion_tokens == 1
-        ignored = client.completions.create(model="tiny-eos", prompt=PROMPT, max_tokens=8, temperature=0,
-                                            extra_body={"ignore_eos": True})
+        ignored = client.completions.create(
+            model="tiny-eos", prompt=PROMPT, max_tokens=8, temperature=0, extra_body={"ignore_eos": True}
+        )
         assert ignored.choices[0].finish_reason == "length"
         assert ignored.usage is not None and ignored.usage.completion_tokens == 8
 
@@ -405,16 +487,20 @@ def test_openai_client_sees_bad_request_with_the_param(client: openai.OpenAI) ->
 
 @pytest.mark.parametrize("content", [b"{not json", b"[1, 2]", b"", b'"a string"'])
 def test_malformed_body_is_a_400(server: RunningServer, content: bytes) -> None:
-    response = httpx.post(f"{server.base_url}/v1/completions", content=content,
-                          headers={"content-type": "application/json"})
+    response = httpx.post(
+        f"{server.base_url}/v1/completions", content=content, headers={"content-type": "application/json"}
+    )
     error = error_of(response, 400)
     assert error["type"] == "invalid_request_error"
     assert "JSON" in str(error["message"])
 
 
 def test_body_that_is_not_json_content_is_a_400(server: RunningServer) -> None:
-    response = httpx.post(f"{server.base_url}/v1/completions", content=b"prompt=hi",
-                          headers={"content-type": "application/x-www-form-urlencoded"})
+    response = httpx.post(
+        f"{server.base_url}/v1/completions",
+        content=b"prompt=hi",
+        headers={"content-type": "application/x-www-form-urlencoded"},
+    )
     assert "JSON" in str(error_of(response, 400)["message"])
 
 
@@ -422,8 +508,9 @@ def test_unknown_model_is_a_404_naming_model(server: RunningServer, client: open
     with pytest.raises(openai.NotFoundError) as caught:
         client.completions.create(model="gpt-9", prompt=PROMPT, max_tokens=2)
     assert caught.value.param == "model"  # type: ignore[attr-defined]
-    error = error_of(httpx.post(f"{server.base_url}/v1/chat/completions", json={"model": "gpt-9", "messages": CHAT}),
-                     404)
+    error = error_of(
+        httpx.post(f"{server.base_url}/v1/chat/completions", json={"model": "gpt-9", "messages": CHAT}), 404
+    )
     assert error["param"] == "model" and "gpt-9" in str(error["message"])
 
 
@@ -456,8 +543,12 @@ def test_body_above_max_body_bytes_is_a_413() -> None:
 def test_api_key_is_required_everywhere_but_health() -> None:
     with running_server(mode_config("continuous", api_key="sekrit")) as server:
         base = server.base_url
-        for method, path in [("GET", "/v1/models"), ("POST", "/v1/completions"), ("POST", "/v1/chat/completions"),
-                             ("GET", "/metrics")]:
+        for method, path in [
+            ("GET", "/v1/models"),
+            ("POST", "/v1/completions"),
+            ("POST", "/v1/chat/completions"),
+            ("GET", "/metrics"),
+        ]:
             for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "sekrit"}):
                 response = httpx.request(method, f"{base}{path}", headers=headers, json={"prompt": "x"})
                 error = error_of(response, 401)
@@ -561,7 +652,8 @@ def test_non_streaming_client_disconnect_aborts_its_request(server: RunningServe
     async def request_then_leave() -> None:
         async with httpx.AsyncClient(base_url=server.base_url, timeout=60) as http:
             pending = asyncio.ensure_future(
-                http.post("/v1/completions", json={"prompt": PROMPT, "max_tokens": LONG, "ignore_eos": True}))
+                http.post("/v1/completions", json={"prompt": PROMPT, "max_tokens": LONG, "ignore_eos": True})
+            )
             # Bounded wait until the request holds a seat, then drop the connection by cancelling the call.
             deadline = time.monotonic() + 30
             while not server.runtime.scheduler.policy.running:
@@ -596,13 +688,15 @@ METRIC_NAMES = (
 def test_metrics_use_vllm_names_with_a_mode_label(server: RunningServer, client: openai.OpenAI) -> None:
     mode = server_mode(server)
     before = metric_value(server.base_url, "vllm:generation_tokens_total", mode=mode)
-    client.completions.create(model=model_name(server), prompt=PROMPT, max_tokens=5, temperature=0,
-                              extra_body={"ignore_eos": True})
+    client.completions.create(
+        model=model_name(server), prompt=PROMPT, max_tokens=5, temperature=0, extra_body={"ignore_eos": True}
+    )
     samples = metric_samples(server.base_url)
     for name in METRIC_NAMES:
         assert name in samples, name
-        assert all(labels.get("mode") == mode and labels.get("model_name") == "tiny-llama"
-                   for labels, _ in samples[name]), name
+        assert all(
+            labels.get("mode") == mode and labels.get("model_name") == "tiny-llama" for labels, _ in samples[name]
+        ), name
     assert metric_value(server.base_url, "vllm:generation_tokens_total", mode=mode) == before + 5
     assert metric_value(server.base_url, "vllm:num_requests_running", mode=mode) == 0
     assert metric_value(server.base_url, "vllm:kv_cache_usage_perc", mode=mode) == 0

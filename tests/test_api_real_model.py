@@ -30,10 +30,14 @@ def reference(loaded: LoadedModel, prompt_ids: list[int]) -> tuple[str, int]:
     """transformers' greedy generate() alone: (text, generated token count, EOS included)."""
     with torch.no_grad():
         output = loaded.model.generate(  # type: ignore[operator]
-            torch.tensor([prompt_ids]), attention_mask=torch.ones(1, len(prompt_ids), dtype=torch.long),
-            max_new_tokens=MAX_TOKENS, do_sample=False, eos_token_id=list(loaded.eos_token_ids),
-            pad_token_id=loaded.eos_token_ids[0])
-    new_ids = output[0, len(prompt_ids):].tolist()
+            torch.tensor([prompt_ids]),
+            attention_mask=torch.ones(1, len(prompt_ids), dtype=torch.long),
+            max_new_tokens=MAX_TOKENS,
+            do_sample=False,
+            eos_token_id=list(loaded.eos_token_ids),
+            pad_token_id=loaded.eos_token_ids[0],
+        )
+    new_ids = output[0, len(prompt_ids) :].tolist()
     text = loaded.tokenizer.decode(new_ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
     return str(text), len(new_ids)
 
@@ -42,15 +46,17 @@ def reference(loaded: LoadedModel, prompt_ids: list[int]) -> tuple[str, int]:
 def expected(loaded: LoadedModel) -> dict[str, tuple[str, int]]:
     """Reference answers, computed before any server shares the model."""
     answers = {p: reference(loaded, loaded.tokenizer(p)["input_ids"]) for p in PROMPTS}
-    chat_ids = loaded.tokenizer.apply_chat_template(as_dicts(MESSAGES), add_generation_prompt=True, tokenize=True,
-                                                    return_dict=False)
+    chat_ids = loaded.tokenizer.apply_chat_template(
+        as_dicts(MESSAGES), add_generation_prompt=True, tokenize=True, return_dict=False
+    )
     answers["<chat>"] = reference(loaded, list(chat_ids))  # type: ignore[arg-type]
     return answers
 
 
 @pytest.fixture(scope="module", params=MODES)
-def server(request: pytest.FixtureRequest, loaded: LoadedModel,
-           expected: dict[str, tuple[str, int]]) -> Iterator[RunningServer]:
+def server(
+    request: pytest.FixtureRequest, loaded: LoadedModel, expected: dict[str, tuple[str, int]]
+) -> Iterator[RunningServer]:
     with running_server(mode_config(request.param), loaded=loaded) as running:
         yield running
 
@@ -84,8 +90,9 @@ def test_batched_greedy_completions_equal_transformers_generate(
 
 def test_chat_uses_the_models_chat_template(server: RunningServer, expected: dict[str, tuple[str, int]]) -> None:
     client = openai_client(server)
-    result = client.chat.completions.create(model=client.models.list().data[0].id, messages=MESSAGES,
-                                            max_tokens=MAX_TOKENS, temperature=0)
+    result = client.chat.completions.create(
+        model=client.models.list().data[0].id, messages=MESSAGES, max_tokens=MAX_TOKENS, temperature=0
+    )
     text, count = expected["<chat>"]
     assert result.choices[0].message.content == text
     assert "Paris" in text
@@ -96,11 +103,18 @@ def test_streamed_text_concatenates_to_the_non_streamed_text(server: RunningServ
     client = openai_client(server)
     model = client.models.list().data[0].id
     whole = complete(client, model, PROMPTS[1]).choices[0].text
-    chunks = list(client.completions.create(model=model, prompt=PROMPTS[1], max_tokens=MAX_TOKENS, temperature=0,
-                                            stream=True))
+    chunks = list(
+        client.completions.create(model=model, prompt=PROMPTS[1], max_tokens=MAX_TOKENS, temperature=0, stream=True)
+    )
     assert "".join(c.choices[0].text for c in chunks if c.choices) == whole
-    chat_whole = client.chat.completions.create(model=model, messages=MESSAGES, max_tokens=MAX_TOKENS,
-                                                temperature=0).choices[0].message.content
-    chat_chunks = list(client.chat.completions.create(model=model, messages=MESSAGES, max_tokens=MAX_TOKENS,
-                                                      temperature=0, stream=True))
+    chat_whole = (
+        client.chat.completions.create(model=model, messages=MESSAGES, max_tokens=MAX_TOKENS, temperature=0)
+        .choices[0]
+        .message.content
+    )
+    chat_chunks = list(
+        client.chat.completions.create(
+            model=model, messages=MESSAGES, max_tokens=MAX_TOKENS, temperature=0, stream=True
+        )
+    )
     assert "".join(c.choices[0].delta.content or "" for c in chat_chunks if c.choices) == chat_whole

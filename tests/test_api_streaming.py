@@ -38,7 +38,7 @@ def sse_events(response: httpx.Response) -> list[dict]:
         assert frame.startswith("data: ") and "\n" not in frame, repr(frame)
     assert frames[-1] == "data: [DONE]"
     assert frames.count("data: [DONE]") == 1
-    return [json.loads(frame[len("data: "):]) for frame in frames[:-1]]
+    return [json.loads(frame[len("data: ") :]) for frame in frames[:-1]]
 
 
 def post_stream(server: RunningServer, path: str, body: dict) -> list[dict]:
@@ -64,10 +64,13 @@ def streamed_tokens(chunks: list) -> int:
 
 
 # ----- raw SSE framing -----
-@pytest.mark.parametrize(("path", "body"), [
-    ("/v1/completions", {"prompt": PROMPT, "max_tokens": 6, "ignore_eos": True}),
-    ("/v1/chat/completions", {"messages": CHAT, "max_tokens": 6, "ignore_eos": True}),
-])
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [
+        ("/v1/completions", {"prompt": PROMPT, "max_tokens": 6, "ignore_eos": True}),
+        ("/v1/chat/completions", {"messages": CHAT, "max_tokens": 6, "ignore_eos": True}),
+    ],
+)
 def test_sse_events_are_data_lines_ending_with_done(server: RunningServer, path: str, body: dict) -> None:
     events = post_stream(server, path, body)
     chat = path.endswith("chat/completions")
@@ -87,27 +90,40 @@ def test_sse_events_are_data_lines_ending_with_done(server: RunningServer, path:
 
 
 def test_stream_with_include_usage_ends_with_a_usage_chunk(server: RunningServer) -> None:
-    events = post_stream(server, "/v1/completions", {"prompt": PROMPT, "max_tokens": 5, "ignore_eos": True,
-                                                     "stream_options": {"include_usage": True}})
+    events = post_stream(
+        server,
+        "/v1/completions",
+        {"prompt": PROMPT, "max_tokens": 5, "ignore_eos": True, "stream_options": {"include_usage": True}},
+    )
     last, before = events[-1], events[-2]
     assert last["choices"] == []
-    assert last["usage"] == {"prompt_tokens": len(tiny_tokenizer()(PROMPT)["input_ids"]), "completion_tokens": 5,
-                             "total_tokens": len(tiny_tokenizer()(PROMPT)["input_ids"]) + 5}
+    assert last["usage"] == {
+        "prompt_tokens": len(tiny_tokenizer()(PROMPT)["input_ids"]),
+        "completion_tokens": 5,
+        "total_tokens": len(tiny_tokenizer()(PROMPT)["input_ids"]) + 5,
+    }
     assert last["timings"]["mode"] == server_mode(server)
     assert before["choices"][0]["finish_reason"] == "length"
 
 
 def test_error_before_the_stream_starts_is_a_plain_json_error(server: RunningServer) -> None:
-    response = httpx.post(f"{server.base_url}/v1/completions", json={"prompt": PROMPT, "stream": True,
-                                                                     "max_tokens": -1})
+    response = httpx.post(
+        f"{server.base_url}/v1/completions", json={"prompt": PROMPT, "stream": True, "max_tokens": -1}
+    )
     assert error_of(response, 400)["param"] == "max_tokens"
     assert response.headers["content-type"].startswith("application/json")
 
 
 # ----- content through the openai client -----
 def test_streamed_completion_equals_the_non_streamed_one(server: RunningServer, client: openai.OpenAI) -> None:
-    kwargs = dict(model=model_name(server), prompt=PROMPT, max_tokens=12, temperature=0, logprobs=1,
-                  extra_body={"ignore_eos": True})
+    kwargs = dict(
+        model=model_name(server),
+        prompt=PROMPT,
+        max_tokens=12,
+        temperature=0,
+        logprobs=1,
+        extra_body={"ignore_eos": True},
+    )
     whole = client.completions.create(**kwargs)  # type: ignore[call-overload]
     chunks = list(client.completions.create(stream=True, **kwargs))  # type: ignore[call-overload]
     assert joined_text(chunks) == whole.choices[0].text
@@ -120,12 +136,23 @@ def test_streamed_completion_equals_the_non_streamed_one(server: RunningServer, 
 
 
 def test_streamed_completion_logprobs_have_sorted_alternatives(server: RunningServer, client: openai.OpenAI) -> None:
-    chunks = list(client.completions.create(model=model_name(server), prompt=PROMPT, max_tokens=8, temperature=0,
-                                            logprobs=2, stream=True, extra_body={"ignore_eos": True}))
-    tops = [top for c in chunks if c.choices and c.choices[0].logprobs
-            for top in c.choices[0].logprobs.top_logprobs or []]
-    chosen = [lp for c in chunks if c.choices and c.choices[0].logprobs
-              for lp in c.choices[0].logprobs.token_logprobs or []]
+    chunks = list(
+        client.completions.create(
+            model=model_name(server),
+            prompt=PROMPT,
+            max_tokens=8,
+            temperature=0,
+            logprobs=2,
+            stream=True,
+            extra_body={"ignore_eos": True},
+        )
+    )
+    tops = [
+        top for c in chunks if c.choices and c.choices[0].logprobs for top in c.choices[0].logprobs.top_logprobs or []
+    ]
+    chosen = [
+        lp for c in chunks if c.choices and c.choices[0].logprobs for lp in c.choices[0].logprobs.token_logprobs or []
+    ]
     assert len(tops) == len(chosen) == 8
     for top, logprob in zip(tops, chosen, strict=True):
         values = list(top.values())
@@ -134,8 +161,15 @@ def test_streamed_completion_logprobs_have_sorted_alternatives(server: RunningSe
 
 
 def test_streamed_chat_equals_the_non_streamed_one(server: RunningServer, client: openai.OpenAI) -> None:
-    kwargs = dict(model=model_name(server), messages=CHAT, max_tokens=10, temperature=0, logprobs=True,
-                  top_logprobs=2, extra_body={"ignore_eos": True})
+    kwargs = dict(
+        model=model_name(server),
+        messages=CHAT,
+        max_tokens=10,
+        temperature=0,
+        logprobs=True,
+        top_logprobs=2,
+        extra_body={"ignore_eos": True},
+    )
     whole = client.chat.completions.create(**kwargs)  # type: ignore[call-overload]
     chunks = list(client.chat.completions.create(stream=True, **kwargs))  # type: ignore[call-overload]
     assert chunks[0].choices[0].delta.role == "assistant"
@@ -147,9 +181,16 @@ def test_streamed_chat_equals_the_non_streamed_one(server: RunningServer, client
 
 
 def test_streamed_chat_with_include_usage(server: RunningServer, client: openai.OpenAI) -> None:
-    chunks = list(client.chat.completions.create(model=model_name(server), messages=CHAT, max_tokens=4,
-                                                 stream=True, stream_options={"include_usage": True},
-                                                 extra_body={"ignore_eos": True}))
+    chunks = list(
+        client.chat.completions.create(
+            model=model_name(server),
+            messages=CHAT,
+            max_tokens=4,
+            stream=True,
+            stream_options={"include_usage": True},
+            extra_body={"ignore_eos": True},
+        )
+    )
     assert chunks[-1].choices == []
     assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 4
     assert chunks[-1].timings["mode"] == server_mode(server)  # type: ignore[attr-defined]
@@ -157,23 +198,41 @@ def test_streamed_chat_with_include_usage(server: RunningServer, client: openai.
 
 
 def test_streamed_n_choices_each_finish_once(server: RunningServer, client: openai.OpenAI) -> None:
-    chunks = list(client.completions.create(model=model_name(server), prompt=PROMPT, n=2, max_tokens=6,
-                                            temperature=1.0, seed=5, logprobs=0, stream=True,
-                                            extra_body={"ignore_eos": True}))
+    chunks = list(
+        client.completions.create(
+            model=model_name(server),
+            prompt=PROMPT,
+            n=2,
+            max_tokens=6,
+            temperature=1.0,
+            seed=5,
+            logprobs=0,
+            stream=True,
+            extra_body={"ignore_eos": True},
+        )
+    )
     finishes = [c.choices[0].index for c in chunks if c.choices and c.choices[0].finish_reason]
     assert sorted(finishes) == [0, 1]
     assert {c.choices[0].index for c in chunks if c.choices} == {0, 1}
     assert joined_text(chunks, 0) != joined_text(chunks, 1)
     tokens = streamed_tokens(chunks)
     assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == tokens == 12
-    whole = client.completions.create(model=model_name(server), prompt=PROMPT, n=2, max_tokens=6, temperature=1.0,
-                                      seed=5, extra_body={"ignore_eos": True})
+    whole = client.completions.create(
+        model=model_name(server),
+        prompt=PROMPT,
+        n=2,
+        max_tokens=6,
+        temperature=1.0,
+        seed=5,
+        extra_body={"ignore_eos": True},
+    )
     assert [c.text for c in sorted(whole.choices, key=lambda c: c.index)] == [joined_text(chunks, i) for i in (0, 1)]
 
 
 def test_streamed_stop_string_truncates_before_it(server: RunningServer, client: openai.OpenAI) -> None:
-    kwargs = dict(model=model_name(server), prompt="hello world", max_tokens=24, temperature=0,
-                  extra_body={"ignore_eos": True})
+    kwargs = dict(
+        model=model_name(server), prompt="hello world", max_tokens=24, temperature=0, extra_body={"ignore_eos": True}
+    )
     full = client.completions.create(**kwargs).choices[0].text  # type: ignore[call-overload]
     index, stop = stop_string_in(full)
     chunks = list(client.completions.create(stream=True, stop=stop, **kwargs))  # type: ignore[call-overload]
@@ -182,17 +241,32 @@ def test_streamed_stop_string_truncates_before_it(server: RunningServer, client:
 
 
 def test_streamed_echo_starts_with_the_prompt(server: RunningServer, client: openai.OpenAI) -> None:
-    chunks = list(client.completions.create(model=model_name(server), prompt=PROMPT, max_tokens=4, temperature=0,
-                                            echo=True, stream=True, extra_body={"ignore_eos": True}))
+    chunks = list(
+        client.completions.create(
+            model=model_name(server),
+            prompt=PROMPT,
+            max_tokens=4,
+            temperature=0,
+            echo=True,
+            stream=True,
+            extra_body={"ignore_eos": True},
+        )
+    )
     assert chunks[0].choices[0].text == PROMPT
-    plain = client.completions.create(model=model_name(server), prompt=PROMPT, max_tokens=4, temperature=0,
-                                      extra_body={"ignore_eos": True}).choices[0].text
+    plain = (
+        client.completions.create(
+            model=model_name(server), prompt=PROMPT, max_tokens=4, temperature=0, extra_body={"ignore_eos": True}
+        )
+        .choices[0]
+        .text
+    )
     assert joined_text(chunks) == PROMPT + plain
 
 
 def test_streamed_seeded_sample_repeats(server: RunningServer, client: openai.OpenAI) -> None:
-    kwargs = dict(model=model_name(server), prompt=PROMPT, max_tokens=8, temperature=1.0, seed=42,
-                  extra_body={"ignore_eos": True})
+    kwargs = dict(
+        model=model_name(server), prompt=PROMPT, max_tokens=8, temperature=1.0, seed=42, extra_body={"ignore_eos": True}
+    )
     first = joined_text(list(client.completions.create(stream=True, **kwargs)))  # type: ignore[call-overload]
     second = joined_text(list(client.completions.create(stream=True, **kwargs)))  # type: ignore[call-overload]
     assert first == second == client.completions.create(**kwargs).choices[0].text  # type: ignore[call-overload]
@@ -210,10 +284,13 @@ def test_streamed_token_id_prompts_answer_each(server: RunningServer, client: op
 def test_streamed_greedy_text_is_identical_in_both_modes(servers: dict[str, RunningServer]) -> None:
     def answers(server: RunningServer) -> list[str]:
         client = openai_client(server)
-        kwargs = dict(model=model_name(server), max_tokens=12, temperature=0, stream=True,
-                      extra_body={"ignore_eos": True})
-        texts = [joined_text(list(client.completions.create(prompt=p, **kwargs)))  # type: ignore[call-overload]
-                 for p in (PROMPT, "hello world")]
+        kwargs = dict(
+            model=model_name(server), max_tokens=12, temperature=0, stream=True, extra_body={"ignore_eos": True}
+        )
+        texts = [
+            joined_text(list(client.completions.create(prompt=p, **kwargs)))  # type: ignore[call-overload]
+            for p in (PROMPT, "hello world")
+        ]
         chat = list(client.chat.completions.create(messages=CHAT, **kwargs))  # type: ignore[call-overload]
         return [*texts, joined_text(chat)]
 
@@ -235,8 +312,9 @@ def test_streaming_client_disconnect_aborts_its_request(server: RunningServer) -
 
 
 def test_openai_stream_closed_early_frees_its_seat(server: RunningServer, client: openai.OpenAI) -> None:
-    stream = client.chat.completions.create(model=model_name(server), messages=CHAT, max_tokens=LONG,
-                                            stream=True, extra_body={"ignore_eos": True})
+    stream = client.chat.completions.create(
+        model=model_name(server), messages=CHAT, max_tokens=LONG, stream=True, extra_body={"ignore_eos": True}
+    )
     first = next(iter(stream))
     assert first.choices[0].delta.role == "assistant"
     stream.close()
@@ -269,6 +347,7 @@ def record_events(server: RunningServer, monkeypatch: pytest.MonkeyPatch) -> lis
 
 async def stream_pair(base_url: str) -> tuple[list[dict], list[dict]]:
     """Send a short and a long streaming request at once; return each one's events."""
+
     async def one(http: httpx.AsyncClient, max_tokens: int) -> list[dict]:
         body = {"prompt": PROMPT, "max_tokens": max_tokens, "ignore_eos": True, "logprobs": 0, "stream": True}
         events = []
@@ -276,7 +355,7 @@ async def stream_pair(base_url: str) -> tuple[list[dict], list[dict]]:
             assert response.status_code == 200
             async for line in response.aiter_lines():
                 if line.startswith("data: ") and line != "data: [DONE]":
-                    events.append(json.loads(line[len("data: "):]))
+                    events.append(json.loads(line[len("data: ") :]))
         return events
 
     async with httpx.AsyncClient(base_url=base_url, timeout=60) as http:

@@ -55,14 +55,20 @@ def _body(endpoint: str, **changes: object) -> bytes:
     return json.dumps({k: v for k, v in fields.items() if v is not _DROP}).encode()
 
 
-def _bad(name: str, endpoint: str, changes: dict[str, object], status: int, param: str | None,
-         fragment: str) -> Bad:
+def _bad(name: str, endpoint: str, changes: dict[str, object], status: int, param: str | None, fragment: str) -> Bad:
     return Bad(name, endpoint, JSON, _body(endpoint, **changes), status, param, fragment)
 
 
-def _raw(name: str, endpoint: str, body: bytes, status: int = 400, param: str | None = None,
-         fragment: str = "not valid JSON", headers: tuple[tuple[str, str], ...] = JSON,
-         chunked: bool = False) -> Bad:
+def _raw(
+    name: str,
+    endpoint: str,
+    body: bytes,
+    status: int = 400,
+    param: str | None = None,
+    fragment: str = "not valid JSON",
+    headers: tuple[tuple[str, str], ...] = JSON,
+    chunked: bool = False,
+) -> Bad:
     return Bad(name, endpoint, headers, body, status, param, fragment, chunked)
 
 
@@ -71,8 +77,13 @@ _FIELD_CASES: list[tuple[str, dict[str, object], int, str | None, str]] = [
     ("unknown-field", {"frobnicate": 1}, 400, "frobnicate", "unknown parameter 'frobnicate'"),
     ("unsupported-best_of", {"best_of": 2}, 400, "best_of", "'best_of' is not supported"),
     ("unsupported-logit_bias", {"logit_bias": {"5": 10}}, 400, "logit_bias", "'logit_bias' is not supported"),
-    ("unsupported-tools", {"tools": [{"type": "function", "function": {"name": "f"}}]}, 400, "tools",
-     "'tools' is not supported"),
+    (
+        "unsupported-tools",
+        {"tools": [{"type": "function", "function": {"name": "f"}}]},
+        400,
+        "tools",
+        "'tools' is not supported",
+    ),
     ("max_tokens-string", {"max_tokens": "5"}, 400, "max_tokens", "valid integer"),
     ("max_tokens-bool", {"max_tokens": True}, 400, "max_tokens", "valid integer"),
     ("max_tokens-float", {"max_tokens": 4.5}, 400, "max_tokens", "valid integer"),
@@ -95,25 +106,27 @@ _FIELD_CASES: list[tuple[str, dict[str, object], int, str | None, str]] = [
     ("top_k-beyond-int64", {"top_k": 10**30}, 400, "top_k", "less than or equal to"),
     ("presence_penalty-3", {"presence_penalty": 3}, 400, "presence_penalty", "less than or equal to 2"),
     ("frequency_penalty-3", {"frequency_penalty": 3}, 400, "frequency_penalty", "less than or equal to 2"),
-    ("frequency_penalty-minus-3", {"frequency_penalty": -3}, 400, "frequency_penalty",
-     "greater than or equal to -2"),
+    ("frequency_penalty-minus-3", {"frequency_penalty": -3}, 400, "frequency_penalty", "greater than or equal to -2"),
     ("seed-negative", {"seed": -1}, 400, "seed", "greater than or equal to 0"),
     ("seed-beyond-int64", {"seed": 2**64}, 400, "seed", "less than or equal to"),
     ("seed-string", {"seed": "42"}, 400, "seed", "valid integer"),
     ("stop-empty-string", {"stop": ""}, 400, "stop", "1 to 256 characters"),
     ("stop-list-with-empty", {"stop": ["ok", ""]}, 400, "stop", "1 to 256 characters"),
-    ("stop-very-long-list", {"stop": [f"s{i}" for i in range(1000)]}, 400, "stop",
-     f"at most {MAX_STOPS} stop strings"),
+    ("stop-very-long-list", {"stop": [f"s{i}" for i in range(1000)]}, 400, "stop", f"at most {MAX_STOPS} stop strings"),
     ("stop-too-long-string", {"stop": "x" * 300}, 400, "stop", "1 to 256 characters"),
     ("stop-number", {"stop": 5}, 400, "stop", "valid string"),
     ("stop-list-of-numbers", {"stop": [1, 2]}, 400, "stop", "valid string"),
-    ("stop_token_ids-outside-vocab", {"stop_token_ids": [10**6]}, 400, "stop_token_ids",
-     "outside the vocabulary"),
+    ("stop_token_ids-outside-vocab", {"stop_token_ids": [10**6]}, 400, "stop_token_ids", "outside the vocabulary"),
     ("stop_token_ids-negative", {"stop_token_ids": [-1]}, 400, "stop_token_ids", "greater than or equal to 0"),
     ("stop_token_ids-too-many", {"stop_token_ids": list(range(40))}, 400, "stop_token_ids", "at most"),
     ("stream-string", {"stream": "yes"}, 400, "stream", "valid boolean"),
-    ("stream_options-unknown-key", {"stream": True, "stream_options": {"include_usage": True, "verbose": 1}},
-     400, "stream_options", "unknown parameter 'stream_options.verbose'"),
+    (
+        "stream_options-unknown-key",
+        {"stream": True, "stream_options": {"include_usage": True, "verbose": 1}},
+        400,
+        "stream_options",
+        "unknown parameter 'stream_options.verbose'",
+    ),
     ("stream_options-string", {"stream": True, "stream_options": "yes"}, 400, "stream_options", "stream_options"),
     ("ignore_eos-string", {"ignore_eos": "true"}, 400, "ignore_eos", "valid boolean"),
     ("model-unknown", {"model": "gpt-4"}, 404, "model", "'gpt-4' does not exist"),
@@ -139,8 +152,13 @@ _COMPLETION_CASES: list[tuple[str, dict[str, object], int, str | None, str]] = [
     ("prompt-text-longer-than-context", {"prompt": LONG_TEXT}, 400, "prompt", "maximum context length"),
     ("prompt-ids-longer-than-context", {"prompt": [5] * 200}, 400, "prompt", "maximum context length"),
     ("prompt-too-long-stream", {"prompt": [5] * 200, "stream": True}, 400, "prompt", "maximum context length"),
-    ("prompt-plus-max_tokens-too-long", {"prompt": [5] * 100, "max_tokens": 100}, 400, "max_tokens",
-     "maximum context length"),
+    (
+        "prompt-plus-max_tokens-too-long",
+        {"prompt": [5] * 100, "max_tokens": 100},
+        400,
+        "max_tokens",
+        "maximum context length",
+    ),
     ("prompt-too-many", {"prompt": ["hi"] * (MAX_PROMPTS + 1)}, 400, "prompt", f"at most {MAX_PROMPTS} prompts"),
     ("prompt-nested-too-deep", {"prompt": [[[1]]]}, 400, "prompt", "invalid value for 'prompt'"),
     ("logprobs-6", {"logprobs": 6}, 400, "logprobs", "less than or equal to 5"),
@@ -149,8 +167,13 @@ _COMPLETION_CASES: list[tuple[str, dict[str, object], int, str | None, str]] = [
     ("echo-with-logprobs", {"echo": True, "logprobs": 1}, 400, "echo", "not supported"),
     ("echo-string", {"echo": "yes"}, 400, "echo", "valid boolean"),
     ("unsupported-suffix", {"suffix": "!"}, 400, "suffix", "'suffix' is not supported"),
-    ("messages-on-completions", {"messages": [{"role": "user", "content": "hi"}]}, 400, "messages",
-     "unknown parameter 'messages'"),
+    (
+        "messages-on-completions",
+        {"messages": [{"role": "user", "content": "hi"}]},
+        400,
+        "messages",
+        "unknown parameter 'messages'",
+    ),
 ]
 
 _USER = {"role": "user", "content": "hello"}
@@ -161,37 +184,102 @@ _CHAT_CASES: list[tuple[str, dict[str, object], int, str | None, str]] = [
     ("messages-list-of-strings", {"messages": ["hello"]}, 400, "messages", "invalid value for 'messages'"),
     ("message-bad-role", {"messages": [{"role": "bot", "content": "hi"}]}, 400, "messages", "'user'"),
     ("message-missing-role", {"messages": [{"content": "hi"}]}, 400, "messages", "'messages.0.role' is missing"),
-    ("message-missing-content", {"messages": [_USER, {"role": "user"}]}, 400, "messages",
-     "'messages.1.content' is missing"),
-    ("message-null-content", {"messages": [{"role": "user", "content": None}]}, 400, "messages",
-     "invalid value for 'messages'"),
-    ("message-number-content", {"messages": [{"role": "user", "content": 5}]}, 400, "messages",
-     "invalid value for 'messages'"),
-    ("content-part-image", {"messages": [{"role": "user", "content": [
-        {"type": "image_url", "image_url": {"url": "http://x/y.png"}}]}]}, 400, "messages", "'text'"),
-    ("content-part-text-number", {"messages": [{"role": "user", "content": [{"type": "text", "text": 5}]}]},
-     400, "messages", "valid string"),
-    ("content-part-missing-text", {"messages": [{"role": "user", "content": [{"type": "text"}]}]}, 400,
-     "messages", "field required"),
-    ("content-part-string-list", {"messages": [{"role": "user", "content": ["hi"]}]}, 400, "messages",
-     "invalid value for 'messages'"),
-    ("message-unknown-key", {"messages": [{**_USER, "tool_calls": []}]}, 400, "messages",
-     "unknown parameter 'messages.0.tool_calls'"),
-    ("messages-fill-context", {"messages": [{"role": "user", "content": LONG_TEXT}], "max_tokens": _DROP},
-     400, "messages", "leaving no room"),
-    ("messages-longer-than-context", {"messages": [{"role": "user", "content": LONG_TEXT}]}, 400, "prompt",
-     "maximum context length"),
-    ("messages-too-long-stream", {"messages": [{"role": "user", "content": LONG_TEXT}], "stream": True}, 400,
-     "prompt", "maximum context length"),
+    (
+        "message-missing-content",
+        {"messages": [_USER, {"role": "user"}]},
+        400,
+        "messages",
+        "'messages.1.content' is missing",
+    ),
+    (
+        "message-null-content",
+        {"messages": [{"role": "user", "content": None}]},
+        400,
+        "messages",
+        "invalid value for 'messages'",
+    ),
+    (
+        "message-number-content",
+        {"messages": [{"role": "user", "content": 5}]},
+        400,
+        "messages",
+        "invalid value for 'messages'",
+    ),
+    (
+        "content-part-image",
+        {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "http://x/y.png"}}]}]},
+        400,
+        "messages",
+        "'text'",
+    ),
+    (
+        "content-part-text-number",
+        {"messages": [{"role": "user", "content": [{"type": "text", "text": 5}]}]},
+        400,
+        "messages",
+        "valid string",
+    ),
+    (
+        "content-part-missing-text",
+        {"messages": [{"role": "user", "content": [{"type": "text"}]}]},
+        400,
+        "messages",
+        "field required",
+    ),
+    (
+        "content-part-string-list",
+        {"messages": [{"role": "user", "content": ["hi"]}]},
+        400,
+        "messages",
+        "invalid value for 'messages'",
+    ),
+    (
+        "message-unknown-key",
+        {"messages": [{**_USER, "tool_calls": []}]},
+        400,
+        "messages",
+        "unknown parameter 'messages.0.tool_calls'",
+    ),
+    (
+        "messages-fill-context",
+        {"messages": [{"role": "user", "content": LONG_TEXT}], "max_tokens": _DROP},
+        400,
+        "messages",
+        "leaving no room",
+    ),
+    (
+        "messages-longer-than-context",
+        {"messages": [{"role": "user", "content": LONG_TEXT}]},
+        400,
+        "prompt",
+        "maximum context length",
+    ),
+    (
+        "messages-too-long-stream",
+        {"messages": [{"role": "user", "content": LONG_TEXT}], "stream": True},
+        400,
+        "prompt",
+        "maximum context length",
+    ),
     ("top_logprobs-6", {"logprobs": True, "top_logprobs": 6}, 400, "top_logprobs", "less than or equal to 5"),
     ("top_logprobs-without-logprobs", {"top_logprobs": 2}, 400, "top_logprobs", "requires logprobs"),
     ("logprobs-int", {"logprobs": 5}, 400, "logprobs", "valid boolean"),
-    ("max_completion_tokens-zero", {"max_completion_tokens": 0}, 400, "max_completion_tokens",
-     "greater than or equal to 1"),
+    (
+        "max_completion_tokens-zero",
+        {"max_completion_tokens": 0},
+        400,
+        "max_completion_tokens",
+        "greater than or equal to 1",
+    ),
     ("prompt-on-chat", {"prompt": "hi"}, 400, "prompt", "unknown parameter 'prompt'"),
     ("unsupported-tool_choice", {"tool_choice": "auto"}, 400, "tool_choice", "'tool_choice' is not supported"),
-    ("unsupported-response_format", {"response_format": {"type": "json_object"}}, 400, "response_format",
-     "'response_format' is not supported"),
+    (
+        "unsupported-response_format",
+        {"response_format": {"type": "json_object"}},
+        400,
+        "response_format",
+        "'response_format' is not supported",
+    ),
 ]
 
 
@@ -211,19 +299,35 @@ def _raw_cases(endpoint: str) -> list[Bad]:
         _raw("utf8-invalid-body", endpoint, b"\xff\xfe\xfd\x00\x01"),
         _raw("utf8-lone-surrogate-escape", endpoint, good.replace(b"hello", b"\\ud800")),
         _raw("number-with-5000-digits", endpoint, good.replace(b'"max_tokens": 4', b'"max_tokens": 1' + b"0" * 5000)),
-        _raw("json-nested-10000-deep", endpoint,
-             b'{"%s": ' % nested_key.encode() + b"[" * 10_000 + b"]" * 10_000 + b"}"),
-        _raw("json-nested-150-deep", endpoint,
-             b'{"%s": ' % nested_key.encode() + b"[" * 150 + b"]" * 150 + b"}",
-             param=nested_key, fragment=f"invalid value for '{nested_key}'"),
-        _raw("content-type-text-plain", endpoint, good, fragment="Content-Type: application/json",
-             headers=(("content-type", "text/plain"),)),
-        _raw("content-type-form", endpoint, good, fragment="Content-Type: application/json",
-             headers=(("content-type", "application/x-www-form-urlencoded"),)),
+        _raw(
+            "json-nested-10000-deep", endpoint, b'{"%s": ' % nested_key.encode() + b"[" * 10_000 + b"]" * 10_000 + b"}"
+        ),
+        _raw(
+            "json-nested-150-deep",
+            endpoint,
+            b'{"%s": ' % nested_key.encode() + b"[" * 150 + b"]" * 150 + b"}",
+            param=nested_key,
+            fragment=f"invalid value for '{nested_key}'",
+        ),
+        _raw(
+            "content-type-text-plain",
+            endpoint,
+            good,
+            fragment="Content-Type: application/json",
+            headers=(("content-type", "text/plain"),),
+        ),
+        _raw(
+            "content-type-form",
+            endpoint,
+            good,
+            fragment="Content-Type: application/json",
+            headers=(("content-type", "application/x-www-form-urlencoded"),),
+        ),
         _raw("content-type-missing", endpoint, good, fragment="Content-Type: application/json", headers=()),
         _raw("body-too-big", endpoint, too_big, status=413, fragment=f"limit of {MAX_BODY} bytes"),
-        _raw("body-too-big-chunked", endpoint, too_big, status=413, fragment=f"limit of {MAX_BODY} bytes",
-             chunked=True),
+        _raw(
+            "body-too-big-chunked", endpoint, too_big, status=413, fragment=f"limit of {MAX_BODY} bytes", chunked=True
+        ),
     ]
 
 
@@ -247,8 +351,15 @@ def test_the_corpus_is_large_and_covers_both_endpoints() -> None:
 
 @pytest.fixture(scope="module", params=["dynamic", "continuous"])
 def server(request: pytest.FixtureRequest) -> Iterator[RunningServer]:
-    config = ServerConfig(port=0, mode=request.param, max_model_len=MAX_MODEL_LEN, max_body_bytes=MAX_BODY,
-                          max_batch_size=4, max_num_seqs=4, batch_timeout_ms=5.0)
+    config = ServerConfig(
+        port=0,
+        mode=request.param,
+        max_model_len=MAX_MODEL_LEN,
+        max_body_bytes=MAX_BODY,
+        max_batch_size=4,
+        max_num_seqs=4,
+        batch_timeout_ms=5.0,
+    )
     with running_server(config) as srv:
         yield srv
 

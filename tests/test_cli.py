@@ -24,8 +24,7 @@ BATCHSERVE = str(Path(sys.executable).with_name("batchserve"))
 
 
 def run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "api", *args], capture_output=True, text=True, timeout=60,
-                          env=env)
+    return subprocess.run([sys.executable, "-m", "api", *args], capture_output=True, text=True, timeout=60, env=env)
 
 
 def option_help(help_text: str) -> dict[str, str]:
@@ -62,8 +61,22 @@ def test_serve_help_lists_every_flag_with_its_default() -> None:
 
 
 def test_flags_build_the_server_config() -> None:
-    args = build_parser().parse_args(["serve", "--mode", "dynamic", "--max-batch-size", "3", "--batch-timeout-ms",
-                                      "7.5", "--port", "0", "--cors-origins", "http://a", "http://b"])
+    args = build_parser().parse_args(
+        [
+            "serve",
+            "--mode",
+            "dynamic",
+            "--max-batch-size",
+            "3",
+            "--batch-timeout-ms",
+            "7.5",
+            "--port",
+            "0",
+            "--cors-origins",
+            "http://a",
+            "http://b",
+        ]
+    )
     config = config_from_args(args)
     assert config.mode == "dynamic" and config.max_batch_size == 3 and config.batch_timeout_ms == 7.5
     assert config.cors_origins == ("http://a", "http://b")
@@ -117,12 +130,28 @@ def tiny_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def server_process(tiny_checkpoint: Path) -> Iterator[tuple[subprocess.Popen[str], str]]:
     port = free_port()
     process = subprocess.Popen(
-        [sys.executable, "-m", "api", "serve", "--model", str(tiny_checkpoint), "--port", str(port),
-         "--mode", "continuous", "--shutdown-grace-s", "30"],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        [
+            sys.executable,
+            "-m",
+            "api",
+            "serve",
+            "--model",
+            str(tiny_checkpoint),
+            "--port",
+            str(port),
+            "--mode",
+            "continuous",
+            "--shutdown-grace-s",
+            "30",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
     )
     base_url = f"http://127.0.0.1:{port}"
     try:
+
         def healthy() -> bool:
             assert process.poll() is None, f"the server exited early:\n{process.stdout.read()}"  # type: ignore[union-attr]
             try:
@@ -141,7 +170,7 @@ def server_process(tiny_checkpoint: Path) -> Iterator[tuple[subprocess.Popen[str
 
 
 def test_sigterm_lets_the_running_stream_finish_then_exits_zero(
-    server_process: tuple[subprocess.Popen[str], str]
+    server_process: tuple[subprocess.Popen[str], str],
 ) -> None:
     process, base_url = server_process
     model = httpx.get(f"{base_url}/v1/models").json()["data"][0]["id"]
@@ -159,7 +188,7 @@ def test_sigterm_lets_the_running_stream_finish_then_exits_zero(
         assert health_status(base_url) in (503, None)
         events.extend(line for line in lines if line)
     assert events[-1] == "data: [DONE]"
-    chunks = [json.loads(e[len("data: "):]) for e in events[:-1]]
+    chunks = [json.loads(e[len("data: ") :]) for e in events[:-1]]
     final = chunks[-1]
     assert final["choices"][0]["finish_reason"] == "length"  # it ran to its end, not aborted
     assert final["usage"]["completion_tokens"] == 60

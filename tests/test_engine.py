@@ -25,11 +25,12 @@ GREEDY = dict(temperature=0.0)
 
 
 def make_engine(
-    model: PreTrainedModel, eos_token_ids: Sequence[int] = (), prepack_weights: bool = True, **config: object
+    model: PreTrainedModel, eos_token_ids: Sequence[int] = (), cpu_kernels: bool = True, **config: object
 ) -> Engine:
+    """`cpu_kernels=False` runs the plain torch path (F.linear, gathered attention), as on a GPU."""
     settings: dict = dict(max_num_seqs=8, kv_cache_tokens=1024, block_size=4)
     settings.update(config)
-    runner = TransformersRunner(model, prepack_weights=prepack_weights)
+    runner = TransformersRunner(model, prepack_weights=cpu_kernels, native_attention=cpu_kernels)
     return Engine(runner, EngineConfig(**settings), eos_token_ids=eos_token_ids)
 
 
@@ -140,10 +141,10 @@ def run_alone(model: PreTrainedModel, prompt: list[int], params: SamplingParams,
 # ----- greedy parity with Hugging Face generate() -----
 
 
-@pytest.mark.parametrize("prepack_weights", [True, False], ids=["onednn", "f_linear"])
+@pytest.mark.parametrize("cpu_kernels", [True, False], ids=["cpu_kernels", "torch_only"])
 @pytest.mark.parametrize("arch", ARCHS)
 def test_batched_greedy_matches_hf_generate_with_joins_leaves_and_chunked_prefill(
-    arch: str, prepack_weights: bool, tiny_model_builder: Callable[..., PreTrainedModel]
+    arch: str, cpu_kernels: bool, tiny_model_builder: Callable[..., PreTrainedModel]
 ) -> None:
     model = tiny_model_builder(arch)
     vocab = model.config.vocab_size
@@ -154,7 +155,8 @@ def test_batched_greedy_matches_hf_generate_with_joins_leaves_and_chunked_prefil
     ]  # fmt: skip
     leaver, leave_at_step = 1, 6  # removed by the client before it finishes
     prompts = [random_prompt(n, seed=100 + i, vocab_size=vocab) for i, (n, _, _) in enumerate(plan)]
-    engine = make_engine(model, max_num_seqs=6, prepack_weights=prepack_weights)
+    engine = make_engine(model, max_num_seqs=6, cpu_kernels=cpu_kernels)
+    assert (engine.runner.decode_kernel is not None) == cpu_kernels  # type: ignore[attr-defined]
     driver = Driver(engine, token_budget=16, max_chunk=7)
     free_blocks, free_rows = engine.num_free_blocks, engine.num_free_rows
 

@@ -97,9 +97,7 @@ def test_async_consumer_receives_token_events_then_finish_event(mode: Mode) -> N
     for rid, (prompt, max_tokens) in prompts.items():
         *tokens, finish = events[rid]
         assert all(isinstance(e, TokenEvent) for e in tokens)
-        assert [e.token.token_id for e in tokens if isinstance(e, TokenEvent)] == expected_tokens(
-            prompt, max_tokens
-        )
+        assert [e.token.token_id for e in tokens if isinstance(e, TokenEvent)] == expected_tokens(prompt, max_tokens)
         assert isinstance(finish, FinishEvent) and finish.reason is FinishReason.LENGTH
         assert finish.timings.mode == mode.value
     assert h.engine.cache_usage == 0 and h.engine.num_free_rows == h.seats

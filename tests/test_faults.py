@@ -61,8 +61,14 @@ def one_torch_thread() -> Iterator[None]:
 
 
 def _config(mode: str, **overrides: object) -> ServerConfig:
-    values: dict[str, object] = {"port": 0, "mode": mode, "max_num_seqs": SEATS, "max_batch_size": SEATS,
-                                 "batch_timeout_ms": 10.0, **overrides}
+    values: dict[str, object] = {
+        "port": 0,
+        "mode": mode,
+        "max_num_seqs": SEATS,
+        "max_batch_size": SEATS,
+        "batch_timeout_ms": 10.0,
+        **overrides,
+    }
     return ServerConfig(**values)  # type: ignore[arg-type]
 
 
@@ -239,8 +245,10 @@ def test_a_client_that_stops_reading_does_not_stall_other_streams(server: Runnin
     # (64 KiB), its socket send buffer (shrunk to 4 KiB below, a slow network path) and the client's receive
     # buffer together, so once the client stops reading, the server's writes to it really block.
     slow_body = _body(COMPLETIONS, 120, stream=True, n=8, logprobs=5)
-    with httpx.Client(base_url=server.base_url, timeout=60) as slow, \
-            slow.stream("POST", COMPLETIONS, json=slow_body) as response:
+    with (
+        httpx.Client(base_url=server.base_url, timeout=60) as slow,
+        slow.stream("POST", COMPLETIONS, json=slow_body) as response,
+    ):
         assert response.status_code == 200
         connection = _connection_of(server, response)
         server_socket = connection.transport.get_extra_info("socket")
@@ -276,8 +284,10 @@ def test_a_client_that_stops_reading_does_not_stall_other_streams(server: Runnin
 # ----- the per-request timeout -----
 @pytest.mark.parametrize("mode", ["dynamic", "continuous"])
 def test_the_request_timeout_aborts_a_long_request_and_frees_its_seat(mode: str) -> None:
-    with running_server(_config(mode, request_timeout_s=1.0)) as srv, \
-            httpx.Client(base_url=srv.base_url, timeout=60) as client:
+    with (
+        running_server(_config(mode, request_timeout_s=1.0)) as srv,
+        httpx.Client(base_url=srv.base_url, timeout=60) as client,
+    ):
         slow = FaultyForward(srv.runtime.engine.runner)
         slow.delay_s = 0.02  # 200 tokens take 4 s or more, well past the 1 s timeout
         srv.runtime.engine.runner.forward = slow

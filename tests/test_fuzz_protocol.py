@@ -40,9 +40,14 @@ _message = st.fixed_dictionaries(
     {},
     optional={
         "role": st.sampled_from(["user", "system", "assistant", "developer", "tool", ""]) | _json,
-        "content": st.text(max_size=20) | st.lists(st.fixed_dictionaries(
-            {"type": st.sampled_from(["text", "image_url"]) | _json}, optional={"text": st.text() | _json}),
-            max_size=2) | _json,
+        "content": st.text(max_size=20)
+        | st.lists(
+            st.fixed_dictionaries(
+                {"type": st.sampled_from(["text", "image_url"]) | _json}, optional={"text": st.text() | _json}
+            ),
+            max_size=2,
+        )
+        | _json,
         "name": _json,
     },
 )
@@ -89,7 +94,8 @@ def _bodies(model: type[BaseModel]) -> st.SearchStrategy[bytes]:
     """A valid request with one or two fields replaced (so validation goes deep), objects of random known
     fields, any JSON, and bytes that are mostly not JSON."""
     overlay = st.lists(st.sampled_from(sorted(_FIELD_VALUES)), min_size=1, max_size=2, unique=True).flatmap(
-        lambda keys: st.fixed_dictionaries({k: _FIELD_VALUES[k] for k in keys}))
+        lambda keys: st.fixed_dictionaries({k: _FIELD_VALUES[k] for k in keys})
+    )
     return st.one_of(
         overlay.map(lambda fields: json.dumps({**_BASES[model], **fields}).encode()),
         st.fixed_dictionaries({}, optional=_FIELD_VALUES).map(lambda d: json.dumps(d).encode()),
@@ -141,8 +147,27 @@ def test_any_body_parses_or_is_a_named_400(model: type[BaseModel], data: st.Data
 # ----- SSE framing -----
 _FORMATTER = {chat: Formatter("cmpl-fuzz", "tiny", tiny_tokenizer(), chat=chat) for chat in (False, True)}
 _any_text = st.text(st.characters(min_codepoint=0, max_codepoint=0x10FFFF, exclude_categories=()), max_size=40)
-_tricky = st.sampled_from(["\n", "\r", "\r\n", "\n\n", "data: x", "\x00", "\u2028", "\u2029", "\x85", "\ufeff",
-                           "\ud800", "[DONE]", '"', "\\", "é", "😀", "\x1b[31m"])
+_tricky = st.sampled_from(
+    [
+        "\n",
+        "\r",
+        "\r\n",
+        "\n\n",
+        "data: x",
+        "\x00",
+        "\u2028",
+        "\u2029",
+        "\x85",
+        "\ufeff",
+        "\ud800",
+        "[DONE]",
+        '"',
+        "\\",
+        "é",
+        "😀",
+        "\x1b[31m",
+    ]
+)
 _texts = st.lists(_tricky | _any_text, max_size=5).map("".join)
 _LINE_BREAK = re.compile(r"\r\n|\r|\n")
 
@@ -174,8 +199,11 @@ def _strict_loads(payload: str) -> object:
 
 
 @FUZZ
-@given(texts=st.lists(_texts, min_size=1, max_size=4), chat=st.booleans(),
-       logprob=st.floats(max_value=0.0, allow_nan=False, allow_infinity=False))
+@given(
+    texts=st.lists(_texts, min_size=1, max_size=4),
+    chat=st.booleans(),
+    logprob=st.floats(max_value=0.0, allow_nan=False, allow_infinity=False),
+)
 def test_chunks_frame_as_one_data_line_and_round_trip(texts: list[str], chat: bool, logprob: float) -> None:
     formatter = _FORMATTER[chat]
     payloads = []

@@ -35,9 +35,7 @@ def _tiny_tokenizer() -> PreTrainedTokenizerFast:
     vocab = {word: index for index, word in enumerate(WORDS)}
     backend = Tokenizer(WordLevel(vocab=vocab, unk_token="<unk>"))
     backend.pre_tokenizer = Whitespace()
-    return PreTrainedTokenizerFast(
-        tokenizer_object=backend, unk_token="<unk>", eos_token="<eos>", pad_token="<pad>"
-    )
+    return PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="<unk>", eos_token="<eos>", pad_token="<pad>")
 
 
 def _tiny_model() -> LlamaForCausalLM:
@@ -269,9 +267,7 @@ def test_resolve_device_cpu() -> None:
 
 
 @pytest.mark.parametrize(("cuda_available", "expected"), [(False, "cpu"), (True, "cuda")])
-def test_resolve_device_auto_prefers_cuda(
-    monkeypatch: pytest.MonkeyPatch, cuda_available: bool, expected: str
-) -> None:
+def test_resolve_device_auto_prefers_cuda(monkeypatch: pytest.MonkeyPatch, cuda_available: bool, expected: str) -> None:
     monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda_available)
 
     assert resolve_device("auto") == torch.device(expected)

@@ -44,9 +44,16 @@ def _reference(index: int) -> list[int]:
     model = real_loaded_model().model
     prompt = _prompts()[index]
     ids = torch.tensor([prompt])
-    out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=NEW_TOKENS,
-                         min_new_tokens=NEW_TOKENS, do_sample=False, eos_token_id=None, pad_token_id=0)
-    return out[0, len(prompt):].tolist()
+    out = model.generate(
+        ids,
+        attention_mask=torch.ones_like(ids),
+        max_new_tokens=NEW_TOKENS,
+        min_new_tokens=NEW_TOKENS,
+        do_sample=False,
+        eos_token_id=None,
+        pad_token_id=0,
+    )
+    return out[0, len(prompt) :].tolist()
 
 
 def test_prompts_span_a_few_to_hundreds_of_tokens() -> None:
@@ -57,8 +64,12 @@ def test_prompts_span_a_few_to_hundreds_of_tokens() -> None:
 def test_engine_greedy_matches_generate_with_sequences_joining_and_leaving() -> None:
     loaded = real_loaded_model()
     prompts = _prompts()
-    engine = Engine(TransformersRunner(loaded.model), EngineConfig(max_num_seqs=4, kv_cache_tokens=4096),
-                    loaded.eos_token_ids, loaded.max_model_len)
+    engine = Engine(
+        TransformersRunner(loaded.model),
+        EngineConfig(max_num_seqs=4, kv_cache_tokens=4096),
+        loaded.eos_token_ids,
+        loaded.max_model_len,
+    )
     params = SamplingParams(max_tokens=NEW_TOKENS, temperature=0.0, ignore_eos=True)
     outputs: dict[int, list[int]] = {i: [] for i in range(len(prompts))}
     active: list[int] = []
@@ -91,8 +102,9 @@ def loaded() -> LoadedModel:
 def test_both_modes_give_generate_greedy_text(loaded: LoadedModel, mode: str) -> None:
     prompts = _prompts()[:6]
     params = SamplingParams(max_tokens=NEW_TOKENS, temperature=0.0, ignore_eos=True)
-    with LLM(mode=mode, loaded=loaded, max_batch_size=4, max_num_seqs=4, max_num_batched_tokens=64,
-             batch_timeout_ms=0.0) as llm:
+    with LLM(
+        mode=mode, loaded=loaded, max_batch_size=4, max_num_seqs=4, max_num_batched_tokens=64, batch_timeout_ms=0.0
+    ) as llm:
         outputs = llm.generate(prompts, params)
     for index, output in enumerate(outputs):
         assert output.token_ids == _reference(index), f"{mode}: prompt {index} diverged"
@@ -105,6 +117,7 @@ def test_seeded_sampling_is_the_same_alone_and_beside_others(loaded: LoadedModel
     others = [SamplingParams(max_tokens=24, temperature=1.0, seed=s) for s in range(3)]
     with LLM(mode="continuous", loaded=loaded, max_num_seqs=4) as llm:
         alone = llm.generate([prompts[1]], seeded)[0].token_ids
-        crowded = llm.generate([prompts[4], prompts[1], prompts[2], prompts[3]],
-                               [others[0], seeded, others[1], others[2]])[1].token_ids
+        crowded = llm.generate(
+            [prompts[4], prompts[1], prompts[2], prompts[3]], [others[0], seeded, others[1], others[2]]
+        )[1].token_ids
     assert alone == crowded

@@ -77,9 +77,7 @@ def test_counter_uniform_differs_across_counters_and_seeds() -> None:
     counters = torch.arange(100)
     assert not torch.equal(counter_uniform(low, counters), counter_uniform(high, counters))
     # Adjacent seeds are not shifted copies of each other.
-    assert not torch.equal(
-        counter_uniform(low[1:], counters[1:]), counter_uniform(low[1:] + 1, counters[:-1])
-    )
+    assert not torch.equal(counter_uniform(low[1:], counters[1:]), counter_uniform(low[1:] + 1, counters[:-1]))
 
 
 @pytest.mark.parametrize("vary", ["counter", "seed"])
@@ -207,7 +205,5 @@ def test_logprobs_are_log_softmax_of_the_unscaled_logits() -> None:
 def test_apply_penalties_is_openai_style() -> None:
     logits = torch.zeros(2, 4)
     counts = torch.tensor([[0.0, 1.0, 3.0, 0.0], [2.0, 0.0, 0.0, 0.0]])
-    out = apply_penalties(
-        logits, counts, presence=torch.tensor([0.5, 0.0]), frequency=torch.tensor([1.0, -1.0])
-    )
+    out = apply_penalties(logits, counts, presence=torch.tensor([0.5, 0.0]), frequency=torch.tensor([1.0, -1.0]))
     assert torch.equal(out, torch.tensor([[0.0, -1.5, -3.5, 0.0], [2.0, 0.0, 0.0, 0.0]]))

@@ -553,9 +553,7 @@ def test_scripted_runner_notices_a_corrupted_cache() -> None:
 # ===== a real (tiny, random) model =====
 def hf_greedy(model: PreTrainedModel, prompt: list[int], max_new_tokens: int) -> list[int]:
     ids = torch.tensor([prompt])
-    out = model.generate(
-        ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens, do_sample=False
-    )
+    out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens, do_sample=False)
     return out[0, len(prompt) :].tolist()
 
 

@@ -117,8 +117,9 @@ def test_the_key_never_appears_in_error_responses_or_logs(
             client.post("/v1/completions", json={"prompt": "hi", "model": "gpt-4"}, headers=auth),
             client.get("/v1/completions", headers=auth),
             client.get("/v1/nowhere", headers=auth),
-            client.post("/v1/completions", json=GOOD_BODIES["/v1/completions"],
-                        headers={"Authorization": f"Bearer {KEY}x"}),
+            client.post(
+                "/v1/completions", json=GOOD_BODIES["/v1/completions"], headers={"Authorization": f"Bearer {KEY}x"}
+            ),
         ]
         monkeypatch.setattr(keyed.runtime.service, "start", _explode)
         responses.append(client.post("/v1/completions", json=GOOD_BODIES["/v1/completions"], headers=auth))
@@ -157,13 +158,16 @@ def test_the_config_repr_hides_the_key() -> None:
 
 
 def test_cors_is_off_by_default() -> None:
-    with running_server(ServerConfig(port=0, max_num_seqs=2)) as srv, \
-            httpx.Client(base_url=srv.base_url, timeout=60) as client:
+    with (
+        running_server(ServerConfig(port=0, max_num_seqs=2)) as srv,
+        httpx.Client(base_url=srv.base_url, timeout=60) as client,
+    ):
         response = client.get("/v1/models", headers={"Origin": ORIGIN})
         assert response.status_code == 200
         assert not [h for h in response.headers if h.lower().startswith("access-control-")]
-        preflight = client.options("/v1/completions", headers={
-            "Origin": ORIGIN, "Access-Control-Request-Method": "POST"})
+        preflight = client.options(
+            "/v1/completions", headers={"Origin": ORIGIN, "Access-Control-Request-Method": "POST"}
+        )
         assert not [h for h in preflight.headers if h.lower().startswith("access-control-")]
 
 
@@ -177,9 +181,14 @@ def test_cors_answers_only_the_configured_origins() -> None:
         denied = client.get("/v1/models", headers={"Origin": "https://evil.example", **auth})
         assert "access-control-allow-origin" not in denied.headers
         # A browser's preflight carries no credentials; it is answered without the key.
-        preflight = client.options("/v1/completions", headers={
-            "Origin": ORIGIN, "Access-Control-Request-Method": "POST",
-            "Access-Control-Request-Headers": "authorization, content-type"})
+        preflight = client.options(
+            "/v1/completions",
+            headers={
+                "Origin": ORIGIN,
+                "Access-Control-Request-Method": "POST",
+                "Access-Control-Request-Headers": "authorization, content-type",
+            },
+        )
         assert preflight.status_code == 200
         assert preflight.headers["access-control-allow-origin"] == ORIGIN
         # A 401 carries CORS headers too, so a browser client can read why it was refused.

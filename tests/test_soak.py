@@ -92,8 +92,15 @@ def _ledger(server: RunningServer, tally: Tally) -> Iterator[None]:
 def server(request: pytest.FixtureRequest) -> Iterator[RunningServer]:
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # the tiny model gains nothing from intra-op threads on a shared 2-core box
-    config = ServerConfig(port=0, mode=request.param, max_model_len=MAX_MODEL_LEN, max_num_seqs=SEATS,
-                          max_batch_size=SEATS, batch_timeout_ms=10.0, max_num_batched_tokens=256)
+    config = ServerConfig(
+        port=0,
+        mode=request.param,
+        max_model_len=MAX_MODEL_LEN,
+        max_num_seqs=SEATS,
+        max_batch_size=SEATS,
+        batch_timeout_ms=10.0,
+        max_num_batched_tokens=256,
+    )
     try:
         with running_server(config) as srv:
             yield srv
@@ -104,8 +111,14 @@ def server(request: pytest.FixtureRequest) -> Iterator[RunningServer]:
 def _valid_body(rng: random.Random, stream: bool, long: bool = False) -> tuple[str, dict[str, object]]:
     max_tokens = LONG if long else rng.randint(4, 24)
     n = rng.choice([1, 1, 1, 2])
-    common: dict[str, object] = {"max_tokens": max_tokens, "n": n, "ignore_eos": True, "stream": stream,
-                                 "temperature": rng.choice([0.0, 0.8]), "seed": rng.randrange(1000)}
+    common: dict[str, object] = {
+        "max_tokens": max_tokens,
+        "n": n,
+        "ignore_eos": True,
+        "stream": stream,
+        "temperature": rng.choice([0.0, 0.8]),
+        "seed": rng.randrange(1000),
+    }
     if stream:
         common["stream_options"] = {"include_usage": True}
     text = " ".join(rng.choices(WORDS, k=rng.randint(1, 12)))
@@ -114,8 +127,9 @@ def _valid_body(rng: random.Random, stream: bool, long: bool = False) -> tuple[s
     return "/v1/chat/completions", {"messages": [{"role": "user", "content": text}], **common}
 
 
-async def _stream_request(client: httpx.AsyncClient, path: str, body: dict[str, object], tally: Tally,
-                          stop_after: int | None) -> None:
+async def _stream_request(
+    client: httpx.AsyncClient, path: str, body: dict[str, object], tally: Tally, stop_after: int | None
+) -> None:
     """Read a stream to its end (stop_after None) or disconnect after `stop_after` events."""
     events: list[str] = []
     async with client.stream("POST", path, json=body) as response:
@@ -167,8 +181,11 @@ async def _send_and_abort(base_url: str, path: str, body: dict[str, object], tal
     host, port = base_url.removeprefix("http://").split(":")
     payload = json.dumps(body).encode()
     _, writer = await asyncio.open_connection(host, int(port))
-    writer.write(f"POST {path} HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
-                 f"Content-Length: {len(payload)}\r\n\r\n".encode() + payload)
+    writer.write(
+        f"POST {path} HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(payload)}\r\n\r\n".encode()
+        + payload
+    )
     await writer.drain()
     writer.close()
     await writer.wait_closed()
@@ -176,8 +193,11 @@ async def _send_and_abort(base_url: str, path: str, body: dict[str, object], tal
 
 
 async def _bad_request(client: httpx.AsyncClient, body: bytes, tally: Tally) -> None:
-    response = await client.post("/v1/completions" if b"messages" not in body else "/v1/chat/completions",
-                                 content=body, headers={"content-type": "application/json"})
+    response = await client.post(
+        "/v1/completions" if b"messages" not in body else "/v1/chat/completions",
+        content=body,
+        headers={"content-type": "application/json"},
+    )
     if response.status_code != 400 or "error" not in response.json():
         tally.failures.append(f"bad request answered {response.status_code}: {response.text[:200]}")
         return
@@ -187,8 +207,9 @@ async def _bad_request(client: httpx.AsyncClient, body: bytes, tally: Tally) -> 
 async def _round(base_url: str, seed: int, tally: Tally) -> None:
     rng = random.Random(seed)
     gate = asyncio.Semaphore(CONCURRENCY)
-    async with httpx.AsyncClient(base_url=base_url, timeout=120,
-                                 limits=httpx.Limits(max_connections=CONCURRENCY)) as client:
+    async with httpx.AsyncClient(
+        base_url=base_url, timeout=120, limits=httpx.Limits(max_connections=CONCURRENCY)
+    ) as client:
 
         async def one(kind: float, sub: random.Random) -> None:
             async with gate:
@@ -220,8 +241,9 @@ def _wait_idle(server: RunningServer, polls: int = 400) -> None:
         if not scheduler.has_pending_work() and scheduler.num_queued == 0:
             return
         time.sleep(0.025)
-    raise AssertionError(f"the server never went idle: {len(scheduler.waiting)} waiting, "
-                         f"{len(scheduler.policy.running)} running")
+    raise AssertionError(
+        f"the server never went idle: {len(scheduler.waiting)} waiting, {len(scheduler.policy.running)} running"
+    )
 
 
 def _assert_idle_and_empty(server: RunningServer) -> None:

@@ -1,0 +1,123 @@
+// Decode attention straight from the paged KV cache: one query token per row, grouped-query heads.
+//
+// The torch fallback gathers every row's blocks into a contiguous buffer and then runs batched matmuls over
+// tiny (group x head_dim) x (head_dim x context) problems; on the CPU both the copy and the per-matrix
+// overhead cost more than the arithmetic. Here each (row, kv_head) pair reads its keys and values once, in
+// place, through the block table, and the pairs run in parallel.
+
+#include <ATen/Parallel.h>
+#include <torch/library.h>
+#include <torch/types.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <vector>
+
+namespace {
+
+constexpr int64_t kLanes = 16;  // independent partial sums, so the compiler can keep them in vector lanes
+
+inline float dot(const float* a, const float* b, int64_t n) {
+  float partial[kLanes] = {0};
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) {
+    for (int64_t l = 0; l < kLanes; ++l) partial[l] += a[i + l] * b[i + l];
+  }
+  float sum = 0;
+  for (int64_t l = 0; l < kLanes; ++l) sum += partial[l];
+  for (; i < n; ++i) sum += a[i] * b[i];
+  return sum;
+}
+
+inline void axpy(float weight, const float* x, float* out, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) out[i] += weight * x[i];
+}
+
+torch::Tensor paged_decode_attention(
+    const torch::Tensor& query,         // [rows, heads, dim]
+    const torch::Tensor& key_cache,     // [kv_heads, slots, dim]
+    const torch::Tensor& value_cache,   // [kv_heads, slots, dim]
+    const torch::Tensor& block_table,   // [rows, max_blocks] int64
+    const torch::Tensor& context_lens,  // [rows] int64: keys each row attends to, its new token included
+    int64_t block_size,
+    double scale) {
+  TORCH_CHECK(query.device().is_cpu() && query.scalar_type() == torch::kFloat, "query must be float32 on the CPU");
+  TORCH_CHECK(key_cache.scalar_type() == torch::kFloat && value_cache.scalar_type() == torch::kFloat,
+              "the cache must be float32");
+  TORCH_CHECK(block_table.scalar_type() == torch::kLong && context_lens.scalar_type() == torch::kLong,
+              "block_table and context_lens must be int64");
+  TORCH_CHECK(query.dim() == 3 && key_cache.dim() == 3 && value_cache.sizes() == key_cache.sizes(),
+              "query [rows, heads, dim] and caches [kv_heads, slots, dim] expected");
+  const auto q = query.contiguous();
+  const auto k = key_cache.contiguous();
+  const auto v = value_cache.contiguous();
+  const auto table = block_table.contiguous();
+  const auto lens = context_lens.contiguous();
+  const int64_t rows = q.size(0), heads = q.size(1), dim = q.size(2);
+  const int64_t kv_heads = k.size(0), slots = k.size(1);
+  TORCH_CHECK(k.size(2) == dim && heads % kv_heads == 0, "head sizes do not match");
+  TORCH_CHECK(table.size(0) == rows && lens.size(0) == rows, "one block table row and length per query row");
+  const int64_t group = heads / kv_heads, max_blocks = table.size(1);
+  const int64_t* lens_ptr = lens.data_ptr<int64_t>();
+  for (int64_t r = 0; r < rows; ++r) {
+    TORCH_CHECK(lens_ptr[r] >= 1 && lens_ptr[r] <= max_blocks * block_size, "context length out of range");
+  }
+
+  auto out = torch::zeros_like(q);
+  const float* q_ptr = q.data_ptr<float>();
+  const float* k_ptr = k.data_ptr<float>();
+  const float* v_ptr = v.data_ptr<float>();
+  const int64_t* table_ptr = table.data_ptr<int64_t>();
+  float* out_ptr = out.data_ptr<float>();
+  const float scale_f = static_cast<float>(scale);
+
+  at::parallel_for(0, rows * kv_heads, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> scores;
+    for (int64_t pair = begin; pair < end; ++pair) {
+      const int64_t r = pair / kv_heads, h = pair % kv_heads;
+      const int64_t context = lens_ptr[r];
+      const int64_t* blocks = table_ptr + r * max_blocks;
+      const float* keys = k_ptr + h * slots * dim;
+      const float* values = v_ptr + h * slots * dim;
+      scores.assign(group * context, 0.0f);
+      for (int64_t t = 0; t < context; ++t) {
+        const int64_t slot = blocks[t / block_size] * block_size + t % block_size;
+        TORCH_CHECK(slot >= 0 && slot < slots, "block table points outside the cache");
+        const float* key = keys + slot * dim;
+        for (int64_t g = 0; g < group; ++g) {
+          scores[g * context + t] = dot(q_ptr + (r * heads + h * group + g) * dim, key, dim) * scale_f;
+        }
+      }
+      for (int64_t g = 0; g < group; ++g) {
+        float* s = scores.data() + g * context;
+        const float top = *std::max_element(s, s + context);
+        float total = 0;
+        for (int64_t t = 0; t < context; ++t) {
+          s[t] = std::exp(s[t] - top);
+          total += s[t];
+        }
+        const float inverse = 1.0f / total;
+        for (int64_t t = 0; t < context; ++t) s[t] *= inverse;
+      }
+      for (int64_t t = 0; t < context; ++t) {
+        const int64_t slot = blocks[t / block_size] * block_size + t % block_size;
+        const float* value = values + slot * dim;
+        for (int64_t g = 0; g < group; ++g) {
+          axpy(scores[g * context + t], value, out_ptr + (r * heads + h * group + g) * dim, dim);
+        }
+      }
+    }
+  });
+  return out;
+}
+
+}  // namespace
+
+TORCH_LIBRARY(batchserve, m) {
+  m.def(
+      "paged_decode_attention(Tensor query, Tensor key_cache, Tensor value_cache, Tensor block_table, "
+      "Tensor context_lens, int block_size, float scale) -> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(batchserve, CPU, m) { m.impl("paged_decode_attention", &paged_decode_attention); }

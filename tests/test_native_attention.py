@@ -1,0 +1,81 @@
+"""The compiled paged decode attention kernel against the torch path, and the fallback when it cannot build."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+
+from engine import native
+from engine.attention import paged_attention, prepare
+from engine.forward_batch import build_forward_batch
+
+KERNEL = native.load_decode_kernel()
+needs_kernel = pytest.mark.skipif(KERNEL is None, reason="no C++ compiler: the kernel could not be built")
+
+
+def _decode_case(rows: int, heads: int, kv_heads: int, block_size: int, seed: int):
+    """A random cache, random (shuffled) block tables and context lengths from 1 to a few blocks."""
+    generator = torch.Generator().manual_seed(seed)
+    dim, max_blocks = 16, 5
+    num_blocks = rows * max_blocks + 3
+    key_cache = torch.randn(kv_heads, num_blocks * block_size, dim, generator=generator)
+    value_cache = torch.randn(kv_heads, num_blocks * block_size, dim, generator=generator)
+    block_table = torch.randperm(num_blocks, generator=generator)[: rows * max_blocks].view(rows, max_blocks)
+    context = torch.randint(1, max_blocks * block_size + 1, (rows,), generator=generator)
+    context[0] = 1  # a first token attends to itself alone
+    context[-1] = max_blocks * block_size  # a full table
+    query = torch.randn(rows, heads, dim, generator=generator)
+    tokens = torch.zeros(rows, max_blocks * block_size, dtype=torch.long)
+    batch, _ = build_forward_batch(
+        torch.arange(rows), torch.ones(rows, dtype=torch.long), context - 1, context, tokens, block_table, block_size
+    )
+    return query, key_cache, value_cache, batch, num_blocks
+
+
+@needs_kernel
+@pytest.mark.parametrize(
+    ("heads", "kv_heads", "block_size"),
+    [(4, 4, 4), (6, 2, 4), (9, 3, 16), (8, 1, 3)],
+    ids=["mha", "gqa", "smollm2-shape", "mqa-odd-block"],
+)
+def test_kernel_matches_the_torch_path(heads: int, kv_heads: int, block_size: int) -> None:
+    query, key_cache, value_cache, batch, num_blocks = _decode_case(7, heads, kv_heads, block_size, seed=heads)
+    torch_groups = prepare(batch.groups, kv_heads, num_blocks, block_size, native_decode=False)
+    kernel_groups = prepare(batch.groups, kv_heads, num_blocks, block_size, native_decode=True)
+    assert kernel_groups[0].block_index is None  # nothing is gathered for the kernel
+    expected = paged_attention(query, key_cache, value_cache, torch_groups, 0.25)
+    got = paged_attention(query, key_cache, value_cache, kernel_groups, 0.25, decode_kernel=KERNEL)
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+
+
+@needs_kernel
+def test_kernel_rejects_a_block_table_pointing_outside_the_cache() -> None:
+    query, key_cache, value_cache, batch, _ = _decode_case(3, 4, 2, 4, seed=1)
+    group = batch.groups[0]
+    bad_table = group.block_table.clone()
+    bad_table[1, 0] = 10_000
+    with pytest.raises(RuntimeError, match="outside the cache"):
+        KERNEL(query, key_cache, value_cache, bad_table, group.context_lens, 4, 1.0)  # type: ignore[misc]
+    with pytest.raises(RuntimeError, match="context length"):
+        KERNEL(query, key_cache, value_cache, group.block_table, group.context_lens * 0, 4, 1.0)  # type: ignore[misc]
+
+
+def test_a_failed_build_falls_back_with_a_warning(monkeypatch: pytest.MonkeyPatch, caplog) -> None:
+    from torch.utils import cpp_extension
+
+    def no_compiler(**_: object) -> None:
+        raise RuntimeError("no C++ compiler found")
+
+    monkeypatch.setattr(native, "_registered", lambda: None)
+    monkeypatch.setattr(cpp_extension, "load", no_compiler)
+    with caplog.at_level(logging.WARNING, logger="engine.native"):
+        assert native.load_decode_kernel() is None
+    assert "no C++ compiler found" in caplog.text
+
+
+def test_extension_name_changes_with_the_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    name = native._extension_name()
+    monkeypatch.setattr(native, "_cpu_signature", lambda: "another processor")
+    assert native._extension_name() != name
