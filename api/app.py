@@ -68,8 +68,9 @@ class APIKeyMiddleware:
         if scope["type"] == "http" and scope["path"] != "/health":
             supplied = dict(scope["headers"]).get(b"authorization", b"")
             if not hmac.compare_digest(supplied, self._expected):
-                error = APIError(401, "a valid API key is required: send 'Authorization: Bearer <key>'",
-                                 code="invalid_api_key")
+                error = APIError(
+                    401, "a valid API key is required: send 'Authorization: Bearer <key>'", code="invalid_api_key"
+                )
                 await error.response()(scope, receive, send)
                 return
         await self.app(scope, receive, send)
@@ -139,8 +140,14 @@ def create_app(config: ServerConfig, loader: ModelLoader = default_loader) -> St
 
     middleware = []
     if config.cors_origins:
-        middleware.append(Middleware(CORSMiddleware, allow_origins=list(config.cors_origins),
-                                     allow_methods=["GET", "POST"], allow_headers=["*"]))
+        middleware.append(
+            Middleware(
+                CORSMiddleware,
+                allow_origins=list(config.cors_origins),
+                allow_methods=["GET", "POST"],
+                allow_headers=["*"],
+            )
+        )
     middleware.append(Middleware(InternalErrorMiddleware))  # inside CORS, so its 500s carry CORS headers
     if config.api_key:
         middleware.append(Middleware(APIKeyMiddleware, api_key=config.api_key))

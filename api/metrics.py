@@ -10,8 +10,28 @@ from engine.outputs import FinishReason
 from scheduler.request import RequestTimings
 from scheduler.stats import StepStats
 
-_LATENCY_BUCKETS = (0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
-                    40.0, 80.0, 160.0, 640.0)
+_LATENCY_BUCKETS = (
+    0.005,
+    0.01,
+    0.02,
+    0.04,
+    0.06,
+    0.08,
+    0.1,
+    0.25,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+    160.0,
+    640.0,
+)
 _BATCH_BUCKETS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128, 256)
 
 
@@ -34,21 +54,39 @@ class ServerMetrics:
         self.held = histogram("batchserve:request_held_time_seconds", "Last token to release (dynamic batching)")
         self.prompt_tokens = counter("vllm:prompt_tokens", "Prompt tokens of finished requests")
         self.generation_tokens = counter("vllm:generation_tokens", "Generated tokens of finished requests")
-        self.success = Counter("vllm:request_success", "Finished requests by finish reason",
-                               [*names, "finished_reason"], registry=self.registry)
+        self.success = Counter(
+            "vllm:request_success",
+            "Finished requests by finish reason",
+            [*names, "finished_reason"],
+            registry=self.registry,
+        )
         self.failures = counter("batchserve:request_failures", "Requests failed by an internal error")
         self.batch_size = histogram("batchserve:batch_size", "Sequences computed per engine step", _BATCH_BUCKETS)
-        self.step_tokens = histogram("batchserve:step_tokens", "Tokens computed per engine step",
-                                     (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096))
+        self.step_tokens = histogram(
+            "batchserve:step_tokens",
+            "Tokens computed per engine step",
+            (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096),
+        )
         self.held_seats = counter("batchserve:held_seats", "Seat-steps held by finished, unreleased sequences")
         self.steps = counter("batchserve:steps", "Engine steps")
         self.running = Gauge("vllm:num_requests_running", "Requests running", names, registry=self.registry)
         self.waiting = Gauge("vllm:num_requests_waiting", "Requests waiting", names, registry=self.registry)
         self.cache_usage = Gauge("vllm:kv_cache_usage_perc", "KV cache usage (0..1)", names, registry=self.registry)
         # Create every labelled series now, so scrapes see zeros instead of missing series.
-        for metric in (self.ttft, self.itl, self.e2e, self.queue, self.held, self.prompt_tokens,
-                       self.generation_tokens, self.failures, self.batch_size, self.step_tokens, self.held_seats,
-                       self.steps):
+        for metric in (
+            self.ttft,
+            self.itl,
+            self.e2e,
+            self.queue,
+            self.held,
+            self.prompt_tokens,
+            self.generation_tokens,
+            self.failures,
+            self.batch_size,
+            self.step_tokens,
+            self.held_seats,
+            self.steps,
+        ):
             metric.labels(**self._labels)
 
     def bind_gauges(

@@ -28,8 +28,13 @@ class CompletionOutput:
 class LLM:
     """Loads a model and runs the chosen batching policy on a background loop thread."""
 
-    def __init__(self, model: str | None = None, mode: str = "continuous", loaded: LoadedModel | None = None,
-                 **server_options: object) -> None:
+    def __init__(
+        self,
+        model: str | None = None,
+        mode: str = "continuous",
+        loaded: LoadedModel | None = None,
+        **server_options: object,
+    ) -> None:
         self.config = ServerConfig(model=model, mode=mode, **server_options)  # type: ignore[arg-type]
         self.loaded = loaded or load_model(model, device=self.config.device)
         self.runtime = build_runtime(self.config, self.loaded)
@@ -37,8 +42,9 @@ class LLM:
         self.runtime.loop.start()
         self._next_id = 0
 
-    def generate(self, prompts: Sequence[str | list[int]], params: SamplingParams | Sequence[SamplingParams],
-                 chat: bool = False) -> list[CompletionOutput]:
+    def generate(
+        self, prompts: Sequence[str | list[int]], params: SamplingParams | Sequence[SamplingParams], chat: bool = False
+    ) -> list[CompletionOutput]:
         """Submit all prompts at once (so they batch), block until every one is released."""
         params_list = [params] * len(prompts) if isinstance(params, SamplingParams) else list(params)
         events: queue.Queue[tuple[int, RequestEvent]] = queue.Queue()

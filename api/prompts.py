@@ -11,8 +11,9 @@ from api.service import ChoiceInput
 from engine.sampling_params import SamplingParams
 
 
-def completion_prompts(request: CompletionRequest, tokenizer: PreTrainedTokenizerBase,
-                       config: ServerConfig) -> list[list[int]]:
+def completion_prompts(
+    request: CompletionRequest, tokenizer: PreTrainedTokenizerBase, config: ServerConfig
+) -> list[list[int]]:
     prompt = request.prompt
     if isinstance(prompt, str):
         texts_or_ids: list[str | list[int]] = [prompt]
@@ -42,8 +43,7 @@ def encode_chat(tokenizer: PreTrainedTokenizerBase, messages: list[dict[str, str
 def chat_prompt(request: ChatCompletionRequest, tokenizer: PreTrainedTokenizerBase) -> list[int]:
     if tokenizer.chat_template is None:
         raise bad_request("this model has no chat template; use /v1/completions", param="messages")
-    messages = [{"role": m.role if m.role != "developer" else "system", "content": m.text()}
-                for m in request.messages]
+    messages = [{"role": m.role if m.role != "developer" else "system", "content": m.text()} for m in request.messages]
     return encode_chat(tokenizer, messages)
 
 

@@ -52,8 +52,12 @@ async def _read_json_body(request: Request, limit: int) -> bytes:
 
 def _check_model(requested: str | None, runtime: Runtime) -> None:
     if requested is not None and requested != runtime.model_name:
-        raise APIError(404, f"the model '{requested}' does not exist; this server serves '{runtime.model_name}'",
-                       param="model", code="model_not_found")
+        raise APIError(
+            404,
+            f"the model '{requested}' does not exist; this server serves '{runtime.model_name}'",
+            param="model",
+            code="model_not_found",
+        )
 
 
 async def _until_disconnect(request: Request, work: Awaitable[_T]) -> _T | None:
@@ -105,8 +109,7 @@ async def chat_completions(request: Request) -> Response:
     max_tokens = chat_max_tokens(body, len(prompt), runtime.max_model_len)
     logprobs = (body.top_logprobs or 0) if body.logprobs else None
     inputs = choice_inputs(body, [prompt], max_tokens, logprobs)
-    formatter = Formatter(runtime.service.new_request_id("chatcmpl"), runtime.model_name, runtime.tokenizer,
-                          chat=True)
+    formatter = Formatter(runtime.service.new_request_id("chatcmpl"), runtime.model_name, runtime.tokenizer, chat=True)
     return await _respond(request, body, runtime, formatter, inputs, None, logprobs)
 
 
@@ -125,8 +128,9 @@ async def _respond(
         # On shutdown sse-starlette cancels open streams at once unless given a grace period: let them finish
         # within the server's (the lifespan's drain aborts whatever still runs after it).
         grace_s = request.app.state.config.shutdown_grace_s
-        return EventSourceResponse(events, sep="\n", ping=15, headers={"Cache-Control": "no-cache"},
-                                   shutdown_grace_period=grace_s)
+        return EventSourceResponse(
+            events, sep="\n", ping=15, headers={"Cache-Control": "no-cache"}, shutdown_grace_period=grace_s
+        )
     try:
         result = await _until_disconnect(request, _collect(generation, body, formatter, echo_texts, logprobs))
     finally:
@@ -146,8 +150,13 @@ def _prompt_index(delta: ChoiceDelta, n: int) -> int:
     return delta.index // n
 
 
-async def _collect(generation: Generation, body: _SamplingFields, formatter: Formatter,
-                   echo_texts: list[str] | None, logprobs: int | None) -> dict[str, object]:
+async def _collect(
+    generation: Generation,
+    body: _SamplingFields,
+    formatter: Formatter,
+    echo_texts: list[str] | None,
+    logprobs: int | None,
+) -> dict[str, object]:
     count = len(generation.choices)
     texts = [echo_texts[i // body.n] if echo_texts else "" for i in range(count)]
     entries: list[list] = [[] for _ in range(count)]
@@ -165,14 +174,22 @@ async def _collect(generation: Generation, body: _SamplingFields, formatter: For
     for i in range(count):
         lp = None
         if logprobs is not None:
-            lp = (formatter.chat_logprobs(entries[i], logprobs) if formatter.chat
-                  else formatter.completion_logprobs(entries[i], 0, logprobs))
+            lp = (
+                formatter.chat_logprobs(entries[i], logprobs)
+                if formatter.chat
+                else formatter.completion_logprobs(entries[i], 0, logprobs)
+            )
         choices.append(formatter.final_choice(i, texts[i], finish[i], lp))
     return formatter.response(choices, tally)
 
 
-async def _stream(generation: Generation, body: _SamplingFields, formatter: Formatter,
-                  echo_texts: list[str] | None, logprobs: int | None) -> AsyncIterator[str]:
+async def _stream(
+    generation: Generation,
+    body: _SamplingFields,
+    formatter: Formatter,
+    echo_texts: list[str] | None,
+    logprobs: int | None,
+) -> AsyncIterator[str]:
     count = len(generation.choices)
     offsets = [0] * count
     tally = UsageTally()
@@ -197,12 +214,21 @@ async def _stream(generation: Generation, body: _SamplingFields, formatter: Form
                 continue
             lp = None
             if logprobs is not None and delta.logprobs:
-                lp = (formatter.chat_logprobs(delta.logprobs, logprobs) if formatter.chat
-                      else formatter.completion_logprobs(delta.logprobs, offsets[delta.index], logprobs))
+                lp = (
+                    formatter.chat_logprobs(delta.logprobs, logprobs)
+                    if formatter.chat
+                    else formatter.completion_logprobs(delta.logprobs, offsets[delta.index], logprobs)
+                )
             offsets[delta.index] += len(delta.text)
             last = finished == count and delta.finish_reason is not None
             choice = formatter.stream_choice(delta.index, delta.text, delta.finish_reason, lp)
-            extra = {"usage": tally.usage(), "timings": tally.timings()} if last else {}
+            extra: dict[str, object] = {}
+            if last:  # with include_usage, usage comes once, in the closing choice-less chunk, as OpenAI sends it
+                extra = (
+                    {"timings": tally.timings()}
+                    if body.include_usage
+                    else {"usage": tally.usage(), "timings": tally.timings()}
+                )
             yield json.dumps(formatter.chunk([choice], **extra))
         else:
             if body.include_usage:
@@ -219,8 +245,13 @@ async def _stream(generation: Generation, body: _SamplingFields, formatter: Form
 
 async def models(request: Request) -> Response:
     runtime = _runtime(request)
-    card = {"id": runtime.model_name, "object": "model", "created": 0, "owned_by": "batchserve",
-            "max_model_len": runtime.max_model_len}
+    card = {
+        "id": runtime.model_name,
+        "object": "model",
+        "created": 0,
+        "owned_by": "batchserve",
+        "max_model_len": runtime.max_model_len,
+    }
     return JSONResponse({"object": "list", "data": [card]})
 
 

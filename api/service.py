@@ -127,8 +127,9 @@ class GenerationService:
             return ChoiceDelta(choice.index, "", error=event.error or "internal error", error_status=status)
         tail = "" if choice.stopped_by_string else choice.detokenizer.flush()
         reason = FinishReason.STOP if choice.stopped_by_string else event.reason
-        self.metrics.observe_request(event.timings, choice.num_prompt_tokens, choice.num_output_tokens,
-                                     choice.inter_token_latencies, reason)
+        self.metrics.observe_request(
+            event.timings, choice.num_prompt_tokens, choice.num_output_tokens, choice.inter_token_latencies, reason
+        )
         return ChoiceDelta(
             choice.index,
             tail,

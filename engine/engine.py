@@ -46,6 +46,7 @@ class Engine:
         # Per-row state, indexed by engine row. [rows] unless noted.
         self._token_buffer = torch.zeros(rows, self.max_model_len, dtype=torch.long)  # [rows, max_model_len]
         self._block_table = torch.zeros(rows, max_blocks, dtype=torch.long)  # [rows, max blocks per sequence]
+        self._num_blocks = torch.zeros(rows, dtype=torch.long)  # blocks reserved, the valid prefix of the table
         self._num_computed = torch.zeros(rows, dtype=torch.long)
         self._seq_len = torch.zeros(rows, dtype=torch.long)
         self._prompt_len = torch.zeros(rows, dtype=torch.long)
@@ -175,6 +176,7 @@ class Engine:
         row = self._row_of[seq_id]
         self._block_table[row, len(blocks) : len(blocks) + missing] = torch.tensor(new, dtype=torch.long)
         blocks.extend(new)
+        self._num_blocks[row] = len(blocks)
         return True
 
     def reserved_tokens(self, seq_id: int) -> int:
@@ -184,7 +186,9 @@ class Engine:
         """Free the sequence's cache and mark it for recomputation (preemption); its tokens are kept."""
         self.allocator.free(self._blocks_of[seq_id])
         self._blocks_of[seq_id] = []
-        self._num_computed[self._row_of[seq_id]] = 0
+        row = self._row_of[seq_id]
+        self._num_computed[row] = 0
+        self._num_blocks[row] = 0
 
     def remove(self, seq_id: int) -> None:
         """Forget the sequence and free its row and cache. Unknown ids are ignored (idempotent)."""
@@ -192,6 +196,7 @@ class Engine:
         if row is None:
             return
         self.allocator.free(self._blocks_of.pop(seq_id))
+        self._num_blocks[row] = 0
         self._free_rows.append(row)
 
     # ----- the step -----
@@ -222,7 +227,7 @@ class Engine:
 
     def _check_schedule(self, seq_ids: list[int], rows: torch.Tensor, counts: torch.Tensor) -> None:
         pending = self._seq_len[rows] - self._num_computed[rows]
-        reserved = torch.tensor([len(self._blocks_of[s]) for s in seq_ids]) * self.block_size
+        reserved = self._num_blocks[rows] * self.block_size
         if bool((counts < 1).any() or (counts > pending).any()):
             raise ValueError("schedule asks for more tokens than a sequence has pending, or for none")
         if bool((self._num_computed[rows] + counts > reserved).any()):
