@@ -44,7 +44,8 @@ def default_loader(config: ServerConfig) -> LoadedModel:
 def build_runtime(config: ServerConfig, loaded: LoadedModel) -> Runtime:
     model_name = config.served_model_name or Path(loaded.source).name.removesuffix(".gguf")
     engine_config = config.engine_config(loaded.max_model_len, str(next(loaded.model.parameters()).device))
-    engine = Engine(TransformersRunner(loaded.model), engine_config, loaded.eos_token_ids, loaded.max_model_len)
+    runner = TransformersRunner(loaded.model, prepack_weights=config.cpu_kernels, native_attention=config.cpu_kernels)
+    engine = Engine(runner, engine_config, loaded.eos_token_ids, loaded.max_model_len)
     metrics = ServerMetrics(config.mode, model_name)
     scheduler = Scheduler(engine, config.scheduler_config(), on_step=metrics.observe_step)
     metrics.bind_gauges(

@@ -41,6 +41,8 @@ def add_config_flags(parser: argparse.ArgumentParser, skip: Sequence[str] = ()) 
             help_text = f"{help_text} (default: {f.default})"
         if kind is tuple:
             parser.add_argument(flag, nargs="*", default=f.default, help=help_text)
+        elif kind is bool:
+            parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=f.default, help=help_text)
         else:
             parser.add_argument(flag, type=kind, default=f.default, choices=f.metadata.get("choices"), help=help_text)
 

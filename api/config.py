@@ -41,6 +41,11 @@ class ServerConfig:
         metadata={"help": f"Require this bearer key on every endpoint but /health (or ${API_KEY_ENV})"},
     )
     device: str = _opt("cpu", "cpu, cuda or auto", choices=("cpu", "cuda", "auto"))
+    cpu_kernels: bool = _opt(
+        True,
+        "CPU: projections through oneDNN on prepacked weight copies (one more copy of the weights in memory) and "
+        "decode attention through the compiled kernel; off: plain torch ops",
+    )
     served_model_name: str | None = _opt(None, "Model name in the API (default: the model file's stem)")
     max_body_bytes: int = _opt(1_000_000, "Largest request body accepted (413 beyond)")
     max_n: int = _opt(8, "Largest `n` (choices per prompt) accepted")

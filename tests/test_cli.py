@@ -15,8 +15,10 @@ from pathlib import Path
 import httpx
 import pytest
 
+from api.app import build_runtime
 from api.cli import build_parser, config_from_args, main
 from api.config import API_KEY_ENV, ServerConfig
+from engine.model_runner import TransformersRunner
 from tests.server_harness import free_port, tiny_loaded_model, tiny_tokenizer
 from tests.test_api import PROMPT, wait_until
 
@@ -81,6 +83,17 @@ def test_flags_build_the_server_config() -> None:
     assert config.mode == "dynamic" and config.max_batch_size == 3 and config.batch_timeout_ms == 7.5
     assert config.cors_origins == ("http://a", "http://b")
     assert config.seats == 3
+    assert config.cpu_kernels is True
+    assert config_from_args(build_parser().parse_args(["serve", "--no-cpu-kernels"])).cpu_kernels is False
+
+
+@pytest.mark.parametrize("cpu_kernels", [True, False])
+def test_cpu_kernels_flag_reaches_the_engine(cpu_kernels: bool) -> None:
+    runtime = build_runtime(ServerConfig(cpu_kernels=cpu_kernels), tiny_loaded_model())
+    runner = runtime.engine.runner
+    assert isinstance(runner, TransformersRunner)
+    assert (runner.decode_kernel is not None) == cpu_kernels
+    assert (runner.layers[0].qkv_proj.packed is not None) == cpu_kernels
 
 
 def test_api_key_comes_from_the_environment_when_not_given(monkeypatch: pytest.MonkeyPatch) -> None:
