@@ -29,11 +29,6 @@ class ModelRunner(Protocol):
 
     vocab_size: int
 
-    @staticmethod
-    def layer_linears(layer: _Layer) -> tuple[Linear, ...]:
-        """The weight matmuls of one layer, in the order a step runs them."""
-        return (layer.qkv_proj, layer.o_proj, layer.gate_up_proj, layer.down_proj)
-
     def kv_cache_shape(self, num_blocks: int, block_size: int) -> KVCacheShape: ...
 
     def forward(self, batch: ForwardBatch, cache: PagedKVCache) -> torch.Tensor:
