@@ -79,18 +79,21 @@ async def _until_disconnect(request: Request, work: Awaitable[_T]) -> _T | None:
     return task.result()
 
 
-async def _accept(request: Request, model: type[_Request]) -> tuple[ServerConfig, Runtime, _Request]:
-    """What both endpoints do first: readiness, body, schema, model name and the server's request limits."""
+async def _accept(request: Request, model: type[_Request]) -> tuple[ServerConfig, Runtime, _Request, float]:
+    """What both endpoints do first: readiness, body, schema, model name and the server's request limits.
+
+    Also returns when the request came in, on the scheduler's clock: its place in the queue."""
     config: ServerConfig = request.app.state.config
     runtime = _runtime(request)
+    arrival = runtime.service.now()
     body = parse_request(model, await _read_json_body(request, config.max_body_bytes))
     _check_model(body.model, runtime)
     check_common_limits(body, config)
-    return config, runtime, body
+    return config, runtime, body, arrival
 
 
 async def completions(request: Request) -> Response:
-    config, runtime, body = await _accept(request, CompletionRequest)
+    config, runtime, body, arrival = await _accept(request, CompletionRequest)
     if body.echo and body.logprobs is not None:
         raise bad_request("echo together with logprobs (prompt logprobs) is not supported", param="echo")
     # Tokenising a large prompt takes a while: off the event loop, so other streams keep flowing.
@@ -98,11 +101,11 @@ async def completions(request: Request) -> Response:
     inputs = choice_inputs(body, prompts, body.max_tokens or 16, body.logprobs)
     formatter = Formatter(runtime.service.new_request_id("cmpl"), runtime.model_name, runtime.tokenizer, chat=False)
     echo_texts = [str(runtime.tokenizer.decode(p)) for p in prompts] if body.echo else None
-    return await _respond(request, body, runtime, formatter, inputs, echo_texts, body.logprobs)
+    return await _respond(request, body, runtime, formatter, inputs, echo_texts, body.logprobs, arrival)
 
 
 async def chat_completions(request: Request) -> Response:
-    _, runtime, body = await _accept(request, ChatCompletionRequest)
+    _, runtime, body, arrival = await _accept(request, ChatCompletionRequest)
     if body.top_logprobs is not None and not body.logprobs:
         raise bad_request("top_logprobs requires logprobs to be true", param="top_logprobs")
     prompt = await asyncio.to_thread(chat_prompt, body, runtime.tokenizer)
@@ -110,7 +113,7 @@ async def chat_completions(request: Request) -> Response:
     logprobs = (body.top_logprobs or 0) if body.logprobs else None
     inputs = choice_inputs(body, [prompt], max_tokens, logprobs)
     formatter = Formatter(runtime.service.new_request_id("chatcmpl"), runtime.model_name, runtime.tokenizer, chat=True)
-    return await _respond(request, body, runtime, formatter, inputs, None, logprobs)
+    return await _respond(request, body, runtime, formatter, inputs, None, logprobs, arrival)
 
 
 async def _respond(
@@ -121,8 +124,9 @@ async def _respond(
     inputs: list,
     echo_texts: list[str] | None,
     logprobs: int | None,
+    arrival: float,
 ) -> Response:
-    generation = runtime.service.start(inputs, formatter.request_id)  # raises 400/429/503 before any byte
+    generation = runtime.service.start(inputs, formatter.request_id, arrival)  # 400/429/503 before any byte
     if body.stream:
         events = _stream(generation, body, formatter, echo_texts, logprobs)
         # On shutdown sse-starlette cancels open streams at once unless given a grace period: let them finish

@@ -82,9 +82,11 @@ class GenerationService:
     def new_request_id(self, prefix: str) -> str:
         return f"{prefix}-{uuid.uuid4().hex[:24]}"
 
-    def start(self, inputs: Sequence[ChoiceInput], request_id: str) -> Generation:
-        """Submit every choice now, so that bad input or a full queue fail before any response is sent."""
-        generation = Generation(self, request_id)
+    def start(self, inputs: Sequence[ChoiceInput], request_id: str, arrival: float | None = None) -> Generation:
+        """Submit every choice now, so that bad input or a full queue fail before any response is sent.
+
+        `arrival`: when the HTTP request came in, on the scheduler's clock (`now()`); orders the queue."""
+        generation = Generation(self, request_id, arrival)
         try:
             for item in inputs:
                 generation.add(item)
@@ -93,9 +95,12 @@ class GenerationService:
             raise
         return generation
 
-    def _submit(self, request: Request) -> None:
+    def now(self) -> float:
+        return self.loop.scheduler.clock()
+
+    def _submit(self, request: Request, arrival: float | None) -> None:
         try:
-            self.loop.submit(request)
+            self.loop.submit(request, arrival)
         except EngineInputError as exc:
             raise APIError(400, str(exc), param=exc.param) from None
         except QueueFullError as exc:
@@ -143,9 +148,10 @@ class GenerationService:
 class Generation:
     """The running choices of one API request. Iterate for deltas; `close()` aborts whatever still runs."""
 
-    def __init__(self, service: GenerationService, request_id: str) -> None:
+    def __init__(self, service: GenerationService, request_id: str, arrival: float | None = None) -> None:
         self.service = service
         self.request_id = request_id
+        self.arrival = arrival
         self.choices: list[_Choice] = []
         self._open: set[str] = set()
         self._events: asyncio.Queue[tuple[int, RequestEvent]] = asyncio.Queue()
@@ -160,7 +166,7 @@ class Generation:
         def sink(event: RequestEvent) -> None:
             self._aio_loop.call_soon_threadsafe(self._events.put_nowait, (index, event))
 
-        self.service._submit(Request(sub_id, item.prompt_token_ids, item.params, sink))
+        self.service._submit(Request(sub_id, item.prompt_token_ids, item.params, sink), self.arrival)
         self._open.add(sub_id)
 
     async def deltas(self) -> AsyncIterator[ChoiceDelta]:

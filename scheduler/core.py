@@ -61,8 +61,13 @@ class Scheduler:
         return self.config.mode.value
 
     # ----- thread-safe entry points -----
-    def submit(self, request: Request) -> None:
-        """Queue a request. Raises EngineInputError (bad input) or QueueFullError at once."""
+    def submit(self, request: Request, arrival: float | None = None) -> None:
+        """Queue a request. Raises EngineInputError (bad input) or QueueFullError at once.
+
+        `arrival` (this scheduler's clock; default: now) is when the request reached the server. The API stamps
+        it before tokenising, which runs on a thread pool and can finish out of order: the queue is ordered by
+        arrival, so first come is first served by when a request came, not by when its tokens were ready.
+        """
         self.engine.validate(request.prompt_token_ids, request.params)
         with self._lock:
             if self._closed:
@@ -71,7 +76,7 @@ class Scheduler:
                 raise QueueFullError(f"the waiting queue is full ({self.config.max_queue} requests)")
             self._num_queued += 1
             request.seq_id = next(self._seq_ids)
-            request.arrival = self.clock()
+            request.arrival = self.clock() if arrival is None else arrival
             self._inbox.append(("submit", request))
 
     def abort(self, request_id: str) -> None:
@@ -192,7 +197,7 @@ class Scheduler:
             if kind == "submit":
                 assert isinstance(item, Request)
                 self._requests[item.request_id] = item
-                self.waiting.append(item)
+                self._enqueue_by_arrival(item)
             else:
                 assert isinstance(item, str)
                 request = self._requests.get(item)
@@ -203,6 +208,12 @@ class Scheduler:
                 elif kind == "abort" and request.status is RequestStatus.FINISHED:
                     # A finished answer held by its batch: its consumer left, so free the seat now.
                     self._finish(request, FinishReason.ABORT)
+
+    def _enqueue_by_arrival(self, request: Request) -> None:
+        index = len(self.waiting)
+        while index > 0 and self.waiting[index - 1].arrival > request.arrival:  # almost always 0 moves
+            index -= 1
+        self.waiting.insert(index, request)
 
     def _expire_waiting(self, now: float) -> None:
         limit = self.config.queue_timeout_s

@@ -33,8 +33,8 @@ class EngineLoop:
     def alive(self) -> bool:
         return self._thread.is_alive()
 
-    def submit(self, request: Request) -> None:
-        self.scheduler.submit(request)
+    def submit(self, request: Request, arrival: float | None = None) -> None:
+        self.scheduler.submit(request, arrival)
         self._wake.set()
 
     def abort(self, request_id: str) -> None:

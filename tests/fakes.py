@@ -214,9 +214,11 @@ class Harness:
         prompt: Sequence[int] | int = 4,
         max_tokens: int = 4,
         request_id: str | None = None,
+        arrival: float | None = None,
         **params: object,
     ) -> Stream:
-        """Submit a greedy request; an int prompt means that many (distinct per request) in-vocab tokens."""
+        """Submit a greedy request; an int prompt means that many (distinct per request) in-vocab tokens.
+        `arrival` stamps when it reached the server (default: the clock now)."""
         if request_id is None:
             request_id = f"r{self._ids}"
         self._ids += 1
@@ -226,7 +228,7 @@ class Harness:
         stream = Stream(request_id, list(prompt), max_tokens, _harness=self)
         request = Request(request_id, list(prompt), SamplingParams(max_tokens=max_tokens, **params), stream)
         stream.request = request
-        self.scheduler.submit(request)
+        self.scheduler.submit(request, arrival)
         self.streams[request_id] = stream
         return stream
 

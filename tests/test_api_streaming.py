@@ -332,7 +332,7 @@ def record_events(server: RunningServer, monkeypatch: pytest.MonkeyPatch) -> lis
     loop = server.runtime.loop
     submit = loop.submit
 
-    def recording_submit(request: Request) -> None:
+    def recording_submit(request: Request, arrival: float | None = None) -> None:
         sink = request.sink
 
         def record(event: RequestEvent) -> None:
@@ -340,7 +340,7 @@ def record_events(server: RunningServer, monkeypatch: pytest.MonkeyPatch) -> lis
             sink(event)
 
         request.sink = record
-        submit(request)
+        submit(request, arrival)
 
     monkeypatch.setattr(loop, "submit", recording_submit)
     return emitted

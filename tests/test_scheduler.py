@@ -425,6 +425,25 @@ def test_fifo_arrival_order_and_no_starvation_under_stream_of_arrivals(mode: Mod
 
 
 @pytest.mark.parametrize("mode", MODES, ids=lambda m: m.value)
+def test_queue_order_is_arrival_order_even_when_submitted_out_of_order(mode: Mode) -> None:
+    """The API stamps arrival before tokenising on a thread pool, so submissions can come out of order."""
+    h = build(mode, seats=1, batch_timeout_ms=0, clock=FakeClock(10.0))
+    late = h.submit(request_id="late", arrival=9.0)  # submitted first, arrived last
+    first = h.submit(request_id="first", arrival=3.0)
+    second = h.submit(request_id="second", arrival=5.0)
+    h.step()
+    assert [r.request_id for r in h.scheduler.policy.running] == ["first"]
+    assert [r.request_id for r in h.scheduler.waiting] == ["second", "late"]
+    h.run()
+    starts = [s.finish.timings.scheduled for s in (first, second, late) if s.finish]
+    assert len(starts) == 3 and starts == sorted(starts)  # type: ignore[type-var]
+    assert first.finish is not None and first.finish.timings.arrival == 3.0
+    for s in (first, second, late):
+        assert_complete(s)
+    assert_drained(h)
+
+
+@pytest.mark.parametrize("mode", MODES, ids=lambda m: m.value)
 def test_queue_timeout_expires_waiting_request_with_error(mode: Mode) -> None:
     h = build(mode, seats=1, queue_timeout_s=5.0)
     busy = h.submit(max_tokens=20)

@@ -69,7 +69,7 @@ def _ledger(server: RunningServer, tally: Tally) -> Iterator[None]:
     loop = server.runtime.loop
     real_submit = loop.submit
 
-    def submit(request: Request) -> None:
+    def submit(request: Request, arrival: float | None = None) -> None:
         request_id, max_tokens, sink = request.request_id, request.params.max_tokens, request.sink
 
         def recording_sink(event: RequestEvent) -> None:
@@ -78,7 +78,7 @@ def _ledger(server: RunningServer, tally: Tally) -> Iterator[None]:
             sink(event)
 
         request.sink = recording_sink
-        real_submit(request)
+        real_submit(request, arrival)
         tally.submitted += 1
 
     loop.submit = submit  # type: ignore[method-assign]
