@@ -58,6 +58,8 @@ def test_kernel_rejects_a_block_table_pointing_outside_the_cache() -> None:
     bad_table[1, 0] = 10_000
     with pytest.raises(RuntimeError, match="outside the cache"):
         KERNEL(query, key_cache, value_cache, bad_table, group.context_lens, 4, 1.0)  # type: ignore[misc]
+    with pytest.raises(RuntimeError, match="block_size must be positive"):
+        KERNEL(query, key_cache, value_cache, group.block_table, group.context_lens, 0, 1.0)  # type: ignore[misc]
     with pytest.raises(RuntimeError, match="context length"):
         KERNEL(query, key_cache, value_cache, group.block_table, group.context_lens * 0, 4, 1.0)  # type: ignore[misc]
 

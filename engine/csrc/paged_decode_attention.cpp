@@ -47,6 +47,7 @@ torch::Tensor paged_decode_attention(
               "the cache must be float32");
   TORCH_CHECK(block_table.scalar_type() == torch::kLong && context_lens.scalar_type() == torch::kLong,
               "block_table and context_lens must be int64");
+  TORCH_CHECK(block_size >= 1, "block_size must be positive");
   TORCH_CHECK(query.dim() == 3 && key_cache.dim() == 3 && value_cache.sizes() == key_cache.sizes(),
               "query [rows, heads, dim] and caches [kv_heads, slots, dim] expected");
   const auto q = query.contiguous();
