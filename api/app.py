@@ -26,6 +26,7 @@ from api.errors import APIError
 from api.metrics import ServerMetrics
 from api.service import GenerationService
 from api.state import Phase, Runtime
+from api.token_bytes import TokenBytes
 from engine.engine import Engine
 from engine.loader import LoadedModel, load_model
 from engine.model_runner import TransformersRunner
@@ -55,7 +56,17 @@ def build_runtime(config: ServerConfig, loaded: LoadedModel) -> Runtime:
     )
     loop = EngineLoop(scheduler)
     service = GenerationService(loop, loaded.tokenizer, metrics, config.request_timeout_s)
-    return Runtime(engine, scheduler, loop, loaded.tokenizer, service, metrics, model_name, engine.max_model_len)
+    return Runtime(
+        engine,
+        scheduler,
+        loop,
+        loaded.tokenizer,
+        service,
+        metrics,
+        model_name,
+        engine.max_model_len,
+        TokenBytes(loaded.tokenizer),
+    )
 
 
 class APIKeyMiddleware:

@@ -69,12 +69,20 @@ class UsageTally:
 class Formatter:
     """Builds the JSON objects of one response, completions or chat."""
 
-    def __init__(self, request_id: str, model: str, tokenizer: PreTrainedTokenizerBase, chat: bool) -> None:
+    def __init__(
+        self,
+        request_id: str,
+        model: str,
+        tokenizer: PreTrainedTokenizerBase,
+        chat: bool,
+        token_bytes: TokenBytes | None = None,
+    ) -> None:
+        """`token_bytes`: the server's shared byte lookup (built here if not given; chat logprobs use it)."""
         self.request_id = request_id
         self.model = model
         self.tokenizer = tokenizer
         self.chat = chat
-        self._token_bytes = TokenBytes(tokenizer) if chat else None
+        self._token_bytes = token_bytes or (TokenBytes(tokenizer) if chat else None)
         self.created = int(time.time())
 
     @property

@@ -82,14 +82,13 @@ async def _until_disconnect(request: Request, work: Awaitable[_T]) -> _T | None:
 async def _accept(request: Request, model: type[_Request]) -> tuple[ServerConfig, Runtime, _Request, float]:
     """What both endpoints do first: readiness, body, schema, model name and the server's request limits.
 
-    Also returns when the request came in, on the scheduler's clock: its place in the queue."""
+    Also returns when the request was in, on the scheduler's clock: its place in the queue."""
     config: ServerConfig = request.app.state.config
     runtime = _runtime(request)
-    arrival = runtime.service.now()
     body = parse_request(model, await _read_json_body(request, config.max_body_bytes))
     _check_model(body.model, runtime)
     check_common_limits(body, config)
-    return config, runtime, body, arrival
+    return config, runtime, body, runtime.service.now()  # after the upload, before tokenising
 
 
 async def completions(request: Request) -> Response:
@@ -112,7 +111,8 @@ async def chat_completions(request: Request) -> Response:
     max_tokens = chat_max_tokens(body, len(prompt), runtime.max_model_len)
     logprobs = (body.top_logprobs or 0) if body.logprobs else None
     inputs = choice_inputs(body, [prompt], max_tokens, logprobs)
-    formatter = Formatter(runtime.service.new_request_id("chatcmpl"), runtime.model_name, runtime.tokenizer, chat=True)
+    request_id = runtime.service.new_request_id("chatcmpl")
+    formatter = Formatter(request_id, runtime.model_name, runtime.tokenizer, chat=True, token_bytes=runtime.token_bytes)
     return await _respond(request, body, runtime, formatter, inputs, None, logprobs, arrival)
 
 

@@ -9,6 +9,7 @@ from transformers import PreTrainedTokenizerBase
 
 from api.metrics import ServerMetrics
 from api.service import GenerationService
+from api.token_bytes import TokenBytes
 from engine.engine import Engine
 from scheduler.core import Scheduler
 from scheduler.loop import EngineLoop
@@ -31,3 +32,4 @@ class Runtime:
     metrics: ServerMetrics
     model_name: str
     max_model_len: int
+    token_bytes: TokenBytes

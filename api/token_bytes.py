@@ -40,12 +40,17 @@ class TokenBytes:
         return cached
 
     def _lookup(self, token_id: int) -> bytes:
+        added = getattr(self._tokenizer, "added_tokens_decoder", {}).get(token_id)
+        if added is not None:  # added tokens are stored as plain text in either kind of vocabulary
+            return str(added).encode("utf-8")
         piece = self._tokenizer.convert_ids_to_tokens(token_id)
         if isinstance(piece, str):
-            match = _BYTE_PIECE.fullmatch(piece)
-            if match:
-                return bytes([int(match.group(1), 16)])
-            if self._alphabet is not None and all(c in self._alphabet for c in piece):
-                return bytes(self._alphabet[c] for c in piece)
+            if self._alphabet is not None:
+                if all(c in self._alphabet for c in piece):
+                    return bytes(self._alphabet[c] for c in piece)
+            else:
+                match = _BYTE_PIECE.fullmatch(piece)
+                if match:
+                    return bytes([int(match.group(1), 16)])
         text = self._tokenizer.decode([token_id])
         return str(text).encode("utf-8")

@@ -82,7 +82,7 @@ def paged_attention(
         group = prepared.group
         if group.is_decode:
             rows = group.query_index[:, 0]
-            out[rows] = decode(query[rows].contiguous(), prepared)
+            out[rows] = decode(query[rows], prepared)
         else:
             attended = _prefill(query[group.query_index], key_cache, value_cache, prepared, scale)
             out[group.query_index[group.query_valid]] = attended[group.query_valid]

@@ -2,8 +2,9 @@
 
 On the CPU, `F.linear` goes to MKL's sgemm, which on AMD processors takes a generic code path: the same
 decode step's projections ran 2x faster (batch 1 to 64) and 1.3x faster (prefill) through oneDNN with the
-weight reordered into its blocked layout ahead of time, which is what torch's own inductor does for frozen
-CPU models. The reordered copy is extra memory (one more copy of the projection weights), so it is optional.
+weight reordered into its blocked layout ahead of time (the op torch's inductor emits for frozen CPU linears
+with dynamic batch sizes). The reordered copy is extra memory (one more copy of the projection weights), so
+it is optional.
 """
 
 from __future__ import annotations

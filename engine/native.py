@@ -4,7 +4,7 @@ torch's extension builder compiles the source once per machine (about 10 s, need
 cache (`$TORCH_EXTENSIONS_DIR`, default ~/.cache/torch_extensions); later processes only load the library.
 The build targets this CPU's instruction set, so the extension's name carries a hash of the CPU, the source
 and the torch version: a cache shared across machines never loads code built for another processor. Where
-no compiler is present the build fails once, with a warning, and the engine runs its pure-torch attention.
+no compiler is present the build fails with a warning and the engine runs its pure-torch attention.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import platform
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -20,6 +21,7 @@ import torch
 logger = logging.getLogger(__name__)
 
 _SOURCE = Path(__file__).parent / "csrc" / "paged_decode_attention.cpp"
+_STALE_LOCK_S = 300.0  # a build takes ~10 s; a lock this old was left by a build that was killed
 
 DecodeKernel = Callable[
     [torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, int, float], torch.Tensor
@@ -55,8 +57,10 @@ def load_decode_kernel() -> DecodeKernel | None:
     try:
         from torch.utils import cpp_extension
 
+        name = _extension_name()
+        _clear_stale_lock(Path(cpp_extension._get_build_directory(name, verbose=False)) / "lock")
         cpp_extension.load(
-            name=_extension_name(),
+            name=name,
             sources=[str(_SOURCE)],
             extra_cflags=["-O3", "-march=native", "-fopenmp"],
             extra_ldflags=["-fopenmp"],
@@ -66,3 +70,13 @@ def load_decode_kernel() -> DecodeKernel | None:
         logger.warning("native attention kernel unavailable, using the torch path: %s", exc)
         return None
     return _registered()
+
+
+def _clear_stale_lock(lock: Path) -> None:
+    """torch waits forever on a build lock whose builder was killed; such a lock would hang every start."""
+    try:
+        if time.time() - lock.stat().st_mtime > _STALE_LOCK_S:
+            lock.unlink(missing_ok=True)
+            logger.warning("removed a stale extension build lock: %s", lock)
+    except FileNotFoundError:
+        pass

@@ -76,7 +76,8 @@ class Scheduler:
                 raise QueueFullError(f"the waiting queue is full ({self.config.max_queue} requests)")
             self._num_queued += 1
             request.seq_id = next(self._seq_ids)
-            request.arrival = self.clock() if arrival is None else arrival
+            request.queued = self.clock()
+            request.arrival = request.queued if arrival is None else min(arrival, request.queued)
             self._inbox.append(("submit", request))
 
     def abort(self, request_id: str) -> None:
@@ -106,7 +107,7 @@ class Scheduler:
     def next_deadline(self) -> float | None:
         deadlines = [self.policy.next_deadline(self.waiting)]
         if self.config.queue_timeout_s is not None and self.waiting:
-            deadlines.append(min(r.arrival for r in self.waiting) + self.config.queue_timeout_s)
+            deadlines.append(min(r.queued for r in self.waiting) + self.config.queue_timeout_s)
         present = [d for d in deadlines if d is not None]
         return min(present) if present else None
 
@@ -210,8 +211,12 @@ class Scheduler:
                     self._finish(request, FinishReason.ABORT)
 
     def _enqueue_by_arrival(self, request: Request) -> None:
+        """Behind every request that arrived earlier and every preempted one (they keep the head)."""
         index = len(self.waiting)
-        while index > 0 and self.waiting[index - 1].arrival > request.arrival:  # almost always 0 moves
+        while index > 0:  # almost always zero moves: tokenising rarely reorders arrivals
+            ahead = self.waiting[index - 1]
+            if ahead.arrival <= request.arrival or ahead.num_preemptions > 0:
+                break
             index -= 1
         self.waiting.insert(index, request)
 
@@ -219,7 +224,7 @@ class Scheduler:
         limit = self.config.queue_timeout_s
         if limit is None:
             return
-        for request in [r for r in self.waiting if r.scheduled is None and now - r.arrival > limit]:
+        for request in [r for r in self.waiting if r.scheduled is None and now - r.queued > limit]:
             self._finish(
                 request,
                 FinishReason.ERROR,

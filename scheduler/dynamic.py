@@ -28,7 +28,7 @@ class DynamicPolicy(Policy):
     def _bus_leaves(self, waiting: deque[Request], now: float) -> bool:
         if not waiting:
             return False
-        return len(waiting) >= self.config.max_batch_size or now - waiting[0].arrival >= self._timeout_s
+        return len(waiting) >= self.config.max_batch_size or now - _oldest_queued(waiting) >= self._timeout_s
 
     def _dispatch(self, waiting: deque[Request]) -> None:
         """Board up to max_batch_size requests in arrival order, reserving each one's whole length up front."""
@@ -63,8 +63,13 @@ class DynamicPolicy(Policy):
     def next_deadline(self, waiting: deque[Request]) -> float | None:
         if self.running or not waiting:
             return None
-        return waiting[0].arrival + self._timeout_s
+        return _oldest_queued(waiting) + self._timeout_s
 
     @property
     def held_seats(self) -> int:
         return sum(1 for r in self.running if r.status is RequestStatus.FINISHED)
+
+
+def _oldest_queued(waiting: deque[Request]) -> float:
+    """The batch timeout counts queue time; the head (first by arrival) need not be the first queued."""
+    return min(r.queued for r in waiting)

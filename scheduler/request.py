@@ -82,7 +82,8 @@ class Request:
     prompt_token_ids: Sequence[int]
     params: SamplingParams
     sink: EventSink
-    arrival: float = 0.0
+    arrival: float = 0.0  # reached the server: orders the queue, and latencies count from it
+    queued: float = 0.0  # entered the scheduler: the queue and batch timeouts count from it
     seq_id: int = -1
     status: RequestStatus = RequestStatus.WAITING
     finish_reason: FinishReason | None = None

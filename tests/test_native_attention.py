@@ -81,3 +81,18 @@ def test_extension_name_changes_with_the_cpu(monkeypatch: pytest.MonkeyPatch) ->
     name = native._extension_name()
     monkeypatch.setattr(native, "_cpu_signature", lambda: "another processor")
     assert native._extension_name() != name
+
+
+def test_a_stale_build_lock_is_removed_and_a_fresh_one_kept(tmp_path) -> None:
+    import os
+    import time
+
+    stale, fresh = tmp_path / "stale.lock", tmp_path / "fresh.lock"
+    stale.write_text("")
+    fresh.write_text("")
+    old = time.time() - 2 * native._STALE_LOCK_S
+    os.utime(stale, (old, old))
+    native._clear_stale_lock(stale)
+    native._clear_stale_lock(fresh)
+    native._clear_stale_lock(tmp_path / "missing.lock")
+    assert not stale.exists() and fresh.exists()

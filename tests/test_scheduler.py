@@ -443,6 +443,31 @@ def test_queue_order_is_arrival_order_even_when_submitted_out_of_order(mode: Mod
     assert_drained(h)
 
 
+def test_an_early_arrival_submitted_late_does_not_pass_a_preempted_request() -> None:
+    h = build(Mode.CONTINUOUS, seats=1, clock=FakeClock(10.0))
+    preempted = h.submit(request_id="preempted", arrival=5.0)
+    h.scheduler._drain_inbox()
+    assert preempted.request is not None
+    preempted.request.num_preemptions = 1  # as if it had run and been pushed back to the head
+    h.submit(request_id="early", arrival=1.0)
+    h.submit(request_id="later", arrival=7.0)
+    h.scheduler._drain_inbox()
+    assert [r.request_id for r in h.scheduler.waiting] == ["preempted", "early", "later"]
+
+
+@pytest.mark.parametrize("mode", MODES, ids=lambda m: m.value)
+def test_queue_and_batch_timeouts_count_from_entering_the_queue_not_from_arrival(mode: Mode) -> None:
+    """Time spent before the scheduler (reading the body, tokenising) must not expire a request or rush a bus."""
+    h = build(mode, seats=2, queue_timeout_s=5.0, batch_timeout_ms=3000, clock=FakeClock(100.0))
+    first = h.submit(max_tokens=3, arrival=10.0)  # arrived 90 s ago, by its stamp
+    assert h.step() is None or mode is Mode.CONTINUOUS  # dynamic: a lone request waits for the batch timeout
+    h.run()
+    assert_complete(first)
+    assert first.finish is not None and first.finish.timings.arrival == 10.0
+    assert first.finish.timings.queue_time >= 90.0  # latencies still count from arrival
+    assert_drained(h)
+
+
 @pytest.mark.parametrize("mode", MODES, ids=lambda m: m.value)
 def test_queue_timeout_expires_waiting_request_with_error(mode: Mode) -> None:
     h = build(mode, seats=1, queue_timeout_s=5.0)

@@ -56,3 +56,10 @@ def test_sentencepiece_byte_fallback_pieces_and_word_pieces() -> None:
 def test_real_tokenizer_type_is_detected_as_byte_level() -> None:
     tokenizer: PreTrainedTokenizerBase = tiny_tokenizer()
     assert TokenBytes(tokenizer)._alphabet is not None
+
+
+def test_added_tokens_are_their_text_in_utf8_not_byte_level_characters() -> None:
+    tokenizer = tiny_tokenizer()
+    tokenizer.add_tokens(["é-token"])
+    [token_id] = tokenizer.convert_tokens_to_ids(["é-token"])
+    assert TokenBytes(tokenizer)(token_id) == "é-token".encode()

@@ -50,6 +50,7 @@ torch::Tensor paged_decode_attention(
   TORCH_CHECK(block_size >= 1, "block_size must be positive");
   TORCH_CHECK(query.dim() == 3 && key_cache.dim() == 3 && value_cache.sizes() == key_cache.sizes(),
               "query [rows, heads, dim] and caches [kv_heads, slots, dim] expected");
+  TORCH_CHECK(block_table.dim() == 2 && context_lens.dim() == 1, "block_table [rows, blocks], context_lens [rows]");
   const auto q = query.contiguous();
   const auto k = key_cache.contiguous();
   const auto v = value_cache.contiguous();
@@ -57,19 +58,26 @@ torch::Tensor paged_decode_attention(
   const auto lens = context_lens.contiguous();
   const int64_t rows = q.size(0), heads = q.size(1), dim = q.size(2);
   const int64_t kv_heads = k.size(0), slots = k.size(1);
-  TORCH_CHECK(k.size(2) == dim && heads % kv_heads == 0, "head sizes do not match");
+  TORCH_CHECK(kv_heads >= 1 && k.size(2) == dim && heads % kv_heads == 0, "head sizes do not match");
+  TORCH_CHECK(slots % block_size == 0, "the cache must hold whole blocks");
   TORCH_CHECK(table.size(0) == rows && lens.size(0) == rows, "one block table row and length per query row");
   const int64_t group = heads / kv_heads, max_blocks = table.size(1);
   const int64_t* lens_ptr = lens.data_ptr<int64_t>();
+  const int64_t* table_ptr = table.data_ptr<int64_t>();
+  const int64_t num_blocks = slots / block_size;
+  // Validate everything the parallel loop will read, so that it needs no checks (and throws nothing).
   for (int64_t r = 0; r < rows; ++r) {
     TORCH_CHECK(lens_ptr[r] >= 1 && lens_ptr[r] <= max_blocks * block_size, "context length out of range");
+    for (int64_t b = 0; b < (lens_ptr[r] + block_size - 1) / block_size; ++b) {
+      const int64_t block = table_ptr[r * max_blocks + b];
+      TORCH_CHECK(block >= 0 && block < num_blocks, "block table points outside the cache");
+    }
   }
 
   auto out = torch::zeros_like(q);
   const float* q_ptr = q.data_ptr<float>();
   const float* k_ptr = k.data_ptr<float>();
   const float* v_ptr = v.data_ptr<float>();
-  const int64_t* table_ptr = table.data_ptr<int64_t>();
   float* out_ptr = out.data_ptr<float>();
   const float scale_f = static_cast<float>(scale);
 
@@ -84,7 +92,6 @@ torch::Tensor paged_decode_attention(
       scores.assign(group * context, 0.0f);
       for (int64_t t = 0; t < context; ++t) {
         const int64_t slot = blocks[t / block_size] * block_size + t % block_size;
-        TORCH_CHECK(slot >= 0 && slot < slots, "block table points outside the cache");
         const float* key = keys + slot * dim;
         for (int64_t g = 0; g < group; ++g) {
           scores[g * context + t] = dot(q_ptr + (r * heads + h * group + g) * dim, key, dim) * scale_f;
