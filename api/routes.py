@@ -198,14 +198,21 @@ async def _stream(
     offsets = [0] * count
     tally = UsageTally()
     finished = 0
+
+    def chunk(choices: list[dict[str, object]], **extra: object) -> str:
+        data = formatter.chunk(choices, **extra)
+        if body.include_usage:  # as OpenAI: every chunk has the field, null until the closing one
+            data.setdefault("usage", None)
+        return json.dumps(data)
+
     try:
         for i in range(count):
             if formatter.chat:
-                yield json.dumps(formatter.chunk([formatter.stream_choice(i, "", None, None, role=True)]))
+                yield chunk([formatter.stream_choice(i, "", None, None, role=True)])
             elif echo_texts:
                 text = echo_texts[i // body.n]
                 offsets[i] = len(text)
-                yield json.dumps(formatter.chunk([formatter.stream_choice(i, text, None, None)]))
+                yield chunk([formatter.stream_choice(i, text, None, None)])
         async for delta in generation.deltas():
             if delta.error is not None:
                 error = _generation_error(delta).body()
@@ -233,10 +240,10 @@ async def _stream(
                     if body.include_usage
                     else {"usage": tally.usage(), "timings": tally.timings()}
                 )
-            yield json.dumps(formatter.chunk([choice], **extra))
+            yield chunk([choice], **extra)
         else:
             if body.include_usage:
-                yield json.dumps(formatter.chunk([], usage=tally.usage(), timings=tally.timings()))
+                yield chunk([], usage=tally.usage(), timings=tally.timings())
     except APIError as exc:  # e.g. the request timeout, after the stream started
         yield json.dumps(exc.body())
     except Exception:  # the stream has started: report the fault in-band, then end it properly

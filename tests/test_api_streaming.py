@@ -104,7 +104,7 @@ def test_stream_with_include_usage_ends_with_a_usage_chunk(server: RunningServer
     }
     assert last["timings"]["mode"] == server_mode(server)
     assert before["choices"][0]["finish_reason"] == "length"
-    assert all("usage" not in event for event in events[:-1])  # only the closing chunk carries it
+    assert all("usage" in event and event["usage"] is None for event in events[:-1])  # null until the last
 
 
 def test_error_before_the_stream_starts_is_a_plain_json_error(server: RunningServer) -> None:
