@@ -126,6 +126,13 @@ async def _respond(
     logprobs: int | None,
     arrival: float,
 ) -> Response:
+    max_queue = request.app.state.config.max_queue
+    if len(inputs) > max_queue:  # it could never be queued whole: a retry would never help, so not a 429
+        raise bad_request(
+            f"this request asks for {len(inputs)} sequences (prompts x n), more than the server's whole queue "
+            f"of {max_queue}; send fewer prompts or a smaller n",
+            param="n",
+        )
     generation = runtime.service.start(inputs, formatter.request_id, arrival)  # 400/429/503 before any byte
     if body.stream:
         events = _stream(generation, body, formatter, echo_texts, logprobs)

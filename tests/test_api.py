@@ -590,6 +590,22 @@ def test_full_queue_is_a_429_with_retry_after(mode: str) -> None:
         assert after.choices[0].finish_reason in ("length", "stop")
 
 
+def test_more_sequences_than_the_whole_queue_is_a_400_not_a_429() -> None:
+    with running_server(mode_config("continuous", max_queue=4)) as server:
+        response = httpx.post(
+            f"{server.base_url}/v1/completions",
+            json={"prompt": [PROMPT, PROMPT, PROMPT], "n": 2, "max_tokens": 2},
+            timeout=60,
+        )
+        error = error_of(response, 400)
+        assert error["param"] == "n" and "6 sequences" in error["message"] and "queue of 4" in error["message"]
+        assert seats_all_free(server)
+        fits = httpx.post(
+            f"{server.base_url}/v1/completions", json={"prompt": [PROMPT, PROMPT], "n": 2, "max_tokens": 2}, timeout=60
+        )
+        assert fits.status_code == 200 and len(fits.json()["choices"]) == 4
+
+
 # ----- loading state -----
 @contextlib.contextmanager
 def server_with_loader(loader: Callable[[ServerConfig], LoadedModel]) -> Iterator[str]:
