@@ -20,16 +20,16 @@ import functools
 import json
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 
 from engine.config import EngineConfig
 from engine.engine import Engine
+from engine.linear import Linear
 from engine.loader import LoadedModel, load_model
 from engine.model_runner import TransformersRunner
 from engine.sampling_params import SamplingParams
@@ -102,24 +102,17 @@ def weight_matmuls(model: Any) -> list[torch.Tensor]:
     return weights
 
 
-@torch.inference_mode()
-def ceiling_step_seconds(weights: list[torch.Tensor], batch: int, steps: int, repeats: int) -> float:
-    """Time of one decode step's weight matmuls alone at this batch size (inputs shaped like the real ones)."""
-    inputs = {w.shape[1]: torch.randn(batch, w.shape[1], dtype=w.dtype) for w in weights}
-
-    def run() -> None:
-        for _ in range(steps):
-            for w in weights:
-                F.linear(inputs[w.shape[1]], w)
-
-    return _best(run, repeats) / steps
+def engine_linears(runner: TransformersRunner) -> list[Linear]:
+    """The weight matmuls as the engine runs them: fused q/k/v and gate/up, prepacked where it can."""
+    return [lin for layer in runner.layers for lin in runner.layer_linears(layer)] + [runner.lm_head]
 
 
 @torch.inference_mode()
-def engine_matmul_step_seconds(runner: TransformersRunner, batch: int, steps: int, repeats: int) -> float:
-    """Time of one decode step's weight matmuls as the engine runs them (fused, and prepacked where it can)."""
-    linears = [lin for layer in runner.layers for lin in runner.layer_linears(layer)] + [runner.lm_head]
-    inputs = {lin.weight.shape[1]: torch.randn(batch, lin.weight.shape[1]) for lin in linears}
+def matmul_step_seconds(linears: Sequence[Linear], batch: int, steps: int, repeats: int) -> float:
+    """Time of one decode step's weight matmuls alone at this batch size (inputs shaped like the real ones).
+
+    With the model's own weights as plain `Linear`s (`F.linear`), this is the ceiling."""
+    inputs = {lin.weight.shape[1]: torch.randn(batch, lin.weight.shape[1], dtype=lin.weight.dtype) for lin in linears}
 
     def run() -> None:
         for _ in range(steps):
@@ -177,17 +170,18 @@ def generate_seconds(loaded: LoadedModel, prompts: list[list[int]], steps: int) 
 def run(config: BenchConfig, loaded: LoadedModel) -> dict[str, object]:
     model = loaded.model
     weights = weight_matmuls(model)
+    ceiling = [Linear(w, None) for w in weights]  # F.linear on the model's own weights
     runner = TransformersRunner(model)
     weight_bytes = sum(w.numel() * w.element_size() for w in weights)
     vocab = int(model.config.vocab_size)
     rows = []
     for batch in config.batch_sizes:
         prompts = mixed_prompts(batch, config, vocab)
-        before = ceiling_step_seconds(weights, batch, config.decode_steps, config.repeats)
+        before = matmul_step_seconds(ceiling, batch, config.decode_steps, config.repeats)
         prefill_s, step_s = engine_seconds(loaded, runner, prompts, config.decode_steps, config.repeats)
-        after = ceiling_step_seconds(weights, batch, config.decode_steps, config.repeats)
+        after = matmul_step_seconds(ceiling, batch, config.decode_steps, config.repeats)
         ceiling_s = (before + after) / 2
-        matmul_s = engine_matmul_step_seconds(runner, batch, config.decode_steps, config.repeats)
+        matmul_s = matmul_step_seconds(engine_linears(runner), batch, config.decode_steps, config.repeats)
         row = Row(
             batch=batch,
             engine_prefill_tok_s=sum(map(len, prompts)) / prefill_s,
@@ -211,7 +205,7 @@ def run(config: BenchConfig, loaded: LoadedModel) -> dict[str, object]:
     ):
         prompts = mixed_prompts(batch, config, vocab)
         prefill_s, step_s = generate_seconds(loaded, prompts, config.decode_steps)
-        ceiling_s = ceiling_step_seconds(weights, batch, config.decode_steps, config.repeats)
+        ceiling_s = matmul_step_seconds(ceiling, batch, config.decode_steps, config.repeats)
         baselines[label] = {
             "batch": batch,
             "prefill_tok_s": sum(map(len, prompts)) / prefill_s,
