@@ -31,6 +31,9 @@ class TokenBytes:
         backend = getattr(tokenizer, "backend_tokenizer", None)
         decoder = getattr(backend, "decoder", None)
         self._alphabet = byte_level_alphabet() if "ByteLevel" in type(decoder).__name__ else None
+        # Added tokens are stored as plain text in either kind of vocabulary; the property rebuilds its dict on
+        # every read, so it is read once.
+        self._added = {i: str(t) for i, t in getattr(tokenizer, "added_tokens_decoder", {}).items()}
         self._cache: dict[int, bytes] = {}
 
     def __call__(self, token_id: int) -> bytes:
@@ -40,9 +43,9 @@ class TokenBytes:
         return cached
 
     def _lookup(self, token_id: int) -> bytes:
-        added = getattr(self._tokenizer, "added_tokens_decoder", {}).get(token_id)
-        if added is not None:  # added tokens are stored as plain text in either kind of vocabulary
-            return str(added).encode("utf-8")
+        added = self._added.get(token_id)
+        if added is not None:
+            return added.encode("utf-8")
         piece = self._tokenizer.convert_ids_to_tokens(token_id)
         if isinstance(piece, str):
             if self._alphabet is not None:
