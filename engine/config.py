@@ -20,9 +20,10 @@ class EngineConfig:
     max_model_len: int | None = None
     device: str = "cpu"
     max_stop_token_ids: int = 16
+    max_logit_bias: int = 300  # logit_bias entries per request (OpenAI's limit); sizes a per-row tensor
 
     def __post_init__(self) -> None:
-        for name in ("max_num_seqs", "kv_cache_tokens", "block_size", "max_stop_token_ids"):
+        for name in ("max_num_seqs", "kv_cache_tokens", "block_size", "max_stop_token_ids", "max_logit_bias"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.max_model_len is not None and self.max_model_len < 2:

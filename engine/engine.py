@@ -13,11 +13,21 @@ import torch
 
 from engine.config import EngineConfig
 from engine.errors import CacheCapacityError, EngineInputError
-from engine.forward_batch import build_forward_batch, move_batch
+from engine.forward_batch import PromptScoring, build_forward_batch, move_batch
 from engine.kv_cache import BlockAllocator, PagedKVCache
+from engine.logits_processors import (
+    AllowedTokens,
+    BannedTokens,
+    LogitBias,
+    LogitsEdits,
+    OutputPenalties,
+    RepetitionPenalty,
+    token_mask,
+)
 from engine.model_runner import ModelRunner
-from engine.outputs import FinishReason, StepOutput, TokenOutput
-from engine.sampler import RowSampling, SampleResult, apply_penalties, sample
+from engine.outputs import FinishReason, PromptLogprobs, StepOutput, TokenOutput
+from engine.prompt_scoring import PromptScores
+from engine.sampler import RowSampling, SampleResult, sample
 from engine.sampling_params import SamplingParams
 
 _NOT_FINISHED, _STOPPED, _LENGTH = 0, 1, 2
@@ -60,6 +70,19 @@ class Engine:
         self._ignore_eos = torch.zeros(rows, dtype=torch.bool)
         self._logprobs = torch.full((rows,), -1, dtype=torch.long)
         self._stop_ids = torch.full((rows, config.max_stop_token_ids), -1, dtype=torch.long)  # [rows, max stops]
+        # vLLM's sampling extensions. Each feature's rows are found with one comparison per step (see _edits).
+        self._min_tokens = torch.zeros(rows, dtype=torch.long)
+        self._repetition = torch.ones(rows)
+        self._min_p = torch.zeros(rows)
+        self._num_bias = torch.zeros(rows, dtype=torch.long)
+        self._bias_ids = torch.zeros(rows, config.max_logit_bias, dtype=torch.long)  # [rows, max bias], pad id 0
+        self._bias_values = torch.zeros(rows, config.max_logit_bias)  # [rows, max bias], pad 0.0
+        self._restricted = torch.zeros(rows, dtype=torch.bool)  # the row has allowed_token_ids
+        self._allowed = torch.zeros(rows, runner.vocab_size, dtype=torch.bool)  # [rows, vocab], read if restricted
+        # Prompt scoring: alternatives wanted (-1: off) and the first prompt position not delivered yet, which
+        # survives preemption so that a recomputed prompt is not scored twice.
+        self._prompt_top_k = torch.full((rows,), -1, dtype=torch.long)
+        self._prompt_scored = torch.ones(rows, dtype=torch.long)
 
         self._free_rows = list(range(rows - 1, -1, -1))
         self._row_of: dict[int, int] = {}
@@ -118,6 +141,7 @@ class Engine:
             raise EngineInputError(
                 f"at most {self.config.max_stop_token_ids} stop token ids are allowed", param="stop_token_ids"
             )
+        self._validate_sampling_extensions(params)
         total = len(prompt_token_ids) + params.max_tokens
         if total > self.max_model_len:
             raise EngineInputError(
@@ -133,6 +157,30 @@ class Engine:
                 param="max_tokens",
             )
 
+    def _validate_sampling_extensions(self, params: SamplingParams) -> None:
+        vocab = self.runner.vocab_size
+        bad_bias = [t for t, _ in params.logit_bias if not 0 <= t < vocab]
+        if bad_bias:
+            raise EngineInputError(
+                f"logit_bias token id {bad_bias[0]} is outside the vocabulary [0, {vocab})", param="logit_bias"
+            )
+        if len(params.logit_bias) > self.config.max_logit_bias:
+            limit = self.config.max_logit_bias
+            raise EngineInputError(f"logit_bias may name at most {limit} tokens", param="logit_bias")
+        if params.allowed_token_ids is None:
+            return
+        bad_allowed = [t for t in params.allowed_token_ids if not 0 <= t < vocab]
+        if bad_allowed:
+            raise EngineInputError(
+                f"allowed token id {bad_allowed[0]} is outside the vocabulary [0, {vocab})", param="allowed_token_ids"
+            )
+        stops = set(params.stop_token_ids) | (set() if params.ignore_eos else set(self.eos_token_ids.tolist()))
+        if params.min_tokens > 0 and set(params.allowed_token_ids) <= stops:
+            # Until min_tokens such a row would have no token left to sample.
+            raise EngineInputError(
+                "min_tokens forbids stop and EOS tokens, and allowed_token_ids allows nothing else", param="min_tokens"
+            )
+
     def add(self, seq_id: int, prompt_token_ids: Sequence[int], params: SamplingParams) -> None:
         """Register a sequence in a free row. Its cache is reserved separately with `reserve`."""
         self.validate(prompt_token_ids, params)
@@ -143,6 +191,9 @@ class Engine:
         # Convert everything before taking a row, so a failure here leaves no half-registered sequence.
         prompt = torch.tensor(prompt_token_ids, dtype=torch.long)
         stops = torch.tensor(params.stop_token_ids, dtype=torch.long)
+        bias_ids = torch.tensor([t for t, _ in params.logit_bias], dtype=torch.long)
+        bias_values = torch.tensor([v for _, v in params.logit_bias], dtype=torch.float32)
+        allowed = None if params.allowed_token_ids is None else torch.tensor(params.allowed_token_ids, dtype=torch.long)
         row = self._free_rows.pop()
         self._row_of[seq_id] = row
         self._blocks_of[seq_id] = []
@@ -152,7 +203,8 @@ class Engine:
         self._seq_len[row] = n
         self._prompt_len[row] = n
         self._max_tokens[row] = params.max_tokens
-        self._temperature[row] = params.temperature
+        # Greedy rows store 0 so the sampler, comparing in float32, agrees with params.greedy at the boundary.
+        self._temperature[row] = 0.0 if params.greedy else params.temperature
         self._top_p[row] = params.top_p
         self._top_k[row] = params.top_k
         seed = params.seed if params.seed is not None else int(torch.randint(0, 2**62, ()).item())
@@ -163,6 +215,30 @@ class Engine:
         self._logprobs[row] = -1 if params.logprobs is None else params.logprobs
         self._stop_ids[row] = -1
         self._stop_ids[row, : len(stops)] = stops
+        self._set_sampling_extensions(row, params, bias_ids, bias_values, allowed)
+        self._prompt_top_k[row] = -1 if params.prompt_logprobs is None else params.prompt_logprobs
+        self._prompt_scored[row] = 1
+
+    def _set_sampling_extensions(
+        self,
+        row: int,
+        params: SamplingParams,
+        bias_ids: torch.Tensor,
+        bias_values: torch.Tensor,
+        allowed: torch.Tensor | None,
+    ) -> None:
+        self._min_tokens[row] = params.min_tokens
+        self._repetition[row] = params.repetition_penalty
+        self._min_p[row] = params.min_p
+        self._num_bias[row] = len(bias_ids)
+        self._bias_ids[row] = 0
+        self._bias_values[row] = 0.0
+        self._bias_ids[row, : len(bias_ids)] = bias_ids
+        self._bias_values[row, : len(bias_values)] = bias_values
+        self._restricted[row] = allowed is not None
+        if allowed is not None:
+            self._allowed[row] = False
+            self._allowed[row, allowed] = True
 
     def reserve(self, seq_id: int, total_tokens: int) -> bool:
         """Make the sequence's cache hold `total_tokens` positions; all or nothing. False if blocks ran out."""
@@ -217,13 +293,54 @@ class Engine:
             self._token_buffer,
             self._block_table,
             self.block_size,
+            prompt_len=self._prompt_len,
+            prompt_top_k=self._prompt_top_k,
+            prompt_scored=self._prompt_scored,
         )
-        logits = self.runner.forward(move_batch(batch, self.device), self.cache)
+        result = self.runner.forward(move_batch(batch, self.device), self.cache)
         self._num_computed[rows] += counts
+        prompt_logprobs = self._record_prompt_scores(seq_ids, rows, batch.scoring, result.prompt_scores)
         outputs = self._sample_and_record(
-            rows[samples], logits, [s for s, m in zip(seq_ids, samples.tolist(), strict=True) if m]
+            rows[samples], result.logits, [s for s, m in zip(seq_ids, samples.tolist(), strict=True) if m]
         )
-        return StepOutput(outputs, len(seq_ids), batch.num_tokens)
+        return StepOutput(outputs, len(seq_ids), batch.num_tokens, prompt_logprobs)
+
+    def _record_prompt_scores(
+        self, seq_ids: list[int], rows: torch.Tensor, scoring: PromptScoring | None, scores: PromptScores | None
+    ) -> tuple[PromptLogprobs, ...]:
+        """Mark the scored positions delivered and package them per sequence, each with its own top-k."""
+        if scoring is None:
+            return ()
+        if scores is None:
+            raise RuntimeError("the model runner returned no prompt scores for a batch that asked for them")
+        scored = scoring.count > 0
+        self._prompt_scored[rows[scored]] = (scoring.first_position + scoring.count)[scored]
+        targets, logprobs = scoring.target.tolist(), scores.logprobs.tolist()
+        ranks, top_ids, top_logprobs = scores.ranks.tolist(), scores.top_ids.tolist(), scores.top_logprobs.tolist()
+        wanted = self._prompt_top_k[rows].tolist()
+        parts, start = [], 0
+        for seq_id, first, count, k in zip(
+            seq_ids, scoring.first_position.tolist(), scoring.count.tolist(), wanted, strict=True
+        ):
+            if count == 0:
+                continue
+            end = start + count
+            top = tuple(
+                tuple(zip(ids[:k], values[:k], strict=True))
+                for ids, values in zip(top_ids[start:end], top_logprobs[start:end], strict=True)
+            )
+            parts.append(
+                PromptLogprobs(
+                    seq_id,
+                    first,
+                    tuple(targets[start:end]),
+                    tuple(logprobs[start:end]),
+                    tuple(ranks[start:end]),
+                    top,
+                )
+            )
+            start = end
+        return tuple(parts)
 
     def _check_schedule(self, seq_ids: list[int], rows: torch.Tensor, counts: torch.Tensor) -> None:
         pending = self._seq_len[rows] - self._num_computed[rows]
@@ -242,34 +359,58 @@ class Engine:
             return ()
         logits = logits.to("cpu") if logits.device.type != "cpu" else logits
         counter = self._seq_len[rows] - self._prompt_len[rows]  # index of the output token being sampled
-        penalised = (self._presence[rows] != 0) | (self._frequency[rows] != 0)
-        if bool(penalised.any()):
-            logits = logits.clone()
-            logits[penalised] = apply_penalties(
-                logits[penalised],
-                self._output_counts(rows[penalised], logits.shape[-1]),
-                self._presence[rows[penalised]],
-                self._frequency[rows[penalised]],
-            )
         num_logprobs = int(self._logprobs[rows].max())
+        min_p = self._min_p[rows]
         params = RowSampling(
             temperature=self._temperature[rows],
             top_p=self._top_p[rows],
             top_k=self._top_k[rows],
             seed=self._seed[rows],
             counter=counter,
-            presence_penalty=self._presence[rows],
-            frequency_penalty=self._frequency[rows],
             num_logprobs=max(num_logprobs, 0),
             want_logprobs=num_logprobs >= 0,
+            min_p=min_p if bool((min_p > 0).any()) else None,
         )
-        result = sample(logits, params)
+        result = sample(logits, params, self._edits(rows, counter, logits.shape[-1]))
         tokens = result.tokens
         positions = self._seq_len[rows]
         self._token_buffer[rows, positions] = tokens
         self._seq_len[rows] += 1
         finish = self._finish_codes(rows, tokens)
         return self._package(seq_ids, self._logprobs[rows].tolist(), tokens, finish, result)
+
+    def _edits(self, rows: torch.Tensor, counter: torch.Tensor, vocab: int) -> LogitsEdits:
+        """The logits edits of this step's sampling rows; a feature no row uses is None (one comparison)."""
+        biased = (self._num_bias[rows] > 0).nonzero()[:, 0]
+        restricted = self._restricted[rows].nonzero()[:, 0]
+        too_early = (counter < self._min_tokens[rows]).nonzero()[:, 0]  # min_tokens not reached yet
+        repeating = (self._repetition[rows] != 1.0).nonzero()[:, 0]
+        penalised = ((self._presence[rows] != 0) | (self._frequency[rows] != 0)).nonzero()[:, 0]
+        bias = allowed = banned = repetition = penalties = None
+        if len(biased):
+            r = rows[biased]
+            width = int(self._num_bias[r].max())
+            bias = LogitBias(biased, self._bias_ids[r, :width], self._bias_values[r, :width])
+        if len(restricted):
+            allowed = AllowedTokens(restricted, self._allowed[rows[restricted]])
+        if len(too_early):
+            r = rows[too_early]
+            eos = self.eos_token_ids[None, :].expand(len(r), -1).masked_fill(self._ignore_eos[r][:, None], -1)
+            banned = BannedTokens(too_early, torch.cat([self._stop_ids[r], eos], dim=1))
+        if len(repeating):
+            r = rows[repeating]
+            repetition = RepetitionPenalty(repeating, self._seen_tokens(r, vocab), self._repetition[r])
+        if len(penalised):
+            r = rows[penalised]
+            penalties = OutputPenalties(penalised, self._output_counts(r, vocab), self._presence[r], self._frequency[r])
+        return LogitsEdits(bias, allowed, banned, repetition, penalties)
+
+    def _seen_tokens(self, rows: torch.Tensor, vocab: int) -> torch.Tensor:
+        """[rows, vocab] bool: the token occurs in the row's prompt or output so far."""
+        end = self._seq_len[rows]
+        width = int(end.max())
+        ids = self._token_buffer[rows, :width].masked_fill(torch.arange(width)[None, :] >= end[:, None], -1)
+        return token_mask(ids, vocab)
 
     def _output_counts(self, rows: torch.Tensor, vocab: int) -> torch.Tensor:
         """[rows, vocab] how often each token appears in each row's output so far."""

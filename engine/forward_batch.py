@@ -8,7 +8,7 @@ from the paged cache with a boolean mask over the padded positions.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -31,12 +31,25 @@ class AttentionGroup:
 
 
 @dataclass(frozen=True)
+class PromptScoring:
+    """The prompt positions a step scores: the hidden state at packed index `index[i]` rates token `target[i]`."""
+
+    index: torch.Tensor  # [n] packed token index; the hidden state at position p scores the prompt token at p + 1
+    target: torch.Tensor  # [n] the prompt token id being scored
+    top_k: int  # alternatives to report per position: the most any scoring row asks for
+    # Engine bookkeeping, kept on the host: per scheduled row, the first prompt position scored and how many.
+    first_position: torch.Tensor  # [rows]
+    count: torch.Tensor  # [rows], 0 for rows that score nothing this step
+
+
+@dataclass(frozen=True)
 class ForwardBatch:
     input_ids: torch.Tensor  # [tokens]
     positions: torch.Tensor  # [tokens]
     slot_mapping: torch.Tensor  # [tokens] where each token's key and value are written
     groups: tuple[AttentionGroup, ...]
     sample_index: torch.Tensor  # [sampling rows] packed index of the last token of each sampling row
+    scoring: PromptScoring | None = None  # None when no scheduled row scores prompt positions this step
 
     @property
     def num_tokens(self) -> int:
@@ -70,6 +83,35 @@ def _group(
     return AttentionGroup(query_index, query_valid, block_table[:, :num_blocks], mask, context, is_decode)
 
 
+def _prompt_scoring(
+    rows: torch.Tensor,
+    start: torch.Tensor,
+    num_tokens: torch.Tensor,
+    token_start: torch.Tensor,
+    token_buffer: torch.Tensor,
+    prompt_len: torch.Tensor,
+    prompt_top_k: torch.Tensor,
+    prompt_scored: torch.Tensor,
+) -> PromptScoring | None:
+    top_k = prompt_top_k[rows]
+    wants = top_k >= 0
+    if not bool(wants.any()):
+        return None
+    # A chunk computing positions [start, start + n) scores prompt tokens start + 1 .. start + n, except those
+    # past the prompt and those already delivered before a preemption made the prompt be recomputed.
+    first = torch.maximum(start + 1, prompt_scored[rows])
+    end = torch.minimum(start + num_tokens + 1, prompt_len[rows])
+    count = torch.where(wants, (end - first).clamp(min=0), 0)
+    total = int(count.sum())
+    if total == 0:
+        return None
+    offset = torch.arange(total) - torch.repeat_interleave(torch.cumsum(count, 0) - count, count, output_size=total)
+    position = torch.repeat_interleave(first, count, output_size=total) + offset
+    index = torch.repeat_interleave(token_start - start, count, output_size=total) + position - 1
+    target = token_buffer[torch.repeat_interleave(rows, count, output_size=total), position]
+    return PromptScoring(index, target, int(top_k.max()), first, count)
+
+
 def build_forward_batch(
     rows: torch.Tensor,
     num_tokens: torch.Tensor,
@@ -78,11 +120,17 @@ def build_forward_batch(
     token_buffer: torch.Tensor,
     block_table: torch.Tensor,
     block_size: int,
+    *,
+    prompt_len: torch.Tensor | None = None,
+    prompt_top_k: torch.Tensor | None = None,
+    prompt_scored: torch.Tensor | None = None,
 ) -> tuple[ForwardBatch, torch.Tensor]:
     """Pack the scheduled rows. Returns the batch and a bool [rows] telling which rows sample a token.
 
     rows, num_tokens: [rows] the engine rows scheduled and how many of their pending tokens to compute.
     num_computed, seq_len: [max_rows] per-row tokens already in the cache and tokens known.
+    prompt_len, prompt_top_k, prompt_scored: [max_rows] per-row prompt length, prompt alternatives wanted (-1: no
+    prompt scoring) and the first prompt position not scored yet; all three or none.
     """
     start = num_computed[rows]
     total = int(num_tokens.sum())
@@ -110,7 +158,12 @@ def build_forward_batch(
                     is_decode,
                 )
             )
-    batch = ForwardBatch(input_ids, positions, slot_mapping, tuple(groups), sample_index)
+    scoring = None
+    if prompt_len is not None and prompt_top_k is not None and prompt_scored is not None:
+        scoring = _prompt_scoring(
+            rows, start, num_tokens, token_start, token_buffer, prompt_len, prompt_top_k, prompt_scored
+        )
+    batch = ForwardBatch(input_ids, positions, slot_mapping, tuple(groups), sample_index, scoring)
     return batch, samples
 
 
@@ -129,10 +182,14 @@ def move_batch(batch: ForwardBatch, device: torch.device) -> ForwardBatch:
         )
         for g in batch.groups
     )
+    scoring = batch.scoring
+    if scoring is not None:
+        scoring = replace(scoring, index=scoring.index.to(device), target=scoring.target.to(device))
     return ForwardBatch(
         batch.input_ids.to(device),
         batch.positions.to(device),
         batch.slot_mapping.to(device),
         groups,
         batch.sample_index.to(device),
+        scoring,
     )

@@ -111,6 +111,11 @@ def gguf_cache_key(path: Path) -> str:
     return f"{path.stem}-{file_sha256(path)[:_CACHE_KEY_HEX_CHARS]}"
 
 
+def gguf_checkpoint_dir(gguf: Path, cache_dir: Path | None = None) -> Path:
+    """Where `load_model(gguf)` caches the float32 checkpoint it converts the GGUF into (may not exist yet)."""
+    return resolve_cache_dir(cache_dir) / gguf_cache_key(gguf)
+
+
 def load_model(path: str | Path | None = None, device: str = "cpu", cache_dir: Path | None = None) -> LoadedModel:
     """Load a checkpoint directory or a .gguf file (None: the default SmolLM2 GGUF) onto `device`."""
     target = resolve_device(device)
@@ -118,7 +123,7 @@ def load_model(path: str | Path | None = None, device: str = "cpu", cache_dir: P
     if source.is_dir():
         model, tokenizer = _load_checkpoint_dir(source)
     else:
-        model, tokenizer = _load_gguf_cached(source, resolve_cache_dir(cache_dir))
+        model, tokenizer = _load_gguf_cached(source, gguf_checkpoint_dir(source, cache_dir))
     # Module.to moves in place; mypy mis-types PreTrainedModel.to (functools.wraps on a method).
     model.to(target)  # type: ignore[arg-type]
     model.eval()
@@ -160,9 +165,8 @@ def _load_checkpoint_dir(directory: Path) -> tuple[PreTrainedModel, PreTrainedTo
     return model, tokenizer
 
 
-def _load_gguf_cached(gguf: Path, cache_root: Path) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
-    """Serve from the conversion cache, converting (and filling the cache) on a miss."""
-    entry = cache_root / gguf_cache_key(gguf)
+def _load_gguf_cached(gguf: Path, entry: Path) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """Serve from the conversion cache entry, converting (and filling it) on a miss."""
     if (entry / "config.json").is_file():
         logger.info("loaded from cache %s (converted from %s)", entry, gguf)
         return _load_checkpoint_dir(entry)

@@ -21,19 +21,25 @@ from engine.attention import PreparedGroup, paged_attention, prepare
 from engine.forward_batch import ForwardBatch
 from engine.kv_cache import KVCacheShape, PagedKVCache
 from engine.linear import Linear
-from engine.native import load_decode_kernel
+from engine.native import load_decode_kernel, load_score_kernel
+from engine.prompt_scoring import DEFAULT_SLICE, PromptScores, score_positions
+
+
+@dataclass(frozen=True)
+class ForwardOutput:
+    logits: torch.Tensor  # [sampling rows, vocab] float32, at the last token of each sampling row
+    prompt_scores: PromptScores | None = None  # for `batch.scoring`'s positions in its order; None without it
 
 
 class ModelRunner(Protocol):
-    """Computes next-token logits for the sampling rows of a batch, writing keys and values to the cache."""
+    """Computes next-token logits for the sampling rows of a batch and scores the prompt positions it asks
+    for, writing keys and values to the cache."""
 
     vocab_size: int
 
     def kv_cache_shape(self, num_blocks: int, block_size: int) -> KVCacheShape: ...
 
-    def forward(self, batch: ForwardBatch, cache: PagedKVCache) -> torch.Tensor:
-        """Returns logits [sampling rows, vocab] in float32."""
-        ...
+    def forward(self, batch: ForwardBatch, cache: PagedKVCache) -> ForwardOutput: ...
 
 
 class UnsupportedModelError(ValueError):
@@ -68,9 +74,17 @@ def _fuse(linears: list[nn.Linear]) -> tuple[torch.Tensor, torch.Tensor | None]:
 
 
 class TransformersRunner:
-    def __init__(self, model: Any, prepack_weights: bool = True, native_attention: bool = True) -> None:
+    def __init__(
+        self,
+        model: Any,
+        prepack_weights: bool = True,
+        native_attention: bool = True,
+        score_slice: int = DEFAULT_SLICE,
+    ) -> None:
         """`prepack_weights`: run the projections through oneDNN on reordered weight copies (CPU, float32).
-        `native_attention`: decode attention through the compiled CPU kernel where it builds (engine/native.py).
+        `native_attention`: decode attention and prompt scoring through the compiled CPU kernels where they build
+        (engine/native.py).
+        `score_slice`: prompt positions per LM-head call when scoring prompts (bounds the logits' memory).
         """
         config = model.config
         inner = getattr(model, "model", None)
@@ -90,6 +104,7 @@ class TransformersRunner:
         self.rotary = inner.rotary_emb
         self.final_norm = inner.norm.weight
         self.prepack_weights = prepack_weights
+        self.score_slice = score_slice
         self.lm_head = self._linear(model.lm_head)
         self.layers = [self._prepare_layer(layer) for layer in inner.layers]
         attention = inner.layers[0].self_attn
@@ -98,6 +113,7 @@ class TransformersRunner:
         self._scratch: tuple[torch.Tensor, torch.Tensor] | None = None
         use_kernel = native_attention and self.device.type == "cpu" and self.dtype == torch.float32
         self.decode_kernel = load_decode_kernel() if use_kernel else None
+        self.score_kernel = load_score_kernel() if use_kernel else None
         half = self.head_dim // 2  # the halves of each head that RoPE's rotate_half exchanges
         self._rope_swap = torch.cat((torch.arange(half, self.head_dim), torch.arange(half))).to(self.device)
 
@@ -148,8 +164,12 @@ class TransformersRunner:
         # greedy parity with generate() relies on.
         return F.rms_norm(x, (x.shape[-1],), weight, self.eps)
 
+    def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Final norm and LM head over last-layer hidden states: [rows, vocab] float32."""
+        return self.lm_head(self._rms_norm(hidden, self.final_norm)).float()
+
     @torch.inference_mode()
-    def forward(self, batch: ForwardBatch, cache: PagedKVCache) -> torch.Tensor:
+    def forward(self, batch: ForwardBatch, cache: PagedKVCache) -> ForwardOutput:
         heads, kv_heads, dim = self.num_heads, self.num_kv_heads, self.head_dim
         tokens = batch.num_tokens
         x = self.embed(batch.input_ids)  # [tokens, hidden]
@@ -179,5 +199,11 @@ class TransformersRunner:
             gate_up = layer.gate_up_proj(h)
             gate, up = gate_up.chunk(2, dim=-1)
             x = x + layer.down_proj(self.act(gate) * up)
-        last = self._rms_norm(x[batch.sample_index], self.final_norm)
-        return self.lm_head(last).float()
+        logits = self._logits(x[batch.sample_index])
+        scoring = batch.scoring
+        if scoring is None:
+            return ForwardOutput(logits)
+        scores = score_positions(
+            x, scoring.index, scoring.target, scoring.top_k, self._logits, self.score_slice, self.score_kernel
+        )
+        return ForwardOutput(logits, scores)

@@ -1,10 +1,11 @@
-"""The engine's C++ CPU kernel (engine/csrc), compiled on first use and cached, with a torch fallback.
+"""The engine's C++ CPU kernels (engine/csrc), compiled on first use and cached, with torch fallbacks.
 
 torch's extension builder compiles the source once per machine (about 10 s, needs a C++ compiler) into its
 cache (`$TORCH_EXTENSIONS_DIR`, default ~/.cache/torch_extensions); later processes only load the library.
 The build targets this CPU's instruction set, so the extension's name carries a hash of the CPU, the source
 and the torch version: a cache shared across machines never loads code built for another processor. Where
-no compiler is present the build fails with a warning and the engine runs its pure-torch attention.
+no compiler is present the build fails with a warning and the engine runs its pure-torch attention and prompt
+scoring. Both kernels live in one extension, so one build serves both.
 """
 
 from __future__ import annotations
@@ -20,12 +21,14 @@ import torch
 
 logger = logging.getLogger(__name__)
 
-_SOURCE = Path(__file__).parent / "csrc" / "paged_decode_attention.cpp"
+_SOURCES = tuple(Path(__file__).parent / "csrc" / name for name in ("paged_decode_attention.cpp", "prompt_scores.cpp"))
 _STALE_LOCK_S = 300.0  # a build takes ~10 s; a lock this old was left by a build that was killed
 
 DecodeKernel = Callable[
     [torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, int, float], torch.Tensor
 ]
+# (logits [rows, vocab], target [rows], k) -> (logprobs [rows], ranks [rows], top ids [rows, k], top logprobs)
+ScoreKernel = Callable[[torch.Tensor, torch.Tensor, int], tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]]
 
 
 def _registered() -> DecodeKernel | None:
@@ -45,7 +48,7 @@ def _cpu_signature() -> str:
 
 
 def _extension_name() -> str:
-    key = "\n".join([_SOURCE.read_text(), _cpu_signature(), torch.__version__])
+    key = "\n".join([*(source.read_text() for source in _SOURCES), _cpu_signature(), torch.__version__])
     return f"batchserve_kernels_{hashlib.sha256(key.encode()).hexdigest()[:12]}"
 
 
@@ -54,6 +57,21 @@ def load_decode_kernel() -> DecodeKernel | None:
     kernel = _registered()
     if kernel is not None:  # already loaded in this process (the op registry is process-wide)
         return kernel
+    return _registered() if _build() else None
+
+
+def load_score_kernel() -> ScoreKernel | None:
+    """The compiled prompt scoring op (engine/prompt_scoring.py), from the same extension; None without it."""
+    if load_decode_kernel() is None:
+        return None
+    try:
+        return torch.ops.batchserve.prompt_scores  # type: ignore[no-any-return]
+    except (AttributeError, RuntimeError):
+        return None
+
+
+def _build() -> bool:
+    """Compile (or load the cached build of) the extension, registering its ops; False where it cannot."""
     try:
         from torch.utils import cpp_extension
 
@@ -61,15 +79,15 @@ def load_decode_kernel() -> DecodeKernel | None:
         _clear_stale_lock(Path(cpp_extension._get_build_directory(name, verbose=False)) / "lock")
         cpp_extension.load(
             name=name,
-            sources=[str(_SOURCE)],
+            sources=[str(source) for source in _SOURCES],
             extra_cflags=["-O3", "-march=native", "-fopenmp"],
             extra_ldflags=["-fopenmp"],
             is_python_module=False,
         )
     except Exception as exc:  # no compiler, no ninja, a read-only cache: all mean "use the torch path"
-        logger.warning("native attention kernel unavailable, using the torch path: %s", exc)
-        return None
-    return _registered()
+        logger.warning("native CPU kernels unavailable, using the torch path: %s", exc)
+        return False
+    return True
 
 
 def _clear_stale_lock(lock: Path) -> None:

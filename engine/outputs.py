@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import enum
+import itertools
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 
@@ -36,7 +38,42 @@ class TokenOutput:
 
 
 @dataclass(frozen=True)
+class PromptLogprobs:
+    """Scores of consecutive prompt tokens of one sequence, from `first_position` on (prompt index >= 1: the
+    first token has no logprob). Each position is reported once, even if a preempted prompt is recomputed."""
+
+    seq_id: int
+    first_position: int
+    token_ids: tuple[int, ...]  # the prompt tokens scored
+    logprobs: tuple[float, ...]  # log-probability of each under the model, given the tokens before it
+    ranks: tuple[int, ...]  # 1 + how many vocabulary entries the model rated strictly higher
+    top: tuple[tuple[tuple[int, float], ...], ...]  # per position, the `prompt_logprobs` best (token id, logprob)
+
+    @property
+    def positions(self) -> range:
+        return range(self.first_position, self.first_position + len(self.token_ids))
+
+    @staticmethod
+    def join(parts: Sequence[PromptLogprobs]) -> PromptLogprobs:
+        """One sequence's consecutive parts (as delivered, step by step) as one."""
+        if not parts:
+            raise ValueError("nothing to join")
+        for before, after in itertools.pairwise(parts):
+            if after.seq_id != before.seq_id or after.first_position != before.positions.stop:
+                raise ValueError("prompt logprobs parts are not consecutive parts of one sequence")
+        return PromptLogprobs(
+            parts[0].seq_id,
+            parts[0].first_position,
+            tuple(t for p in parts for t in p.token_ids),
+            tuple(lp for p in parts for lp in p.logprobs),
+            tuple(r for p in parts for r in p.ranks),
+            tuple(top for p in parts for top in p.top),
+        )
+
+
+@dataclass(frozen=True)
 class StepOutput:
     tokens: tuple[TokenOutput, ...]
     num_seqs: int  # sequences computed in the step
     num_tokens: int  # tokens computed in the step (prompt chunks plus decode tokens)
+    prompt_logprobs: tuple[PromptLogprobs, ...] = ()  # prompt positions scored in this step, per sequence

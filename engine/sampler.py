@@ -1,8 +1,14 @@
-"""Vectorised per-row sampling: greedy, temperature, top-k, top-p, penalties, seeds and logprobs.
+"""Vectorised per-row sampling: greedy, temperature, min-p, top-k, top-p, seeds and logprobs.
 
 Randomness is counter-based: the uniform number for a row's n-th output token is a hash of (seed, n). A
 seeded request therefore draws the same numbers whatever else shares its batch, and a preempted sequence
 that is recomputed continues exactly where it left off.
+
+Numerics: temperatures below MIN_SAMPLING_TEMPERATURE are greedy, and a row is shifted by its maximum before the
+temperature divides it, so the top token scores exactly 0 and every other one <= 0: dividing by a small
+temperature can only push logits towards -inf (probability 0), never to +inf, and softmax never sees inf - inf.
+Given a row with at least one finite logit and none +inf or NaN (the engine's validation and edits keep it so), no
+filter produces NaN or inf.
 """
 
 from __future__ import annotations
@@ -10,6 +16,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+
+from engine.logits_processors import LogitsEdits
+from engine.sampling_params import MIN_SAMPLING_TEMPERATURE
 
 _MASK32 = 0xFFFFFFFF
 
@@ -41,10 +50,9 @@ class RowSampling:
     top_k: torch.Tensor  # [rows] int64, 0 = off
     seed: torch.Tensor  # [rows] int64
     counter: torch.Tensor  # [rows] int64, index of the output token being sampled
-    presence_penalty: torch.Tensor  # [rows] float32
-    frequency_penalty: torch.Tensor  # [rows] float32
     num_logprobs: int  # top alternatives to return (max over rows), 0 = none
     want_logprobs: bool
+    min_p: torch.Tensor | None = None  # [rows] float32, 0 = off; None when no row of the step filters by it
 
 
 @dataclass(frozen=True)
@@ -55,30 +63,25 @@ class SampleResult:
     top_logprobs: torch.Tensor | None  # [rows, k] float32
 
 
-def apply_penalties(
-    logits: torch.Tensor, output_counts: torch.Tensor, presence: torch.Tensor, frequency: torch.Tensor
-) -> torch.Tensor:
-    """OpenAI-style penalties; output_counts is [rows, vocab], how often each token was generated so far."""
-    return logits - frequency[:, None] * output_counts - presence[:, None] * (output_counts > 0).float()
-
-
-def sample(logits: torch.Tensor, params: RowSampling) -> SampleResult:
-    """logits: [rows, vocab] float32, penalties already applied."""
-    greedy_tokens = logits.argmax(dim=-1)
-    random_rows = params.temperature > 0
+def sample(logits: torch.Tensor, params: RowSampling, edits: LogitsEdits | None = None) -> SampleResult:
+    """logits: [rows, vocab] float32 from the model; `edits` (bias, masks, penalties) are applied here."""
+    processed = logits if edits is None else edits.apply(logits)
+    greedy_tokens = processed.argmax(dim=-1)
+    random_rows = params.temperature >= MIN_SAMPLING_TEMPERATURE
     tokens = greedy_tokens
     if bool(random_rows.any()):
-        chosen = _sample_random(logits[random_rows], _subset(params, random_rows))
+        chosen = _sample_random(processed[random_rows], _subset(params, random_rows))
         tokens = greedy_tokens.clone()
         tokens[random_rows] = chosen
     if not params.want_logprobs:
         return SampleResult(tokens, None, None, None)
-    # Log-probabilities of the model's distribution, before temperature and filters (as vLLM reports them).
+    # The model's own distribution, before edits, temperature and filters: vLLM's default logprobs_mode
+    # ("raw_logprobs"). A token a filter or penalty made unlikely still reports what the model thought of it.
     logprobs = torch.log_softmax(logits, dim=-1)
     chosen_logprobs = logprobs.gather(1, tokens[:, None])[:, 0]
     top_ids = top_logprobs = None
     if params.num_logprobs > 0:
-        top_logprobs, top_ids = logprobs.topk(params.num_logprobs, dim=-1)
+        top_logprobs, top_ids = logprobs.topk(min(params.num_logprobs, logprobs.shape[-1]), dim=-1)
     return SampleResult(tokens, chosen_logprobs, top_ids, top_logprobs)
 
 
@@ -89,32 +92,46 @@ def _subset(params: RowSampling, rows: torch.Tensor) -> RowSampling:
         params.top_k[rows],
         params.seed[rows],
         params.counter[rows],
-        params.presence_penalty[rows],
-        params.frequency_penalty[rows],
         params.num_logprobs,
         params.want_logprobs,
+        None if params.min_p is None else params.min_p[rows],
     )
 
 
-def _sample_random(logits: torch.Tensor, params: RowSampling) -> torch.Tensor:
-    scaled = logits / params.temperature[:, None]
+def filtered_probs(logits: torch.Tensor, params: RowSampling) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Each row's sampling weights after temperature, min-p, top-k and top-p (vLLM's order), not normalised.
+
+    Returns (weights [rows, width], ids [rows, width] or None): weights are over the whole vocabulary when ids is
+    None, else over the candidate tokens `ids`, best first. Every temperature must be >= MIN_SAMPLING_TEMPERATURE.
+    """
+    # Shifted by the row maximum so the top token scores 0: see the module docstring.
+    scaled = logits - logits.amax(dim=-1, keepdim=True)
+    scaled.div_(params.temperature[:, None])
+    if params.min_p is not None:
+        # p_i >= min_p * p_top  <=>  scaled_i >= log(min_p), as the top token scores 0; min_p = 0 keeps all.
+        scaled.masked_fill_(scaled < params.min_p.log()[:, None], float("-inf"))
     vocab = scaled.shape[-1]
     needs_top_p = bool((params.top_p < 1.0).any())
     top_k = torch.where(params.top_k > 0, params.top_k.clamp(max=vocab), vocab)
-    if needs_top_p or bool((top_k < vocab).any()):
-        # Candidates in descending order; a full sort only when some row filters by top-p.
-        width = vocab if needs_top_p else int(top_k.max())
-        cand_logits, cand_ids = scaled.topk(width, dim=-1, sorted=True)
-        rank = torch.arange(width, device=logits.device)
-        cand_logits = cand_logits.masked_fill(rank[None, :] >= top_k[:, None], float("-inf"))
-        probs = torch.softmax(cand_logits, dim=-1)
-        if needs_top_p:
-            mass_before = torch.cumsum(probs, dim=-1) - probs
-            probs = probs.masked_fill(mass_before >= params.top_p[:, None], 0.0)
-    else:
-        probs = torch.softmax(scaled, dim=-1)
-        cand_ids = None
+    if not (needs_top_p or bool((top_k < vocab).any())):
+        return torch.softmax(scaled, dim=-1), None
+    # Candidates in descending order; a full sort only when some row filters by top-p.
+    width = vocab if needs_top_p else int(top_k.max())
+    cand_logits, cand_ids = scaled.topk(width, dim=-1, sorted=True)
+    rank = torch.arange(width, device=logits.device)
+    cand_logits = cand_logits.masked_fill(rank[None, :] >= top_k[:, None], float("-inf"))
+    probs = torch.softmax(cand_logits, dim=-1)
+    if needs_top_p:
+        # The top candidate has nothing before it, so every row keeps at least one token.
+        mass_before = torch.cumsum(probs, dim=-1) - probs
+        probs = probs.masked_fill(mass_before >= params.top_p[:, None], 0.0)
+    return probs, cand_ids
+
+
+def _sample_random(logits: torch.Tensor, params: RowSampling) -> torch.Tensor:
+    probs, cand_ids = filtered_probs(logits, params)
     cdf = torch.cumsum(probs.double(), dim=-1)
+    # u in (0, 1) scaled by the total: the first index whose cdf reaches it has a weight > 0.
     u = counter_uniform(params.seed, params.counter).to(cdf.device) * cdf[:, -1]
     index = torch.searchsorted(cdf, u[:, None])[:, 0].clamp(max=probs.shape[-1] - 1)
     return index if cand_ids is None else cand_ids.gather(1, index[:, None])[:, 0]

@@ -2,16 +2,21 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
-MAX_LOGPROBS = 5
+MAX_LOGPROBS = 20  # vLLM's default max_logprobs; chat's top_logprobs goes up to 20
+MAX_LOGIT_BIAS_VALUE = 100.0  # OpenAI's range for one logit_bias entry
+# Temperatures below this are greedy (vLLM's _SAMPLING_EPS): dividing logits by a smaller one is numerically unsafe
+# and the distribution is all but a point mass on the top token.
+MIN_SAMPLING_TEMPERATURE = 1e-5
 MAX_SEED = 2**63 - 1
 MAX_TOP_K = 2**31 - 1  # no vocabulary is larger; bounds what the engine stores in an int64 row
 
 
 @dataclass(frozen=True)
 class SamplingParams:
-    """How one sequence picks its tokens. temperature 0 means greedy."""
+    """How one sequence picks its tokens. A temperature below MIN_SAMPLING_TEMPERATURE (e.g. 0) means greedy."""
 
     max_tokens: int = 16
     temperature: float = 1.0
@@ -20,9 +25,16 @@ class SamplingParams:
     seed: int | None = None
     stop_token_ids: tuple[int, ...] = field(default_factory=tuple)
     ignore_eos: bool = False
-    logprobs: int | None = None  # top alternatives to report beside the chosen token, 0..5
+    logprobs: int | None = None  # top alternatives to report beside the chosen token, 0..MAX_LOGPROBS
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
+    prompt_logprobs: int | None = None  # score every prompt token: its logprob, rank and this many alternatives
+    # vLLM's extensions, applied in vLLM's order (see engine/logits_processors.py and engine/sampler.py).
+    min_tokens: int = 0  # EOS and stop_token_ids cannot be sampled before this many tokens were generated
+    repetition_penalty: float = 1.0  # > 0; divides positive / multiplies other logits of prompt and output tokens
+    min_p: float = 0.0  # drop tokens less likely than min_p times the top token (after temperature)
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias in [-100, 100]) added to the logits first
+    allowed_token_ids: tuple[int, ...] | None = None  # only these ids may be sampled (greedy too)
 
     def __post_init__(self) -> None:
         if self.max_tokens < 1:
@@ -37,11 +49,34 @@ class SamplingParams:
             raise ValueError(f"seed must be between 0 and {MAX_SEED}, got {self.seed}")
         if self.logprobs is not None and not 0 <= self.logprobs <= MAX_LOGPROBS:
             raise ValueError(f"logprobs must be between 0 and {MAX_LOGPROBS}, got {self.logprobs}")
+        if self.prompt_logprobs is not None and not 0 <= self.prompt_logprobs <= MAX_LOGPROBS:
+            raise ValueError(f"prompt_logprobs must be between 0 and {MAX_LOGPROBS}, got {self.prompt_logprobs}")
         for name in ("presence_penalty", "frequency_penalty"):
             if not -2.0 <= getattr(self, name) <= 2.0:
                 raise ValueError(f"{name} must be between -2 and 2, got {getattr(self, name)}")
         object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in self.stop_token_ids))
+        self._check_extensions()
+
+    def _check_extensions(self) -> None:
+        """vLLM's extensions: min_tokens, repetition_penalty, min_p, logit_bias, allowed_token_ids."""
+        if not 0 <= self.min_tokens <= self.max_tokens:
+            raise ValueError(f"min_tokens must be between 0 and max_tokens ({self.max_tokens}), got {self.min_tokens}")
+        if not (self.repetition_penalty > 0.0 and math.isfinite(self.repetition_penalty)):
+            raise ValueError(f"repetition_penalty must be a finite number > 0, got {self.repetition_penalty}")
+        if not 0.0 <= self.min_p <= 1.0:
+            raise ValueError(f"min_p must be between 0 and 1, got {self.min_p}")
+        bias = tuple((int(t), float(v)) for t, v in self.logit_bias)
+        if len({t for t, _ in bias}) != len(bias):
+            raise ValueError("logit_bias names a token id twice")
+        bad = [v for _, v in bias if not -MAX_LOGIT_BIAS_VALUE <= v <= MAX_LOGIT_BIAS_VALUE]
+        if bad:
+            raise ValueError(f"logit_bias values must be between -100 and 100, got {bad[0]}")
+        object.__setattr__(self, "logit_bias", bias)
+        if self.allowed_token_ids is not None:
+            if len(self.allowed_token_ids) == 0:
+                raise ValueError("allowed_token_ids must not be empty")
+            object.__setattr__(self, "allowed_token_ids", tuple(int(t) for t in self.allowed_token_ids))
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0.0
+        return self.temperature < MIN_SAMPLING_TEMPERATURE

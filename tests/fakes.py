@@ -6,6 +6,8 @@ whole context back from the paged cache through the batch's own key slots, check
 present and in order (so a wrong block table, a lost block or a missed recompute after preemption shows up
 as a recorded violation), and puts a single logit spike on `token_fn(position, context)`. The engine's real
 block accounting and sampler therefore run unchanged, and greedy requests get exact, reproducible tokens.
+Prompt positions a batch asks to score get `scripted_prompt_score(position)` as their logprob (rank: the
+position), so tests can tell which positions were delivered.
 """
 
 from __future__ import annotations
@@ -19,11 +21,13 @@ from engine.config import EngineConfig
 from engine.engine import Engine
 from engine.forward_batch import ForwardBatch
 from engine.kv_cache import KVCacheShape, PagedKVCache
-from engine.outputs import FinishReason
+from engine.model_runner import ForwardOutput
+from engine.outputs import FinishReason, PromptLogprobs
+from engine.prompt_scoring import PromptScores
 from engine.sampling_params import SamplingParams
 from scheduler.config import Mode, SchedulerConfig
 from scheduler.core import Scheduler
-from scheduler.request import FinishEvent, Request, RequestEvent, TokenEvent
+from scheduler.request import FinishEvent, PromptLogprobsEvent, Request, RequestEvent, TokenEvent
 from scheduler.stats import StepStats
 
 EOS = 0  # ScriptedRunner's EOS id; default scripted tokens are never EOS
@@ -31,6 +35,11 @@ VOCAB = 64
 
 # (position of the token being sampled, token ids at positions 0..position-1 read from the cache) -> token id
 TokenFn = Callable[[int, Sequence[int]], int]
+
+
+def scripted_prompt_score(position: int) -> float:
+    """The logprob ScriptedRunner reports for the prompt token at `position`."""
+    return -float(position)
 
 
 def default_token(position: int, context: Sequence[int]) -> int:
@@ -100,11 +109,12 @@ class ScriptedRunner:
         self.calls = 0
         self.batches: list[RecordedBatch] = []
         self.violations: list[str] = []
+        self.scored_positions: list[int] = []  # every prompt position any batch asked to score, in order
 
     def kv_cache_shape(self, num_blocks: int, block_size: int) -> KVCacheShape:
         return KVCacheShape(1, 1, 1, num_blocks, block_size)
 
-    def forward(self, batch: ForwardBatch, cache: PagedKVCache) -> torch.Tensor:
+    def forward(self, batch: ForwardBatch, cache: PagedKVCache) -> ForwardOutput:
         self.calls += 1
         if self.clock is not None:
             self.clock.advance(self.step_time)  # the step "takes" step_time
@@ -133,7 +143,17 @@ class ScriptedRunner:
                 tuple(sample_positions),
             )
         )
-        return logits
+        return ForwardOutput(logits, self._prompt_scores(batch))
+
+    def _prompt_scores(self, batch: ForwardBatch) -> PromptScores | None:
+        scoring = batch.scoring
+        if scoring is None:
+            return None
+        position = batch.positions[scoring.index] + 1  # the hidden state at p scores the token at p + 1
+        self.scored_positions.extend(position.tolist())
+        logprobs = scripted_prompt_score(1) * position.float()
+        k = scoring.top_k
+        return PromptScores(logprobs, position, scoring.target[:, None].expand(-1, k), logprobs[:, None].expand(-1, k))
 
     def _context(
         self, batch: ForwardBatch, token_index: int, keys: torch.Tensor, values: torch.Tensor, length: int
@@ -166,6 +186,7 @@ class Stream:
     tokens: list[int] = field(default_factory=list)
     token_steps: list[int] = field(default_factory=list)
     token_times: list[float] = field(default_factory=list)
+    prompt_logprobs: list[PromptLogprobs] = field(default_factory=list)
     finish: FinishEvent | None = None
     finish_step: int | None = None
     request: Request | None = field(default=None, repr=False)
@@ -179,6 +200,9 @@ class Stream:
             self.tokens.append(event.token.token_id)
             self.token_steps.append(step)
             self.token_times.append(event.time)
+        elif isinstance(event, PromptLogprobsEvent):
+            assert not self.tokens, f"{self.request_id} got prompt logprobs after its first token"
+            self.prompt_logprobs.append(event.scores)
         else:
             self.finish = event
             self.finish_step = step

@@ -1,11 +1,13 @@
-"""Tests for engine.sampler: counter-based uniforms, greedy and filtered sampling, penalties, logprobs."""
+"""Tests for engine.sampler: counter-based uniforms, greedy and filtered sampling, penalties, logprobs, numerics."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from engine.sampler import RowSampling, apply_penalties, counter_uniform, sample
+from engine.logits_processors import apply_penalties
+from engine.sampler import RowSampling, counter_uniform, filtered_probs, sample
+from engine.sampling_params import MIN_SAMPLING_TEMPERATURE, SamplingParams
 
 BINS = 20
 # Chi-square with BINS - 1 = 19 degrees of freedom has mean 19 and sd ~6.2; 60 is > 6 sd out, so a correct
@@ -23,6 +25,7 @@ def rows(
     counter: torch.Tensor | None = None,
     num_logprobs: int = 0,
     want_logprobs: bool = False,
+    min_p: float | None = None,
 ) -> RowSampling:
     seeds = seed if isinstance(seed, torch.Tensor) else torch.full((n,), seed, dtype=torch.long)
     return RowSampling(
@@ -31,10 +34,9 @@ def rows(
         top_k=torch.full((n,), top_k, dtype=torch.long),
         seed=seeds,
         counter=torch.arange(n, dtype=torch.long) if counter is None else counter,
-        presence_penalty=torch.zeros(n),
-        frequency_penalty=torch.zeros(n),
         num_logprobs=num_logprobs,
         want_logprobs=want_logprobs,
+        min_p=None if min_p is None else torch.full((n,), min_p),
     )
 
 
@@ -207,3 +209,139 @@ def test_apply_penalties_is_openai_style() -> None:
     counts = torch.tensor([[0.0, 1.0, 3.0, 0.0], [2.0, 0.0, 0.0, 0.0]])
     out = apply_penalties(logits, counts, presence=torch.tensor([0.5, 0.0]), frequency=torch.tensor([1.0, -1.0]))
     assert torch.equal(out, torch.tensor([[0.0, -1.5, -3.5, 0.0], [2.0, 0.0, 0.0, 0.0]]))
+
+
+# ----- min-p and exact numerics, against a float64 reference written out per row -----
+
+
+def reference_probs(
+    logits: torch.Tensor, temperature: float, top_k: int = 0, top_p: float = 1.0, min_p: float = 0.0
+) -> torch.Tensor:
+    """One row's sampling distribution in float64, step by step in vLLM's order: temperature, min-p, top-k,
+    top-p. Below the sampling epsilon it is greedy: all mass on the first maximum."""
+    x = logits.double()
+    if temperature < MIN_SAMPLING_TEMPERATURE:
+        return torch.nn.functional.one_hot(x.argmax(), len(x)).double()
+    z = (x - x.max()) / temperature
+    p = torch.exp(z)
+    p = p / p.sum()
+    p[p < min_p * p.max()] = 0.0
+    order = torch.argsort(z, descending=True, stable=True)
+    if top_k > 0:
+        p[order[top_k:]] = 0.0
+    p = p / p.sum()
+    if top_p < 1.0:
+        ranked = p[order]
+        p[order[torch.cumsum(ranked, 0) - ranked >= top_p]] = 0.0
+    return p / p.sum()
+
+
+def full_distribution(logits: torch.Tensor, params: RowSampling) -> torch.Tensor:
+    """filtered_probs spread back over the vocabulary and normalised, in float64."""
+    weights, ids = filtered_probs(logits, params)
+    assert bool(torch.isfinite(weights).all()) and bool((weights >= 0).all())
+    full = (
+        weights.double()
+        if ids is None
+        else torch.zeros(logits.shape, dtype=torch.float64).scatter(1, ids, weights.double())
+    )
+    return full / full.sum(dim=-1, keepdim=True)
+
+
+INF = float("inf")
+# Rows that break naive scaling: huge magnitudes, -inf entries, near-float32-max values, ties, tiny gaps.
+EXTREME_LOGITS = torch.tensor(
+    [
+        [1e30, -1e30, 0.0, 5e29, -5e29, 1.0, 2.0, 3.0],
+        [-INF, 2.0, -INF, 1.0, 0.5, -INF, -1.0, 0.25],
+        [3e38, -3e38, 1e38, -1e38, 0.0, 2e38, 1.0, -1.0],
+        [1e-3, 2e-3, 3e-3, 0.0, -1e-3, 4e-3, 2.5e-3, 1.5e-3],
+        [-INF, -INF, -INF, -INF, -1e30, -INF, -INF, -INF],
+        [0.5, -1.5, 2.5, 1.0, -0.5, 0.0, 3.5, -2.5],
+    ]
+)
+TIED_LOGITS = torch.tensor([[0.0] * 8, [1e30] * 8, [-1e30] * 8, [7.0, 7.0, -INF, 7.0, -1e30, 7.0, -INF, -1e30]])
+SWEEP_TEMPERATURES = [0.0, 1e-45, 1e-40, 1e-38, 1e-10, 1e-6, 1e-5, 0.5, 1.0, 2.0]
+FILTERS = [
+    dict(),
+    dict(top_k=3),
+    dict(top_p=0.9),
+    dict(min_p=0.1),
+    dict(top_k=5, top_p=0.8, min_p=0.05),
+    dict(top_k=2, top_p=1e-6, min_p=1.0),
+]
+DRAWS = 16  # each distribution is drawn from this many times, with distinct counters
+
+
+@pytest.mark.parametrize("filters", FILTERS, ids=lambda f: ",".join(f"{k}={v}" for k, v in f.items()) or "plain")
+@pytest.mark.parametrize("temperature", SWEEP_TEMPERATURES)
+def test_temperature_sweep_on_extreme_logits_matches_float64_and_never_nan(temperature: float, filters: dict) -> None:
+    logits = EXTREME_LOGITS.repeat(DRAWS, 1)
+    n = len(logits)
+    params = rows(n, temperature=temperature, seed=torch.arange(n) * 7 + 3, **filters)
+    tokens = sample(logits, params).tokens
+    reference = torch.stack([reference_probs(row, temperature, **filters) for row in EXTREME_LOGITS]).repeat(DRAWS, 1)
+    assert bool((reference.gather(1, tokens[:, None]) > 0).all()), "a token outside the distribution was drawn"
+    if temperature < MIN_SAMPLING_TEMPERATURE:  # subnormal and tiny temperatures are exactly greedy
+        assert torch.equal(tokens, logits.argmax(dim=-1))
+        assert torch.equal(tokens, sample(logits, rows(n, temperature=0.0)).tokens)
+    else:
+        got = full_distribution(EXTREME_LOGITS, rows(len(EXTREME_LOGITS), temperature=temperature, **filters))
+        assert torch.allclose(got, reference[: len(EXTREME_LOGITS)], atol=1e-5), (got, reference)
+
+
+@pytest.mark.parametrize("filters", FILTERS, ids=lambda f: ",".join(f"{k}={v}" for k, v in f.items()) or "plain")
+@pytest.mark.parametrize("temperature", SWEEP_TEMPERATURES)
+def test_tied_logits_never_give_nan_and_draw_only_tied_maxima(temperature: float, filters: dict) -> None:
+    logits = TIED_LOGITS.repeat(DRAWS, 1)
+    n = len(logits)
+    tokens = sample(logits, rows(n, temperature=temperature, seed=torch.arange(n), **filters)).tokens
+    assert bool((logits.gather(1, tokens[:, None])[:, 0] == logits.amax(dim=-1)).all())
+    if temperature >= MIN_SAMPLING_TEMPERATURE:
+        got = full_distribution(logits, rows(n, temperature=temperature, **filters))
+        assert bool(torch.isfinite(got).all())
+        # Only tied maxima carry mass, and without a count or mass limit they share it equally.
+        assert bool((got[logits < logits.amax(dim=-1, keepdim=True)] == 0).all())
+        if not filters or filters == dict(min_p=0.1):
+            tied = logits == logits.amax(dim=-1, keepdim=True)
+            assert torch.allclose(got, tied.double() / tied.sum(dim=-1, keepdim=True), atol=1e-6)
+
+
+@pytest.mark.parametrize("temperature", [0.7, 1.5])
+def test_min_p_mixed_with_unfiltered_rows_matches_reference(temperature: float) -> None:
+    logits = random_logits(8, vocab=30, seed=9)
+    min_p = torch.tensor([0.0, 0.05, 0.0, 0.2, 0.5, 0.0, 0.9, 1.0])
+    params = RowSampling(**{**rows(8, temperature=temperature).__dict__, "min_p": min_p})
+    got = full_distribution(logits, params)
+    for i in range(8):
+        expected = reference_probs(logits[i], temperature, min_p=float(min_p[i]))
+        assert torch.allclose(got[i], expected, atol=1e-6), i
+    assert bool((got[min_p == 0] > 0).all())  # unfiltered rows keep every token
+    assert bool(((got > 0).sum(dim=-1)[min_p >= 0.5] < 30).all())  # filtered rows really dropped some
+    # Drawn tokens respect the filter.
+    many = logits.repeat(200, 1)
+    drawn = sample(
+        many, RowSampling(**{**rows(1600, temperature=temperature, seed=5).__dict__, "min_p": min_p.repeat(200)})
+    )
+    assert bool((got.repeat(200, 1).gather(1, drawn.tokens[:, None]) > 0).all())
+
+
+def test_min_p_samples_from_the_renormalised_survivors() -> None:
+    n = 40_000
+    probs = torch.softmax(FIXED_LOGITS.double(), dim=-1)  # ~[0.55, 0.20, 0.12, 0.07, ...]
+    min_p = 0.2  # keeps tokens with p >= 0.2 * 0.55 = 0.11: the first three
+    freq = _frequencies(_sampled(rows(n, min_p=min_p, seed=17), n))
+    kept = torch.zeros_like(probs)
+    kept[:3] = probs[:3] / probs[:3].sum()
+    assert torch.allclose(freq, kept, atol=0.01), (freq, kept)
+
+
+def test_greedy_epsilon_is_shared_by_sampling_params_and_the_sampler() -> None:
+    below, at = MIN_SAMPLING_TEMPERATURE / 2, MIN_SAMPLING_TEMPERATURE
+    assert SamplingParams(temperature=0.0).greedy and SamplingParams(temperature=below).greedy
+    assert not SamplingParams(temperature=at).greedy
+    logits = torch.tensor([[0.0, 1e-6, 0.0]]).repeat(64, 1)  # a gap of 1e-6 is a tenth of the epsilon
+    greedy = sample(logits, rows(64, temperature=below, seed=torch.arange(64))).tokens
+    assert bool((greedy == 1).all())
+    sampled = sample(logits, rows(64, temperature=at, seed=torch.arange(64))).tokens
+    assert bool((sampled != 1).any())
