@@ -1,7 +1,8 @@
 """The scheduler: owns the waiting queue and the request lifecycle, and runs one step at a time.
 
-Everything here runs on the engine loop thread except `submit`, `abort` and `stop_request`, which only append
-to a locked inbox. `step()` is synchronous and takes an injectable clock, so policy tests drive it directly.
+Everything here runs on the engine loop thread except `submit`, `abort`, `stop_request`, `close`, `begin_drain`
+and `shutdown`, which only append to a locked inbox or set a flag under its lock. `step()` is synchronous and
+takes an injectable clock, so policy tests drive it directly.
 """
 
 from __future__ import annotations
@@ -14,13 +15,21 @@ from collections import deque
 from collections.abc import Callable, Sequence
 
 from engine.engine import Engine
-from engine.outputs import FinishReason, TokenOutput
+from engine.outputs import FinishReason, PromptLogprobs, TokenOutput
 from scheduler.config import Mode, SchedulerConfig
 from scheduler.continuous import ContinuousPolicy
 from scheduler.dynamic import DynamicPolicy
 from scheduler.errors import QueueFullError, SchedulerClosedError
 from scheduler.policy import Policy, StepPlan
-from scheduler.request import ErrorKind, FinishEvent, Request, RequestEvent, RequestStatus, TokenEvent
+from scheduler.request import (
+    ErrorKind,
+    FinishEvent,
+    PromptLogprobsEvent,
+    Request,
+    RequestEvent,
+    RequestStatus,
+    TokenEvent,
+)
 from scheduler.stats import StepStats
 
 logger = logging.getLogger("batchserve.scheduler")
@@ -95,6 +104,19 @@ class Scheduler:
         with self._lock:
             self._closed = True
 
+    def begin_drain(self) -> None:
+        """Shutdown begins: refuse new submissions; at the next step boundary, fail the requests never started
+        (SHUTDOWN, the API's 503) and let the policy release finished answers it holds. Running ones go on."""
+        with self._lock:
+            self._closed = True
+            self._inbox.append(("drain", ""))
+
+    def shutdown(self) -> None:
+        """The grace period is over: at the next step boundary, end every request still held with SHUTDOWN."""
+        with self._lock:
+            self._closed = True
+            self._inbox.append(("shutdown", ""))
+
     @property
     def num_queued(self) -> int:
         with self._lock:
@@ -142,7 +164,7 @@ class Scheduler:
                 self._finish(request, FinishReason.ERROR, f"internal error during generation: {type(exc).__name__}")
             generated, num_tokens = 0, sum(count for _, count in plan)
         else:
-            generated, num_tokens = self._deliver(output.tokens), output.num_tokens
+            generated, num_tokens = self._deliver(output.tokens, output.prompt_logprobs), output.num_tokens
         end = self.clock()
         stats = StepStats(
             mode=self.mode,
@@ -170,9 +192,15 @@ class Scheduler:
             with self._lock:
                 self._num_queued -= 1
 
-    def _deliver(self, tokens: Sequence[TokenOutput]) -> int:
+    def _deliver(self, tokens: Sequence[TokenOutput], prompt_logprobs: Sequence[PromptLogprobs] = ()) -> int:
         by_seq = {r.seq_id: r for r in self.policy.running}
         now = self.clock()
+        for scores in prompt_logprobs:  # before the step's tokens: a prompt's scores precede its answer
+            request = by_seq.get(scores.seq_id)
+            if request is None or request.status is not RequestStatus.RUNNING:
+                continue
+            if not self._emit(request, PromptLogprobsEvent(scores, now)):
+                self._finish(request, FinishReason.ABORT)
         delivered = 0
         for token in tokens:
             request = by_seq.get(token.seq_id)
@@ -199,6 +227,10 @@ class Scheduler:
                 assert isinstance(item, Request)
                 self._requests[item.request_id] = item
                 self._enqueue_by_arrival(item)
+            elif kind == "drain":
+                self._begin_drain_now()
+            elif kind == "shutdown":
+                self._shutdown_now()
             else:
                 assert isinstance(item, str)
                 request = self._requests.get(item)
@@ -273,14 +305,24 @@ class Scheduler:
             return False
         return True
 
-    def abort_all(self) -> None:
-        """Abort everything (shutdown after the grace period)."""
+    def _begin_drain_now(self) -> None:
+        # Preempted requests wait too, but they already ran: like the running ones, they may finish.
+        for request in [r for r in self.waiting if r.scheduled is None]:
+            self._finish(
+                request, FinishReason.ERROR, "the server is shutting down; retry the request", ErrorKind.SHUTDOWN
+            )
+        for request in self.policy.begin_drain():
+            self._release(request)
+
+    def _shutdown_now(self) -> None:
         for request in list(self._requests.values()):
             if request.status in (RequestStatus.WAITING, RequestStatus.RUNNING):
-                self._finish(request, FinishReason.ABORT)
-        self._drain_inbox()
-        for request in list(self.waiting):
-            self._finish(request, FinishReason.ABORT)
+                self._finish(
+                    request,
+                    FinishReason.ERROR,
+                    "the server shut down before the request finished (its shutdown grace period ran out); retry it",
+                    ErrorKind.SHUTDOWN,
+                )
 
 
 __all__ = ["Scheduler", "StepPlan"]

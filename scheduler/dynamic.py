@@ -18,6 +18,7 @@ class DynamicPolicy(Policy):
         super().__init__(engine, config)
         self.batch_id = 0
         self._timeout_s = config.batch_timeout_ms / 1000.0
+        self._draining = False
 
     def plan(self, waiting: deque[Request], now: float) -> StepPlan:
         if not self.running and self._bus_leaves(waiting, now):
@@ -52,7 +53,16 @@ class DynamicPolicy(Policy):
             # An abort or a failed step frees its seat at once; it does not wait for the bus.
             self.running.remove(request)
             return [request, *self._end_of_batch()]
+        if self._draining:  # no bus leaves any more: holding the answer would only delay it
+            self.running.remove(request)
+            return [request]
         return self._end_of_batch()
+
+    def begin_drain(self) -> list[Request]:
+        self._draining = True
+        held = [r for r in self.running if r.status is RequestStatus.FINISHED]
+        self.running = [r for r in self.running if r.status is not RequestStatus.FINISHED]
+        return held
 
     def _end_of_batch(self) -> list[Request]:
         if any(r.status is RequestStatus.RUNNING for r in self.running):

@@ -45,9 +45,13 @@ class EngineLoop:
         self.scheduler.stop_request(request_id)
         self._wake.set()
 
-    def abort_all(self) -> None:
-        """Abort every request; runs on the caller's thread only once the loop has stopped."""
-        self.scheduler.abort_all()
+    def begin_drain(self) -> None:
+        self.scheduler.begin_drain()
+        self._wake.set()
+
+    def shutdown(self) -> None:
+        self.scheduler.shutdown()
+        self._wake.set()
 
     def _run(self) -> None:
         scheduler = self.scheduler

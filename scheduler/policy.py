@@ -31,6 +31,11 @@ class Policy(abc.ABC):
     def on_finished(self, request: Request) -> list[Request]:
         """`request` just finished; return the requests whose completion may be released now."""
 
+    def begin_drain(self) -> list[Request]:
+        """The server is draining: nothing new will be admitted. Return the finished requests held so far, to be
+        released now; from now on a request that finishes is released at once."""
+        return []
+
     def next_deadline(self, waiting: deque[Request]) -> float | None:
         """When the policy wants to be asked again although nothing ran (a batch timeout), if ever."""
         return None

@@ -6,7 +6,7 @@ import enum
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from engine.outputs import FinishReason, TokenOutput
+from engine.outputs import FinishReason, PromptLogprobs, TokenOutput
 from engine.sampling_params import SamplingParams
 
 
@@ -56,10 +56,11 @@ class TokenEvent:
 
 
 class ErrorKind(enum.Enum):
-    """Why a request ended with FinishReason.ERROR: the API answers 500 for one and 503 for the other."""
+    """Why a request ended with FinishReason.ERROR: the API answers 500 for INTERNAL and 503 for the others."""
 
     INTERNAL = "internal"  # the engine step that ran it failed
     QUEUE_TIMEOUT = "queue_timeout"  # it waited longer than queue_timeout_s: the server is overloaded
+    SHUTDOWN = "shutdown"  # the server is shutting down: never started, or unfinished after the grace period
 
 
 @dataclass(frozen=True)
@@ -70,7 +71,16 @@ class FinishEvent:
     error_kind: ErrorKind | None = None
 
 
-RequestEvent = TokenEvent | FinishEvent
+@dataclass(frozen=True)
+class PromptLogprobsEvent:
+    """Scores of prompt positions computed in one step (only for requests with `prompt_logprobs` set). They
+    arrive in prompt order, each position once, before that step's TokenEvent."""
+
+    scores: PromptLogprobs
+    time: float
+
+
+RequestEvent = TokenEvent | PromptLogprobsEvent | FinishEvent
 EventSink = Callable[[RequestEvent], None]
 
 

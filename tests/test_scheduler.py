@@ -7,6 +7,8 @@ greedy tokens are identical in both modes and equal to `generate()`.
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 import torch
 from transformers import PreTrainedModel
@@ -19,7 +21,7 @@ from engine.outputs import FinishReason
 from engine.sampling_params import SamplingParams
 from scheduler.config import Mode, SchedulerConfig
 from scheduler.core import Scheduler
-from scheduler.errors import QueueFullError
+from scheduler.errors import QueueFullError, SchedulerClosedError
 from scheduler.request import ErrorKind, FinishEvent, Request, RequestStatus, TokenEvent
 from tests.fakes import FakeClock, Harness, ScriptedRunner, Stream, build, expected_tokens
 
@@ -313,12 +315,69 @@ def test_continuous_preempted_request_is_resumed_before_younger_waiting_ones() -
     h.run()
     starts = [s.finish.timings.scheduled for s in streams if s.finish]
     assert starts == sorted(starts)
+    # 10 blocks cannot hold three 5-block sequences: the newest running one was preempted while the fourth waited.
+    preempted = [s for s in streams if s.finish and s.finish.timings.num_preemptions > 0]
+    assert [s.request_id for s in preempted] == [streams[2].request_id]
+    steps, younger = preempted[0].token_steps, streams[3]
+    resumed_at = next(b for a, b in itertools.pairwise(steps) if b > a + 1)  # its first token after the pause
+    assert resumed_at <= younger.token_steps[0]  # back no later than the younger request's first token
+    for s in streams:
+        assert_complete(s)
+    assert_drained(h)
+
+
+def test_continuous_preemption_does_not_thrash_a_long_request_in_a_tight_cache() -> None:
+    """The probe's case: a 521-token request next to two 320-token ones in a 1024-token cache. Resumed with only
+    its next chunk reserved, the long one was preempted again each time an older one needed a block (17 times,
+    recomputing its whole context each time: 9,837 tokens computed for 1,158 of work). Now a request is
+    preempted at most once and the recomputation is bounded by one context per request."""
+    h = build(
+        Mode.CONTINUOUS, seats=8, kv_cache_tokens=1024, block_size=16, max_model_len=1024, max_num_batched_tokens=512
+    )
+    streams = [h.submit(prompt=120, max_tokens=200) for _ in range(2)]
+    streams.append(h.submit(prompt=400, max_tokens=121))
+    h.run()
+    preemptions = [s.finish.timings.num_preemptions for s in streams if s.finish]
+    assert sum(preemptions) >= 1  # the cache is too small for all three: the guard is exercised
+    assert max(preemptions) <= 1
+    work = sum(len(s.prompt) + s.max_tokens - 1 for s in streams)  # every token computed once
+    recomputed = sum(b.num_tokens for b in h.runner.batches) - work
+    preempted_lengths = [len(s.prompt) + s.max_tokens for s in streams if s.finish and s.finish.timings.num_preemptions]
+    assert 0 < recomputed <= sum(preempted_lengths)
     for s in streams:
         assert_complete(s)
     assert_drained(h)
 
 
 # ===== both modes =====
+@pytest.mark.parametrize("mode", MODES)
+def test_drain_fails_queued_requests_releases_held_answers_and_shutdown_ends_the_rest(mode: Mode) -> None:
+    h = build(mode, seats=2)
+    short, long = h.submit(max_tokens=2), h.submit(max_tokens=50)
+    queued = h.submit(max_tokens=4)  # no seat for it
+    h.run(until=lambda: len(short.tokens) == 2)
+    assert short.done is (mode is Mode.CONTINUOUS)  # dynamic mode holds the finished answer for its batch
+    assert queued.request is not None and queued.request.scheduled is None
+
+    h.scheduler.begin_drain()
+    with pytest.raises(SchedulerClosedError):
+        h.submit()
+    h.step()
+    assert queued.reason is FinishReason.ERROR and queued.tokens == []
+    assert queued.finish is not None and queued.finish.error_kind is ErrorKind.SHUTDOWN
+    assert_complete(short)  # released at once: no batch will ever need it again
+    assert long.request is not None and long.request.status is RequestStatus.RUNNING  # running ones go on
+    h.run(until=lambda: len(long.tokens) >= 6)
+    assert not long.done
+
+    h.scheduler.shutdown()  # the grace period is over
+    h.step()
+    assert long.reason is FinishReason.ERROR and 6 <= len(long.tokens) < 50
+    assert long.finish is not None and long.finish.error_kind is ErrorKind.SHUTDOWN
+    assert long.tokens == expected_tokens(long.prompt, 50)[: len(long.tokens)]
+    assert_drained(h)
+
+
 ABORT_CASES = [
     (Mode.DYNAMIC, "waiting"),
     (Mode.DYNAMIC, "mid_batch"),
