@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import hmac
 import logging
 import threading
-import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
@@ -22,6 +20,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from api import routes
 from api.config import ServerConfig
+from api.drain import drain
 from api.errors import APIError
 from api.metrics import ServerMetrics
 from api.service import GenerationService
@@ -69,6 +68,12 @@ def build_runtime(config: ServerConfig, loaded: LoadedModel) -> Runtime:
     )
 
 
+def _canonical_bearer(credentials: bytes) -> bytes:
+    """The scheme is case-insensitive (RFC 9110, 11.1): `bearer KEY` is `Bearer KEY`. The key is left as sent."""
+    scheme, space, token = credentials.partition(b" ")
+    return b"Bearer " + token if space and scheme.lower() == b"bearer" else credentials
+
+
 class APIKeyMiddleware:
     """Every endpoint but /health needs `Authorization: Bearer <key>`, compared in constant time."""
 
@@ -78,7 +83,13 @@ class APIKeyMiddleware:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and scope["path"] != "/health":
-            supplied = dict(scope["headers"]).get(b"authorization", b"")
+            headers = [value for name, value in scope["headers"] if name == b"authorization"]
+            if len(headers) > 1:  # which one would count is ambiguous (proxies differ): refuse rather than guess
+                message = f"the request has {len(headers)} Authorization headers; send exactly one"
+                duplicate = APIError(400, message, code="invalid_header")
+                await duplicate.response()(scope, receive, send)
+                return
+            supplied = _canonical_bearer(headers[0]) if headers else b""
             if not hmac.compare_digest(supplied, self._expected):
                 error = APIError(
                     401, "a valid API key is required: send 'Authorization: Bearer <key>'", code="invalid_api_key"
@@ -148,7 +159,7 @@ def create_app(config: ServerConfig, loader: ModelLoader = default_loader) -> St
         thread = threading.Thread(target=_load, args=(app, config, loader), name="batchserve-loader", daemon=True)
         thread.start()
         yield
-        await _drain(app, config.shutdown_grace_s)
+        await drain(app, config.shutdown_grace_s)  # at once if the server already drained on a signal
 
     middleware = []
     if config.cors_origins:
@@ -193,23 +204,3 @@ def _load(app: Starlette, config: ServerConfig, loader: ModelLoader) -> None:
     app.state.runtime = runtime
     app.state.phase = Phase.READY
     app.state.ready.set()
-
-
-def begin_drain(app: Starlette) -> None:
-    """Stop taking requests (SIGTERM): /health turns 503 and new submissions are refused."""
-    if app.state.phase is Phase.READY:
-        app.state.phase = Phase.DRAINING
-        app.state.runtime.scheduler.close()
-
-
-async def _drain(app: Starlette, grace_s: float) -> None:
-    """Let running requests finish within the grace period, then abort the rest and stop the loop."""
-    runtime: Runtime | None = getattr(app.state, "runtime", None)
-    begin_drain(app)
-    if runtime is None:
-        return
-    deadline = time.monotonic() + grace_s
-    while runtime.scheduler.has_pending_work() and time.monotonic() < deadline:
-        await asyncio.sleep(0.05)
-    runtime.loop.stop()
-    runtime.loop.abort_all()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
 import contextlib
 import dataclasses
 import logging
@@ -11,7 +12,7 @@ import signal
 import sys
 import threading
 import types
-from collections.abc import Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from typing import Any, Union, get_args, get_origin, get_type_hints
 
 import uvicorn
@@ -55,16 +56,41 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
     return ServerConfig(**values)
 
 
-class _Server(uvicorn.Server):
-    """uvicorn's server, plus: the first SIGTERM/SIGINT marks the app draining before uvicorn stops intake."""
+# Once the drain is over every request has its answer or its error: this bounds writing them to slow clients.
+_WRITE_OUT_S = 5
 
-    def __init__(self, config: uvicorn.Config, on_exit: Any) -> None:
+
+class _Server(uvicorn.Server):
+    """uvicorn's server with a drain before its own shutdown.
+
+    uvicorn closes its listeners as soon as it starts shutting down, so the first SIGTERM/SIGINT does not start
+    that: the server keeps listening (new requests and /health get 503 with Retry-After) while `drain` lets the
+    running requests finish within the grace period and ends the rest; then uvicorn shuts down. A second signal
+    exits at once.
+    """
+
+    def __init__(self, config: uvicorn.Config, drain: Callable[[], Awaitable[None]]) -> None:
         super().__init__(config)
-        self._on_exit = on_exit
+        self._drain = drain
+        self._drain_requested = False
+        self._drain_task: asyncio.Task[None] | None = None
 
     def handle_exit(self, sig: int, frame: Any) -> None:
-        self._on_exit()
-        super().handle_exit(sig, frame)
+        # A signal handler interrupts the event loop's thread anywhere (even holding a lock): only set flags here.
+        if self._drain_requested or self.should_exit:
+            super().handle_exit(sig, frame)
+            self.force_exit = True
+        else:
+            self._drain_requested = True
+
+    async def on_tick(self, counter: int) -> bool:
+        if self._drain_requested and self._drain_task is None:
+            self._drain_task = asyncio.ensure_future(self._drain())
+        if self._drain_task is not None and self._drain_task.done():
+            if not self._drain_task.cancelled() and self._drain_task.exception() is not None:
+                logging.getLogger("batchserve.api").error("the drain failed", exc_info=self._drain_task.exception())
+            self.should_exit = True
+        return await super().on_tick(counter)
 
     @contextlib.contextmanager
     def capture_signals(self) -> Iterator[None]:
@@ -82,17 +108,18 @@ class _Server(uvicorn.Server):
 
 
 def serve(config: ServerConfig) -> None:
-    from api.app import begin_drain, create_app
+    from api.app import create_app
+    from api.drain import drain
+    from api.server import uvicorn_config
 
     app = create_app(config)
-    uv_config = uvicorn.Config(
+    uv_config = uvicorn_config(  # connection timeouts and cap, HTTP/2 refusal, throttled accept errors
         app,
-        host=config.host,
-        port=config.port,
+        config,
         log_level="warning",
-        timeout_graceful_shutdown=int(config.shutdown_grace_s) + 1,
+        timeout_graceful_shutdown=_WRITE_OUT_S,  # after the drain (below), which gives the grace period
     )
-    server = _Server(uv_config, lambda: begin_drain(app))
+    server = _Server(uv_config, lambda: drain(app, config.shutdown_grace_s))
 
     def announce() -> None:
         app.state.ready.wait()

@@ -54,6 +54,19 @@ class ServerConfig:
     request_timeout_s: float | None = _opt(None, "Abort a request that has run longer than this")
     shutdown_grace_s: float = _opt(10.0, "On SIGTERM, let running requests finish this long, then abort them")
     cors_origins: tuple[str, ...] = _opt((), "Allowed CORS origins (CORS is off when empty)")
+    header_timeout_s: float = _opt(
+        10.0, "Close a connection whose request head is not complete this long after its first byte (408)"
+    )
+    request_read_timeout_s: float = _opt(
+        30.0, "Close a connection whose request body is not complete this long after its head (408)"
+    )
+    keep_alive_timeout_s: float = _opt(
+        5.0, "Close a connection idle this long: no request in flight, none started (a fresh one too)"
+    )
+    max_connections: int | None = _opt(
+        None,
+        "Open connections beyond this get 503 and are closed (default: min(1024, half the soft file descriptor limit))",
+    )
 
     def __post_init__(self) -> None:
         Mode(self.mode)  # raises ValueError naming the bad mode
@@ -62,6 +75,11 @@ class ServerConfig:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
         if self.shutdown_grace_s < 0:
             raise ValueError("shutdown_grace_s must be >= 0")
+        for name in ("header_timeout_s", "request_read_timeout_s", "keep_alive_timeout_s"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+        if self.max_connections is not None and self.max_connections < 1:
+            raise ValueError(f"max_connections must be positive, got {self.max_connections}")
         self.scheduler_config()  # validate the layered configs now, not at first use
 
     @property

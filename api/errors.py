@@ -11,11 +11,13 @@ _TYPES = {
     401: "authentication_error",
     404: "not_found_error",
     405: "invalid_request_error",
+    408: "timeout_error",
     413: "invalid_request_error",
     429: "rate_limit_error",
     500: "internal_error",
     503: "service_unavailable",
     504: "timeout_error",
+    505: "invalid_request_error",
 }
 
 

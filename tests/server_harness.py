@@ -17,6 +17,7 @@ from transformers import PreTrainedTokenizerFast
 
 from api.app import create_app
 from api.config import ServerConfig
+from api.server import uvicorn_config
 from engine.loader import LoadedModel, load_model
 from tests.conftest import build_tiny_causal_lm, train_byte_level_tokenizer
 
@@ -78,7 +79,7 @@ def running_server(config: ServerConfig, loaded: LoadedModel | None = None) -> I
     config = ServerConfig(**{**config.__dict__, "port": port})
     model = loaded if loaded is not None else tiny_loaded_model()
     app = create_app(config, loader=lambda _config: model)
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    server = uvicorn.Server(uvicorn_config(app, config, log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     base_url = f"http://127.0.0.1:{port}"

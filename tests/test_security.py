@@ -36,7 +36,6 @@ WRONG_AUTH = [
     "Bearer wrong",
     f"Bearer {KEY[:-1]}",
     f"Bearer {KEY}x",
-    f"bearer {KEY}",
     f"Basic {KEY}",
     KEY,
     f"Bearer  {KEY}",
@@ -96,6 +95,28 @@ def test_every_endpoint_but_health_needs_the_key(
     assert KEY not in logs.text
 
 
+@pytest.mark.parametrize("scheme", ["bearer", "BEARER", "bEaReR"])
+def test_the_bearer_scheme_is_case_insensitive(keyed: RunningServer, scheme: str) -> None:
+    with httpx.Client(base_url=keyed.base_url, timeout=60) as client:
+        assert client.get("/v1/models", headers={"Authorization": f"{scheme} {KEY}"}).status_code == 200
+        assert client.get("/v1/models", headers={"Authorization": f"{scheme} {KEY.lower()}"}).status_code == 401
+
+
+@pytest.mark.parametrize("second", [f"Bearer {KEY}", "Bearer wrong"], ids=["same", "different"])
+def test_two_authorization_headers_are_refused(
+    keyed: RunningServer, logs: pytest.LogCaptureFixture, second: str
+) -> None:
+    """Whichever one counted, a proxy in front may have checked the other: refuse instead of picking one."""
+    with httpx.Client(base_url=keyed.base_url, timeout=60) as client:
+        for first in (f"Bearer {KEY}", "Bearer wrong"):
+            response = client.get("/v1/models", headers=[("Authorization", first), ("Authorization", second)])
+            assert response.status_code == 400, response.text
+            error = response.json()["error"]
+            assert error["type"] == "invalid_request_error" and "2 Authorization headers" in error["message"]
+            _assert_no_key(response)
+    assert KEY not in logs.text
+
+
 def test_health_needs_no_key_and_unknown_routes_still_do(keyed: RunningServer) -> None:
     with httpx.Client(base_url=keyed.base_url, timeout=60) as client:
         assert client.get("/health").status_code == 200
@@ -111,8 +132,8 @@ def test_the_key_never_appears_in_error_responses_or_logs(
     with httpx.Client(base_url=keyed.base_url, timeout=60) as client:
         responses = [
             client.post("/v1/completions", content=b"{not json", headers={**auth, "content-type": "application/json"}),
-            client.post("/v1/completions", json={"prompt": "hi", "max_tokens": 0}, headers=auth),
-            client.post("/v1/completions", json={"prompt": "hi", "user": KEY, "bogus": KEY}, headers=auth),
+            client.post("/v1/completions", json={"prompt": "hi", "max_tokens": -1}, headers=auth),
+            client.post("/v1/completions", json={"prompt": "hi", "user": KEY, "n": KEY, "bogus": KEY}, headers=auth),
             client.post("/v1/completions", content=KEY.encode(), headers={**auth, "content-type": "text/plain"}),
             client.post("/v1/completions", json={"prompt": "hi", "model": "gpt-4"}, headers=auth),
             client.get("/v1/completions", headers=auth),
