@@ -64,8 +64,11 @@ class IncrementalDetokenizer:
         """All text emitted so far (the concatenation of every delta returned)."""
         return "".join(self._parts)
 
-    def push(self, token_ids: Sequence[int]) -> str:
-        """Append newly generated tokens; return the text that is safe to emit now."""
+    def push(self, token_ids: Sequence[int], match_stops: bool = True) -> str:
+        """Append newly generated tokens; return the text that is safe to emit now.
+
+        `match_stops` False: the text is not checked against the stop strings (vLLM's min_tokens: a stop string
+        in the first tokens does not end the answer), and nothing is held back for them."""
         out: list[str] = []
         for token_id in token_ids:
             if self.stopped:
@@ -74,7 +77,7 @@ class IncrementalDetokenizer:
             # Token by token, so a complete character is not held back by a later, incomplete one.
             delta = self._detokenize(final=False)
             if delta:
-                out.append(self._emit(delta, final=False))
+                out.append(self._emit(delta, final=False, match_stops=match_stops))
         return "".join(out)
 
     def flush(self) -> str:
@@ -103,18 +106,18 @@ class IncrementalDetokenizer:
         self._read = len(self._ids)
         return full[len(prefix) :]
 
-    def _emit(self, new_text: str, final: bool) -> str:
+    def _emit(self, new_text: str, final: bool, match_stops: bool = True) -> str:
         """Apply stop strings to newly decoded text; record and return what may be sent."""
         # A stop string can only start inside the held text or the new text: any earlier start
         # would have made its beginning a held-back partial match.
         buf = self._held + new_text
-        match = self._find_stop(buf)
+        match = self._find_stop(buf) if match_stops else None
         if match is not None:
             index, stop = match
             self._stop_reason = stop
             out, self._held = buf[: index + len(stop) if self._include_stop else index], ""
         else:
-            keep = 0 if final else self._partial_stop_len(buf)
+            keep = 0 if final or not match_stops else self._partial_stop_len(buf)
             out, self._held = buf[: len(buf) - keep], buf[len(buf) - keep :]
         self._parts.append(out)
         return out

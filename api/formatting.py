@@ -76,12 +76,15 @@ class Formatter:
         tokenizer: PreTrainedTokenizerBase,
         chat: bool,
         token_bytes: TokenBytes | None = None,
+        tokens_as_ids: bool = False,
     ) -> None:
-        """`token_bytes`: the server's shared byte lookup (built here if not given; chat logprobs use it)."""
+        """`token_bytes`: the server's shared byte lookup (built here if not given; chat logprobs use it).
+        `tokens_as_ids`: logprobs name tokens as "token_id:N" (vLLM's return_tokens_as_token_ids)."""
         self.request_id = request_id
         self.model = model
         self.tokenizer = tokenizer
         self.chat = chat
+        self.tokens_as_ids = tokens_as_ids
         self._token_bytes = token_bytes or (TokenBytes(tokenizer) if chat else None)
         self.created = int(time.time())
 
@@ -89,21 +92,42 @@ class Formatter:
     def object_name(self) -> str:
         return "chat.completion" if self.chat else "text_completion"
 
-    def _token_text(self, token_id: int) -> str:
+    def _decoded(self, token_id: int) -> str:
         text = self.tokenizer.decode([token_id])
         assert isinstance(text, str)
         return text
 
+    def _token_text(self, token_id: int) -> str:
+        return f"token_id:{token_id}" if self.tokens_as_ids else self._decoded(token_id)
+
     def completion_logprobs(self, entries: Sequence[TokenLogprob], offset: int, top_n: int) -> dict[str, list]:
+        """The legacy shape; a prompt's first token (echo) has a null logprob and null alternatives."""
         tokens, token_logprobs, tops, offsets = [], [], [], []
         for entry in entries:
-            text = self._token_text(entry.token_id)
-            tokens.append(text)
+            tokens.append(self._token_text(entry.token_id))
             token_logprobs.append(entry.logprob)
-            tops.append(self._top_dict(entry.top[:top_n]) if top_n else None)
+            tops.append(self._top_dict(entry.top[:top_n]) if top_n and entry.logprob is not None else None)
             offsets.append(offset)
-            offset += len(text)
+            offset += len(self._decoded(entry.token_id))  # offsets count the text, whatever names the token
         return {"tokens": tokens, "token_logprobs": token_logprobs, "top_logprobs": tops, "text_offset": offsets}
+
+    def prompt_logprobs(self, entries: Sequence[TokenLogprob], top_n: int) -> list[dict[str, dict] | None]:
+        """vLLM's prompt_logprobs: per prompt token (the first has none), the token itself and the `top_n` best,
+        keyed by token id, each with its logprob, rank and text."""
+        result: list[dict[str, dict] | None] = []
+        for entry in entries:
+            if entry.logprob is None:
+                result.append(None)
+                continue
+            ranked = [(entry.token_id, entry.logprob, entry.rank)]
+            ranked += [(token_id, lp, rank) for rank, (token_id, lp) in enumerate(entry.top[:top_n], start=1)]
+            result.append(
+                {
+                    str(token_id): {"logprob": lp, "rank": rank, "decoded_token": self._token_text(token_id)}
+                    for token_id, lp, rank in ranked
+                }
+            )
+        return result
 
     def _top_dict(self, top: Sequence[tuple[int, float]]) -> dict[str, float]:
         """Text -> logprob, best first. Distinct ids can decode to the same text (e.g. partial UTF-8 bytes all
@@ -115,7 +139,7 @@ class Formatter:
         return result
 
     def chat_logprobs(self, entries: Sequence[TokenLogprob], top_n: int) -> dict[str, list]:
-        def item(token_id: int, logprob: float) -> dict[str, object]:
+        def item(token_id: int, logprob: float | None) -> dict[str, object]:
             assert self._token_bytes is not None
             text = self._token_text(token_id)
             return {"token": text, "logprob": logprob, "bytes": list(self._token_bytes(token_id))}

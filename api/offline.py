@@ -7,13 +7,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from api.app import build_runtime
+from api.chat_template import encode_chat
 from api.config import ServerConfig
 from api.detokenizer import IncrementalDetokenizer
-from api.prompts import encode_chat
 from engine.loader import LoadedModel, load_model
-from engine.outputs import FinishReason
+from engine.outputs import FinishReason, PromptLogprobs
 from engine.sampling_params import SamplingParams
-from scheduler.request import FinishEvent, Request, RequestEvent, RequestTimings, TokenEvent
+from scheduler.request import FinishEvent, PromptLogprobsEvent, Request, RequestEvent, RequestTimings, TokenEvent
 
 
 @dataclass(frozen=True)
@@ -23,6 +23,8 @@ class CompletionOutput:
     text: str
     finish_reason: FinishReason
     timings: RequestTimings
+    # With SamplingParams.prompt_logprobs: every prompt position from 1 on (position 0 has no logprob).
+    prompt_logprobs: PromptLogprobs | None = None
 
 
 class LLM:
@@ -57,18 +59,26 @@ class LLM:
 
             self.runtime.loop.submit(Request(f"offline-{self._next_id}", prompt_ids, p, sink))
         tokens: list[list[int]] = [[] for _ in prompts]
+        scores: list[list[PromptLogprobs]] = [[] for _ in prompts]
         finished: dict[int, FinishEvent] = {}
         while len(finished) < len(prompts):
             index, event = events.get()
             if isinstance(event, TokenEvent):
                 tokens[index].append(event.token.token_id)
+            elif isinstance(event, PromptLogprobsEvent):
+                scores[index].append(event.scores)
             else:
                 finished[index] = event
         outputs = []
         for i, prompt_ids in enumerate(ids):
             detok = IncrementalDetokenizer(self.tokenizer)
             text = detok.push(tokens[i]) + detok.flush()
-            outputs.append(CompletionOutput(prompt_ids, tokens[i], text, finished[i].reason, finished[i].timings))
+            prompt_logprobs = None
+            if params_list[i].prompt_logprobs is not None:
+                prompt_logprobs = PromptLogprobs.join(scores[i]) if scores[i] else PromptLogprobs(-1, 1, (), (), (), ())
+            outputs.append(
+                CompletionOutput(prompt_ids, tokens[i], text, finished[i].reason, finished[i].timings, prompt_logprobs)
+            )
         return outputs
 
     def _encode(self, prompt: str | list[int], chat: bool) -> list[int]:

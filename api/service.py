@@ -22,21 +22,45 @@ from engine.outputs import FinishReason
 from engine.sampling_params import SamplingParams
 from scheduler.errors import QueueFullError, SchedulerClosedError
 from scheduler.loop import EngineLoop
-from scheduler.request import ErrorKind, FinishEvent, Request, RequestEvent, RequestTimings, TokenEvent
+from scheduler.request import (
+    ErrorKind,
+    FinishEvent,
+    PromptLogprobsEvent,
+    Request,
+    RequestEvent,
+    RequestTimings,
+    TokenEvent,
+)
+
+
+@dataclass(frozen=True)
+class OutputOptions:
+    """How a choice's tokens become text: stop strings and vLLM's detokenisation options."""
+
+    stop: tuple[str, ...] = ()
+    skip_special_tokens: bool = True
+    spaces_between_special_tokens: bool = True  # only slow tokenizers space special tokens; as vLLM, else a no-op
+    include_stop_str_in_output: bool = False
+    min_tokens: int = 0  # stop strings are matched only from this many output tokens on
+    discard_output: bool = False  # max_tokens 0: the one token the engine samples is not part of the answer
 
 
 @dataclass(frozen=True)
 class ChoiceInput:
     prompt_token_ids: list[int]
     params: SamplingParams
-    stop: tuple[str, ...] = ()
+    output: OutputOptions = OutputOptions()
 
 
 @dataclass(frozen=True)
 class TokenLogprob:
+    """A token's logprob with the best alternatives; `logprob` None for a prompt's first token.
+    `rank` (1 = most likely) is known for prompt tokens."""
+
     token_id: int
-    logprob: float
+    logprob: float | None
     top: tuple[tuple[int, float], ...]
+    rank: int | None = None
 
 
 @dataclass(frozen=True)
@@ -46,12 +70,13 @@ class ChoiceDelta:
     index: int
     text: str
     logprobs: tuple[TokenLogprob, ...] = ()
+    prompt_logprobs: tuple[TokenLogprob, ...] = ()  # the whole prompt's, on the choice's first delta
     finish_reason: str | None = None
     timings: RequestTimings | None = None
     num_prompt_tokens: int = 0
     num_output_tokens: int = 0
     error: str | None = None
-    error_status: int = 500  # 503 when the server was too busy to start the request in time
+    error_status: int = 500  # 503 when the server was too busy to start the request in time, or shut down
 
 
 @dataclass
@@ -59,8 +84,11 @@ class _Choice:
     index: int
     request_id: str
     detokenizer: IncrementalDetokenizer
-    num_prompt_tokens: int
+    prompt_token_ids: list[int]
+    output: OutputOptions
     num_output_tokens: int = 0
+    prompt_scores: list[TokenLogprob] = field(default_factory=list)
+    prompt_scores_sent: bool = False
     stopped_by_string: bool = False
     last_token_time: float | None = None
     inter_token_latencies: list[float] = field(default_factory=list)
@@ -105,42 +133,66 @@ class GenerationService:
             raise APIError(400, str(exc), param=exc.param) from None
         except QueueFullError as exc:
             raise APIError(429, f"{exc}; retry later", headers={"Retry-After": "1"}) from None
-        except SchedulerClosedError as exc:
-            raise APIError(503, str(exc)) from None
+        except SchedulerClosedError as exc:  # draining: another instance, or this one restarted, can take it
+            raise APIError(503, f"{exc}; retry shortly", headers={"Retry-After": "5"}) from None
+
+    def _on_prompt_scores(self, choice: _Choice, event: PromptLogprobsEvent) -> None:
+        scores = event.scores
+        if not choice.prompt_scores:
+            choice.prompt_scores.append(TokenLogprob(choice.prompt_token_ids[0], None, ()))
+        choice.prompt_scores.extend(
+            TokenLogprob(token_id, logprob, top, rank)
+            for token_id, logprob, rank, top in zip(
+                scores.token_ids, scores.logprobs, scores.ranks, scores.top, strict=True
+            )
+        )
+
+    def _take_prompt_scores(self, choice: _Choice) -> tuple[TokenLogprob, ...]:
+        """The prompt's scores, once: they go out with the choice's first delta, when the prefill is done."""
+        if choice.prompt_scores_sent or not choice.prompt_scores:
+            return ()
+        choice.prompt_scores_sent = True
+        return tuple(choice.prompt_scores)
 
     def _on_token(self, choice: _Choice, event: TokenEvent) -> ChoiceDelta | None:
         if choice.stopped_by_string:
             return None  # tokens computed before the stop reached the loop are not part of the answer
+        prompt_scores = self._take_prompt_scores(choice)
+        if choice.output.discard_output:  # max_tokens 0: only the prompt's scores are the answer
+            return ChoiceDelta(choice.index, "", prompt_logprobs=prompt_scores) if prompt_scores else None
         token = event.token
         if choice.last_token_time is not None:
             choice.inter_token_latencies.append(event.time - choice.last_token_time)
         choice.last_token_time = event.time
         choice.num_output_tokens += 1
-        text = choice.detokenizer.push([token.token_id])
+        match_stops = choice.num_output_tokens > choice.output.min_tokens
+        text = choice.detokenizer.push([token.token_id], match_stops=match_stops)
         if choice.detokenizer.stopped:
             choice.stopped_by_string = True
             self.loop.stop_request(choice.request_id)
         logprobs: tuple[TokenLogprob, ...] = ()
         if token.logprob is not None:
             logprobs = (TokenLogprob(token.token_id, token.logprob, token.top_logprobs or ()),)
-        return ChoiceDelta(choice.index, text, logprobs, num_output_tokens=choice.num_output_tokens)
+        return ChoiceDelta(choice.index, text, logprobs, prompt_scores, num_output_tokens=choice.num_output_tokens)
 
     def _on_finish(self, choice: _Choice, event: FinishEvent) -> ChoiceDelta:
         if event.reason is FinishReason.ERROR:
             self.metrics.observe_failure()
-            status = 503 if event.error_kind is ErrorKind.QUEUE_TIMEOUT else 500
+            status = 500 if event.error_kind in (None, ErrorKind.INTERNAL) else 503  # overloaded or shutting down
             return ChoiceDelta(choice.index, "", error=event.error or "internal error", error_status=status)
-        tail = "" if choice.stopped_by_string else choice.detokenizer.flush()
+        tail = "" if choice.stopped_by_string or choice.output.discard_output else choice.detokenizer.flush()
         reason = FinishReason.STOP if choice.stopped_by_string else event.reason
+        num_prompt_tokens = len(choice.prompt_token_ids)
         self.metrics.observe_request(
-            event.timings, choice.num_prompt_tokens, choice.num_output_tokens, choice.inter_token_latencies, reason
+            event.timings, num_prompt_tokens, choice.num_output_tokens, choice.inter_token_latencies, reason
         )
         return ChoiceDelta(
             choice.index,
             tail,
+            prompt_logprobs=self._take_prompt_scores(choice),
             finish_reason=reason.openai,
             timings=event.timings,
-            num_prompt_tokens=choice.num_prompt_tokens,
+            num_prompt_tokens=num_prompt_tokens,
             num_output_tokens=choice.num_output_tokens,
         )
 
@@ -160,8 +212,14 @@ class Generation:
     def add(self, item: ChoiceInput) -> None:
         index = len(self.choices)
         sub_id = f"{self.request_id}-{index}"
-        detokenizer = IncrementalDetokenizer(self.service.tokenizer, stop=item.stop)
-        self.choices.append(_Choice(index, sub_id, detokenizer, len(item.prompt_token_ids)))
+        options = item.output
+        detokenizer = IncrementalDetokenizer(
+            self.service.tokenizer,
+            stop=options.stop,
+            skip_special_tokens=options.skip_special_tokens,
+            include_stop_str_in_output=options.include_stop_str_in_output,
+        )
+        self.choices.append(_Choice(index, sub_id, detokenizer, item.prompt_token_ids, options))
 
         def sink(event: RequestEvent) -> None:
             self._aio_loop.call_soon_threadsafe(self._events.put_nowait, (index, event))
@@ -178,9 +236,12 @@ class Generation:
                     choice = self.choices[index]
                     if isinstance(event, TokenEvent):
                         delta = service._on_token(choice, event)
-                    else:
+                    elif isinstance(event, FinishEvent):
                         self._open.discard(choice.request_id)
                         delta = service._on_finish(choice, event)
+                    else:
+                        service._on_prompt_scores(choice, event)
+                        continue
                     if delta is not None:
                         yield delta
         except TimeoutError:

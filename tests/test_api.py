@@ -441,13 +441,13 @@ def test_eos_stops_generation_unless_ignore_eos(mode: str, eos_first_model: Load
 @pytest.mark.parametrize(
     ("body", "param"),
     [
-        ({"prompt": PROMPT, "max_tokens": 0}, "max_tokens"),
+        ({"prompt": PROMPT, "max_tokens": -1}, "max_tokens"),
         ({"prompt": PROMPT, "max_tokens": "5"}, "max_tokens"),
         ({"prompt": PROMPT, "temperature": 2.5}, "temperature"),
         ({"prompt": PROMPT, "top_p": 0}, "top_p"),
         ({"prompt": PROMPT, "n": 0}, "n"),
-        ({"prompt": PROMPT, "logprobs": 6}, "logprobs"),
-        ({"prompt": PROMPT, "frobnicate": True}, "frobnicate"),
+        ({"prompt": PROMPT, "logprobs": 21}, "logprobs"),
+        ({"prompt": PROMPT, "suffix": "and then"}, "suffix"),
         ({"prompt": PROMPT, "best_of": 2}, "best_of"),
         ({"prompt": PROMPT, "stop": ["a", "b", "c", "d", "e"]}, "stop"),
         ({"prompt": []}, "prompt"),
@@ -455,7 +455,7 @@ def test_eos_stops_generation_unless_ignore_eos(mode: str, eos_first_model: Load
         ({"prompt": [[1, 2], [-1]]}, "prompt"),
         ({"prompt": [1] * 300}, "prompt"),  # longer than the 256-token context by itself
         ({"prompt": [1] * 10, "max_tokens": 250}, "max_tokens"),  # fits, but not with its completion
-        ({"prompt": PROMPT, "echo": True, "logprobs": 1}, "echo"),
+        ({"prompt": PROMPT, "min_tokens": 8, "max_tokens": 4}, "min_tokens"),
     ],
 )
 def test_invalid_completion_request_is_a_400_naming_the_param(server: RunningServer, body: dict, param: str) -> None:
@@ -468,9 +468,9 @@ def test_invalid_completion_request_is_a_400_naming_the_param(server: RunningSer
     ("body", "param"),
     [
         ({"messages": []}, "messages"),
-        ({"messages": [{"role": "robot", "content": "hi"}]}, "messages"),
+        ({"messages": [{"role": 5, "content": "hi"}]}, "messages"),
         ({"messages": CHAT, "top_logprobs": 2}, "top_logprobs"),
-        ({"messages": CHAT, "tools": []}, "tools"),
+        ({"messages": CHAT, "tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
         ({"messages": CHAT, "max_tokens": 1000}, "max_tokens"),
     ],
 )

@@ -77,12 +77,32 @@ _FIELD_VALUES = {
     "top_logprobs": _json,
     "echo": _json,
     "stream": _json,
-    "stream_options": st.fixed_dictionaries({}, optional={"include_usage": _json, "x": _json}) | _json,
+    "stream_options": st.fixed_dictionaries(
+        {}, optional={"include_usage": _json, "continuous_usage_stats": _json, "x": _json}
+    )
+    | _json,
     "ignore_eos": _json,
     "best_of": _json,
     "tools": _json,
+    "tool_choice": _json,
+    "response_format": st.fixed_dictionaries({}, optional={"type": _json}) | _json,
     "user": _json,
     "unknown": _json,
+    "min_tokens": _json,
+    "min_p": _json,
+    "repetition_penalty": _json,
+    "logit_bias": st.dictionaries(st.text(max_size=6) | st.integers(0, 400).map(str), _json, max_size=3) | _json,
+    "allowed_token_ids": st.lists(st.integers(-3, 2**64), max_size=3) | _json,
+    "prompt_logprobs": _json,
+    "truncate_prompt_tokens": _json,
+    "skip_special_tokens": _json,
+    "include_stop_str_in_output": _json,
+    "add_generation_prompt": _json,
+    "continue_final_message": _json,
+    "chat_template_kwargs": _json,
+    "request_id": _json,
+    "priority": _json,
+    "suffix": _json,
 }
 _BASES: dict[type[BaseModel], dict[str, object]] = {
     CompletionRequest: {"prompt": "hello"},
@@ -107,12 +127,14 @@ def _bodies(model: type[BaseModel]) -> st.SearchStrategy[bytes]:
 
 def _assert_storable(request: BaseModel) -> None:
     """What parses can be handed on: finite floats, integers the engine's int64 rows can hold."""
-    for name, value in request:
+    for name in type(request).model_fields:  # unknown fields are ignored, never handed on
+        value = getattr(request, name)
         if isinstance(value, float):
             assert math.isfinite(value), name
         elif isinstance(value, int) and not isinstance(value, bool):
             assert abs(value) <= INT64_MAX, name
-    for ids in (getattr(request, "prompt", None), request.stop_token_ids):  # type: ignore[attr-defined]
+    ids_fields = (getattr(request, "prompt", None), request.stop_token_ids, request.allowed_token_ids)  # type: ignore[attr-defined]
+    for ids in ids_fields:
         if isinstance(ids, list):
             flat = [i for item in ids for i in (item if isinstance(item, list) else [item])]
             assert all(0 <= i <= MAX_ID for i in flat if isinstance(i, int))
@@ -142,6 +164,8 @@ def test_any_body_parses_or_is_a_named_400(model: type[BaseModel], data: st.Data
     else:
         assert isinstance(request, model)
         _assert_storable(request)
+        for bias in (request.logit_bias or {}).values():  # type: ignore[attr-defined]
+            assert math.isfinite(bias) and -100 <= bias <= 100
 
 
 # ----- SSE framing -----
