@@ -37,7 +37,7 @@ async def drain(app: Starlette, grace_s: float) -> None:
     if runtime is None:
         return
     await _until_idle(runtime, time.monotonic() + grace_s)
-    if runtime.scheduler.has_pending_work():
+    if runtime.scheduler.counts().pending_work:
         logger.warning("shutdown grace period of %s s is over: ending the requests still running", grace_s)
         runtime.loop.shutdown()
         await _until_idle(runtime, time.monotonic() + _STEP_WAIT_S)
@@ -45,5 +45,5 @@ async def drain(app: Starlette, grace_s: float) -> None:
 
 
 async def _until_idle(runtime: Runtime, deadline: float) -> None:
-    while runtime.scheduler.has_pending_work() and runtime.loop.alive and time.monotonic() < deadline:
+    while runtime.scheduler.counts().pending_work and runtime.loop.alive and time.monotonic() < deadline:
         await asyncio.sleep(_POLL_S)

@@ -6,7 +6,6 @@ from collections.abc import Callable, Sequence
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-from engine.outputs import FinishReason
 from scheduler.request import RequestTimings
 from scheduler.stats import StepStats
 
@@ -111,7 +110,7 @@ class ServerMetrics:
         num_prompt_tokens: int,
         num_output_tokens: int,
         inter_token_latencies: Sequence[float],
-        reason: FinishReason,
+        finish_reason: str,
     ) -> None:
         labels = self._labels
         if timings.time_to_first_token is not None:
@@ -124,7 +123,7 @@ class ServerMetrics:
         self.held.labels(**labels).observe(timings.held_time)
         self.prompt_tokens.labels(**labels).inc(num_prompt_tokens)
         self.generation_tokens.labels(**labels).inc(num_output_tokens)
-        self.success.labels(**labels, finished_reason=reason.openai).inc()
+        self.success.labels(**labels, finished_reason=finish_reason).inc()
 
     def observe_failure(self) -> None:
         self.failures.labels(**self._labels).inc()

@@ -12,70 +12,54 @@ older one needed a block, recomputing its whole context each time; now each requ
 
 from __future__ import annotations
 
-from collections import deque
-
 from scheduler.config import Mode
-from scheduler.policy import Policy, StepPlan
+from scheduler.policy import Policy, PolicyContext, StepPlan
 from scheduler.request import Request, RequestStatus
 
 
 class ContinuousPolicy(Policy):
     mode = Mode.CONTINUOUS
 
-    def plan(self, waiting: deque[Request], now: float) -> StepPlan:
+    def plan(self, ctx: PolicyContext, now: float) -> StepPlan:
         budget = self.config.max_num_batched_tokens
         plan: StepPlan = []
-        for request in list(self.running):  # oldest first: they keep their seats
+        for request in list(ctx.running):  # oldest first: they keep their seats
             if budget == 0:
                 break
-            if request not in self.running:
+            if request not in ctx.running:
                 continue  # preempted earlier in this loop
-            count = min(self.engine.num_pending(request.seq_id), budget)
-            if self._reserve_or_preempt(request, count, waiting):
+            count = min(ctx.pending_tokens(request), budget)
+            if self._reserve_or_preempt(ctx, request, count):
                 plan.append((request, count))
                 budget -= count
-        while waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
-            request = waiting[0]
-            if not self._admit(request):
-                break
-            count = min(self.engine.num_pending(request.seq_id), budget)
+        while ctx.waiting and budget > 0 and ctx.free_seats > 0:
+            request = ctx.waiting[0]
+            count = min(ctx.pending_tokens(request), budget)
             # A preempted request comes back with its whole length reserved, so it is never preempted again.
-            if not self.engine.reserve(request.seq_id, request.max_total_tokens if request.num_preemptions else count):
-                if request.num_preemptions == 0:
-                    self.engine.remove(request.seq_id)  # a fresh request keeps no row while it waits
+            if not ctx.admit(request, request.max_total_tokens if request.num_preemptions else count):
                 break  # first come, first served: nobody overtakes the head of the queue
-            waiting.popleft()
-            request.status = RequestStatus.RUNNING
-            self.running.append(request)
             plan.append((request, count))
             budget -= count
         return plan
 
-    def _reserve_or_preempt(self, request: Request, count: int, waiting: deque[Request]) -> bool:
-        needed = self.engine.num_computed(request.seq_id) + count
-        while not self.engine.reserve(request.seq_id, needed):
-            victim = self._victim(request)
-            self._preempt(victim, waiting)
+    def _reserve_or_preempt(self, ctx: PolicyContext, request: Request, count: int) -> bool:
+        needed = ctx.computed_tokens(request) + count
+        while not ctx.reserve(request, needed):
+            victim = self._victim(ctx, request)
+            ctx.preempt(victim)
             if victim is request:
                 return False
         return True
 
-    def _victim(self, request: Request) -> Request:
+    @staticmethod
+    def _victim(ctx: PolicyContext, request: Request) -> Request:
         """The newest running sequence that may still grow, or `request` itself if none is newer. One whose whole
         length is reserved will finish without asking for more: preempting it would only repeat its work."""
-        for candidate in reversed(self.running):
-            if candidate is request or self.engine.reserved_tokens(candidate.seq_id) < candidate.max_total_tokens:
+        for candidate in reversed(ctx.running):
+            if candidate is request or ctx.reserved_tokens(candidate) < candidate.max_total_tokens:
                 return candidate
         return request
 
-    def _preempt(self, victim: Request, waiting: deque[Request]) -> None:
-        self.engine.release_cache(victim.seq_id)
-        self.running.remove(victim)
-        victim.status = RequestStatus.WAITING
-        victim.num_preemptions += 1
-        waiting.appendleft(victim)
-
-    def on_finished(self, request: Request) -> list[Request]:
-        if request in self.running:
-            self.running.remove(request)
-        return [request]
+    def on_finished(self, ctx: PolicyContext, request: Request) -> None:
+        if request.status is RequestStatus.FINISHED:  # nothing is held: its answer goes out at once
+            ctx.release(request)

@@ -7,6 +7,7 @@ takes an injectable clock, so policy tests drive it directly.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import logging
 import threading
@@ -15,22 +16,23 @@ from collections import deque
 from collections.abc import Callable, Sequence
 
 from engine.engine import Engine
-from engine.outputs import FinishReason, PromptLogprobs, TokenOutput
+from engine.outputs import PromptLogprobs, TokenOutput
 from scheduler.config import Mode, SchedulerConfig
 from scheduler.continuous import ContinuousPolicy
 from scheduler.dynamic import DynamicPolicy
 from scheduler.errors import QueueFullError, SchedulerClosedError
+from scheduler.lifecycle import Lifecycle
 from scheduler.policy import Policy, StepPlan
 from scheduler.request import (
-    ErrorKind,
     FinishEvent,
+    Outcome,
     PromptLogprobsEvent,
     Request,
     RequestEvent,
     RequestStatus,
     TokenEvent,
 )
-from scheduler.stats import StepStats
+from scheduler.stats import SchedulerCounts, StepStats
 
 logger = logging.getLogger("batchserve.scheduler")
 
@@ -41,7 +43,7 @@ def make_policy(engine: Engine, config: SchedulerConfig) -> Policy:
             f"the engine has {engine.config.max_num_seqs} rows but the {config.mode.value} policy needs {config.seats}"
         )
     policy_class = DynamicPolicy if config.mode is Mode.DYNAMIC else ContinuousPolicy
-    return policy_class(engine, config)
+    return policy_class(config)
 
 
 class Scheduler:
@@ -57,17 +59,31 @@ class Scheduler:
         self.policy = make_policy(engine, config)
         self.clock = clock
         self.on_step = on_step
-        self.waiting: deque[Request] = deque()
+        self.lifecycle = Lifecycle(engine, config.seats, self._on_released)
         self._requests: dict[str, Request] = {}  # every request not yet released, by id
         self._lock = threading.Lock()
         self._inbox: deque[tuple[str, Request | str]] = deque()
         self._num_queued = 0  # submitted and never scheduled; bounded by max_queue
         self._seq_ids = itertools.count()
         self._closed = False
+        self._counts = SchedulerCounts(config.seats, 0, 0, 0, 0, engine.cache_usage, False)
 
     @property
     def mode(self) -> str:
         return self.config.mode.value
+
+    @property
+    def waiting(self) -> Sequence[Request]:
+        """Loop thread only (as `running`); other threads read `counts()`."""
+        return self.lifecycle.waiting
+
+    @property
+    def running(self) -> Sequence[Request]:
+        return self.lifecycle.running
+
+    def counts(self) -> SchedulerCounts:
+        """The counts as of the last step boundary or command; safe from any thread."""
+        return self._counts
 
     # ----- thread-safe entry points -----
     def submit(self, request: Request, arrival: float | None = None) -> None:
@@ -87,17 +103,17 @@ class Scheduler:
             request.seq_id = next(self._seq_ids)
             request.queued = self.clock()
             request.arrival = request.queued if arrival is None else min(arrival, request.queued)
-            self._inbox.append(("submit", request))
+            self._command("submit", request)
 
     def abort(self, request_id: str) -> None:
         """Cancel a request wherever it is; its consumer receives a FinishEvent with ABORT."""
         with self._lock:
-            self._inbox.append(("abort", request_id))
+            self._command("abort", request_id)
 
     def stop_request(self, request_id: str) -> None:
         """Finish a request with STOP (the API matched a stop string)."""
         with self._lock:
-            self._inbox.append(("stop", request_id))
+            self._command("stop", request_id)
 
     def close(self) -> None:
         """Refuse new submissions from now on."""
@@ -109,25 +125,30 @@ class Scheduler:
         (SHUTDOWN, the API's 503) and let the policy release finished answers it holds. Running ones go on."""
         with self._lock:
             self._closed = True
-            self._inbox.append(("drain", ""))
+            self._command("drain", "")
 
     def shutdown(self) -> None:
         """The grace period is over: at the next step boundary, end every request still held with SHUTDOWN."""
         with self._lock:
             self._closed = True
-            self._inbox.append(("shutdown", ""))
+            self._command("shutdown", "")
 
     @property
     def num_queued(self) -> int:
         with self._lock:
             return self._num_queued
 
+    def _command(self, kind: str, item: Request | str) -> None:
+        """Queue a command for the loop thread; the caller holds the lock."""
+        self._inbox.append((kind, item))
+        self._counts = dataclasses.replace(self._counts, queued=self._num_queued, pending_work=True)
+
     # ----- loop thread -----
     def has_pending_work(self) -> bool:
         return bool(self._inbox) or bool(self._requests)
 
     def next_deadline(self) -> float | None:
-        deadlines = [self.policy.next_deadline(self.waiting)]
+        deadlines = [self.policy.next_deadline(self.lifecycle)]
         if self.config.queue_timeout_s is not None and self.waiting:
             deadlines.append(min(r.queued for r in self.waiting) + self.config.queue_timeout_s)
         present = [d for d in deadlines if d is not None]
@@ -135,19 +156,16 @@ class Scheduler:
 
     def step(self) -> StepStats | None:
         """Apply queued commands, plan, run one engine step, deliver its tokens. None if nothing ran."""
+        try:
+            return self._step()
+        finally:
+            self._publish()
+
+    def _step(self) -> StepStats | None:
         now = self.clock()
         self._drain_inbox()
         self._expire_waiting(now)
-        try:
-            plan = self.policy.plan(self.waiting, now)
-        except Exception:
-            # Admitting the head of the queue failed (a bug or an input the checks missed): fail that request
-            # alone, then plan again for everyone else rather than stalling the running sequences.
-            logger.exception("planning a step failed")
-            if not self.waiting:
-                raise
-            self._finish(self.waiting[0], FinishReason.ERROR, "internal error while admitting the request")
-            return self.step()
+        plan = self._plan(now)
         if not plan:
             return None
         # Prefill work: prompt chunks, and recomputation after preemption; the rest are decode tokens.
@@ -161,7 +179,7 @@ class Scheduler:
             logger.exception("engine step failed; failing its %d requests", len(plan))
             failed = True
             for request, _ in plan:
-                self._finish(request, FinishReason.ERROR, f"internal error during generation: {type(exc).__name__}")
+                self._finish(request, Outcome.FAILED, f"internal error during generation: {type(exc).__name__}")
             generated, num_tokens = 0, sum(count for _, count in plan)
         else:
             generated, num_tokens = self._deliver(output.tokens, output.prompt_logprobs), output.num_tokens
@@ -174,8 +192,8 @@ class Scheduler:
             num_tokens=num_tokens,
             num_prompt_tokens=prefill,
             num_generated=generated,
-            held_seats=self.policy.held_seats,
-            num_running=len(self.policy.running),
+            held_seats=self.lifecycle.held_seats,
+            num_running=len(self.running),
             num_waiting=len(self.waiting),
             cache_usage=self.engine.cache_usage,
             failed=failed,
@@ -184,8 +202,29 @@ class Scheduler:
             self.on_step(stats)
         return stats
 
+    def _plan(self, now: float) -> StepPlan:
+        while True:
+            try:
+                return self.policy.plan(self.lifecycle, now)
+            except Exception:
+                # Admitting the head of the queue failed (a bug or an input the checks missed): fail that request
+                # alone, then plan again for everyone else rather than stalling the running sequences.
+                logger.exception("planning a step failed")
+                if not self.waiting:
+                    raise
+                self._finish(self.waiting[0], Outcome.FAILED, "internal error while admitting the request")
+
+    def _publish(self) -> None:
+        lifecycle = self.lifecycle
+        running, held = len(lifecycle.running), lifecycle.held_seats
+        preempted = sum(1 for r in lifecycle.waiting if r.scheduled is not None)
+        usage = self.engine.cache_usage
+        with self._lock:  # under the lock, so that a submission's own update is never lost
+            pending = bool(self._inbox) or bool(self._requests)
+            counts = SchedulerCounts(self.config.seats, running, held, self._num_queued, preempted, usage, pending)
+            self._counts = counts
+
     def _mark_scheduled(self, request: Request, now: float) -> None:
-        request.status = RequestStatus.RUNNING
         request.num_steps += 1
         if request.scheduled is None:
             request.scheduled = now
@@ -193,14 +232,14 @@ class Scheduler:
                 self._num_queued -= 1
 
     def _deliver(self, tokens: Sequence[TokenOutput], prompt_logprobs: Sequence[PromptLogprobs] = ()) -> int:
-        by_seq = {r.seq_id: r for r in self.policy.running}
+        by_seq = {r.seq_id: r for r in self.running}
         now = self.clock()
         for scores in prompt_logprobs:  # before the step's tokens: a prompt's scores precede its answer
             request = by_seq.get(scores.seq_id)
             if request is None or request.status is not RequestStatus.RUNNING:
                 continue
             if not self._emit(request, PromptLogprobsEvent(scores, now)):
-                self._finish(request, FinishReason.ABORT)
+                self._finish(request, Outcome.ABORTED)
         delivered = 0
         for token in tokens:
             request = by_seq.get(token.seq_id)
@@ -213,9 +252,9 @@ class Scheduler:
             request.num_output_tokens += 1
             delivered += 1
             if not self._emit(request, TokenEvent(token, now)):
-                self._finish(request, FinishReason.ABORT)
+                self._finish(request, Outcome.ABORTED)
             elif token.finish_reason is not None:
-                self._finish(request, token.finish_reason)
+                self._finish(request, Outcome.from_engine(token.finish_reason))
         return delivered
 
     def _drain_inbox(self) -> None:
@@ -226,7 +265,7 @@ class Scheduler:
             if kind == "submit":
                 assert isinstance(item, Request)
                 self._requests[item.request_id] = item
-                self._enqueue_by_arrival(item)
+                self.lifecycle.enqueue(item)
             elif kind == "drain":
                 self._begin_drain_now()
             elif kind == "shutdown":
@@ -237,20 +276,10 @@ class Scheduler:
                 if request is None:
                     continue
                 if request.status in (RequestStatus.WAITING, RequestStatus.RUNNING):
-                    self._finish(request, FinishReason.ABORT if kind == "abort" else FinishReason.STOP)
+                    self._finish(request, Outcome.ABORTED if kind == "abort" else Outcome.STOPPED)
                 elif kind == "abort" and request.status is RequestStatus.FINISHED:
                     # A finished answer held by its batch: its consumer left, so free the seat now.
-                    self._finish(request, FinishReason.ABORT)
-
-    def _enqueue_by_arrival(self, request: Request) -> None:
-        """Behind every request that arrived earlier and every preempted one (they keep the head)."""
-        index = len(self.waiting)
-        while index > 0:  # almost always zero moves: tokenising rarely reorders arrivals
-            ahead = self.waiting[index - 1]
-            if ahead.arrival <= request.arrival or ahead.num_preemptions > 0:
-                break
-            index -= 1
-        self.waiting.insert(index, request)
+                    self._finish(request, Outcome.ABORTED)
 
     def _expire_waiting(self, now: float) -> None:
         limit = self.config.queue_timeout_s
@@ -259,40 +288,21 @@ class Scheduler:
         for request in [r for r in self.waiting if r.scheduled is None and now - r.queued > limit]:
             self._finish(
                 request,
-                FinishReason.ERROR,
+                Outcome.QUEUE_TIMEOUT,
                 f"the request waited in the queue longer than {limit} s; the server is overloaded",
-                ErrorKind.QUEUE_TIMEOUT,
             )
 
-    def _finish(
-        self,
-        request: Request,
-        reason: FinishReason,
-        error: str | None = None,
-        error_kind: ErrorKind | None = None,
-    ) -> None:
-        if request.status is RequestStatus.WAITING:
-            self.waiting.remove(request)
-            if request.scheduled is None:
-                with self._lock:
-                    self._num_queued -= 1
-        request.status = RequestStatus.FINISHED
-        request.finish_reason = reason
-        request.error = error
-        request.error_kind = error_kind if error_kind is not None or error is None else ErrorKind.INTERNAL
-        if reason.ended_early:
-            self.engine.remove(request.seq_id)  # free its cache now, whatever the policy holds
-        for released in self.policy.on_finished(request):
-            self._release(released)
+    def _finish(self, request: Request, outcome: Outcome, error: str | None = None) -> None:
+        if request.scheduled is None:
+            with self._lock:
+                self._num_queued -= 1
+        self.lifecycle.finish(request, outcome, error)
+        self.policy.on_finished(self.lifecycle, request)
 
-    def _release(self, request: Request) -> None:
-        self.engine.remove(request.seq_id)
-        request.status = RequestStatus.RELEASED
+    def _on_released(self, request: Request) -> None:
         self._requests.pop(request.request_id, None)
-        reason = request.finish_reason or FinishReason.ERROR
-        self._emit(
-            request, FinishEvent(reason, request.timings(self.mode, self.clock()), request.error, request.error_kind)
-        )
+        outcome = request.outcome or Outcome.FAILED
+        self._emit(request, FinishEvent(outcome, request.timings(self.mode, self.clock()), request.error))
 
     @staticmethod
     def _emit(request: Request, event: RequestEvent) -> bool:
@@ -308,20 +318,16 @@ class Scheduler:
     def _begin_drain_now(self) -> None:
         # Preempted requests wait too, but they already ran: like the running ones, they may finish.
         for request in [r for r in self.waiting if r.scheduled is None]:
-            self._finish(
-                request, FinishReason.ERROR, "the server is shutting down; retry the request", ErrorKind.SHUTDOWN
-            )
-        for request in self.policy.begin_drain():
-            self._release(request)
+            self._finish(request, Outcome.SHUTDOWN, "the server is shutting down; retry the request")
+        self.policy.begin_drain(self.lifecycle)
 
     def _shutdown_now(self) -> None:
         for request in list(self._requests.values()):
             if request.status in (RequestStatus.WAITING, RequestStatus.RUNNING):
                 self._finish(
                     request,
-                    FinishReason.ERROR,
+                    Outcome.SHUTDOWN,
                     "the server shut down before the request finished (its shutdown grace period ran out); retry it",
-                    ErrorKind.SHUTDOWN,
                 )
 
 

@@ -1,13 +1,12 @@
-"""The engine loop thread and the hand-off of each request's events to asyncio consumers."""
+"""The engine loop thread: runs the scheduler's steps, sleeps when there is nothing to do."""
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import threading
 
 from scheduler.core import Scheduler
-from scheduler.request import Request, RequestEvent
+from scheduler.request import Request
 
 logger = logging.getLogger("batchserve.loop")
 
@@ -68,17 +67,3 @@ class EngineLoop:
             timeout = None if deadline is None else max(0.0, deadline - scheduler.clock())
             # Idle: sleep until a submission, an abort, or the policy's next deadline (a batch timeout).
             self._wake.wait(timeout)
-
-
-class AsyncEventStream:
-    """A per-request queue an asyncio consumer awaits; the loop thread feeds it thread-safely."""
-
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self._loop = loop
-        self.queue: asyncio.Queue[RequestEvent] = asyncio.Queue()
-
-    def __call__(self, event: RequestEvent) -> None:
-        self._loop.call_soon_threadsafe(self.queue.put_nowait, event)
-
-    async def get(self) -> RequestEvent:
-        return await self.queue.get()

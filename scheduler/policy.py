@@ -1,59 +1,91 @@
-"""The contract between the scheduler core and a batching policy."""
+"""The contract between the scheduler core and a batching policy.
+
+A policy never touches the engine or a request's status. It reads what it needs and asks for actions through a
+`PolicyContext`, which the scheduler core implements over the real engine (`scheduler.lifecycle.Lifecycle`); a
+fake or simulated engine satisfies the same protocol, so the policies run unchanged against it.
+"""
 
 from __future__ import annotations
 
 import abc
-from collections import deque
+from collections.abc import Sequence
+from typing import Protocol
 
-from engine.engine import Engine
 from scheduler.config import Mode, SchedulerConfig
-from scheduler.request import Request, RequestStatus
+from scheduler.request import Request
 
 # A step's plan: for each request, how many of its pending tokens the engine computes now.
 StepPlan = list[tuple[Request, int]]
 
 
+class PolicyContext(Protocol):
+    """What a policy sees of the scheduler's state, and the actions it may ask for. Token counts are absolute
+    positions of one sequence (as the engine's `reserve`): `reserve(r, n)` makes r's cache hold n tokens."""
+
+    @property
+    def waiting(self) -> Sequence[Request]:
+        """The queue, head first: preempted requests, then the rest by arrival."""
+
+    @property
+    def running(self) -> Sequence[Request]:
+        """Requests holding a seat, in admission order: generating, or finished and held by the policy."""
+
+    @property
+    def free_seats(self) -> int: ...
+
+    @property
+    def free_blocks(self) -> int:
+        """Free KV cache blocks."""
+
+    @property
+    def free_cache_tokens(self) -> int:
+        """Tokens the free blocks hold."""
+
+    def pending_tokens(self, request: Request) -> int:
+        """Known tokens of the sequence not in its cache yet: a fresh request's whole prompt, then one per step;
+        after a preemption, its prompt plus the tokens it produced."""
+
+    def computed_tokens(self, request: Request) -> int:
+        """Tokens of the sequence already in its cache."""
+
+    def reserved_tokens(self, request: Request) -> int:
+        """Tokens its reserved cache can hold."""
+
+    def admit(self, request: Request, total_tokens: int) -> bool:
+        """Seat a waiting request with `total_tokens` of cache reserved, or change nothing and return False (no
+        seat, row or cache)."""
+
+    def reserve(self, request: Request, total_tokens: int) -> bool:
+        """Grow a running sequence's cache to hold `total_tokens`; all or nothing."""
+
+    def preempt(self, request: Request) -> None:
+        """Free a running sequence's cache and put it back at the head of the queue, to be recomputed later."""
+
+    def release(self, request: Request) -> None:
+        """Hand a finished request's completion to its consumer and free everything it holds."""
+
+
 class Policy(abc.ABC):
-    """Decides which sequences run in the next step and when a finished request may be released."""
+    """Decides which sequences run in the next step and when a finished request is released."""
 
     mode: Mode
 
-    def __init__(self, engine: Engine, config: SchedulerConfig) -> None:
-        self.engine = engine
+    def __init__(self, config: SchedulerConfig) -> None:
         self.config = config
-        self.running: list[Request] = []
 
     @abc.abstractmethod
-    def plan(self, waiting: deque[Request], now: float) -> StepPlan:
-        """Admit from `waiting` (removing what it admits) and return the work for one step."""
+    def plan(self, ctx: PolicyContext, now: float) -> StepPlan:
+        """Admit from `ctx.waiting` and return the work for one step."""
 
     @abc.abstractmethod
-    def on_finished(self, request: Request) -> list[Request]:
-        """`request` just finished; return the requests whose completion may be released now."""
+    def on_finished(self, ctx: PolicyContext, request: Request) -> None:
+        """`request` just finished. If it still holds a seat (it ran to its end), release it now or later; one that
+        ended early or never had a seat was released already."""
 
-    def begin_drain(self) -> list[Request]:
-        """The server is draining: nothing new will be admitted. Return the finished requests held so far, to be
-        released now; from now on a request that finishes is released at once."""
-        return []
+    def begin_drain(self, ctx: PolicyContext) -> None:  # noqa: B027 (a hook: only a policy that holds overrides it)
+        """The server is draining: nothing new will be admitted. Release the finished requests held so far; from
+        now on a request that finishes is released at once."""
 
-    def next_deadline(self, waiting: deque[Request]) -> float | None:
+    def next_deadline(self, ctx: PolicyContext) -> float | None:
         """When the policy wants to be asked again although nothing ran (a batch timeout), if ever."""
         return None
-
-    @property
-    def held_seats(self) -> int:
-        """Seats occupied by sequences that finished but are not released yet."""
-        return 0
-
-    def _admit(self, request: Request) -> bool:
-        """Give the request an engine row if it has none. False if no row is free."""
-        if self.engine.has_sequence(request.seq_id):
-            return True
-        if self.engine.num_free_rows == 0:
-            return False
-        self.engine.add(request.seq_id, request.prompt_token_ids, request.params)
-        return True
-
-    @staticmethod
-    def _unfinished(requests: list[Request]) -> list[Request]:
-        return [r for r in requests if r.status is RequestStatus.RUNNING]

@@ -55,20 +55,41 @@ class TokenEvent:
     time: float
 
 
-class ErrorKind(enum.Enum):
-    """Why a request ended with FinishReason.ERROR: the API answers 500 for INTERNAL and 503 for the others."""
+class Outcome(enum.Enum):
+    """How a request ended. The engine decides only STOPPED and LENGTH (its `FinishReason`); every other outcome is
+    the scheduler's own decision, and the sequence ran no further. The API maps outcomes to HTTP in one table.
 
-    INTERNAL = "internal"  # the engine step that ran it failed
-    QUEUE_TIMEOUT = "queue_timeout"  # it waited longer than queue_timeout_s: the server is overloaded
-    SHUTDOWN = "shutdown"  # the server is shutting down: never started, or unfinished after the grace period
+    STOPPED: EOS or a stop token id (the engine), or a stop string the API matched.
+    LENGTH: max_tokens or the context window was reached.
+    ABORTED: cancelled: the client aborted or disconnected, or its event consumer failed.
+    FAILED: an internal error: the engine step that ran it failed, or admitting it did.
+    QUEUE_TIMEOUT: it waited longer than queue_timeout_s without starting: the server is overloaded.
+    SHUTDOWN: the server is shutting down: it never started, or it was unfinished when the grace period ran out.
+    """
+
+    STOPPED = "stop"
+    LENGTH = "length"
+    ABORTED = "abort"
+    FAILED = "failed"
+    QUEUE_TIMEOUT = "queue_timeout"
+    SHUTDOWN = "shutdown"
+
+    @classmethod
+    def from_engine(cls, reason: FinishReason) -> Outcome:
+        return cls.STOPPED if reason is FinishReason.STOP else cls.LENGTH
+
+    @property
+    def completed(self) -> bool:
+        """Ran to a normal end (the answer is whole). Otherwise its cache is freed at once and nothing waits for
+        its batch."""
+        return self in (Outcome.STOPPED, Outcome.LENGTH)
 
 
 @dataclass(frozen=True)
 class FinishEvent:
-    reason: FinishReason
+    outcome: Outcome
     timings: RequestTimings
-    error: str | None = None
-    error_kind: ErrorKind | None = None
+    error: str | None = None  # what went wrong, for the outcomes that are errors
 
 
 @dataclass(frozen=True)
@@ -96,9 +117,8 @@ class Request:
     queued: float = 0.0  # entered the scheduler: the queue and batch timeouts count from it
     seq_id: int = -1
     status: RequestStatus = RequestStatus.WAITING
-    finish_reason: FinishReason | None = None
+    outcome: Outcome | None = None
     error: str | None = None
-    error_kind: ErrorKind | None = None
     num_output_tokens: int = 0
     scheduled: float | None = None
     first_token: float | None = None

@@ -19,3 +19,25 @@ class StepStats:
     num_waiting: int
     cache_usage: float  # 0..1
     failed: bool = False
+
+
+@dataclass(frozen=True)
+class SchedulerCounts:
+    """What the scheduler holds, as of its last step, inbox drain or command. Published whole (one attribute swap),
+    so any thread (metrics, the drain) reads one consistent set without touching the loop thread's state."""
+
+    seats: int
+    running: int  # requests holding a seat: generating, or finished and held by their batch (dynamic mode)
+    held_seats: int  # of those, finished and held
+    queued: int  # submitted and never started, including submissions not yet taken from the inbox
+    preempted: int  # started, preempted, waiting to resume
+    cache_usage: float  # 0..1
+    pending_work: bool  # a request not yet released, or a command not yet applied
+
+    @property
+    def waiting(self) -> int:
+        return self.queued + self.preempted
+
+    @property
+    def free_seats(self) -> int:
+        return self.seats - self.running

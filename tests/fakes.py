@@ -22,12 +22,12 @@ from engine.engine import Engine
 from engine.forward_batch import ForwardBatch
 from engine.kv_cache import KVCacheShape, PagedKVCache
 from engine.model_runner import ForwardOutput
-from engine.outputs import FinishReason, PromptLogprobs
+from engine.outputs import PromptLogprobs
 from engine.prompt_scoring import PromptScores
 from engine.sampling_params import SamplingParams
 from scheduler.config import Mode, SchedulerConfig
 from scheduler.core import Scheduler
-from scheduler.request import FinishEvent, PromptLogprobsEvent, Request, RequestEvent, TokenEvent
+from scheduler.request import FinishEvent, Outcome, PromptLogprobsEvent, Request, RequestEvent, TokenEvent
 from scheduler.stats import StepStats
 
 EOS = 0  # ScriptedRunner's EOS id; default scripted tokens are never EOS
@@ -212,8 +212,8 @@ class Stream:
         return self.finish is not None
 
     @property
-    def reason(self) -> FinishReason | None:
-        return None if self.finish is None else self.finish.reason
+    def reason(self) -> Outcome | None:
+        return None if self.finish is None else self.finish.outcome
 
 
 class Stuck(AssertionError):
@@ -250,7 +250,7 @@ class Harness:
             prompt = [1 + (self._ids * 5 + i) % (self.runner.vocab_size - 1) for i in range(prompt)]
         params.setdefault("temperature", 0.0)
         stream = Stream(request_id, list(prompt), max_tokens, _harness=self)
-        request = Request(request_id, list(prompt), SamplingParams(max_tokens=max_tokens, **params), stream)
+        request = Request(request_id, list(prompt), SamplingParams(max_tokens=max_tokens, **params), stream)  # type: ignore[arg-type]
         stream.request = request
         self.scheduler.submit(request, arrival)
         self.streams[request_id] = stream
@@ -289,8 +289,8 @@ class Harness:
     def describe(self) -> str:
         return (
             f"waiting={[(r.request_id, r.status.value) for r in self.scheduler.waiting]} "
-            f"running={[(r.request_id, r.status.value) for r in self.scheduler.policy.running]} "
-            f"free_rows={self.engine.num_free_rows} free_blocks={self.engine.num_free_blocks}"
+            f"running={[(r.request_id, r.status.value) for r in self.scheduler.running]} "
+            f"free_rows={self.engine.num_free_rows} free_blocks={self.engine.allocator.num_free}"
         )
 
 

@@ -1,4 +1,5 @@
-"""The engine loop thread and AsyncEventStream, over the real Scheduler and Engine with a ScriptedRunner.
+"""The engine loop thread and its hand-off of events to asyncio, over the real Scheduler and Engine with a
+ScriptedRunner.
 
 These run on the real monotonic clock (the loop sleeps until a deadline), but assert only counts and
 orderings: events arrive, the idle thread blocks instead of spinning, a batch timeout wakes it by itself.
@@ -13,11 +14,10 @@ from collections.abc import Callable
 
 import pytest
 
-from engine.outputs import FinishReason
 from engine.sampling_params import SamplingParams
 from scheduler.config import Mode
-from scheduler.loop import AsyncEventStream, EngineLoop
-from scheduler.request import FinishEvent, Request, RequestEvent, TokenEvent
+from scheduler.loop import EngineLoop
+from scheduler.request import FinishEvent, Outcome, Request, RequestEvent, TokenEvent
 from tests.fakes import Harness, build, expected_tokens
 
 EVENT_TIMEOUT_S = 10.0  # only a guard against a hung test; never reached when things work
@@ -65,16 +65,22 @@ def wait_idle(wake: RecordingEvent) -> None:
     assert wake.idle.wait(EVENT_TIMEOUT_S), "the loop never went idle"
 
 
-async def collect(stream: AsyncEventStream) -> list[RequestEvent]:
+async def collect(stream: asyncio.Queue[RequestEvent]) -> list[RequestEvent]:
     events: list[RequestEvent] = []
     while not events or not isinstance(events[-1], FinishEvent):
         events.append(await asyncio.wait_for(stream.get(), EVENT_TIMEOUT_S))
     return events
 
 
-def submit(loop: EngineLoop, request_id: str, prompt: list[int], max_tokens: int) -> AsyncEventStream:
-    stream = AsyncEventStream(asyncio.get_running_loop())
-    loop.submit(Request(request_id, prompt, SamplingParams(max_tokens=max_tokens, temperature=0.0), stream))
+def submit(loop: EngineLoop, request_id: str, prompt: list[int], max_tokens: int) -> asyncio.Queue[RequestEvent]:
+    """Submit with a sink that hands events to this asyncio loop thread-safely, as the API's does."""
+    stream: asyncio.Queue[RequestEvent] = asyncio.Queue()
+    aio_loop = asyncio.get_running_loop()
+
+    def sink(event: RequestEvent) -> None:
+        aio_loop.call_soon_threadsafe(stream.put_nowait, event)
+
+    loop.submit(Request(request_id, prompt, SamplingParams(max_tokens=max_tokens, temperature=0.0), sink))
     return stream
 
 
@@ -98,7 +104,7 @@ def test_async_consumer_receives_token_events_then_finish_event(mode: Mode) -> N
         *tokens, finish = events[rid]
         assert all(isinstance(e, TokenEvent) for e in tokens)
         assert [e.token.token_id for e in tokens if isinstance(e, TokenEvent)] == expected_tokens(prompt, max_tokens)
-        assert isinstance(finish, FinishEvent) and finish.reason is FinishReason.LENGTH
+        assert isinstance(finish, FinishEvent) and finish.outcome is Outcome.LENGTH
         assert finish.timings.mode == mode.value
     assert h.engine.cache_usage == 0 and h.engine.num_free_rows == h.seats
 
@@ -117,7 +123,7 @@ def test_idle_loop_blocks_on_its_event_instead_of_stepping() -> None:
             return await collect(submit(loop, "a", [1, 2], 3))
 
         events = asyncio.run(main())
-        assert isinstance(events[-1], FinishEvent) and events[-1].reason is FinishReason.LENGTH
+        assert isinstance(events[-1], FinishEvent) and events[-1].outcome is Outcome.LENGTH
         wait_idle(wake)
         calls = counter.calls
         assert wake.timeouts[-1] is None
@@ -146,7 +152,7 @@ def test_dynamic_loop_wakes_by_itself_to_dispatch_partial_batch_after_timeout() 
     finally:
         loop.stop()
     finish = events[-1]
-    assert isinstance(finish, FinishEvent) and finish.reason is FinishReason.LENGTH
+    assert isinstance(finish, FinishEvent) and finish.outcome is Outcome.LENGTH
     assert len(events) == 3
     # Nothing woke the loop after the submit: it slept with the batch deadline as its timeout.
     finite = [t for t in wake.timeouts if t is not None]

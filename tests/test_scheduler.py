@@ -17,12 +17,11 @@ from engine.config import EngineConfig
 from engine.engine import Engine
 from engine.errors import CacheCapacityError, EngineInputError
 from engine.model_runner import TransformersRunner
-from engine.outputs import FinishReason
 from engine.sampling_params import SamplingParams
 from scheduler.config import Mode, SchedulerConfig
 from scheduler.core import Scheduler
 from scheduler.errors import QueueFullError, SchedulerClosedError
-from scheduler.request import ErrorKind, FinishEvent, Request, RequestStatus, TokenEvent
+from scheduler.request import FinishEvent, Outcome, Request, RequestStatus, TokenEvent
 from tests.fakes import FakeClock, Harness, ScriptedRunner, Stream, build, expected_tokens
 
 MODES = [Mode.DYNAMIC, Mode.CONTINUOUS]
@@ -32,12 +31,12 @@ MODES = [Mode.DYNAMIC, Mode.CONTINUOUS]
 def assert_drained(h: Harness) -> None:
     """Everything finished: no cache, every row free, nothing running, waiting, queued or held."""
     assert h.engine.cache_usage == 0
-    assert h.engine.num_free_blocks == h.engine.allocator.num_blocks
+    assert h.engine.allocator.num_free == h.engine.allocator.num_blocks
     assert h.engine.num_free_rows == h.seats
-    assert h.scheduler.policy.running == []
+    assert list(h.scheduler.running) == []
     assert len(h.scheduler.waiting) == 0
     assert h.scheduler.num_queued == 0
-    assert h.scheduler.policy.held_seats == 0
+    assert h.scheduler.lifecycle.held_seats == 0
     assert not h.scheduler.has_pending_work()
     assert h.runner.violations == []
     for stream in h.streams.values():
@@ -59,7 +58,7 @@ def assert_timings_ordered(stream: Stream) -> None:
 
 def assert_complete(stream: Stream) -> None:
     """Finished by length with exactly max_tokens tokens, the ones the prompt gives when run alone."""
-    assert stream.reason is FinishReason.LENGTH, (stream.request_id, stream.finish)
+    assert stream.reason is Outcome.LENGTH, (stream.request_id, stream.finish)
     assert stream.tokens == expected_tokens(stream.prompt, stream.max_tokens)
     assert len(stream.tokens) == stream.max_tokens
     assert all(isinstance(e, TokenEvent) for e in stream.events[:-1])
@@ -220,7 +219,7 @@ def test_dynamic_failed_step_releases_held_member_with_its_own_reason() -> None:
     assert h.stats[-1].held_seats == 1
     stats = h.step()
     assert stats is not None and stats.failed and stats.num_seqs == 1
-    assert long.reason is FinishReason.ERROR and long.finish is not None and long.finish.error
+    assert long.reason is Outcome.FAILED and long.finish is not None and long.finish.error
     assert len(long.tokens) == 1
     assert short.finish_step == 2
     assert_complete(short)  # it was not in the failed step
@@ -312,6 +311,9 @@ def test_continuous_preemption_loses_nothing_and_starves_nobody() -> None:
 def test_continuous_preempted_request_is_resumed_before_younger_waiting_ones() -> None:
     h = build(Mode.CONTINUOUS, seats=3, kv_cache_tokens=40, block_size=4)
     streams = [h.submit(prompt=6, max_tokens=14) for _ in range(4)]
+    h.run(until=lambda: any(r.num_preemptions for r in h.scheduler.waiting))
+    # The victim goes back to the head of the queue, ahead of the younger request that waited all along.
+    assert [r.request_id for r in h.scheduler.waiting] == [streams[2].request_id, streams[3].request_id]
     h.run()
     starts = [s.finish.timings.scheduled for s in streams if s.finish]
     assert starts == sorted(starts)
@@ -363,8 +365,8 @@ def test_drain_fails_queued_requests_releases_held_answers_and_shutdown_ends_the
     with pytest.raises(SchedulerClosedError):
         h.submit()
     h.step()
-    assert queued.reason is FinishReason.ERROR and queued.tokens == []
-    assert queued.finish is not None and queued.finish.error_kind is ErrorKind.SHUTDOWN
+    assert queued.reason is Outcome.SHUTDOWN and queued.tokens == []
+    assert queued.finish is not None and queued.finish.error
     assert_complete(short)  # released at once: no batch will ever need it again
     assert long.request is not None and long.request.status is RequestStatus.RUNNING  # running ones go on
     h.run(until=lambda: len(long.tokens) >= 6)
@@ -372,8 +374,8 @@ def test_drain_fails_queued_requests_releases_held_answers_and_shutdown_ends_the
 
     h.scheduler.shutdown()  # the grace period is over
     h.step()
-    assert long.reason is FinishReason.ERROR and 6 <= len(long.tokens) < 50
-    assert long.finish is not None and long.finish.error_kind is ErrorKind.SHUTDOWN
+    assert long.reason is Outcome.SHUTDOWN and 6 <= len(long.tokens) < 50
+    assert long.finish is not None and long.finish.error
     assert long.tokens == expected_tokens(long.prompt, 50)[: len(long.tokens)]
     assert_drained(h)
 
@@ -410,12 +412,12 @@ def test_abort_frees_seat_and_cache_within_one_step(mode: Mode, where: str) -> N
     tokens_before = list(victim.tokens)
     h.scheduler.abort(victim.request_id)
     h.step()
-    assert victim.reason is FinishReason.ABORT and victim.finish_step == h.step_count
+    assert victim.reason is Outcome.ABORTED and victim.finish_step == h.step_count
     assert victim.tokens == tokens_before
     assert not h.engine.has_sequence(seq_id(victim))
     live = [s for s in h.streams.values() if not s.done]
     assert h.engine.num_free_rows == h.seats - len(live)
-    used = sum(h.engine.blocks_for(h.engine.reserved_tokens(seq_id(s))) for s in live)
+    used = sum(h.engine.reserved_tokens(seq_id(s)) // h.engine.block_size for s in live)
     assert h.engine.allocator.num_used == used
     if where == "waiting":
         assert victim.finish is not None and victim.finish.timings.scheduled is None
@@ -435,9 +437,9 @@ def test_stop_request_finishes_with_stop(mode: Mode) -> None:
     h.scheduler.stop_request(running.request_id)
     h.scheduler.stop_request(waiting.request_id)
     h.run()
-    assert running.reason is FinishReason.STOP and len(running.tokens) == 2
+    assert running.reason is Outcome.STOPPED and len(running.tokens) == 2
     assert running.tokens == expected_tokens(running.prompt, 2)
-    assert waiting.reason is FinishReason.STOP and waiting.tokens == []
+    assert waiting.reason is Outcome.STOPPED and waiting.tokens == []
     assert_complete(other)
     assert_drained(h)
 
@@ -491,7 +493,7 @@ def test_queue_order_is_arrival_order_even_when_submitted_out_of_order(mode: Mod
     first = h.submit(request_id="first", arrival=3.0)
     second = h.submit(request_id="second", arrival=5.0)
     h.step()
-    assert [r.request_id for r in h.scheduler.policy.running] == ["first"]
+    assert [r.request_id for r in h.scheduler.running] == ["first"]
     assert [r.request_id for r in h.scheduler.waiting] == ["second", "late"]
     h.run()
     starts = [s.finish.timings.scheduled for s in (first, second, late) if s.finish]
@@ -536,9 +538,8 @@ def test_queue_timeout_expires_waiting_request_with_error(mode: Mode) -> None:
         h.step()
     assert not late.done
     h.step()
-    assert late.reason is FinishReason.ERROR and late.finish_step == 7
+    assert late.reason is Outcome.QUEUE_TIMEOUT and late.finish_step == 7
     assert late.finish is not None and late.finish.error and "queue" in late.finish.error
-    assert late.finish.error_kind is ErrorKind.QUEUE_TIMEOUT
     assert late.finish.timings.scheduled is None and late.tokens == []
     assert late.finish.timings.queue_time == 6.0
     assert h.scheduler.num_queued == 0
@@ -579,7 +580,7 @@ def test_failed_forward_step_fails_only_its_requests_and_next_are_served(mode: M
     stats = h.step()
     assert stats is not None and stats.failed and stats.num_seqs == 2
     for s in (a, b):
-        assert s.reason is FinishReason.ERROR and s.finish_step == 2 and len(s.tokens) == 1
+        assert s.reason is Outcome.FAILED and s.finish_step == 2 and len(s.tokens) == 1
         assert s.finish is not None and s.finish.error and "InjectedFault" in s.finish.error
     assert not c.done
     assert h.engine.num_free_rows == 2 and h.engine.cache_usage == 0
@@ -611,12 +612,12 @@ def test_everything_released_and_engine_drained_after_mixed_workload(mode: Mode)
     h.scheduler.stop_request(stopped_by_api.request_id)
     h.scheduler.abort("no-such-request")  # ignored
     h.run()
-    assert eos.reason is FinishReason.STOP
+    assert eos.reason is Outcome.STOPPED
     assert eos.tokens == [*expected_tokens(eos.prompt, 3), 0]  # the EOS (id 0) is the 4th token
-    assert stopped.reason is FinishReason.STOP
+    assert stopped.reason is Outcome.STOPPED
     assert stopped.tokens == unstopped[: unstopped.index(unstopped[2]) + 1]
-    assert aborted.reason is FinishReason.ABORT
-    assert stopped_by_api.reason is FinishReason.STOP
+    assert aborted.reason is Outcome.ABORTED
+    assert stopped_by_api.reason is Outcome.STOPPED
     for s in (aborted, stopped_by_api):
         assert s.tokens == expected_tokens(s.prompt, 30)[: len(s.tokens)]
     for s in plain:
@@ -688,7 +689,7 @@ def test_same_greedy_tokens_in_both_modes_and_equal_to_generate(tiny_llama: PreT
                 break
             scheduler.step()
             clock.advance(1.0)
-        assert all(s.reason is FinishReason.LENGTH for s in streams)
+        assert all(s.reason is Outcome.LENGTH for s in streams)
         assert engine.cache_usage == 0 and engine.num_free_rows == 3
         results[mode] = [s.tokens for s in streams]
         preemptions[mode] = sum(s.finish.timings.num_preemptions for s in streams if s.finish)
@@ -711,8 +712,8 @@ def test_a_request_that_fails_to_be_admitted_fails_alone_and_the_running_go_on(m
     monkeypatch.setattr(h.engine, "add", broken_add)
     poisoned = h.submit(max_tokens=3)
     h.step()  # admitting `poisoned` raises: it alone fails, and `running` still decodes in this very step
-    assert poisoned.reason is FinishReason.ERROR
-    assert poisoned.finish is not None and poisoned.finish.error_kind is ErrorKind.INTERNAL
+    assert poisoned.reason is Outcome.FAILED
+    assert poisoned.finish is not None and poisoned.finish.error
     assert len(running.tokens) == 2
     h.run()
     assert_complete(running)

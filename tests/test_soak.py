@@ -74,7 +74,7 @@ def _ledger(server: RunningServer, tally: Tally) -> Iterator[None]:
 
         def recording_sink(event: RequestEvent) -> None:
             if isinstance(event, FinishEvent):
-                tally.finishes[request_id] = (max_tokens, event.reason.value)
+                tally.finishes[request_id] = (max_tokens, event.outcome.value)
             sink(event)
 
         request.sink = recording_sink
@@ -242,7 +242,7 @@ def _wait_idle(server: RunningServer, polls: int = 400) -> None:
             return
         time.sleep(0.025)
     raise AssertionError(
-        f"the server never went idle: {len(scheduler.waiting)} waiting, {len(scheduler.policy.running)} running"
+        f"the server never went idle: {len(scheduler.waiting)} waiting, {len(scheduler.running)} running"
     )
 
 

@@ -1,0 +1,123 @@
+"""The one owner of the sequence lifecycle: the waiting queue, the seats, engine rows and cache, and `status`.
+
+Nothing else adds or removes an engine row, reserves or frees cache, or sets a request's status. The scheduler core
+drives it (enqueue, finish); a policy reaches it only through `PolicyContext`, which this class implements over
+the real engine. Loop thread only.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable, Sequence
+
+from engine.engine import Engine
+from scheduler.request import Outcome, Request, RequestStatus
+
+
+class Lifecycle:
+    """WAITING -> (admit) RUNNING -> (preempt) WAITING ... -> (finish) FINISHED -> (release) RELEASED."""
+
+    def __init__(self, engine: Engine, seats: int, on_released: Callable[[Request], None]) -> None:
+        self.engine = engine
+        self.seats = seats
+        self._on_released = on_released  # the core hands the completion to the request's consumer
+        self._waiting: deque[Request] = deque()
+        self._running: list[Request] = []
+
+    # ----- what a policy reads -----
+    @property
+    def waiting(self) -> Sequence[Request]:
+        return self._waiting
+
+    @property
+    def running(self) -> Sequence[Request]:
+        return self._running
+
+    @property
+    def free_seats(self) -> int:
+        return self.seats - len(self._running)
+
+    @property
+    def free_blocks(self) -> int:
+        return self.engine.allocator.num_free
+
+    @property
+    def free_cache_tokens(self) -> int:
+        return self.engine.allocator.num_free * self.engine.block_size
+
+    @property
+    def held_seats(self) -> int:
+        """Seats of requests that finished but are not released yet."""
+        return sum(1 for r in self._running if r.status is RequestStatus.FINISHED)
+
+    def pending_tokens(self, request: Request) -> int:
+        if not self.engine.has_sequence(request.seq_id):
+            return len(request.prompt_token_ids)  # not in the engine yet: its whole prompt
+        return self.engine.num_pending(request.seq_id)
+
+    def computed_tokens(self, request: Request) -> int:
+        return self.engine.num_computed(request.seq_id) if self.engine.has_sequence(request.seq_id) else 0
+
+    def reserved_tokens(self, request: Request) -> int:
+        return self.engine.reserved_tokens(request.seq_id) if self.engine.has_sequence(request.seq_id) else 0
+
+    # ----- what a policy asks for -----
+    def admit(self, request: Request, total_tokens: int) -> bool:
+        assert request.status is RequestStatus.WAITING, request.status
+        if self.free_seats == 0:
+            return False
+        added = not self.engine.has_sequence(request.seq_id)  # a preempted request kept its row and tokens
+        if added:
+            if self.engine.num_free_rows == 0:
+                return False
+            self.engine.add(request.seq_id, request.prompt_token_ids, request.params)
+        if not self.engine.reserve(request.seq_id, total_tokens):
+            if added:
+                self.engine.remove(request.seq_id)  # undo: a fresh request keeps no row while it waits
+            return False
+        self._waiting.remove(request)
+        request.status = RequestStatus.RUNNING
+        self._running.append(request)
+        return True
+
+    def reserve(self, request: Request, total_tokens: int) -> bool:
+        assert request.status is RequestStatus.RUNNING, request.status
+        return self.engine.reserve(request.seq_id, total_tokens)
+
+    def preempt(self, request: Request) -> None:
+        assert request.status is RequestStatus.RUNNING, request.status
+        self.engine.release_cache(request.seq_id)  # its row keeps the tokens it produced: nothing is lost
+        self._running.remove(request)
+        request.status = RequestStatus.WAITING
+        request.num_preemptions += 1
+        self._waiting.appendleft(request)
+
+    def release(self, request: Request) -> None:
+        assert request.status is RequestStatus.FINISHED, request.status
+        if request in self._running:
+            self._running.remove(request)
+        self.engine.remove(request.seq_id)  # the one place a row is freed: once per request
+        request.status = RequestStatus.RELEASED
+        self._on_released(request)
+
+    # ----- what the core does -----
+    def enqueue(self, request: Request) -> None:
+        """Behind every request that arrived earlier and every preempted one (they keep the head)."""
+        index = len(self._waiting)
+        while index > 0:  # almost always zero moves: tokenising rarely reorders arrivals
+            ahead = self._waiting[index - 1]
+            if ahead.arrival <= request.arrival or ahead.num_preemptions > 0:
+                break
+            index -= 1
+        self._waiting.insert(index, request)
+
+    def finish(self, request: Request, outcome: Outcome, error: str | None = None) -> None:
+        """End a waiting or running request (or re-end a held one, when its consumer left). One that ended early or
+        holds no seat is released at once; one that ran to its end keeps its seat until the policy releases it."""
+        if request.status is RequestStatus.WAITING:
+            self._waiting.remove(request)
+        request.status = RequestStatus.FINISHED
+        request.outcome = outcome
+        request.error = error
+        if not outcome.completed or request not in self._running:
+            self.release(request)
