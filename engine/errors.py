@@ -1,15 +1,37 @@
-"""Errors the engine raises for input it cannot serve; the API maps them to OpenAI-shaped 400s."""
+"""Errors the engine raises for input it cannot serve, in the engine's own terms.
+
+Each names the part of the input at fault (`InputField`) and says what was wrong; the API maps the field to its
+request parameter and adds what its client can change (api/engine_fields.py).
+"""
+
+from __future__ import annotations
+
+import enum
+
+
+class InputField(enum.Enum):
+    """The part of a sequence's input an EngineInputError is about: the prompt or a SamplingParams field."""
+
+    PROMPT = enum.auto()
+    MAX_TOKENS = enum.auto()
+    STOP_TOKEN_IDS = enum.auto()
+    LOGIT_BIAS = enum.auto()
+    ALLOWED_TOKEN_IDS = enum.auto()
+    MIN_TOKENS = enum.auto()
+    LOGPROBS = enum.auto()
+    PROMPT_LOGPROBS = enum.auto()
 
 
 class EngineInputError(ValueError):
-    """A request the engine cannot run as given (empty prompt, too long, bad sampling values).
+    """A sequence the engine cannot run as given (empty prompt, unknown token ids, more than it can hold)."""
 
-    `param` names the offending request field so the API can report it.
-    """
-
-    def __init__(self, message: str, param: str | None = None) -> None:
+    def __init__(self, message: str, field: InputField) -> None:
         super().__init__(message)
-        self.param = param
+        self.field = field
+
+
+class ContextLengthError(EngineInputError):
+    """The prompt plus the tokens asked for do not fit the model's context window."""
 
 
 class CacheCapacityError(EngineInputError):

@@ -67,8 +67,3 @@ class PagedKVCache:
     def layer(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The (keys, values) of one layer, each [kv_heads, slots, head_dim]."""
         return self.data[index, 0], self.data[index, 1]
-
-    @property
-    def bytes_per_token(self) -> int:
-        s = self.shape
-        return 2 * s.num_layers * s.num_kv_heads * s.head_dim * self.data.element_size()

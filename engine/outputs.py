@@ -9,21 +9,11 @@ from dataclasses import dataclass
 
 
 class FinishReason(enum.Enum):
-    """Why a sequence ended; `openai` is the one mapping to the API's finish_reason."""
+    """Why the engine ended a sequence: only what the engine itself decides (the scheduler's `Outcome` adds
+    aborts, errors, timeouts and shutdown)."""
 
-    STOP = "stop"  # EOS, a stop token id, or (decided by the API) a stop string
+    STOP = "stop"  # EOS or a stop token id
     LENGTH = "length"  # max_tokens or the context window
-    ABORT = "abort"  # cancelled by the client, a disconnect, or shutdown
-    ERROR = "error"  # the step that ran it failed
-
-    @property
-    def openai(self) -> str:
-        return self.value
-
-    @property
-    def ended_early(self) -> bool:
-        """Aborted or failed: the sequence's cache is freed at once and nothing waits for its batch."""
-        return self in (FinishReason.ABORT, FinishReason.ERROR)
 
 
 @dataclass(frozen=True)

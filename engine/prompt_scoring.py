@@ -18,6 +18,7 @@ from engine.native import ScoreKernel
 # Positions per LM-head call: [128, 49152] float32 logits are 25 MB. Larger slices gain little matmul speed and
 # make every slice's temporaries fresh memory (page faults) rather than reused heap.
 DEFAULT_SLICE = 128
+KERNEL_MAX_TOP_K = 32  # beyond this many alternatives per position, torch's top-k is faster than the kernel's
 
 
 @dataclass(frozen=True)
@@ -55,7 +56,17 @@ def score_positions(
         hi = min(lo + slice_size, n)
         logits = logits_of(hidden[index[lo:hi]])  # [slice, vocab]
         if kernel is not None and logits.device.type == "cpu":
-            logprobs[lo:hi], ranks[lo:hi], top_ids[lo:hi], top_logprobs[lo:hi] = kernel(logits, target[lo:hi], top_k)
+            if top_k <= KERNEL_MAX_TOP_K:
+                logprobs[lo:hi], ranks[lo:hi], top_ids[lo:hi], top_logprobs[lo:hi] = kernel(
+                    logits, target[lo:hi], top_k
+                )
+                continue
+            # The kernel's top-k inserts into a sorted list (quadratic in k): many alternatives go through torch.
+            chosen_logprobs, ranks[lo:hi], _, _ = kernel(logits, target[lo:hi], 0)
+            logprobs[lo:hi] = chosen_logprobs
+            log_partition = logits.gather(1, target[lo:hi, None]) - chosen_logprobs[:, None]
+            values, top_ids[lo:hi] = logits.topk(top_k, dim=-1)
+            top_logprobs[lo:hi] = values - log_partition
             continue
         # log_softmax is one fused pass; logsumexp plus a subtraction measured slower.
         slice_logprobs = torch.log_softmax(logits, dim=-1)

@@ -1,17 +1,24 @@
-"""Per-request sampling parameters, validated once when the request is made."""
+"""Per-request sampling parameters, validated once when the request is made.
+
+Only what would break the engine is checked here (values its tensors cannot hold, or that would put NaN or +inf
+into a row of logits); the OpenAI API's narrower ranges (temperature up to 2, penalties within +-2, logprobs up
+to 20) are the API's to enforce (api/protocol.py). Limits that depend on the model, such as token ids within the
+vocabulary, are checked by `Engine.validate`.
+"""
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
 
-MAX_LOGPROBS = 20  # vLLM's default max_logprobs; chat's top_logprobs goes up to 20
-MAX_LOGIT_BIAS_VALUE = 100.0  # OpenAI's range for one logit_bias entry
 # Temperatures below this are greedy (vLLM's _SAMPLING_EPS): dividing logits by a smaller one is numerically unsafe
 # and the distribution is all but a point mass on the top token.
 MIN_SAMPLING_TEMPERATURE = 1e-5
-MAX_SEED = 2**63 - 1
+MAX_SEED = 2**63 - 1  # seeds are stored in an int64 row
 MAX_TOP_K = 2**31 - 1  # no vocabulary is larger; bounds what the engine stores in an int64 row
+# An edit this large already decides a token on its own; bounding bias and penalties keeps every edited float32
+# logit finite, which the sampler relies on (engine/sampler.py).
+MAX_LOGIT_EDIT = 1e6
 
 
 @dataclass(frozen=True)
@@ -25,7 +32,7 @@ class SamplingParams:
     seed: int | None = None
     stop_token_ids: tuple[int, ...] = field(default_factory=tuple)
     ignore_eos: bool = False
-    logprobs: int | None = None  # top alternatives to report beside the chosen token, 0..MAX_LOGPROBS
+    logprobs: int | None = None  # top alternatives to report beside the chosen token
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     prompt_logprobs: int | None = None  # score every prompt token: its logprob, rank and this many alternatives
@@ -33,27 +40,27 @@ class SamplingParams:
     min_tokens: int = 0  # EOS and stop_token_ids cannot be sampled before this many tokens were generated
     repetition_penalty: float = 1.0  # > 0; divides positive / multiplies other logits of prompt and output tokens
     min_p: float = 0.0  # drop tokens less likely than min_p times the top token (after temperature)
-    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias in [-100, 100]) added to the logits first
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias) added to the logits first
     allowed_token_ids: tuple[int, ...] | None = None  # only these ids may be sampled (greedy too)
 
     def __post_init__(self) -> None:
         if self.max_tokens < 1:
             raise ValueError(f"max_tokens must be at least 1, got {self.max_tokens}")
-        if not 0.0 <= self.temperature <= 2.0:
-            raise ValueError(f"temperature must be between 0 and 2, got {self.temperature}")
+        if not (self.temperature >= 0.0 and math.isfinite(self.temperature)):
+            raise ValueError(f"temperature must be a finite number >= 0, got {self.temperature}")
         if not 0.0 < self.top_p <= 1.0:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
         if not 0 <= self.top_k <= MAX_TOP_K:
             raise ValueError(f"top_k must be between 0 (off) and {MAX_TOP_K}, got {self.top_k}")
         if self.seed is not None and not 0 <= self.seed <= MAX_SEED:
             raise ValueError(f"seed must be between 0 and {MAX_SEED}, got {self.seed}")
-        if self.logprobs is not None and not 0 <= self.logprobs <= MAX_LOGPROBS:
-            raise ValueError(f"logprobs must be between 0 and {MAX_LOGPROBS}, got {self.logprobs}")
-        if self.prompt_logprobs is not None and not 0 <= self.prompt_logprobs <= MAX_LOGPROBS:
-            raise ValueError(f"prompt_logprobs must be between 0 and {MAX_LOGPROBS}, got {self.prompt_logprobs}")
+        for name in ("logprobs", "prompt_logprobs"):
+            value = getattr(self, name)
+            if value is not None and value < 0:
+                raise ValueError(f"{name} must be at least 0, got {value}")
         for name in ("presence_penalty", "frequency_penalty"):
-            if not -2.0 <= getattr(self, name) <= 2.0:
-                raise ValueError(f"{name} must be between -2 and 2, got {getattr(self, name)}")
+            if not abs(getattr(self, name)) <= MAX_LOGIT_EDIT:
+                raise ValueError(f"{name} must be a number within +-{MAX_LOGIT_EDIT:g}, got {getattr(self, name)}")
         object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in self.stop_token_ids))
         self._check_extensions()
 
@@ -68,9 +75,9 @@ class SamplingParams:
         bias = tuple((int(t), float(v)) for t, v in self.logit_bias)
         if len({t for t, _ in bias}) != len(bias):
             raise ValueError("logit_bias names a token id twice")
-        bad = [v for _, v in bias if not -MAX_LOGIT_BIAS_VALUE <= v <= MAX_LOGIT_BIAS_VALUE]
+        bad = [v for _, v in bias if not abs(v) <= MAX_LOGIT_EDIT]
         if bad:
-            raise ValueError(f"logit_bias values must be between -100 and 100, got {bad[0]}")
+            raise ValueError(f"logit_bias values must be within +-{MAX_LOGIT_EDIT:g}, got {bad[0]}")
         object.__setattr__(self, "logit_bias", bias)
         if self.allowed_token_ids is not None:
             if len(self.allowed_token_ids) == 0:
@@ -79,4 +86,5 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
+        """Whether the engine decodes this sequence greedily (it stores temperature 0 for such rows)."""
         return self.temperature < MIN_SAMPLING_TEMPERATURE

@@ -8,21 +8,22 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import pytest
 import torch
 from transformers import PreTrainedModel
 
-from engine import native
 from engine.config import EngineConfig
 from engine.engine import Engine
-from engine.errors import CacheCapacityError, EngineInputError
+from engine.errors import CacheCapacityError, EngineInputError, InputField
 from engine.model_runner import TransformersRunner
 from engine.outputs import FinishReason, StepOutput, TokenOutput
 from engine.sampling_params import SamplingParams
+from tests.toolchain import CAN_BUILD_KERNELS
 
 ARCHS = ("llama", "qwen2", "mistral")
-GREEDY = dict(temperature=0.0)
+GREEDY: dict[str, Any] = dict(temperature=0.0)
 
 
 def make_engine(
@@ -42,7 +43,9 @@ def random_prompt(length: int, seed: int, vocab_size: int) -> list[int]:
 
 def hf_greedy(model: PreTrainedModel, prompt: list[int], max_new_tokens: int) -> list[int]:
     ids = torch.tensor([prompt])
-    out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens, do_sample=False)
+    out = model.generate(  # type: ignore[operator]  # transformers types `generate` loosely
+        ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens, do_sample=False
+    )
     tokens = out[0, len(prompt) :].tolist()
     assert len(tokens) == max_new_tokens
     return tokens
@@ -54,19 +57,26 @@ def hf_log_softmax(model: PreTrainedModel, ids: list[int]) -> torch.Tensor:
     return torch.log_softmax(model(torch.tensor([ids])).logits[0].float(), dim=-1)
 
 
+def stored_output(engine: Engine, seq_id: int) -> list[int]:
+    """The output tokens the engine holds in the sequence's row (what a recompute after preemption would use)."""
+    rows = engine.rows
+    row = rows.row(seq_id)
+    return rows.token_buffer[row, int(rows.prompt_len[row]) : int(rows.seq_len[row])].tolist()
+
+
 @dataclass
 class Driver:
     """A minimal scheduler for tests: a per-step token budget, decode tokens first, then prompt chunks.
 
     Cache is reserved incrementally (just enough for what each step computes), so block boundaries are
-    crossed step by step; finished sequences are checked against `engine.output_token_ids` and removed.
+    crossed step by step; finished sequences are checked against the tokens stored in their rows and removed.
     """
 
     engine: Engine
     token_budget: int = 16
     max_chunk: int = 7
     outputs: dict[int, list[TokenOutput]] = field(default_factory=dict)
-    finished: dict[int, FinishReason] = field(default_factory=dict)
+    finished: dict[int, FinishReason | None] = field(default_factory=dict)  # None: removed by the test
     paused: set[int] = field(default_factory=set)
     steps: list[list[tuple[int, int]]] = field(default_factory=list)
     mixed_steps: int = 0  # steps that computed decode tokens and a prompt chunk together
@@ -102,8 +112,7 @@ class Driver:
             schedule.append((s, n))
             budget -= n
         for s, n in schedule:
-            computed = engine.num_tokens(s) - engine.num_pending(s)
-            assert engine.reserve(s, computed + n), "test cache too small"
+            assert engine.reserve(s, engine.num_computed(s) + n), "test cache too small"
         return schedule
 
     def step(self) -> StepOutput:
@@ -120,7 +129,7 @@ class Driver:
             self.outputs[token.seq_id].append(token)
             if token.finish_reason is not None:
                 self.finished[token.seq_id] = token.finish_reason
-                assert self.engine.output_token_ids(token.seq_id) == self.tokens(token.seq_id)
+                assert stored_output(self.engine, token.seq_id) == self.tokens(token.seq_id)
                 self.engine.remove(token.seq_id)
         return out
 
@@ -157,10 +166,9 @@ def test_batched_greedy_matches_hf_generate_with_joins_leaves_and_chunked_prefil
     leaver, leave_at_step = 1, 6  # removed by the client before it finishes
     prompts = [random_prompt(n, seed=100 + i, vocab_size=vocab) for i, (n, _, _) in enumerate(plan)]
     engine = make_engine(model, max_num_seqs=6, cpu_kernels=cpu_kernels)
-    kernel_built = native.load_decode_kernel() is not None  # False only where no C++ compiler is installed
-    assert (engine.runner.decode_kernel is not None) == (cpu_kernels and kernel_built)  # type: ignore[attr-defined]
+    assert (engine.runner.decode_kernel is not None) == (cpu_kernels and CAN_BUILD_KERNELS)  # type: ignore[attr-defined]
     driver = Driver(engine, token_budget=16, max_chunk=7)
-    free_blocks, free_rows = engine.num_free_blocks, engine.num_free_rows
+    free_blocks, free_rows = engine.allocator.num_free, engine.num_free_rows
 
     waiting = list(range(len(plan)))
     for step in range(1000):
@@ -170,7 +178,7 @@ def test_batched_greedy_matches_hf_generate_with_joins_leaves_and_chunked_prefil
         if step == leave_at_step:
             assert leaver not in driver.finished and len(driver.outputs[leaver]) > 0
             engine.remove(leaver)
-            driver.finished[leaver] = FinishReason.ABORT
+            driver.finished[leaver] = None
         if not waiting and not driver.running:
             break
         if driver.running:
@@ -193,7 +201,7 @@ def test_batched_greedy_matches_hf_generate_with_joins_leaves_and_chunked_prefil
         reasons = [t.finish_reason for t in driver.outputs[i]]
         assert reasons == [None] * (max_tokens - 1) + [FinishReason.LENGTH]
 
-    assert engine.num_free_blocks == free_blocks
+    assert engine.allocator.num_free == free_blocks
     assert engine.num_free_rows == free_rows
     assert engine.cache_usage == 0.0
 
@@ -244,12 +252,12 @@ def test_release_cache_then_recompute_continues_exactly_as_without_preemption(
         driver.step()
     assert all(len(driver.outputs[s]) >= 3 for s in (0, 1))
 
-    for s in (0, 1):
-        blocks_before, free_before = len(engine._blocks_of[s]), engine.num_free_blocks
+    for s, prompt in ((0, greedy_prompt), (1, sampled_prompt)):
+        blocks_before, free_before = len(engine._blocks_of[s]), engine.allocator.num_free
         driver.preempt(s)
-        assert engine.num_free_blocks == free_before + blocks_before
+        assert engine.allocator.num_free == free_before + blocks_before
         assert engine.reserved_tokens(s) == 0
-        assert engine.num_pending(s) == engine.num_tokens(s)  # prompt and outputs are recomputed
+        assert engine.num_pending(s) == len(prompt) + len(driver.outputs[s])  # prompt and outputs are recomputed
     # While they wait, another sequence joins and takes (some of) the freed blocks.
     driver.add(3, random_prompt(14, 399, vocab), greedy)
     for _ in range(4):
@@ -323,55 +331,64 @@ def test_sequence_filling_max_model_len_finishes_with_length(tiny_llama: PreTrai
 
 
 def _assert_rejected_without_allocation(
-    engine: Engine, prompt: list[int], params: SamplingParams, error: type, match: str, param: str
+    engine: Engine,
+    prompt: list[int],
+    params: SamplingParams,
+    error: type[EngineInputError],
+    match: str,
+    field: InputField,
 ) -> None:
-    free_blocks, free_rows = engine.num_free_blocks, engine.num_free_rows
+    free_blocks, free_rows = engine.allocator.num_free, engine.num_free_rows
     with pytest.raises(error, match=match) as info:
         engine.add(42, prompt, params)
-    assert info.value.param == param
-    assert engine.num_free_blocks == free_blocks
+    assert info.value.field is field
+    assert engine.allocator.num_free == free_blocks
     assert engine.num_free_rows == free_rows
     assert not engine.has_sequence(42)
 
 
 @pytest.mark.parametrize(
-    ("prompt", "params", "match", "param"),
+    ("prompt", "params", "match", "field"),
     [
-        pytest.param([], SamplingParams(max_tokens=4), "empty", "prompt", id="empty-prompt"),
+        pytest.param([], SamplingParams(max_tokens=4), "empty", InputField.PROMPT, id="empty-prompt"),
         pytest.param(
             [1] * 60, SamplingParams(max_tokens=5), r"maximum context length is 64 tokens, but 65",
-            "max_tokens", id="prompt-plus-max-tokens-too-long",
+            InputField.MAX_TOKENS, id="prompt-plus-max-tokens-too-long",
         ),
-        pytest.param([1] * 70, SamplingParams(max_tokens=1), r"maximum context length is 64", "prompt",
+        pytest.param([1] * 70, SamplingParams(max_tokens=1), r"maximum context length is 64", InputField.PROMPT,
                      id="prompt-alone-too-long"),
         pytest.param([1, 2, 160], SamplingParams(max_tokens=4), r"160 is outside the vocabulary \[0, 160\)",
-                     "prompt", id="token-id-at-vocab-size"),
-        pytest.param([1, -1], SamplingParams(max_tokens=4), r"-1 is outside the vocabulary", "prompt",
+                     InputField.PROMPT, id="token-id-at-vocab-size"),
+        pytest.param([1, -1], SamplingParams(max_tokens=4), r"-1 is outside the vocabulary", InputField.PROMPT,
                      id="negative-token-id"),
         pytest.param([1, 2], SamplingParams(max_tokens=4, stop_token_ids=(999,)), r"999 is outside",
-                     "stop_token_ids", id="stop-token-id-outside-vocab"),
+                     InputField.STOP_TOKEN_IDS, id="stop-token-id-outside-vocab"),
+        pytest.param([1, 2], SamplingParams(max_tokens=4, logprobs=161), r"at most 160 alternatives",
+                     InputField.LOGPROBS, id="more-logprobs-than-the-vocabulary"),
     ],
 )  # fmt: skip
 def test_bad_input_raises_engine_input_error_and_allocates_nothing(
-    tiny_llama: PreTrainedModel, prompt: list[int], params: SamplingParams, match: str, param: str
+    tiny_llama: PreTrainedModel, prompt: list[int], params: SamplingParams, match: str, field: InputField
 ) -> None:
     engine = make_engine(tiny_llama, max_num_seqs=2, kv_cache_tokens=256, max_model_len=64)
     engine.add(1, [5, 6, 7], SamplingParams(max_tokens=4))  # something already running
     assert engine.reserve(1, 7)
-    _assert_rejected_without_allocation(engine, prompt, params, EngineInputError, match, param)
+    _assert_rejected_without_allocation(engine, prompt, params, EngineInputError, match, field)
     engine.add(42, [1, 2, 3], SamplingParams(max_tokens=4))  # the id is still free for a valid request
 
 
 def test_too_many_stop_token_ids_is_rejected(tiny_llama: PreTrainedModel) -> None:
     engine = make_engine(tiny_llama, max_stop_token_ids=2)
     params = SamplingParams(max_tokens=4, stop_token_ids=(1, 2, 3))
-    _assert_rejected_without_allocation(engine, [1], params, EngineInputError, "at most 2", "stop_token_ids")
+    _assert_rejected_without_allocation(engine, [1], params, EngineInputError, "at most 2", InputField.STOP_TOKEN_IDS)
 
 
 def test_sequence_larger_than_whole_cache_raises_cache_capacity_error(tiny_llama: PreTrainedModel) -> None:
     engine = make_engine(tiny_llama, kv_cache_tokens=16, block_size=4, max_model_len=128)
     params = SamplingParams(max_tokens=10)
-    _assert_rejected_without_allocation(engine, [1] * 7, params, CacheCapacityError, "holds 16 tokens", "max_tokens")
+    _assert_rejected_without_allocation(
+        engine, [1] * 7, params, CacheCapacityError, "holds 16 tokens", InputField.MAX_TOKENS
+    )
     engine.add(1, [1] * 6, params)  # exactly 16 tokens fits
 
 
@@ -387,9 +404,9 @@ def test_reserve_is_all_or_nothing(tiny_llama: PreTrainedModel) -> None:
     assert engine.reserve(1, 14)  # 4 blocks
     assert engine.reserved_tokens(1) == 16
     assert not engine.reserve(2, 30)  # needs 8, only 4 free
-    assert engine.num_free_blocks == 4 and engine.reserved_tokens(2) == 0
+    assert engine.allocator.num_free == 4 and engine.reserved_tokens(2) == 0
     assert engine.reserve(2, 16)
-    assert engine.num_free_blocks == 0 and engine.cache_usage == 1.0
+    assert engine.allocator.num_free == 0 and engine.cache_usage == 1.0
     assert engine.reserve(1, 12)  # already covered: no-op
 
 
@@ -421,7 +438,7 @@ def test_step_rejects_more_tokens_than_pending_or_duplicate_sequences(tiny_llama
 
 def test_remove_frees_row_and_blocks(tiny_llama: PreTrainedModel) -> None:
     engine = make_engine(tiny_llama, max_num_seqs=3, kv_cache_tokens=64, block_size=4)
-    free_blocks, free_rows = engine.num_free_blocks, engine.num_free_rows
+    free_blocks, free_rows = engine.allocator.num_free, engine.num_free_rows
     assert engine.cache_usage == 0.0
     driver = Driver(engine)
     driver.add(1, list(range(9)), SamplingParams(max_tokens=10, **GREEDY))
@@ -429,12 +446,12 @@ def test_remove_frees_row_and_blocks(tiny_llama: PreTrainedModel) -> None:
     for _ in range(4):
         driver.step()
     assert engine.num_free_rows == free_rows - 2
-    assert engine.num_free_blocks < free_blocks and engine.cache_usage > 0
+    assert engine.allocator.num_free < free_blocks and engine.cache_usage > 0
     engine.remove(1)
     engine.remove(2)
     assert not engine.has_sequence(1) and not engine.has_sequence(2)
     assert engine.num_free_rows == free_rows
-    assert engine.num_free_blocks == free_blocks
+    assert engine.allocator.num_free == free_blocks
     assert engine.cache_usage == 0.0
     engine.remove(1)  # idempotent
     assert engine.num_free_rows == free_rows

@@ -103,7 +103,6 @@ def test_paged_cache_layout_and_sizes() -> None:
     assert cache.data.shape == (3, 2, 2, 20, 8)
     assert cache.data.dtype == torch.float16
     assert not cache.data.any()
-    assert cache.bytes_per_token == 2 * 3 * 2 * 8 * 2
     keys, values = cache.layer(1)
     assert keys.shape == values.shape == (2, 20, 8)
     keys[:, 7] = 1.0  # views: writes land in the shared storage of that layer's keys only

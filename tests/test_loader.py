@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.metadata
 import logging
 import shutil
@@ -88,7 +89,7 @@ def test_eos_ids_merge_generation_config_and_tokenizer_without_duplicates(tiny_c
 def test_loaded_model_is_frozen(tiny_checkpoint: Path) -> None:
     loaded = load_model(tiny_checkpoint)
 
-    with pytest.raises(AttributeError):
+    with pytest.raises(dataclasses.FrozenInstanceError, match="max_model_len"):
         loaded.max_model_len = 1  # type: ignore[misc]
 
 

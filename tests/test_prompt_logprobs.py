@@ -15,23 +15,27 @@ import torch
 from transformers import PreTrainedModel
 
 from api.offline import LLM
+from api.protocol import MAX_LOGPROBS
 from engine import native
 from engine.config import EngineConfig
 from engine.engine import Engine
+from engine.errors import EngineInputError, InputField
 from engine.model_runner import TransformersRunner
-from engine.outputs import FinishReason, PromptLogprobs
+from engine.outputs import PromptLogprobs
 from engine.prompt_scoring import score_positions
-from engine.sampling_params import MAX_LOGPROBS, SamplingParams
+from engine.sampling_params import SamplingParams
 from scheduler.config import Mode, SchedulerConfig
 from scheduler.core import Scheduler
-from scheduler.request import PromptLogprobsEvent, Request, TokenEvent
+from scheduler.request import Outcome, PromptLogprobsEvent, Request, TokenEvent
 from tests.fakes import FakeClock, Stream, build, scripted_prompt_score
 from tests.server_harness import real_loaded_model, tiny_loaded_model
+from tests.toolchain import CAN_BUILD_KERNELS, NO_TOOLCHAIN
 
 ARCHS = ("llama", "qwen2", "mistral")
 TOLERANCE = 1e-4
-SCORE_KERNEL = native.load_score_kernel()  # None only where no C++ compiler is installed
-needs_kernel = pytest.mark.skipif(SCORE_KERNEL is None, reason="no C++ compiler: the kernels could not be built")
+SCORE_KERNEL = native.load_score_kernel()
+# Skipped only where nothing could build the kernels; where a compiler is present a broken build fails them.
+needs_kernel = pytest.mark.skipif(not CAN_BUILD_KERNELS, reason=NO_TOOLCHAIN)
 
 
 def random_prompt(length: int, seed: int, vocab_size: int) -> list[int]:
@@ -47,7 +51,8 @@ def hf_log_softmax(model: PreTrainedModel, ids: Sequence[int]) -> torch.Tensor:
 
 def hf_greedy(model: PreTrainedModel, prompt: list[int], max_new_tokens: int) -> list[int]:
     ids = torch.tensor([prompt])
-    out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens, do_sample=False)
+    settings = dict(attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens, do_sample=False)
+    out = model.generate(ids, **settings)  # type: ignore[operator]
     return out[0, len(prompt) :].tolist()
 
 
@@ -99,7 +104,7 @@ def run_scheduler(
             break
         scheduler.step()
         clock.advance(1.0)
-    assert all(s.reason is FinishReason.LENGTH for s in streams)
+    assert all(s.reason is Outcome.LENGTH for s in streams)
     assert engine.cache_usage == 0 and engine.num_free_rows == seats
     return streams
 
@@ -148,7 +153,7 @@ def test_prompt_logprobs_match_hf_in_both_modes_and_rows_that_dont_ask_are_untou
 def test_the_lm_head_runs_in_bounded_slices_over_a_whole_prompt(tiny_qwen2: PreTrainedModel, cpu_kernels: bool) -> None:
     vocab = tiny_qwen2.config.vocab_size
     runner = TransformersRunner(tiny_qwen2, prepack_weights=cpu_kernels, native_attention=cpu_kernels, score_slice=7)
-    assert (runner.score_kernel is not None) == (cpu_kernels and SCORE_KERNEL is not None)
+    assert (runner.score_kernel is not None) == (cpu_kernels and CAN_BUILD_KERNELS)
     head = runner.lm_head
     rows_per_call: list[int] = []
 
@@ -179,8 +184,10 @@ def test_offline_llm_collects_the_whole_prompts_scores() -> None:
 
 
 @needs_kernel
-@pytest.mark.parametrize(("vocab", "k"), [(49152, 1), (1000, 5), (300, 20), (37, 0)])
+# k=100 is past what the kernel's own top-k takes (KERNEL_MAX_TOP_K): torch picks the alternatives.
+@pytest.mark.parametrize(("vocab", "k"), [(49152, 1), (1000, 5), (300, 20), (37, 0), (1000, 100)])
 def test_the_scoring_kernel_matches_the_torch_path_ties_included(vocab: int, k: int) -> None:
+    assert SCORE_KERNEL is not None
     generator = torch.Generator().manual_seed(vocab)
     logits = torch.randn(40, vocab, generator=generator) * 4
     logits[:10] = logits[:10].round()  # many exact ties
@@ -256,7 +263,7 @@ def test_scheduler_preempting_mid_prefill_delivers_every_position_once() -> None
     delivered = sum(len(p.token_ids) for p in scored.prompt_logprobs)
     assert 0 < delivered < 19 and not scored.tokens  # preempted mid-prefill
     h.run()
-    assert decoding.reason is FinishReason.LENGTH and scored.reason is FinishReason.LENGTH
+    assert decoding.reason is Outcome.LENGTH and scored.reason is Outcome.LENGTH
     assert decoding.prompt_logprobs == []
     scores = joined(scored.prompt_logprobs)
     assert list(scores.positions) == list(range(1, 20))
@@ -269,10 +276,18 @@ def test_scheduler_preempting_mid_prefill_delivers_every_position_once() -> None
 # ----- parameters -----
 
 
-@pytest.mark.parametrize("value", [-1, MAX_LOGPROBS + 1])
-def test_prompt_logprobs_out_of_range_is_rejected(value: int) -> None:
-    with pytest.raises(ValueError, match="prompt_logprobs"):
-        SamplingParams(prompt_logprobs=value)
+def test_negative_prompt_logprobs_are_rejected() -> None:
+    with pytest.raises(ValueError, match="prompt_logprobs must be at least 0"):
+        SamplingParams(prompt_logprobs=-1)
+
+
+def test_the_engine_rejects_more_prompt_alternatives_than_the_vocabulary(tiny_qwen2: PreTrainedModel) -> None:
+    engine = Engine(TransformersRunner(tiny_qwen2), EngineConfig(max_num_seqs=1, kv_cache_tokens=64, block_size=4))
+    vocab = engine.runner.vocab_size
+    with pytest.raises(EngineInputError, match=f"at most {vocab} alternatives") as info:
+        engine.add(0, [1, 2], SamplingParams(prompt_logprobs=vocab + 1))
+    assert info.value.field is InputField.PROMPT_LOGPROBS and not engine.has_sequence(0)
+    engine.add(0, [1, 2], SamplingParams(prompt_logprobs=vocab))  # every token of the vocabulary is fine
 
 
 # ----- the real model -----

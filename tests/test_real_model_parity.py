@@ -14,6 +14,7 @@ from engine.engine import Engine
 from engine.loader import LoadedModel
 from engine.model_runner import TransformersRunner
 from engine.sampling_params import SamplingParams
+from scheduler.request import Outcome
 from tests.server_harness import real_loaded_model
 
 pytestmark = pytest.mark.slow
@@ -108,7 +109,7 @@ def test_both_modes_give_generate_greedy_text(loaded: LoadedModel, mode: str) ->
         outputs = llm.generate(prompts, params)
     for index, output in enumerate(outputs):
         assert output.token_ids == _reference(index), f"{mode}: prompt {index} diverged"
-        assert output.finish_reason.openai == "length"
+        assert output.finish_reason is Outcome.LENGTH
 
 
 def test_seeded_sampling_is_the_same_alone_and_beside_others(loaded: LoadedModel) -> None:

@@ -13,7 +13,7 @@ import pytest
 import torch
 from transformers import PreTrainedModel
 
-from engine.errors import EngineInputError
+from engine.errors import EngineInputError, InputField
 from engine.logits_processors import (
     AllowedTokens,
     BannedTokens,
@@ -25,7 +25,7 @@ from engine.logits_processors import (
 )
 from engine.outputs import FinishReason
 from engine.sampler import RowSampling, sample
-from engine.sampling_params import MAX_LOGPROBS, SamplingParams
+from engine.sampling_params import MAX_LOGIT_EDIT, SamplingParams
 from tests.test_engine import Driver, hf_greedy, hf_log_softmax, make_engine, random_prompt, run_alone
 
 INF = float("inf")
@@ -175,11 +175,18 @@ def test_logprobs_report_the_raw_distribution_not_the_edited_one() -> None:
         (dict(min_p=-0.1), "min_p"),
         (dict(min_p=1.5), "min_p"),
         (dict(min_p=float("nan")), "min_p"),
-        (dict(logit_bias=((1, 100.5),)), "logit_bias"),
-        (dict(logit_bias=((1, float("nan")),)), "logit_bias"),
-        (dict(logit_bias=((1, 1.0), (1, 2.0))), "logit_bias"),
+        (dict(logit_bias=((1, MAX_LOGIT_EDIT * 2),)), "logit_bias values must be within"),
+        (dict(logit_bias=((1, -INF),)), "logit_bias values must be within"),
+        (dict(logit_bias=((1, float("nan")),)), "logit_bias values must be within"),
+        (dict(logit_bias=((1, 1.0), (1, 2.0))), "logit_bias names a token id twice"),
         (dict(allowed_token_ids=()), "allowed_token_ids"),
-        (dict(logprobs=MAX_LOGPROBS + 1), "logprobs"),
+        (dict(logprobs=-1), "logprobs must be at least 0"),
+        (dict(temperature=-0.5), "temperature"),
+        (dict(temperature=INF), "temperature"),
+        (dict(temperature=float("nan")), "temperature"),
+        (dict(presence_penalty=-INF), "presence_penalty"),
+        (dict(frequency_penalty=float("nan")), "frequency_penalty"),
+        (dict(frequency_penalty=MAX_LOGIT_EDIT * 2), "frequency_penalty"),
     ],
 )
 def test_sampling_params_reject_out_of_range_extensions(fields: dict, match: str) -> None:
@@ -193,12 +200,17 @@ def test_sampling_params_accept_the_limits() -> None:
         min_tokens=4,
         repetition_penalty=1e-30,
         min_p=1.0,
-        logit_bias=((0, -100), (3, 100.0)),
+        logit_bias=((0, -MAX_LOGIT_EDIT), (3, 100)),
         allowed_token_ids=[5, 6],  # type: ignore[arg-type]  # any sequence is normalised to a tuple
         logprobs=20,
     )
-    assert params.logit_bias == ((0, -100.0), (3, 100.0)) and params.allowed_token_ids == (5, 6)
-    assert MAX_LOGPROBS == 20
+    assert params.logit_bias == ((0, -MAX_LOGIT_EDIT), (3, 100.0)) and params.allowed_token_ids == (5, 6)
+
+
+def test_sampling_params_leave_the_openai_ranges_to_the_api() -> None:
+    """Values outside OpenAI's ranges (api/protocol.py enforces those) still run in the engine."""
+    params = SamplingParams(temperature=3.5, presence_penalty=-5.0, frequency_penalty=5.0, logprobs=50)
+    assert (params.temperature, params.presence_penalty, params.frequency_penalty, params.logprobs) == (3.5, -5, 5, 50)
 
 
 # ----- through the engine, on a tiny model -----
@@ -358,21 +370,25 @@ def test_a_reused_row_forgets_the_previous_requests_extensions(tiny_llama: PreTr
 
 
 @pytest.mark.parametrize(
-    ("params", "match", "param"),
+    ("params", "match", "field"),
     [
-        (SamplingParams(logit_bias=((160, 1.0),)), r"160 is outside the vocabulary \[0, 160\)", "logit_bias"),
-        (SamplingParams(logit_bias=((1, 1.0), (2, 1.0), (3, 1.0))), "at most 2", "logit_bias"),
-        (SamplingParams(allowed_token_ids=(5, -1)), r"-1 is outside the vocabulary", "allowed_token_ids"),
-        (SamplingParams(allowed_token_ids=(200,)), r"200 is outside the vocabulary", "allowed_token_ids"),
-        (SamplingParams(min_tokens=2, allowed_token_ids=(9, 4), stop_token_ids=(4,)), "min_tokens", "min_tokens"),
+        (SamplingParams(logit_bias=((160, 1.0),)), r"160 is outside the vocabulary \[0, 160\)", InputField.LOGIT_BIAS),
+        (SamplingParams(logit_bias=((1, 1.0), (2, 1.0), (3, 1.0))), "at most 2", InputField.LOGIT_BIAS),
+        (SamplingParams(allowed_token_ids=(5, -1)), r"-1 is outside the vocabulary", InputField.ALLOWED_TOKEN_IDS),
+        (SamplingParams(allowed_token_ids=(200,)), r"200 is outside the vocabulary", InputField.ALLOWED_TOKEN_IDS),
+        (
+            SamplingParams(min_tokens=2, allowed_token_ids=(9, 4), stop_token_ids=(4,)),
+            "min_tokens",
+            InputField.MIN_TOKENS,
+        ),
     ],
 )
 def test_engine_rejects_extensions_it_cannot_serve(
-    tiny_llama: PreTrainedModel, params: SamplingParams, match: str, param: str
+    tiny_llama: PreTrainedModel, params: SamplingParams, match: str, field: InputField
 ) -> None:
     engine = make_engine(tiny_llama, max_num_seqs=2, max_logit_bias=2, eos_token_ids=[9])
     with pytest.raises(EngineInputError, match=match) as info:
         engine.add(1, [1, 2, 3], params)
-    assert info.value.param == param and not engine.has_sequence(1) and engine.num_free_rows == 2
+    assert info.value.field is field and not engine.has_sequence(1) and engine.num_free_rows == 2
     # The same lists are fine where they can be served: within limits, or with the EOS ignored.
     engine.add(2, [1, 2], SamplingParams(min_tokens=2, allowed_token_ids=(9,), ignore_eos=True, logit_bias=((159, 1),)))

@@ -1,0 +1,146 @@
+"""The sampling half of a step: edit and sample the logits of the rows whose pending tokens ran out, append the
+tokens to their rows, and decide which sequences finish (EOS, a stop token id, max_tokens or the context window).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from engine.logits_processors import (
+    AllowedTokens,
+    BannedTokens,
+    LogitBias,
+    LogitsEdits,
+    OutputPenalties,
+    RepetitionPenalty,
+    token_mask,
+)
+from engine.outputs import FinishReason, TokenOutput
+from engine.rows import SequenceRows
+from engine.sampler import RowSampling, SampleResult, sample
+
+_NOT_FINISHED, _STOPPED, _LENGTH = 0, 1, 2
+
+
+def sample_and_record(
+    state: SequenceRows, rows: torch.Tensor, logits: torch.Tensor, seq_ids: list[int], eos_token_ids: torch.Tensor
+) -> tuple[TokenOutput, ...]:
+    """Sample one token for each of `rows` (the sequences `seq_ids`) from its `logits` row and record it."""
+    if not seq_ids:
+        return ()
+    logits = logits.to("cpu") if logits.device.type != "cpu" else logits
+    counter = state.seq_len[rows] - state.prompt_len[rows]  # index of the output token being sampled
+    num_logprobs = int(state.logprobs[rows].max())
+    min_p = state.min_p[rows]
+    params = RowSampling(
+        temperature=state.temperature[rows],
+        top_p=state.top_p[rows],
+        top_k=state.top_k[rows],
+        seed=state.seed[rows],
+        counter=counter,
+        num_logprobs=max(num_logprobs, 0),
+        want_logprobs=num_logprobs >= 0,
+        min_p=min_p if bool((min_p > 0).any()) else None,
+    )
+    result = sample(logits, params, _edits(state, rows, counter, logits.shape[-1], eos_token_ids))
+    tokens = result.tokens
+    positions = state.seq_len[rows]
+    state.token_buffer[rows, positions] = tokens
+    state.seq_len[rows] += 1
+    finish = _finish_codes(state, rows, tokens, eos_token_ids)
+    return _package(seq_ids, state.logprobs[rows].tolist(), tokens, finish, result)
+
+
+def _edits(
+    state: SequenceRows, rows: torch.Tensor, counter: torch.Tensor, vocab: int, eos_token_ids: torch.Tensor
+) -> LogitsEdits:
+    """The logits edits of this step's sampling rows; a feature no row uses is None (one comparison)."""
+    biased = (state.num_bias[rows] > 0).nonzero()[:, 0]
+    restricted = state.restricted[rows].nonzero()[:, 0]
+    too_early = (counter < state.min_tokens[rows]).nonzero()[:, 0]  # min_tokens not reached yet
+    repeating = (state.repetition[rows] != 1.0).nonzero()[:, 0]
+    penalised = ((state.presence[rows] != 0) | (state.frequency[rows] != 0)).nonzero()[:, 0]
+    bias = allowed = banned = repetition = penalties = None
+    if len(biased):
+        r = rows[biased]
+        width = int(state.num_bias[r].max())
+        bias = LogitBias(biased, state.bias_ids[r, :width], state.bias_values[r, :width])
+    if len(restricted):
+        allowed = AllowedTokens(restricted, state.allowed[rows[restricted]])
+    if len(too_early):
+        r = rows[too_early]
+        eos = eos_token_ids[None, :].expand(len(r), -1).masked_fill(state.ignore_eos[r][:, None], -1)
+        banned = BannedTokens(too_early, torch.cat([state.stop_ids[r], eos], dim=1))
+    if len(repeating):
+        r = rows[repeating]
+        repetition = RepetitionPenalty(repeating, _seen_tokens(state, r, vocab), state.repetition[r])
+    if len(penalised):
+        r = rows[penalised]
+        counts = _output_counts(state, r, vocab)
+        penalties = OutputPenalties(penalised, counts, state.presence[r], state.frequency[r])
+    return LogitsEdits(bias, allowed, banned, repetition, penalties)
+
+
+def _seen_tokens(state: SequenceRows, rows: torch.Tensor, vocab: int) -> torch.Tensor:
+    """[rows, vocab] bool: the token occurs in the row's prompt or output so far."""
+    end = state.seq_len[rows]
+    width = int(end.max())
+    ids = state.token_buffer[rows, :width].masked_fill(torch.arange(width)[None, :] >= end[:, None], -1)
+    return token_mask(ids, vocab)
+
+
+def _output_counts(state: SequenceRows, rows: torch.Tensor, vocab: int) -> torch.Tensor:
+    """[rows, vocab] how often each token appears in each row's output so far."""
+    start, end = state.prompt_len[rows], state.seq_len[rows]
+    width = int((end - start).max())
+    counts = torch.zeros(len(rows), vocab)
+    if width == 0:
+        return counts
+    pos = start[:, None] + torch.arange(width)[None, :]
+    valid = pos < end[:, None]
+    ids = state.token_buffer[rows[:, None], pos.clamp(max=state.max_model_len - 1)]
+    return counts.scatter_add_(1, ids, valid.float())
+
+
+def _finish_codes(
+    state: SequenceRows, rows: torch.Tensor, tokens: torch.Tensor, eos_token_ids: torch.Tensor
+) -> torch.Tensor:
+    is_eos = torch.isin(tokens, eos_token_ids) & ~state.ignore_eos[rows]
+    is_stop_id = (state.stop_ids[rows] == tokens[:, None]).any(dim=-1)
+    generated = state.seq_len[rows] - state.prompt_len[rows]
+    at_length = (generated >= state.max_tokens[rows]) | (state.seq_len[rows] >= state.max_model_len)
+    codes = torch.full_like(tokens, _NOT_FINISHED)
+    codes[at_length] = _LENGTH
+    codes[is_eos | is_stop_id] = _STOPPED
+    return codes
+
+
+def _package(
+    seq_ids: list[int],
+    wanted: list[int],
+    tokens: torch.Tensor,
+    finish: torch.Tensor,
+    result: SampleResult,
+) -> tuple[TokenOutput, ...]:
+    """One TokenOutput per row, with only the logprobs that row asked for (-1: none)."""
+    reasons = {_NOT_FINISHED: None, _STOPPED: FinishReason.STOP, _LENGTH: FinishReason.LENGTH}
+    token_list, finish_list = tokens.tolist(), finish.tolist()
+    chosen = result.logprobs.tolist() if result.logprobs is not None else [None] * len(seq_ids)
+    tops: list[tuple[tuple[int, float], ...]] = [()] * len(seq_ids)
+    if result.top_ids is not None and result.top_logprobs is not None:
+        tops = [
+            tuple(zip(i, lp, strict=True))
+            for i, lp in zip(result.top_ids.tolist(), result.top_logprobs.tolist(), strict=True)
+        ]
+    return tuple(
+        TokenOutput(
+            seq_id,
+            token,
+            logprob if want >= 0 else None,
+            top[:want] if want >= 0 else None,
+            reasons[code],
+        )
+        for seq_id, want, token, logprob, top, code in zip(
+            seq_ids, wanted, token_list, chosen, tops, finish_list, strict=True
+        )
+    )
