@@ -7,7 +7,6 @@ import hmac
 import logging
 import threading
 from collections.abc import AsyncIterator, Callable
-from pathlib import Path
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
@@ -25,12 +24,8 @@ from api.errors import APIError
 from api.metrics import ServerMetrics
 from api.service import GenerationService
 from api.state import Phase, Runtime
-from api.token_bytes import TokenBytes
-from engine.engine import Engine
-from engine.loader import LoadedModel, load_model
-from engine.model_runner import TransformersRunner
-from scheduler.core import Scheduler
-from scheduler.loop import EngineLoop
+from api.wiring import build_model_runtime, load
+from engine.loader import LoadedModel
 
 logger = logging.getLogger("batchserve.api")
 
@@ -38,34 +33,22 @@ ModelLoader = Callable[[ServerConfig], LoadedModel]
 
 
 def default_loader(config: ServerConfig) -> LoadedModel:
-    return load_model(config.model, device=config.device)
+    return load(config.runtime_options())
 
 
 def build_runtime(config: ServerConfig, loaded: LoadedModel) -> Runtime:
-    model_name = config.served_model_name or Path(loaded.source).name.removesuffix(".gguf")
-    engine_config = config.engine_config(loaded.max_model_len, str(next(loaded.model.parameters()).device))
-    runner = TransformersRunner(loaded.model, prepack_weights=config.cpu_kernels, native_attention=config.cpu_kernels)
-    engine = Engine(runner, engine_config, loaded.eos_token_ids, loaded.max_model_len)
-    metrics = ServerMetrics(config.mode, model_name)
-    scheduler = Scheduler(engine, config.scheduler_config(), on_step=metrics.observe_step)
+    """The model's runtime (see `api.wiring`) with the server's metrics and generation service."""
+    options = config.runtime_options()
+    metrics = ServerMetrics(config.mode, options.model_name(loaded.source))
+    model = build_model_runtime(options, loaded, on_step=metrics.observe_step)
+    counts = model.scheduler.counts  # a snapshot published by the loop thread: safe to read from this one
     metrics.bind_gauges(
-        running=lambda: len(scheduler.policy.running),
-        waiting=lambda: scheduler.num_queued + sum(r.num_preemptions > 0 for r in list(scheduler.waiting)),
-        cache_usage=lambda: engine.cache_usage,
+        running=lambda: counts().running,
+        waiting=lambda: counts().waiting,
+        cache_usage=lambda: counts().cache_usage,
     )
-    loop = EngineLoop(scheduler)
-    service = GenerationService(loop, loaded.tokenizer, metrics, config.request_timeout_s)
-    return Runtime(
-        engine,
-        scheduler,
-        loop,
-        loaded.tokenizer,
-        service,
-        metrics,
-        model_name,
-        engine.max_model_len,
-        TokenBytes(loaded.tokenizer),
-    )
+    service = GenerationService(model.loop, model.tokenizer, metrics, config.request_timeout_s)
+    return Runtime.serving(model, service, metrics)
 
 
 def _canonical_bearer(credentials: bytes) -> bytes:

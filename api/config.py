@@ -1,17 +1,56 @@
-"""Server configuration, layered like the packages: engine and scheduler configs plus the HTTP limits.
+"""Configuration, layered like the packages: `RuntimeOptions` (scheduler config plus the engine's sizes: what
+running a model takes, offline too) and `ServerConfig` (those flat, plus the HTTP limits).
 
 The command line is generated from the fields and their `help` metadata, so every flag has one definition.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from engine.config import EngineConfig
 from scheduler.config import Mode, SchedulerConfig
 
 API_KEY_ENV = "BATCHSERVE_API_KEY"
+DEFAULT_MAX_MODEL_LEN = 2048
+
+
+@dataclass(frozen=True)
+class RuntimeOptions:
+    """What running a model takes: the batching policy and the engine's sizes, none of the HTTP limits."""
+
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    model: str | None = None  # checkpoint directory or .gguf file; None: the default model
+    device: str = "cpu"
+    max_model_len: int | None = DEFAULT_MAX_MODEL_LEN  # None: the model's own context window
+    kv_cache_tokens: int | None = None  # None: seats x max_model_len
+    cpu_kernels: bool = True
+    served_model_name: str | None = None
+
+    @classmethod
+    def of(cls, mode: str = Mode.CONTINUOUS.value, **options: Any) -> RuntimeOptions:
+        """Flat keyword options (ServerConfig's names), split into the scheduler's and the rest."""
+        names = {f.name for f in dataclasses.fields(SchedulerConfig)}
+        scheduler = SchedulerConfig(mode=Mode(mode), **{k: v for k, v in options.items() if k in names})
+        return cls(scheduler, **{k: v for k, v in options.items() if k not in names})
+
+    def model_name(self, source: str) -> str:
+        """The name the API serves the model under; `source` is the path it was loaded from."""
+        return self.served_model_name or Path(source).name.removesuffix(".gguf")
+
+    def engine_config(self, model_max_len: int, device: str) -> EngineConfig:
+        """`device` is where the model was actually loaded: `auto` is resolved by the loader, not here."""
+        seats = self.scheduler.seats
+        max_len = min(self.max_model_len or model_max_len, model_max_len)
+        return EngineConfig(
+            max_num_seqs=seats,
+            kv_cache_tokens=self.kv_cache_tokens or seats * max_len,
+            max_model_len=max_len,
+            device=device,
+        )
 
 
 def _opt(default: Any, help: str, **extra: object) -> Any:
@@ -33,7 +72,9 @@ class ServerConfig:
     max_num_batched_tokens: int = _opt(512, "continuous: token budget of one step (prompt chunks plus decodes)")
     max_queue: int = _opt(256, "Waiting requests beyond this are rejected with 429")
     queue_timeout_s: float | None = _opt(None, "Reject a request that waited longer than this in the queue")
-    max_model_len: int | None = _opt(2048, "Prompt plus completion tokens of one sequence (model maximum if unset)")
+    max_model_len: int | None = _opt(
+        DEFAULT_MAX_MODEL_LEN, "Prompt plus completion tokens of one sequence (model maximum if unset)"
+    )
     kv_cache_tokens: int | None = _opt(None, "KV cache size in tokens (default: seats x max_model_len)")
     api_key: str | None = field(  # repr=False: a logged or printed config must not show the key
         default=None,
@@ -97,12 +138,14 @@ class ServerConfig:
             queue_timeout_s=self.queue_timeout_s,
         )
 
-    def engine_config(self, model_max_len: int, device: str) -> EngineConfig:
-        """`device` is where the model was actually loaded: `--device auto` is resolved by the loader, not here."""
-        max_len = min(self.max_model_len or model_max_len, model_max_len)
-        return EngineConfig(
-            max_num_seqs=self.seats,
-            kv_cache_tokens=self.kv_cache_tokens or self.seats * max_len,
-            max_model_len=max_len,
-            device=device,
+    def runtime_options(self) -> RuntimeOptions:
+        """What `api.wiring` needs to load and run the model; the HTTP limits stay here."""
+        return RuntimeOptions(
+            scheduler=self.scheduler_config(),
+            model=self.model,
+            device=self.device,
+            max_model_len=self.max_model_len,
+            kv_cache_tokens=self.kv_cache_tokens,
+            cpu_kernels=self.cpu_kernels,
+            served_model_name=self.served_model_name,
         )

@@ -5,15 +5,24 @@ from __future__ import annotations
 import queue
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
-from api.app import build_runtime
 from api.chat_template import encode_chat
-from api.config import ServerConfig
+from api.config import RuntimeOptions
 from api.detokenizer import IncrementalDetokenizer
-from engine.loader import LoadedModel, load_model
-from engine.outputs import FinishReason, PromptLogprobs
+from api.wiring import build_model_runtime, load
+from engine.loader import LoadedModel
+from engine.outputs import PromptLogprobs
 from engine.sampling_params import SamplingParams
-from scheduler.request import FinishEvent, PromptLogprobsEvent, Request, RequestEvent, RequestTimings, TokenEvent
+from scheduler.request import (
+    FinishEvent,
+    Outcome,
+    PromptLogprobsEvent,
+    Request,
+    RequestEvent,
+    RequestTimings,
+    TokenEvent,
+)
 
 
 @dataclass(frozen=True)
@@ -21,7 +30,7 @@ class CompletionOutput:
     prompt_token_ids: list[int]
     token_ids: list[int]
     text: str
-    finish_reason: FinishReason
+    finish_reason: Outcome
     timings: RequestTimings
     # With SamplingParams.prompt_logprobs: every prompt position from 1 on (position 0 has no logprob).
     prompt_logprobs: PromptLogprobs | None = None
@@ -35,11 +44,12 @@ class LLM:
         model: str | None = None,
         mode: str = "continuous",
         loaded: LoadedModel | None = None,
-        **server_options: object,
+        **options: Any,
     ) -> None:
-        self.config = ServerConfig(model=model, mode=mode, **server_options)  # type: ignore[arg-type]
-        self.loaded = loaded or load_model(model, device=self.config.device)
-        self.runtime = build_runtime(self.config, self.loaded)
+        """`options`: ServerConfig's scheduler and engine options by name (max_num_seqs, device, ...)."""
+        self.options = RuntimeOptions.of(mode, model=model, **options)
+        self.loaded = loaded or load(self.options)
+        self.runtime = build_model_runtime(self.options, self.loaded)
         self.tokenizer = self.loaded.tokenizer
         self.runtime.loop.start()
         self._next_id = 0
@@ -77,7 +87,7 @@ class LLM:
             if params_list[i].prompt_logprobs is not None:
                 prompt_logprobs = PromptLogprobs.join(scores[i]) if scores[i] else PromptLogprobs(-1, 1, (), (), (), ())
             outputs.append(
-                CompletionOutput(prompt_ids, tokens[i], text, finished[i].reason, finished[i].timings, prompt_logprobs)
+                CompletionOutput(prompt_ids, tokens[i], text, finished[i].outcome, finished[i].timings, prompt_logprobs)
             )
         return outputs
 

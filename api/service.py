@@ -14,17 +14,18 @@ from dataclasses import dataclass, field
 
 from transformers import PreTrainedTokenizerBase
 
+from api import outcomes
 from api.detokenizer import IncrementalDetokenizer
+from api.engine_fields import engine_input_error
 from api.errors import APIError
 from api.metrics import ServerMetrics
 from engine.errors import EngineInputError
-from engine.outputs import FinishReason
 from engine.sampling_params import SamplingParams
 from scheduler.errors import QueueFullError, SchedulerClosedError
 from scheduler.loop import EngineLoop
 from scheduler.request import (
-    ErrorKind,
     FinishEvent,
+    Outcome,
     PromptLogprobsEvent,
     Request,
     RequestEvent,
@@ -75,8 +76,7 @@ class ChoiceDelta:
     timings: RequestTimings | None = None
     num_prompt_tokens: int = 0
     num_output_tokens: int = 0
-    error: str | None = None
-    error_status: int = 500  # 503 when the server was too busy to start the request in time, or shut down
+    error: APIError | None = None  # the choice failed: what to answer instead (see api.outcomes)
 
 
 @dataclass
@@ -130,7 +130,7 @@ class GenerationService:
         try:
             self.loop.submit(request, arrival)
         except EngineInputError as exc:
-            raise APIError(400, str(exc), param=exc.param) from None
+            raise engine_input_error(exc) from None
         except QueueFullError as exc:
             raise APIError(429, f"{exc}; retry later", headers={"Retry-After": "1"}) from None
         except SchedulerClosedError as exc:  # draining: another instance, or this one restarted, can take it
@@ -176,12 +176,11 @@ class GenerationService:
         return ChoiceDelta(choice.index, text, logprobs, prompt_scores, num_output_tokens=choice.num_output_tokens)
 
     def _on_finish(self, choice: _Choice, event: FinishEvent) -> ChoiceDelta:
-        if event.reason is FinishReason.ERROR:
+        if outcomes.is_error(event.outcome):
             self.metrics.observe_failure()
-            status = 500 if event.error_kind in (None, ErrorKind.INTERNAL) else 503  # overloaded or shutting down
-            return ChoiceDelta(choice.index, "", error=event.error or "internal error", error_status=status)
+            return ChoiceDelta(choice.index, "", error=outcomes.error(event.outcome, event.error or "internal error"))
+        reason = outcomes.finish_reason(Outcome.STOPPED if choice.stopped_by_string else event.outcome)
         tail = "" if choice.stopped_by_string or choice.output.discard_output else choice.detokenizer.flush()
-        reason = FinishReason.STOP if choice.stopped_by_string else event.reason
         num_prompt_tokens = len(choice.prompt_token_ids)
         self.metrics.observe_request(
             event.timings, num_prompt_tokens, choice.num_output_tokens, choice.inter_token_latencies, reason
@@ -190,7 +189,7 @@ class GenerationService:
             choice.index,
             tail,
             prompt_logprobs=self._take_prompt_scores(choice),
-            finish_reason=reason.openai,
+            finish_reason=reason,
             timings=event.timings,
             num_prompt_tokens=num_prompt_tokens,
             num_output_tokens=choice.num_output_tokens,
@@ -245,9 +244,7 @@ class Generation:
                     if delta is not None:
                         yield delta
         except TimeoutError:
-            raise APIError(
-                504, f"the request ran longer than the server's request timeout of {service.request_timeout_s} s"
-            ) from None
+            raise outcomes.error(outcomes.REQUEST_TIMEOUT, service.request_timeout_s) from None
         finally:
             self.close()
 

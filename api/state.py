@@ -2,17 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 from dataclasses import dataclass
 
-from transformers import PreTrainedTokenizerBase
-
 from api.metrics import ServerMetrics
 from api.service import GenerationService
-from api.token_bytes import TokenBytes
-from engine.engine import Engine
-from scheduler.core import Scheduler
-from scheduler.loop import EngineLoop
+from api.wiring import ModelRuntime
 
 
 class Phase(enum.Enum):
@@ -23,13 +19,13 @@ class Phase(enum.Enum):
 
 
 @dataclass(frozen=True)
-class Runtime:
-    engine: Engine
-    scheduler: Scheduler
-    loop: EngineLoop
-    tokenizer: PreTrainedTokenizerBase
+class Runtime(ModelRuntime):
+    """The model's runtime plus what only the HTTP server has: the generation service and the metrics."""
+
     service: GenerationService
     metrics: ServerMetrics
-    model_name: str
-    max_model_len: int
-    token_bytes: TokenBytes
+
+    @classmethod
+    def serving(cls, model: ModelRuntime, service: GenerationService, metrics: ServerMetrics) -> Runtime:
+        shared = {f.name: getattr(model, f.name) for f in dataclasses.fields(ModelRuntime)}
+        return cls(**shared, service=service, metrics=metrics)

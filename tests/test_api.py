@@ -83,9 +83,9 @@ def seats_all_free(server: RunningServer) -> bool:
     seats = server.app.state.config.seats  # type: ignore[attr-defined]
     return (
         runtime.engine.num_free_rows == seats
-        and not runtime.scheduler.policy.running
+        and runtime.scheduler.counts().running == 0
         and runtime.engine.cache_usage == 0.0
-        and not runtime.scheduler.has_pending_work()
+        and not runtime.scheduler.counts().pending_work
     )
 
 
@@ -674,7 +674,7 @@ def test_non_streaming_client_disconnect_aborts_its_request(server: RunningServe
             )
             # Bounded wait until the request holds a seat, then drop the connection by cancelling the call.
             deadline = time.monotonic() + 30
-            while not server.runtime.scheduler.policy.running:
+            while not server.runtime.scheduler.counts().running:
                 assert not pending.done(), "the request finished before the test could disconnect"
                 assert time.monotonic() < deadline, "the request never started running"
                 await asyncio.sleep(0.01)
@@ -706,6 +706,7 @@ METRIC_NAMES = (
 def test_metrics_use_vllm_names_with_a_mode_label(server: RunningServer, client: openai.OpenAI) -> None:
     mode = server_mode(server)
     before = metric_value(server.base_url, "vllm:generation_tokens_total", mode=mode)
+    succeeded = metric_value(server.base_url, "vllm:request_success_total", mode=mode, finished_reason="length")
     client.completions.create(
         model=model_name(server), prompt=PROMPT, max_tokens=5, temperature=0, extra_body={"ignore_eos": True}
     )
@@ -718,13 +719,20 @@ def test_metrics_use_vllm_names_with_a_mode_label(server: RunningServer, client:
     assert metric_value(server.base_url, "vllm:generation_tokens_total", mode=mode) == before + 5
     assert metric_value(server.base_url, "vllm:num_requests_running", mode=mode) == 0
     assert metric_value(server.base_url, "vllm:kv_cache_usage_perc", mode=mode) == 0
-    assert metric_value(server.base_url, "vllm:request_success_total", mode=mode, finished_reason="length") >= 1
+    assert (
+        metric_value(server.base_url, "vllm:request_success_total", mode=mode, finished_reason="length")
+        == succeeded + 1
+    )
     text = httpx.get(f"{server.base_url}/metrics").text
     assert "# TYPE vllm:time_to_first_token_seconds histogram" in text
 
 
-def test_device_auto_serves_on_the_device_the_model_was_loaded_on() -> None:
+@pytest.mark.parametrize("device", ["auto", "cuda"])
+def test_the_engine_serves_on_the_device_the_model_was_loaded_on_whatever_the_flag_says(device: str) -> None:
     from api.app import build_runtime
 
-    runtime = build_runtime(ServerConfig(device="auto"), tiny_loaded_model())
-    assert runtime.engine.device == next(runtime.engine.runner.model.parameters()).device
+    # The tiny model is on the CPU. Where CUDA is present both flags name another device; where it is not,
+    # "cuda" does: either way an engine that followed the flag instead of the model would fail here.
+    runtime = build_runtime(ServerConfig(device=device), tiny_loaded_model())
+    assert runtime.engine.device == torch.device("cpu")
+    assert runtime.engine.cache.data.device == torch.device("cpu")

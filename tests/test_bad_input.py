@@ -427,7 +427,7 @@ def _assert_holds_nothing(server: RunningServer) -> None:
     engine, scheduler = server.runtime.engine, server.runtime.scheduler
     assert engine.cache_usage == 0
     assert engine.num_free_rows == engine.config.max_num_seqs
-    assert scheduler.num_queued == 0 and not scheduler.waiting and not scheduler.policy.running
+    assert scheduler.num_queued == 0 and not scheduler.waiting and not scheduler.running
     assert not scheduler.has_pending_work()
 
 

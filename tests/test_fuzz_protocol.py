@@ -14,7 +14,7 @@ from pydantic import BaseModel
 from sse_starlette import ServerSentEvent
 
 from api.errors import APIError
-from api.formatting import Formatter
+from api.formatting import ChatFormatter, CompletionFormatter, ResponseFormatter
 from api.protocol import MAX_ID, ChatCompletionRequest, CompletionRequest, parse_request
 from api.service import TokenLogprob
 from tests.server_harness import tiny_tokenizer
@@ -169,7 +169,10 @@ def test_any_body_parses_or_is_a_named_400(model: type[BaseModel], data: st.Data
 
 
 # ----- SSE framing -----
-_FORMATTER = {chat: Formatter("cmpl-fuzz", "tiny", tiny_tokenizer(), chat=chat) for chat in (False, True)}
+_FORMATTER: dict[bool, ResponseFormatter] = {
+    False: CompletionFormatter("cmpl-fuzz", "tiny", tiny_tokenizer()),
+    True: ChatFormatter("cmpl-fuzz", "tiny", tiny_tokenizer()),
+}
 _any_text = st.text(st.characters(min_codepoint=0, max_codepoint=0x10FFFF, exclude_categories=()), max_size=40)
 _tricky = st.sampled_from(
     [
@@ -233,7 +236,7 @@ def test_chunks_frame_as_one_data_line_and_round_trip(texts: list[str], chat: bo
     payloads = []
     for i, text in enumerate(texts):
         entries = [TokenLogprob(5, logprob, ((5, logprob), (6, logprob - 1.0)))]
-        lp = formatter.chat_logprobs(entries, 2) if chat else formatter.completion_logprobs(entries, 0, 2)
+        lp = formatter.logprobs(entries, 0, 2)
         chunk = formatter.chunk([formatter.stream_choice(i, text, None, lp)])
         payloads.append(json.dumps(chunk))
     payloads.append(json.dumps(APIError(500, "generation failed: " + texts[0]).body()))

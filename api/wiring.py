@@ -1,0 +1,58 @@
+"""Load a model and run it: runner, engine, scheduler and loop thread, for the HTTP app and the offline `LLM` alike.
+
+Nothing here knows about HTTP: the app adds its service and metrics on top (see `api.app.build_runtime`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from transformers import PreTrainedTokenizerBase
+
+from api.config import RuntimeOptions
+from api.token_bytes import TokenBytes
+from engine.engine import Engine
+from engine.loader import LoadedModel, load_model
+from engine.model_runner import TransformersRunner
+from scheduler.core import Scheduler
+from scheduler.loop import EngineLoop
+from scheduler.stats import StepStats
+
+
+def load(options: RuntimeOptions) -> LoadedModel:
+    return load_model(options.model, device=options.device)
+
+
+@dataclass(frozen=True)
+class ModelRuntime:
+    """A loaded model served by one scheduler on its loop thread (not started yet: call `loop.start()`)."""
+
+    engine: Engine
+    scheduler: Scheduler
+    loop: EngineLoop
+    tokenizer: PreTrainedTokenizerBase
+    model_name: str
+    max_model_len: int
+    token_bytes: TokenBytes  # the tokenizer's byte lookup, built once (chat logprobs' `bytes`)
+
+
+def build_model_runtime(
+    options: RuntimeOptions, loaded: LoadedModel, on_step: Callable[[StepStats], None] | None = None
+) -> ModelRuntime:
+    """`on_step`: called on the loop thread after each step (the server's metrics)."""
+    device = str(next(loaded.model.parameters()).device)
+    runner = TransformersRunner(loaded.model, prepack_weights=options.cpu_kernels, native_attention=options.cpu_kernels)
+    engine = Engine(
+        runner, options.engine_config(loaded.max_model_len, device), loaded.eos_token_ids, loaded.max_model_len
+    )
+    scheduler = Scheduler(engine, options.scheduler, on_step=on_step)
+    return ModelRuntime(
+        engine,
+        scheduler,
+        EngineLoop(scheduler),
+        loaded.tokenizer,
+        options.model_name(loaded.source),
+        engine.max_model_len,
+        TokenBytes(loaded.tokenizer),
+    )
