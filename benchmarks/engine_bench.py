@@ -8,7 +8,8 @@ For each batch size the script measures, on the same prompts (mixed lengths, 32.
   share of a step spent outside the weight matmuls (attention, norms, sampling, bookkeeping) is visible too;
 - transformers `generate()`: batch 1, and batched with left padding.
 Warm-up runs are excluded. The machine is noisy, so every ratio compares numbers taken in the same run, and
-the ceiling is measured right before and after the engine and averaged.
+the ceiling is measured right before and after the engine and averaged. The targets are set against the ceiling;
+the headline gives each against the engine's own matmuls too, as those run faster than `F.linear` here.
 
     python -m benchmarks.engine_bench [--batch-sizes 1,8,32,64] [--decode-steps 32] [--out FILE]
 """
@@ -62,6 +63,7 @@ class Row:
     decode_vs_ceiling: float  # engine decode tok/s over the ceiling's tok/s (1.0 = no overhead at all)
     step_time_vs_ceiling: float  # engine step time over the ceiling's step time
     engine_matmul_step_ms: float  # the engine's own weight matmuls alone for one decode step
+    decode_vs_own_matmuls: float  # engine decode tok/s over its own matmuls' tok/s: the bound it can reach
     outside_matmul_share: float  # fraction of the engine's step spent outside its weight matmuls
     weight_bandwidth_gb_s: float  # weight bytes read per engine decode step over its time
 
@@ -193,6 +195,7 @@ def run(config: BenchConfig, loaded: LoadedModel) -> dict[str, object]:
             step_time_vs_ceiling=step_s / ceiling_s,
             weight_bandwidth_gb_s=weight_bytes / step_s / 1e9,
             engine_matmul_step_ms=matmul_s * 1000,
+            decode_vs_own_matmuls=matmul_s / step_s,
             outside_matmul_share=max(0.0, 1 - matmul_s / step_s),
         )
         rows.append(row)
@@ -234,20 +237,35 @@ def _format_row(row: Row) -> str:
         f"batch {row.batch:>3}: prefill {row.engine_prefill_tok_s:8.1f} tok/s  decode "
         f"{row.engine_decode_tok_s:7.1f} tok/s  step {row.engine_step_ms:7.1f} ms  | ceiling "
         f"{row.ceiling_tok_s:7.1f} tok/s ({row.ceiling_step_ms:6.1f} ms)  -> {row.decode_vs_ceiling:5.1%} of "
-        f"ceiling, {row.step_time_vs_ceiling:.2f}x its time | own matmuls {row.engine_matmul_step_ms:6.1f} ms, "
-        f"{row.outside_matmul_share:4.0%} of the step outside them"
+        f"ceiling, {row.step_time_vs_ceiling:.2f}x its time | own matmuls {row.engine_matmul_step_ms:6.1f} ms "
+        f"-> {row.decode_vs_own_matmuls:4.0%} of their bound, {row.outside_matmul_share:4.0%} of the step outside them"
     )
 
 
 def _targets(rows: list[Row]) -> dict[str, object]:
+    """The targets, set against the `F.linear` ceiling; each also carries the same ratio against the engine's own
+    matmuls (`vs_own_matmuls`), which run faster than the ceiling's, so that a target met only thanks to them shows.
+    """
     by_batch = {r.batch: r for r in rows}
     targets: dict[str, object] = {}
     if 32 in by_batch:
-        value = by_batch[32].decode_vs_ceiling
-        targets["decode_b32_fraction_of_ceiling"] = {"value": value, "target": ">= 0.80", "met": value >= 0.8}
+        row = by_batch[32]
+        value = row.decode_vs_ceiling
+        targets["decode_b32_fraction_of_ceiling"] = {
+            "value": value,
+            "target": ">= 0.80",
+            "met": value >= 0.8,
+            "vs_own_matmuls": row.decode_vs_own_matmuls,
+        }
     if 1 in by_batch:
-        value = by_batch[1].step_time_vs_ceiling
-        targets["decode_b1_time_vs_ceiling"] = {"value": value, "target": "<= 1.25", "met": value <= 1.25}
+        row = by_batch[1]
+        value = row.step_time_vs_ceiling
+        targets["decode_b1_time_vs_ceiling"] = {
+            "value": value,
+            "target": "<= 1.25",
+            "met": value <= 1.25,
+            "vs_own_matmuls": row.engine_step_ms / row.engine_matmul_step_ms,
+        }
     return targets
 
 
@@ -268,7 +286,8 @@ def main() -> None:
     targets: dict[str, dict[str, Any]] = result["targets"]  # type: ignore[assignment]
     for name, target in targets.items():
         print(
-            f"target {name}: {target['value']:.3f} (want {target['target']}) -> {'met' if target['met'] else 'NOT met'}"
+            f"target {name}: {target['value']:.3f} against the F.linear ceiling (want {target['target']}) -> "
+            f"{'met' if target['met'] else 'NOT met'}; {target['vs_own_matmuls']:.3f} against the engine's own matmuls"
         )
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -60,8 +60,14 @@ def test_offsets_are_cumulative_gaps() -> None:
 
 
 @pytest.mark.parametrize(
-    "kwargs", [{"request_rate": 0.0}, {"request_rate": -1.0}, {"request_rate": math.nan}, {"burstiness": 0.0}]
+    ("kwargs", "match"),
+    [
+        ({"request_rate": 0.0}, "request_rate must be > 0"),
+        ({"request_rate": -1.0}, "request_rate must be > 0"),
+        ({"request_rate": math.nan}, "request_rate must be > 0"),
+        ({"burstiness": 0.0}, "burstiness must be a positive finite number"),
+    ],
 )
-def test_invalid_configs_are_rejected(kwargs: dict[str, float]) -> None:
-    with pytest.raises(ValueError):
+def test_invalid_configs_are_rejected(kwargs: dict[str, float], match: str) -> None:
+    with pytest.raises(ValueError, match=match):
         ArrivalConfig(**kwargs)  # type: ignore[arg-type]

@@ -66,16 +66,16 @@ def test_jsonl_rejects_bad_rows(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(
-    "kwargs",
+    ("kwargs", "match"),
     [
-        {"name": "nope"},
-        {"num_prompts": 0},
-        {"name": "jsonl"},
-        {"long_fraction": 1.5},
-        {"long_output_min": 300, "long_output_max": 200},
-        {"output_len": 0},
+        ({"name": "nope"}, "workload must be one of"),
+        ({"num_prompts": 0}, "num_prompts must be >= 1"),
+        ({"name": "jsonl"}, "the jsonl workload needs jsonl_path"),
+        ({"long_fraction": 1.5}, r"long_fraction must be in \[0, 1\]"),
+        ({"long_output_min": 300, "long_output_max": 200}, "long_output range must satisfy"),
+        ({"output_len": 0}, "output_len must be >= 1"),
     ],
 )
-def test_invalid_configs_are_rejected(kwargs: dict[str, object]) -> None:
-    with pytest.raises(ValueError):
+def test_invalid_configs_are_rejected(kwargs: dict[str, object], match: str) -> None:
+    with pytest.raises(ValueError, match=match):
         WorkloadConfig(**kwargs)  # type: ignore[arg-type]

@@ -285,23 +285,26 @@ def test_a_client_that_stops_reading_does_not_stall_other_streams(server: Runnin
 @pytest.mark.parametrize("mode", ["dynamic", "continuous"])
 def test_the_request_timeout_aborts_a_long_request_and_frees_its_seat(mode: str) -> None:
     with (
-        running_server(_config(mode, request_timeout_s=1.0)) as srv,
+        running_server(_config(mode, request_timeout_s=3.0)) as srv,
         httpx.Client(base_url=srv.base_url, timeout=60) as client,
     ):
         slow = FaultyForward(srv.runtime.engine.runner)
-        slow.delay_s = 0.02  # 200 tokens take 4 s or more, well past the 1 s timeout
+        # Every step sleeps, so 200 tokens cannot take less than 10 s: they cannot beat the 3 s timeout however
+        # fast the machine is, and the timeout is long enough for the short request below on a busy one.
+        slow.delay_s = 0.05
         srv.runtime.engine.runner.forward = slow
 
         response = client.post(COMPLETIONS, json=_body(COMPLETIONS, 200))
         assert response.status_code == 504
         error = response.json()["error"]
-        assert error["type"] == "timeout_error" and "request timeout of 1.0 s" in error["message"]
+        assert error["type"] == "timeout_error" and "request timeout of 3.0 s" in error["message"]
         _wait_idle(srv)
 
         _assert_error_stream(_stream(client, CHAT, 200), "timeout_error", "request timeout")
         _wait_idle(srv)
 
-        response = client.post(COMPLETIONS, json=_body(COMPLETIONS, 3))  # ~4 calls: well inside the timeout
+        slow.delay_s = 0.0
+        response = client.post(COMPLETIONS, json=_body(COMPLETIONS, 3))  # ~4 unslowed steps against 3 s
         assert response.status_code == 200 and response.json()["usage"]["completion_tokens"] == 3
         assert client.get("/health").status_code == 200
         _wait_idle(srv)

@@ -219,4 +219,6 @@ def test_cors_answers_only_the_configured_origins() -> None:
 
 
 def test_the_server_binds_to_loopback_by_default() -> None:
-    assert ServerConfig().host == "127.0.0.1"
+    with running_server(ServerConfig(port=0)) as server:  # the default host, as `batchserve serve` uses it
+        bound = [sock.getsockname()[0] for listener in server.server.servers for sock in listener.sockets]
+    assert bound == ["127.0.0.1"]
