@@ -46,7 +46,7 @@ class RuntimeOptions:
         seats = self.scheduler.seats
         max_len = min(self.max_model_len or model_max_len, model_max_len)
         return EngineConfig(
-            max_num_seqs=seats,
+            seats=seats,
             kv_cache_tokens=self.kv_cache_tokens or seats * max_len,
             max_model_len=max_len,
             device=device,

@@ -18,9 +18,9 @@ from scheduler.request import (
     FinishEvent,
     Outcome,
     PromptLogprobsEvent,
-    Request,
     RequestEvent,
     RequestTimings,
+    SequenceRequest,
     TokenEvent,
 )
 
@@ -67,7 +67,7 @@ class LLM:
             def sink(event: RequestEvent, index: int = index) -> None:
                 events.put((index, event))
 
-            self.runtime.loop.submit(Request(f"offline-{self._next_id}", prompt_ids, p, sink))
+            self.runtime.loop.submit(SequenceRequest(f"offline-{self._next_id}", prompt_ids, p, sink))
         tokens: list[list[int]] = [[] for _ in prompts]
         scores: list[list[PromptLogprobs]] = [[] for _ in prompts]
         finished: dict[int, FinishEvent] = {}

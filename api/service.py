@@ -22,14 +22,14 @@ from api.metrics import ServerMetrics
 from engine.errors import EngineInputError
 from engine.sampling_params import SamplingParams
 from scheduler.errors import QueueFullError, SchedulerClosedError
-from scheduler.loop import EngineLoop
+from scheduler.loop import SchedulerLoop
 from scheduler.request import (
     FinishEvent,
     Outcome,
     PromptLogprobsEvent,
-    Request,
     RequestEvent,
     RequestTimings,
+    SequenceRequest,
     TokenEvent,
 )
 
@@ -97,7 +97,7 @@ class _Choice:
 class GenerationService:
     def __init__(
         self,
-        loop: EngineLoop,
+        loop: SchedulerLoop,
         tokenizer: PreTrainedTokenizerBase,
         metrics: ServerMetrics,
         request_timeout_s: float | None = None,
@@ -126,7 +126,7 @@ class GenerationService:
     def now(self) -> float:
         return self.loop.scheduler.clock()
 
-    def _submit(self, request: Request, arrival: float | None) -> None:
+    def _submit(self, request: SequenceRequest, arrival: float | None) -> None:
         try:
             self.loop.submit(request, arrival)
         except EngineInputError as exc:
@@ -223,7 +223,7 @@ class Generation:
         def sink(event: RequestEvent) -> None:
             self._aio_loop.call_soon_threadsafe(self._events.put_nowait, (index, event))
 
-        self.service._submit(Request(sub_id, item.prompt_token_ids, item.params, sink), self.arrival)
+        self.service._submit(SequenceRequest(sub_id, item.prompt_token_ids, item.params, sink), self.arrival)
         self._open.add(sub_id)
 
     async def deltas(self) -> AsyncIterator[ChoiceDelta]:

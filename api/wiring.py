@@ -16,7 +16,7 @@ from engine.engine import Engine
 from engine.loader import LoadedModel, load_model
 from engine.model_runner import TransformersRunner
 from scheduler.core import Scheduler
-from scheduler.loop import EngineLoop
+from scheduler.loop import SchedulerLoop
 from scheduler.stats import StepStats
 
 
@@ -30,7 +30,7 @@ class ModelRuntime:
 
     engine: Engine
     scheduler: Scheduler
-    loop: EngineLoop
+    loop: SchedulerLoop
     tokenizer: PreTrainedTokenizerBase
     model_name: str
     max_model_len: int
@@ -50,7 +50,7 @@ def build_model_runtime(
     return ModelRuntime(
         engine,
         scheduler,
-        EngineLoop(scheduler),
+        SchedulerLoop(scheduler),
         loaded.tokenizer,
         options.model_name(loaded.source),
         engine.max_model_len,

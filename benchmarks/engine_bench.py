@@ -132,7 +132,7 @@ def engine_seconds(
     longest = max(len(p) for p in prompts) + steps + 1
     engine = Engine(
         runner,
-        EngineConfig(max_num_seqs=batch, kv_cache_tokens=batch * (longest + 16), max_model_len=longest + 16),
+        EngineConfig(seats=batch, kv_cache_tokens=batch * (longest + 16), max_model_len=longest + 16),
         loaded.eos_token_ids,
         loaded.max_model_len,
     )

@@ -77,7 +77,7 @@ def measure(loaded: LoadedModel, runner: TransformersRunner, prompts: list[list[
     longest = max(map(len, prompts)) + 1
     engine = Engine(
         runner,
-        EngineConfig(max_num_seqs=len(prompts), kv_cache_tokens=len(prompts) * (longest + 16), max_model_len=longest),
+        EngineConfig(seats=len(prompts), kv_cache_tokens=len(prompts) * (longest + 16), max_model_len=longest),
         loaded.eos_token_ids,
         loaded.max_model_len,
     )

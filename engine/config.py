@@ -9,12 +9,12 @@ from dataclasses import dataclass
 class EngineConfig:
     """Static sizes fixed when the engine starts.
 
-    `max_num_seqs` is the number of sequence rows (seats) the engine tracks at once; `kv_cache_tokens` is the
-    token budget of the paged KV cache shared by all of them. `max_model_len` caps prompt plus output of one
-    sequence (None: the model's own context window).
+    `seats` is the number of sequences the engine holds at once (each a row of its per-sequence tensors);
+    `kv_cache_tokens` is the token budget of the paged KV cache shared by all of them. `max_model_len` caps
+    prompt plus output of one sequence (None: the model's own context window).
     """
 
-    max_num_seqs: int = 64
+    seats: int = 64
     kv_cache_tokens: int = 32768
     block_size: int = 16
     max_model_len: int | None = None
@@ -23,7 +23,7 @@ class EngineConfig:
     max_logit_bias: int = 300  # logit_bias entries per request (OpenAI's limit); sizes a per-row tensor
 
     def __post_init__(self) -> None:
-        for name in ("max_num_seqs", "kv_cache_tokens", "block_size", "max_stop_token_ids", "max_logit_bias"):
+        for name in ("seats", "kv_cache_tokens", "block_size", "max_stop_token_ids", "max_logit_bias"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.max_model_len is not None and self.max_model_len < 2:

@@ -52,7 +52,7 @@ class Engine:
         return self.allocator.num_used / self.allocator.num_blocks
 
     @property
-    def num_free_rows(self) -> int:
+    def num_free_seats(self) -> int:
         return self.rows.num_free
 
     def _blocks_for(self, num_tokens: int) -> int:

@@ -18,7 +18,7 @@ class SequenceRows:
     """The state of the sequences in the engine, one row each; the engine reads and writes the tensors directly."""
 
     def __init__(self, config: EngineConfig, max_model_len: int, vocab_size: int) -> None:
-        rows, max_blocks = config.max_num_seqs, -(-max_model_len // config.block_size)
+        rows, max_blocks = config.seats, -(-max_model_len // config.block_size)
         self.max_model_len = max_model_len
         # [rows] unless noted.
         self.token_buffer = torch.zeros(rows, max_model_len, dtype=torch.long)  # [rows, max_model_len]
@@ -72,7 +72,7 @@ class SequenceRows:
         if seq_id in self._row_of:
             raise ValueError(f"sequence {seq_id} is already in the engine")
         if not self._free:
-            raise RuntimeError("no free engine row; the scheduler admitted more than max_num_seqs sequences")
+            raise RuntimeError("no free engine row; the scheduler admitted more sequences than the engine has seats")
         # Convert everything before taking a row, so a failure here leaves no half-registered sequence.
         prompt = torch.tensor(prompt_token_ids, dtype=torch.long)
         stops = torch.tensor(params.stop_token_ids, dtype=torch.long)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from scheduler.config import Mode
 from scheduler.policy import Policy, PolicyContext, StepPlan
-from scheduler.request import Request, RequestStatus
+from scheduler.request import RequestStatus, SequenceRequest
 
 
 class ContinuousPolicy(Policy):
@@ -42,7 +42,7 @@ class ContinuousPolicy(Policy):
             budget -= count
         return plan
 
-    def _reserve_or_preempt(self, ctx: PolicyContext, request: Request, count: int) -> bool:
+    def _reserve_or_preempt(self, ctx: PolicyContext, request: SequenceRequest, count: int) -> bool:
         needed = ctx.computed_tokens(request) + count
         while not ctx.reserve(request, needed):
             victim = self._victim(ctx, request)
@@ -52,7 +52,7 @@ class ContinuousPolicy(Policy):
         return True
 
     @staticmethod
-    def _victim(ctx: PolicyContext, request: Request) -> Request:
+    def _victim(ctx: PolicyContext, request: SequenceRequest) -> SequenceRequest:
         """The newest running sequence that may still grow, or `request` itself if none is newer. One whose whole
         length is reserved will finish without asking for more: preempting it would only repeat its work."""
         for candidate in reversed(ctx.running):
@@ -60,6 +60,6 @@ class ContinuousPolicy(Policy):
                 return candidate
         return request
 
-    def on_finished(self, ctx: PolicyContext, request: Request) -> None:
+    def on_finished(self, ctx: PolicyContext, request: SequenceRequest) -> None:
         if request.status is RequestStatus.FINISHED:  # nothing is held: its answer goes out at once
             ctx.release(request)

@@ -27,9 +27,9 @@ from scheduler.request import (
     FinishEvent,
     Outcome,
     PromptLogprobsEvent,
-    Request,
     RequestEvent,
     RequestStatus,
+    SequenceRequest,
     TokenEvent,
 )
 from scheduler.stats import SchedulerCounts, StepStats
@@ -38,9 +38,9 @@ logger = logging.getLogger("batchserve.scheduler")
 
 
 def make_policy(engine: Engine, config: SchedulerConfig) -> Policy:
-    if engine.config.max_num_seqs < config.seats:
+    if engine.config.seats < config.seats:
         raise ValueError(
-            f"the engine has {engine.config.max_num_seqs} rows but the {config.mode.value} policy needs {config.seats}"
+            f"the engine has {engine.config.seats} seats but the {config.mode.value} policy needs {config.seats}"
         )
     policy_class = DynamicPolicy if config.mode is Mode.DYNAMIC else ContinuousPolicy
     return policy_class(config)
@@ -60,9 +60,9 @@ class Scheduler:
         self.clock = clock
         self.on_step = on_step
         self.lifecycle = Lifecycle(engine, config.seats, self._on_released)
-        self._requests: dict[str, Request] = {}  # every request not yet released, by id
+        self._requests: dict[str, SequenceRequest] = {}  # every request not yet released, by id
         self._lock = threading.Lock()
-        self._inbox: deque[tuple[str, Request | str]] = deque()
+        self._inbox: deque[tuple[str, SequenceRequest | str]] = deque()
         self._num_queued = 0  # submitted and never scheduled; bounded by max_queue
         self._seq_ids = itertools.count()
         self._closed = False
@@ -73,12 +73,12 @@ class Scheduler:
         return self.config.mode.value
 
     @property
-    def waiting(self) -> Sequence[Request]:
+    def waiting(self) -> Sequence[SequenceRequest]:
         """Loop thread only (as `running`); other threads read `counts()`."""
         return self.lifecycle.waiting
 
     @property
-    def running(self) -> Sequence[Request]:
+    def running(self) -> Sequence[SequenceRequest]:
         return self.lifecycle.running
 
     def counts(self) -> SchedulerCounts:
@@ -86,7 +86,7 @@ class Scheduler:
         return self._counts
 
     # ----- thread-safe entry points -----
-    def submit(self, request: Request, arrival: float | None = None) -> None:
+    def submit(self, request: SequenceRequest, arrival: float | None = None) -> None:
         """Queue a request. Raises EngineInputError (bad input) or QueueFullError at once.
 
         `arrival` (this scheduler's clock; default: now) is when the request reached the server. The API stamps
@@ -138,7 +138,7 @@ class Scheduler:
         with self._lock:
             return self._num_queued
 
-    def _command(self, kind: str, item: Request | str) -> None:
+    def _command(self, kind: str, item: SequenceRequest | str) -> None:
         """Queue a command for the loop thread; the caller holds the lock."""
         self._inbox.append((kind, item))
         self._counts = dataclasses.replace(self._counts, queued=self._num_queued, pending_work=True)
@@ -224,7 +224,7 @@ class Scheduler:
             counts = SchedulerCounts(self.config.seats, running, held, self._num_queued, preempted, usage, pending)
             self._counts = counts
 
-    def _mark_scheduled(self, request: Request, now: float) -> None:
+    def _mark_scheduled(self, request: SequenceRequest, now: float) -> None:
         request.num_steps += 1
         if request.scheduled is None:
             request.scheduled = now
@@ -248,8 +248,6 @@ class Scheduler:
             if request.first_token is None:
                 request.first_token = now
             request.last_token = now
-            request.token_times.append(now)
-            request.num_output_tokens += 1
             delivered += 1
             if not self._emit(request, TokenEvent(token, now)):
                 self._finish(request, Outcome.ABORTED)
@@ -263,7 +261,7 @@ class Scheduler:
             self._inbox.clear()
         for kind, item in commands:
             if kind == "submit":
-                assert isinstance(item, Request)
+                assert isinstance(item, SequenceRequest)
                 self._requests[item.request_id] = item
                 self.lifecycle.enqueue(item)
             elif kind == "drain":
@@ -292,20 +290,20 @@ class Scheduler:
                 f"the request waited in the queue longer than {limit} s; the server is overloaded",
             )
 
-    def _finish(self, request: Request, outcome: Outcome, error: str | None = None) -> None:
+    def _finish(self, request: SequenceRequest, outcome: Outcome, error: str | None = None) -> None:
         if request.scheduled is None:
             with self._lock:
                 self._num_queued -= 1
         self.lifecycle.finish(request, outcome, error)
         self.policy.on_finished(self.lifecycle, request)
 
-    def _on_released(self, request: Request) -> None:
+    def _on_released(self, request: SequenceRequest) -> None:
         self._requests.pop(request.request_id, None)
         outcome = request.outcome or Outcome.FAILED
         self._emit(request, FinishEvent(outcome, request.timings(self.mode, self.clock()), request.error))
 
     @staticmethod
-    def _emit(request: Request, event: RequestEvent) -> bool:
+    def _emit(request: SequenceRequest, event: RequestEvent) -> bool:
         """Hand an event to the request's consumer; a consumer that fails (its loop closed) must not stop
         the step for everyone else. Returns False if it failed."""
         try:

@@ -1,4 +1,4 @@
-"""Request-level ("bus") batching: a batch leaves when full or when its oldest request timed out, then runs as
+"""SequenceRequest-level ("bus") batching: a batch leaves when full or when its oldest request timed out, then runs as
 one unit. Nobody joins until every member finished, and each member's completion is released only then."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 from scheduler.config import Mode, SchedulerConfig
 from scheduler.policy import Policy, PolicyContext, StepPlan
-from scheduler.request import Request, RequestStatus
+from scheduler.request import RequestStatus, SequenceRequest
 
 
 class DynamicPolicy(Policy):
@@ -25,7 +25,7 @@ class DynamicPolicy(Policy):
         # Finished members keep their seat but are not computed; a first step prefills whole prompts.
         return [(r, ctx.pending_tokens(r)) for r in ctx.running if r.status is RequestStatus.RUNNING]
 
-    def _bus_leaves(self, waiting: Sequence[Request], now: float) -> bool:
+    def _bus_leaves(self, waiting: Sequence[SequenceRequest], now: float) -> bool:
         if not waiting:
             return False
         return len(waiting) >= self.config.max_batch_size or now - _oldest_queued(waiting) >= self._timeout_s
@@ -39,7 +39,7 @@ class DynamicPolicy(Policy):
                 break  # no row or the cache is full: the rest wait for the next bus, in order
             request.batch_id = self.batch_id
 
-    def on_finished(self, ctx: PolicyContext, request: Request) -> None:
+    def on_finished(self, ctx: PolicyContext, request: SequenceRequest) -> None:
         # An abort or a failed step was released at once: it does not wait for the bus, and may end the batch.
         if request.status is RequestStatus.FINISHED and self._draining:
             ctx.release(request)  # no bus leaves any more: holding the answer would only delay it
@@ -62,6 +62,6 @@ class DynamicPolicy(Policy):
         return _oldest_queued(ctx.waiting) + self._timeout_s
 
 
-def _oldest_queued(waiting: Sequence[Request]) -> float:
+def _oldest_queued(waiting: Sequence[SequenceRequest]) -> float:
     """The batch timeout counts queue time; the head (first by arrival) need not be the first queued."""
     return min(r.queued for r in waiting)

@@ -11,26 +11,26 @@ from collections import deque
 from collections.abc import Callable, Sequence
 
 from engine.engine import Engine
-from scheduler.request import Outcome, Request, RequestStatus
+from scheduler.request import Outcome, RequestStatus, SequenceRequest
 
 
 class Lifecycle:
     """WAITING -> (admit) RUNNING -> (preempt) WAITING ... -> (finish) FINISHED -> (release) RELEASED."""
 
-    def __init__(self, engine: Engine, seats: int, on_released: Callable[[Request], None]) -> None:
+    def __init__(self, engine: Engine, seats: int, on_released: Callable[[SequenceRequest], None]) -> None:
         self.engine = engine
         self.seats = seats
         self._on_released = on_released  # the core hands the completion to the request's consumer
-        self._waiting: deque[Request] = deque()
-        self._running: list[Request] = []
+        self._waiting: deque[SequenceRequest] = deque()
+        self._running: list[SequenceRequest] = []
 
     # ----- what a policy reads -----
     @property
-    def waiting(self) -> Sequence[Request]:
+    def waiting(self) -> Sequence[SequenceRequest]:
         return self._waiting
 
     @property
-    def running(self) -> Sequence[Request]:
+    def running(self) -> Sequence[SequenceRequest]:
         return self._running
 
     @property
@@ -50,25 +50,25 @@ class Lifecycle:
         """Seats of requests that finished but are not released yet."""
         return sum(1 for r in self._running if r.status is RequestStatus.FINISHED)
 
-    def pending_tokens(self, request: Request) -> int:
+    def pending_tokens(self, request: SequenceRequest) -> int:
         if not self.engine.has_sequence(request.seq_id):
             return len(request.prompt_token_ids)  # not in the engine yet: its whole prompt
         return self.engine.num_pending(request.seq_id)
 
-    def computed_tokens(self, request: Request) -> int:
+    def computed_tokens(self, request: SequenceRequest) -> int:
         return self.engine.num_computed(request.seq_id) if self.engine.has_sequence(request.seq_id) else 0
 
-    def reserved_tokens(self, request: Request) -> int:
+    def reserved_tokens(self, request: SequenceRequest) -> int:
         return self.engine.reserved_tokens(request.seq_id) if self.engine.has_sequence(request.seq_id) else 0
 
     # ----- what a policy asks for -----
-    def admit(self, request: Request, total_tokens: int) -> bool:
+    def admit(self, request: SequenceRequest, total_tokens: int) -> bool:
         assert request.status is RequestStatus.WAITING, request.status
         if self.free_seats == 0:
             return False
         added = not self.engine.has_sequence(request.seq_id)  # a preempted request kept its row and tokens
         if added:
-            if self.engine.num_free_rows == 0:
+            if self.engine.num_free_seats == 0:
                 return False
             self.engine.add(request.seq_id, request.prompt_token_ids, request.params)
         if not self.engine.reserve(request.seq_id, total_tokens):
@@ -80,11 +80,11 @@ class Lifecycle:
         self._running.append(request)
         return True
 
-    def reserve(self, request: Request, total_tokens: int) -> bool:
+    def reserve(self, request: SequenceRequest, total_tokens: int) -> bool:
         assert request.status is RequestStatus.RUNNING, request.status
         return self.engine.reserve(request.seq_id, total_tokens)
 
-    def preempt(self, request: Request) -> None:
+    def preempt(self, request: SequenceRequest) -> None:
         assert request.status is RequestStatus.RUNNING, request.status
         self.engine.release_cache(request.seq_id)  # its row keeps the tokens it produced: nothing is lost
         self._running.remove(request)
@@ -92,7 +92,7 @@ class Lifecycle:
         request.num_preemptions += 1
         self._waiting.appendleft(request)
 
-    def release(self, request: Request) -> None:
+    def release(self, request: SequenceRequest) -> None:
         assert request.status is RequestStatus.FINISHED, request.status
         if request in self._running:
             self._running.remove(request)
@@ -101,7 +101,7 @@ class Lifecycle:
         self._on_released(request)
 
     # ----- what the core does -----
-    def enqueue(self, request: Request) -> None:
+    def enqueue(self, request: SequenceRequest) -> None:
         """Behind every request that arrived earlier and every preempted one (they keep the head)."""
         index = len(self._waiting)
         while index > 0:  # almost always zero moves: tokenising rarely reorders arrivals
@@ -111,7 +111,7 @@ class Lifecycle:
             index -= 1
         self._waiting.insert(index, request)
 
-    def finish(self, request: Request, outcome: Outcome, error: str | None = None) -> None:
+    def finish(self, request: SequenceRequest, outcome: Outcome, error: str | None = None) -> None:
         """End a waiting or running request (or re-end a held one, when its consumer left). One that ended early or
         holds no seat is released at once; one that ran to its end keeps its seat until the policy releases it."""
         if request.status is RequestStatus.WAITING:

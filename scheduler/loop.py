@@ -6,12 +6,12 @@ import logging
 import threading
 
 from scheduler.core import Scheduler
-from scheduler.request import Request
+from scheduler.request import SequenceRequest
 
 logger = logging.getLogger("batchserve.loop")
 
 
-class EngineLoop:
+class SchedulerLoop:
     """Runs `scheduler.step()` on one thread; blocks on an event when there is nothing to do."""
 
     def __init__(self, scheduler: Scheduler) -> None:
@@ -32,7 +32,7 @@ class EngineLoop:
     def alive(self) -> bool:
         return self._thread.is_alive()
 
-    def submit(self, request: Request, arrival: float | None = None) -> None:
+    def submit(self, request: SequenceRequest, arrival: float | None = None) -> None:
         self.scheduler.submit(request, arrival)
         self._wake.set()
 

@@ -12,10 +12,10 @@ from collections.abc import Sequence
 from typing import Protocol
 
 from scheduler.config import Mode, SchedulerConfig
-from scheduler.request import Request
+from scheduler.request import SequenceRequest
 
 # A step's plan: for each request, how many of its pending tokens the engine computes now.
-StepPlan = list[tuple[Request, int]]
+StepPlan = list[tuple[SequenceRequest, int]]
 
 
 class PolicyContext(Protocol):
@@ -23,11 +23,11 @@ class PolicyContext(Protocol):
     positions of one sequence (as the engine's `reserve`): `reserve(r, n)` makes r's cache hold n tokens."""
 
     @property
-    def waiting(self) -> Sequence[Request]:
+    def waiting(self) -> Sequence[SequenceRequest]:
         """The queue, head first: preempted requests, then the rest by arrival."""
 
     @property
-    def running(self) -> Sequence[Request]:
+    def running(self) -> Sequence[SequenceRequest]:
         """Requests holding a seat, in admission order: generating, or finished and held by the policy."""
 
     @property
@@ -41,27 +41,27 @@ class PolicyContext(Protocol):
     def free_cache_tokens(self) -> int:
         """Tokens the free blocks hold."""
 
-    def pending_tokens(self, request: Request) -> int:
+    def pending_tokens(self, request: SequenceRequest) -> int:
         """Known tokens of the sequence not in its cache yet: a fresh request's whole prompt, then one per step;
         after a preemption, its prompt plus the tokens it produced."""
 
-    def computed_tokens(self, request: Request) -> int:
+    def computed_tokens(self, request: SequenceRequest) -> int:
         """Tokens of the sequence already in its cache."""
 
-    def reserved_tokens(self, request: Request) -> int:
+    def reserved_tokens(self, request: SequenceRequest) -> int:
         """Tokens its reserved cache can hold."""
 
-    def admit(self, request: Request, total_tokens: int) -> bool:
+    def admit(self, request: SequenceRequest, total_tokens: int) -> bool:
         """Seat a waiting request with `total_tokens` of cache reserved, or change nothing and return False (no
         seat, row or cache)."""
 
-    def reserve(self, request: Request, total_tokens: int) -> bool:
+    def reserve(self, request: SequenceRequest, total_tokens: int) -> bool:
         """Grow a running sequence's cache to hold `total_tokens`; all or nothing."""
 
-    def preempt(self, request: Request) -> None:
+    def preempt(self, request: SequenceRequest) -> None:
         """Free a running sequence's cache and put it back at the head of the queue, to be recomputed later."""
 
-    def release(self, request: Request) -> None:
+    def release(self, request: SequenceRequest) -> None:
         """Hand a finished request's completion to its consumer and free everything it holds."""
 
 
@@ -78,7 +78,7 @@ class Policy(abc.ABC):
         """Admit from `ctx.waiting` and return the work for one step."""
 
     @abc.abstractmethod
-    def on_finished(self, ctx: PolicyContext, request: Request) -> None:
+    def on_finished(self, ctx: PolicyContext, request: SequenceRequest) -> None:
         """`request` just finished. If it still holds a seat (it ran to its end), release it now or later; one that
         ended early or never had a seat was released already."""
 

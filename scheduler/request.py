@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from engine.outputs import FinishReason, PromptLogprobs, TokenOutput
 from engine.sampling_params import SamplingParams
@@ -106,7 +106,7 @@ EventSink = Callable[[RequestEvent], None]
 
 
 @dataclass(eq=False)
-class Request:
+class SequenceRequest:
     """Scheduler-side state of one sequence. Mutated only by the loop thread after submission."""
 
     request_id: str
@@ -119,14 +119,12 @@ class Request:
     status: RequestStatus = RequestStatus.WAITING
     outcome: Outcome | None = None
     error: str | None = None
-    num_output_tokens: int = 0
     scheduled: float | None = None
     first_token: float | None = None
     last_token: float | None = None
     num_steps: int = 0
     num_preemptions: int = 0
     batch_id: int | None = None
-    token_times: list[float] = field(default_factory=list)
 
     @property
     def max_total_tokens(self) -> int:

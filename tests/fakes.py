@@ -27,7 +27,7 @@ from engine.prompt_scoring import PromptScores
 from engine.sampling_params import SamplingParams
 from scheduler.config import Mode, SchedulerConfig
 from scheduler.core import Scheduler
-from scheduler.request import FinishEvent, Outcome, PromptLogprobsEvent, Request, RequestEvent, TokenEvent
+from scheduler.request import FinishEvent, Outcome, PromptLogprobsEvent, RequestEvent, SequenceRequest, TokenEvent
 from scheduler.stats import StepStats
 
 EOS = 0  # ScriptedRunner's EOS id; default scripted tokens are never EOS
@@ -189,7 +189,7 @@ class Stream:
     prompt_logprobs: list[PromptLogprobs] = field(default_factory=list)
     finish: FinishEvent | None = None
     finish_step: int | None = None
-    request: Request | None = field(default=None, repr=False)
+    request: SequenceRequest | None = field(default=None, repr=False)
     _harness: Harness | None = field(default=None, repr=False)
 
     def __call__(self, event: RequestEvent) -> None:
@@ -250,7 +250,7 @@ class Harness:
             prompt = [1 + (self._ids * 5 + i) % (self.runner.vocab_size - 1) for i in range(prompt)]
         params.setdefault("temperature", 0.0)
         stream = Stream(request_id, list(prompt), max_tokens, _harness=self)
-        request = Request(request_id, list(prompt), SamplingParams(max_tokens=max_tokens, **params), stream)  # type: ignore[arg-type]
+        request = SequenceRequest(request_id, list(prompt), SamplingParams(max_tokens=max_tokens, **params), stream)  # type: ignore[arg-type]
         stream.request = request
         self.scheduler.submit(request, arrival)
         self.streams[request_id] = stream
@@ -284,13 +284,13 @@ class Harness:
 
     @property
     def seats(self) -> int:
-        return self.engine.config.max_num_seqs
+        return self.engine.config.seats
 
     def describe(self) -> str:
         return (
             f"waiting={[(r.request_id, r.status.value) for r in self.scheduler.waiting]} "
             f"running={[(r.request_id, r.status.value) for r in self.scheduler.running]} "
-            f"free_rows={self.engine.num_free_rows} free_blocks={self.engine.allocator.num_free}"
+            f"free_rows={self.engine.num_free_seats} free_blocks={self.engine.allocator.num_free}"
         )
 
 
@@ -325,7 +325,7 @@ def build(
     scheduler.setdefault(seat_key, seats)
     config = SchedulerConfig(mode=mode, **scheduler)  # type: ignore[arg-type]
     engine_config = EngineConfig(
-        max_num_seqs=config.seats,
+        seats=config.seats,
         kv_cache_tokens=kv_cache_tokens,
         block_size=block_size,
         max_model_len=max_model_len,

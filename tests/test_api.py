@@ -82,7 +82,7 @@ def seats_all_free(server: RunningServer) -> bool:
     runtime = server.runtime
     seats = server.app.state.config.seats  # type: ignore[attr-defined]
     return (
-        runtime.engine.num_free_rows == seats
+        runtime.engine.num_free_seats == seats
         and runtime.scheduler.counts().running == 0
         and runtime.engine.cache_usage == 0.0
         and not runtime.scheduler.counts().pending_work

@@ -10,7 +10,7 @@ import httpx
 import openai
 import pytest
 
-from scheduler.request import FinishEvent, Request, RequestEvent
+from scheduler.request import FinishEvent, RequestEvent, SequenceRequest
 from tests.server_harness import RunningServer, mode_config, openai_client, running_server, tiny_tokenizer
 from tests.test_api import (
     CHAT,
@@ -332,7 +332,7 @@ def record_events(server: RunningServer, monkeypatch: pytest.MonkeyPatch) -> lis
     loop = server.runtime.loop
     submit = loop.submit
 
-    def recording_submit(request: Request, arrival: float | None = None) -> None:
+    def recording_submit(request: SequenceRequest, arrival: float | None = None) -> None:
         sink = request.sink
 
         def record(event: RequestEvent) -> None:

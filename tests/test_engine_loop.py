@@ -16,8 +16,8 @@ import pytest
 
 from engine.sampling_params import SamplingParams
 from scheduler.config import Mode
-from scheduler.loop import EngineLoop
-from scheduler.request import FinishEvent, Outcome, Request, RequestEvent, TokenEvent
+from scheduler.loop import SchedulerLoop
+from scheduler.request import FinishEvent, Outcome, RequestEvent, SequenceRequest, TokenEvent
 from tests.fakes import Harness, build, expected_tokens
 
 EVENT_TIMEOUT_S = 10.0  # only a guard against a hung test; never reached when things work
@@ -50,11 +50,11 @@ class CountingStep:
         return self.step()
 
 
-def make_loop(mode: Mode, **config: object) -> tuple[Harness, EngineLoop, RecordingEvent, CountingStep]:
+def make_loop(mode: Mode, **config: object) -> tuple[Harness, SchedulerLoop, RecordingEvent, CountingStep]:
     h = build(mode, clock=time.monotonic, **config)
     counter = CountingStep(h.scheduler.step)
     h.scheduler.step = counter  # type: ignore[method-assign]
-    loop = EngineLoop(h.scheduler)
+    loop = SchedulerLoop(h.scheduler)
     wake = RecordingEvent()
     loop._wake = wake  # observe the loop's sleeps
     return h, loop, wake, counter
@@ -72,7 +72,7 @@ async def collect(stream: asyncio.Queue[RequestEvent]) -> list[RequestEvent]:
     return events
 
 
-def submit(loop: EngineLoop, request_id: str, prompt: list[int], max_tokens: int) -> asyncio.Queue[RequestEvent]:
+def submit(loop: SchedulerLoop, request_id: str, prompt: list[int], max_tokens: int) -> asyncio.Queue[RequestEvent]:
     """Submit with a sink that hands events to this asyncio loop thread-safely, as the API's does."""
     stream: asyncio.Queue[RequestEvent] = asyncio.Queue()
     aio_loop = asyncio.get_running_loop()
@@ -80,7 +80,7 @@ def submit(loop: EngineLoop, request_id: str, prompt: list[int], max_tokens: int
     def sink(event: RequestEvent) -> None:
         aio_loop.call_soon_threadsafe(stream.put_nowait, event)
 
-    loop.submit(Request(request_id, prompt, SamplingParams(max_tokens=max_tokens, temperature=0.0), sink))
+    loop.submit(SequenceRequest(request_id, prompt, SamplingParams(max_tokens=max_tokens, temperature=0.0), sink))
     return stream
 
 
@@ -106,7 +106,7 @@ def test_async_consumer_receives_token_events_then_finish_event(mode: Mode) -> N
         assert [e.token.token_id for e in tokens if isinstance(e, TokenEvent)] == expected_tokens(prompt, max_tokens)
         assert isinstance(finish, FinishEvent) and finish.outcome is Outcome.LENGTH
         assert finish.timings.mode == mode.value
-    assert h.engine.cache_usage == 0 and h.engine.num_free_rows == h.seats
+    assert h.engine.cache_usage == 0 and h.engine.num_free_seats == h.seats
 
 
 def test_idle_loop_blocks_on_its_event_instead_of_stepping() -> None:
@@ -171,5 +171,5 @@ def test_stop_joins_the_loop_thread() -> None:
     loop.stop()
     assert not loop.alive
     calls = counter.calls
-    loop.submit(Request("after", [1], SamplingParams(max_tokens=1), lambda event: None))
+    loop.submit(SequenceRequest("after", [1], SamplingParams(max_tokens=1), lambda event: None))
     assert counter.calls == calls  # a stopped loop steps no more

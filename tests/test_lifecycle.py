@@ -17,7 +17,7 @@ from scheduler.config import Mode, SchedulerConfig
 from scheduler.continuous import ContinuousPolicy
 from scheduler.dynamic import DynamicPolicy
 from scheduler.policy import PolicyContext
-from scheduler.request import Outcome, Request, RequestEvent, RequestStatus
+from scheduler.request import Outcome, RequestEvent, RequestStatus, SequenceRequest
 from scheduler.stats import SchedulerCounts
 from tests.fakes import Harness, Stream, build
 
@@ -28,8 +28,8 @@ def _ignore(event: RequestEvent) -> None:
     pass
 
 
-def _request(seq_id: int, prompt_len: int, max_tokens: int) -> Request:
-    request = Request(f"r{seq_id}", [1] * prompt_len, SamplingParams(max_tokens=max_tokens), _ignore)
+def _request(seq_id: int, prompt_len: int, max_tokens: int) -> SequenceRequest:
+    request = SequenceRequest(f"r{seq_id}", [1] * prompt_len, SamplingParams(max_tokens=max_tokens), _ignore)
     request.seq_id = seq_id
     return request
 
@@ -42,19 +42,19 @@ class FakeContext:
     seats: int
     blocks: int
     block_size: int = 4
-    queue: list[Request] = field(default_factory=list)
-    seated: list[Request] = field(default_factory=list)
+    queue: list[SequenceRequest] = field(default_factory=list)
+    seated: list[SequenceRequest] = field(default_factory=list)
     computed: dict[int, int] = field(default_factory=dict)
     produced: dict[int, int] = field(default_factory=dict)  # tokens sampled so far
     reserved_blocks: dict[int, int] = field(default_factory=dict)
-    released: list[Request] = field(default_factory=list)
+    released: list[SequenceRequest] = field(default_factory=list)
 
     @property
-    def waiting(self) -> Sequence[Request]:
+    def waiting(self) -> Sequence[SequenceRequest]:
         return self.queue
 
     @property
-    def running(self) -> Sequence[Request]:
+    def running(self) -> Sequence[SequenceRequest]:
         return self.seated
 
     @property
@@ -69,17 +69,17 @@ class FakeContext:
     def free_cache_tokens(self) -> int:
         return self.free_blocks * self.block_size
 
-    def pending_tokens(self, request: Request) -> int:
+    def pending_tokens(self, request: SequenceRequest) -> int:
         known = len(request.prompt_token_ids) + self.produced.get(request.seq_id, 0)
         return known - self.computed.get(request.seq_id, 0)
 
-    def computed_tokens(self, request: Request) -> int:
+    def computed_tokens(self, request: SequenceRequest) -> int:
         return self.computed.get(request.seq_id, 0)
 
-    def reserved_tokens(self, request: Request) -> int:
+    def reserved_tokens(self, request: SequenceRequest) -> int:
         return self.reserved_blocks.get(request.seq_id, 0) * self.block_size
 
-    def admit(self, request: Request, total_tokens: int) -> bool:
+    def admit(self, request: SequenceRequest, total_tokens: int) -> bool:
         if self.free_seats == 0 or not self.reserve(request, total_tokens):
             return False
         self.queue.remove(request)
@@ -87,21 +87,21 @@ class FakeContext:
         request.status = RequestStatus.RUNNING
         return True
 
-    def reserve(self, request: Request, total_tokens: int) -> bool:
+    def reserve(self, request: SequenceRequest, total_tokens: int) -> bool:
         missing = -(-total_tokens // self.block_size) - self.reserved_blocks.get(request.seq_id, 0)
         if missing > self.free_blocks:
             return False
         self.reserved_blocks[request.seq_id] = self.reserved_blocks.get(request.seq_id, 0) + max(missing, 0)
         return True
 
-    def preempt(self, request: Request) -> None:
+    def preempt(self, request: SequenceRequest) -> None:
         self.seated.remove(request)
         self.reserved_blocks[request.seq_id] = self.computed[request.seq_id] = 0
         request.status = RequestStatus.WAITING
         request.num_preemptions += 1
         self.queue.insert(0, request)
 
-    def release(self, request: Request) -> None:
+    def release(self, request: SequenceRequest) -> None:
         if request in self.seated:
             self.seated.remove(request)
         self.reserved_blocks.pop(request.seq_id, None)

@@ -26,7 +26,7 @@ from engine.prompt_scoring import score_positions
 from engine.sampling_params import SamplingParams
 from scheduler.config import Mode, SchedulerConfig
 from scheduler.core import Scheduler
-from scheduler.request import Outcome, PromptLogprobsEvent, Request, TokenEvent
+from scheduler.request import Outcome, PromptLogprobsEvent, SequenceRequest, TokenEvent
 from tests.fakes import FakeClock, Stream, build, scripted_prompt_score
 from tests.server_harness import real_loaded_model, tiny_loaded_model
 from tests.toolchain import CAN_BUILD_KERNELS, NO_TOOLCHAIN
@@ -88,9 +88,7 @@ def run_scheduler(
 ) -> list[Stream]:
     """The real scheduler and engine, stepped synchronously until every request is released."""
     seats = len(prompts)
-    engine = Engine(
-        TransformersRunner(model), EngineConfig(max_num_seqs=seats, kv_cache_tokens=kv_cache_tokens, block_size=4)
-    )
+    engine = Engine(TransformersRunner(model), EngineConfig(seats=seats, kv_cache_tokens=kv_cache_tokens, block_size=4))
     clock = FakeClock()
     config = SchedulerConfig(
         mode=mode, max_batch_size=seats, max_num_seqs=seats, batch_timeout_ms=0, max_num_batched_tokens=budget
@@ -98,14 +96,14 @@ def run_scheduler(
     scheduler = Scheduler(engine, config, clock=clock)
     streams = [Stream(str(i), p, q.max_tokens) for i, (p, q) in enumerate(zip(prompts, params, strict=True))]
     for stream, q in zip(streams, params, strict=True):
-        scheduler.submit(Request(stream.request_id, stream.prompt, q, stream))
+        scheduler.submit(SequenceRequest(stream.request_id, stream.prompt, q, stream))
     for _ in range(1000):
         if all(s.done for s in streams):
             break
         scheduler.step()
         clock.advance(1.0)
     assert all(s.reason is Outcome.LENGTH for s in streams)
-    assert engine.cache_usage == 0 and engine.num_free_rows == seats
+    assert engine.cache_usage == 0 and engine.num_free_seats == seats
     return streams
 
 
@@ -162,7 +160,7 @@ def test_the_lm_head_runs_in_bounded_slices_over_a_whole_prompt(tiny_qwen2: PreT
         return head(hidden)
 
     runner.lm_head = recording_head  # type: ignore[assignment]
-    engine = Engine(runner, EngineConfig(max_num_seqs=2, kv_cache_tokens=256, block_size=16))
+    engine = Engine(runner, EngineConfig(seats=2, kv_cache_tokens=256, block_size=16))
     prompts = [random_prompt(60, 950, vocab), random_prompt(11, 951, vocab)]
     for seq_id, (prompt, k) in enumerate(zip(prompts, (2, None), strict=True)):
         engine.add(seq_id, prompt, SamplingParams(max_tokens=2, temperature=0.0, prompt_logprobs=k))
@@ -223,7 +221,7 @@ def test_a_prompt_recomputed_after_preemption_is_not_scored_again(
 ) -> None:
     model = tiny_model_builder(arch)
     prompt = random_prompt(30, 970, model.config.vocab_size)
-    engine = Engine(TransformersRunner(model), EngineConfig(max_num_seqs=2, kv_cache_tokens=128, block_size=4))
+    engine = Engine(TransformersRunner(model), EngineConfig(seats=2, kv_cache_tokens=128, block_size=4))
     engine.add(0, prompt, SamplingParams(max_tokens=4, temperature=0.0, prompt_logprobs=2))
     parts: list[PromptLogprobs] = []
     tokens: list[int] = []
@@ -282,7 +280,7 @@ def test_negative_prompt_logprobs_are_rejected() -> None:
 
 
 def test_the_engine_rejects_more_prompt_alternatives_than_the_vocabulary(tiny_qwen2: PreTrainedModel) -> None:
-    engine = Engine(TransformersRunner(tiny_qwen2), EngineConfig(max_num_seqs=1, kv_cache_tokens=64, block_size=4))
+    engine = Engine(TransformersRunner(tiny_qwen2), EngineConfig(seats=1, kv_cache_tokens=64, block_size=4))
     vocab = engine.runner.vocab_size
     with pytest.raises(EngineInputError, match=f"at most {vocab} alternatives") as info:
         engine.add(0, [1, 2], SamplingParams(prompt_logprobs=vocab + 1))

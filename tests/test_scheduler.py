@@ -21,7 +21,7 @@ from engine.sampling_params import SamplingParams
 from scheduler.config import Mode, SchedulerConfig
 from scheduler.core import Scheduler
 from scheduler.errors import QueueFullError, SchedulerClosedError
-from scheduler.request import FinishEvent, Outcome, Request, RequestStatus, TokenEvent
+from scheduler.request import FinishEvent, Outcome, RequestStatus, SequenceRequest, TokenEvent
 from tests.fakes import FakeClock, Harness, ScriptedRunner, Stream, build, expected_tokens
 
 MODES = [Mode.DYNAMIC, Mode.CONTINUOUS]
@@ -32,7 +32,7 @@ def assert_drained(h: Harness) -> None:
     """Everything finished: no cache, every row free, nothing running, waiting, queued or held."""
     assert h.engine.cache_usage == 0
     assert h.engine.allocator.num_free == h.engine.allocator.num_blocks
-    assert h.engine.num_free_rows == h.seats
+    assert h.engine.num_free_seats == h.seats
     assert list(h.scheduler.running) == []
     assert len(h.scheduler.waiting) == 0
     assert h.scheduler.num_queued == 0
@@ -416,7 +416,7 @@ def test_abort_frees_seat_and_cache_within_one_step(mode: Mode, where: str) -> N
     assert victim.tokens == tokens_before
     assert not h.engine.has_sequence(seq_id(victim))
     live = [s for s in h.streams.values() if not s.done]
-    assert h.engine.num_free_rows == h.seats - len(live)
+    assert h.engine.num_free_seats == h.seats - len(live)
     used = sum(h.engine.reserved_tokens(seq_id(s)) // h.engine.block_size for s in live)
     assert h.engine.allocator.num_used == used
     if where == "waiting":
@@ -583,7 +583,7 @@ def test_failed_forward_step_fails_only_its_requests_and_next_are_served(mode: M
         assert s.reason is Outcome.FAILED and s.finish_step == 2 and len(s.tokens) == 1
         assert s.finish is not None and s.finish.error and "InjectedFault" in s.finish.error
     assert not c.done
-    assert h.engine.num_free_rows == 2 and h.engine.cache_usage == 0
+    assert h.engine.num_free_seats == 2 and h.engine.cache_usage == 0
     h.run()
     assert c.token_steps[0] == 3
     assert_complete(c)
@@ -673,7 +673,7 @@ def test_same_greedy_tokens_in_both_modes_and_equal_to_generate(tiny_llama: PreT
     preemptions: dict[Mode, int] = {}
     for mode in MODES:
         # Continuous runs with 16-token chunks and a cache too small for all at once (it preempts).
-        engine_config = EngineConfig(max_num_seqs=3, kv_cache_tokens=64, block_size=4)
+        engine_config = EngineConfig(seats=3, kv_cache_tokens=64, block_size=4)
         engine = Engine(runner, engine_config, eos_token_ids=())
         clock = FakeClock()
         config = SchedulerConfig(
@@ -683,14 +683,14 @@ def test_same_greedy_tokens_in_both_modes_and_equal_to_generate(tiny_llama: PreT
         streams = [Stream(str(i), p, m) for i, (p, m) in enumerate(zip(prompts, max_tokens, strict=True))]
         for s in streams:
             params = SamplingParams(max_tokens=s.max_tokens, temperature=0.0)
-            scheduler.submit(Request(s.request_id, s.prompt, params, s))
+            scheduler.submit(SequenceRequest(s.request_id, s.prompt, params, s))
         for _ in range(500):
             if all(s.done for s in streams):
                 break
             scheduler.step()
             clock.advance(1.0)
         assert all(s.reason is Outcome.LENGTH for s in streams)
-        assert engine.cache_usage == 0 and engine.num_free_rows == 3
+        assert engine.cache_usage == 0 and engine.num_free_seats == 3
         results[mode] = [s.tokens for s in streams]
         preemptions[mode] = sum(s.finish.timings.num_preemptions for s in streams if s.finish)
     assert results[Mode.DYNAMIC] == reference

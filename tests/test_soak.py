@@ -26,7 +26,7 @@ import torch
 
 from api.config import ServerConfig
 from api.service import Generation
-from scheduler.request import FinishEvent, Request, RequestEvent
+from scheduler.request import FinishEvent, RequestEvent, SequenceRequest
 from tests.server_harness import RunningServer, running_server
 
 REQUESTS_PER_ROUND = 60
@@ -38,7 +38,7 @@ LONG = 160  # max_tokens of the requests whose clients leave early
 # first round warms every lazy cache (pydantic, tokenizer, prometheus children, uvicorn and httpx internals), so
 # the second should hold nothing more: measured, it moves by tens of KiB either way. 1 MiB (~17 KiB per request)
 # is generous against that noise yet catches keeping each request's text or chunks. Tensors live outside
-# tracemalloc; the engine's buffers are preallocated, and the exact checks (no Request or Generation left
+# tracemalloc; the engine's buffers are preallocated, and the exact checks (no SequenceRequest or Generation left
 # alive, cache 0, every row free) cover what the engine and scheduler hold.
 MEMORY_GROWTH_BOUND = 1024 * 1024
 WORDS = ["the", "quick", "brown", "fox", "jumps", "over", "lazy", "dog", "hello", "world", "tiny", "numbers"]
@@ -65,11 +65,11 @@ class Tally:
 
 @contextlib.contextmanager
 def _ledger(server: RunningServer, tally: Tally) -> Iterator[None]:
-    """Record how each submitted sequence finished, through the loop's public submit (ids only, no Request)."""
+    """Record how each submitted sequence finished, through the loop's public submit (ids only, no SequenceRequest)."""
     loop = server.runtime.loop
     real_submit = loop.submit
 
-    def submit(request: Request, arrival: float | None = None) -> None:
+    def submit(request: SequenceRequest, arrival: float | None = None) -> None:
         request_id, max_tokens, sink = request.request_id, request.params.max_tokens, request.sink
 
         def recording_sink(event: RequestEvent) -> None:
@@ -250,7 +250,7 @@ def _assert_idle_and_empty(server: RunningServer) -> None:
     _wait_idle(server)
     engine = server.runtime.engine
     assert engine.cache_usage == 0
-    assert engine.num_free_rows == engine.config.max_num_seqs
+    assert engine.num_free_seats == engine.config.seats
     metrics = httpx.get(f"{server.base_url}/metrics").text
     assert _metric(metrics, "vllm:num_requests_running") == 0
     assert _metric(metrics, "vllm:num_requests_waiting") == 0
@@ -281,7 +281,7 @@ def _run_round(server: RunningServer, seed: int) -> Tally:
 
 def test_soak_with_disconnects_and_bad_requests_leaves_nothing_behind(server: RunningServer) -> None:
     seed = 1234
-    requests_before, generations_before = _live(Request), _live(Generation)  # left by earlier tests, if any
+    requests_before, generations_before = _live(SequenceRequest), _live(Generation)  # left by earlier tests, if any
     tracemalloc.start()
     try:
         _run_round(server, seed)
@@ -293,6 +293,6 @@ def test_soak_with_disconnects_and_bad_requests_leaves_nothing_behind(server: Ru
         after_second = tracemalloc.get_traced_memory()[0]
     finally:
         tracemalloc.stop()
-    assert _live(Request) <= requests_before and _live(Generation) <= generations_before  # none of ours alive
+    assert _live(SequenceRequest) <= requests_before and _live(Generation) <= generations_before  # none of ours alive
     growth = after_second - after_first
     assert growth < MEMORY_GROWTH_BOUND, f"Python memory grew {growth / 2**20:.1f} MiB over an identical round"
