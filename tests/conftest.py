@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -136,3 +137,15 @@ def client(server: Any) -> Any:
     from tests.server_harness import openai_client
 
     return openai_client(server)
+
+
+@pytest.fixture
+def logs(caplog: pytest.LogCaptureFixture) -> Iterator[pytest.LogCaptureFixture]:
+    """Capture every log record, uvicorn's too (its loggers do not propagate to the root)."""
+    caplog.set_level(logging.DEBUG)
+    names = ["uvicorn", "uvicorn.error", "uvicorn.access"]
+    for name in names:
+        logging.getLogger(name).addHandler(caplog.handler)
+    yield caplog
+    for name in names:
+        logging.getLogger(name).removeHandler(caplog.handler)

@@ -58,18 +58,6 @@ def lenient() -> Iterator[RunningServer]:
         yield srv
 
 
-@pytest.fixture
-def logs(caplog: pytest.LogCaptureFixture) -> Iterator[pytest.LogCaptureFixture]:
-    """Every log record, uvicorn's too (its loggers do not propagate to the root)."""
-    caplog.set_level(logging.DEBUG)
-    names = ["uvicorn", "uvicorn.error", "uvicorn.access"]
-    for name in names:
-        logging.getLogger(name).addHandler(caplog.handler)
-    yield caplog
-    for name in names:
-        logging.getLogger(name).removeHandler(caplog.handler)
-
-
 def _connect(server: RunningServer) -> socket.socket:
     host, port = server.base_url.removeprefix("http://").split(":")
     sock = socket.create_connection((host, int(port)), timeout=WAIT_S)

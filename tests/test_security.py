@@ -4,7 +4,6 @@ or a log line; CORS is off unless origins are configured; the server binds to lo
 from __future__ import annotations
 
 import hmac
-import logging
 from collections.abc import Iterator
 
 import httpx
@@ -54,18 +53,6 @@ def one_torch_thread() -> Iterator[None]:
 def keyed() -> Iterator[RunningServer]:
     with running_server(ServerConfig(port=0, api_key=KEY, max_num_seqs=2)) as srv:
         yield srv
-
-
-@pytest.fixture
-def logs(caplog: pytest.LogCaptureFixture) -> Iterator[pytest.LogCaptureFixture]:
-    """Capture every log record, uvicorn's too (its loggers do not propagate to the root)."""
-    caplog.set_level(logging.DEBUG)
-    names = ["uvicorn", "uvicorn.error", "uvicorn.access"]
-    for name in names:
-        logging.getLogger(name).addHandler(caplog.handler)
-    yield caplog
-    for name in names:
-        logging.getLogger(name).removeHandler(caplog.handler)
 
 
 def _request(client: httpx.Client, method: str, path: str, body: object, auth: str | None) -> httpx.Response:
