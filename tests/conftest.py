@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -149,3 +150,23 @@ def logs(caplog: pytest.LogCaptureFixture) -> Iterator[pytest.LogCaptureFixture]
     yield caplog
     for name in names:
         logging.getLogger(name).removeHandler(caplog.handler)
+
+
+@pytest.fixture(scope="module")
+def one_torch_thread() -> Iterator[None]:
+    """Servers of a module compute with one thread (a request's speed is not what the module tests)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="session")
+def tiny_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny model and tokenizer saved as a Hugging Face checkpoint directory, loadable with --model."""
+    from tests.server_harness import tiny_loaded_model, tiny_tokenizer  # the harness imports this module
+
+    directory = tmp_path_factory.mktemp("tiny-checkpoint")
+    tiny_loaded_model().model.save_pretrained(directory)
+    tiny_tokenizer().save_pretrained(directory)
+    return directory

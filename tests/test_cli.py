@@ -20,7 +20,7 @@ from api.cli import build_parser, config_from_args, main
 from api.config import API_KEY_ENV, ServerConfig
 from engine.linear import onednn_available
 from engine.model_runner import TransformersRunner
-from tests.server_harness import free_port, tiny_loaded_model, tiny_tokenizer
+from tests.server_harness import free_port, tiny_loaded_model
 from tests.test_api import PROMPT, wait_until
 from tests.toolchain import CAN_BUILD_KERNELS
 
@@ -132,15 +132,6 @@ def health_status(base_url: str) -> int | None:
         return httpx.get(f"{base_url}/health", timeout=5).status_code
     except httpx.TransportError:
         return None
-
-
-@pytest.fixture(scope="module")
-def tiny_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The tiny model and tokenizer saved as a Hugging Face checkpoint directory, loadable with --model."""
-    directory = tmp_path_factory.mktemp("tiny-checkpoint")
-    tiny_loaded_model().model.save_pretrained(directory)
-    tiny_tokenizer().save_pretrained(directory)
-    return directory
 
 
 @pytest.fixture

@@ -19,7 +19,6 @@ from pathlib import Path
 
 import httpx
 import pytest
-import torch
 
 from api.connections import HTTP2_PREFACE
 from api.event_loop import AcceptErrorHandler
@@ -30,12 +29,7 @@ WAIT_S = 20.0  # only against hangs: every wait below ends as soon as its condit
 BODY = json.dumps({"prompt": "hello", "max_tokens": 2}).encode()
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_torch_thread() -> Iterator[None]:
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")

@@ -23,7 +23,7 @@ import httpx
 import pytest
 
 from tests.paced_server import STEP_ENV
-from tests.server_harness import free_port, tiny_loaded_model, tiny_tokenizer
+from tests.server_harness import free_port
 from tests.test_api import PROMPT, wait_until
 
 REPO = Path(__file__).resolve().parents[1]
@@ -32,14 +32,6 @@ STEP_S = 0.05
 LONG = 80  # tokens: at least 4 s of steps, far more than the few steps each check below takes
 ENDLESS = 200  # tokens: at least 10 s, far beyond the short grace period of the tests that use it
 CUT_OFF = "ASGI callable returned without completing response"
-
-
-@pytest.fixture(scope="module")
-def tiny_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    directory = tmp_path_factory.mktemp("tiny-checkpoint")
-    tiny_loaded_model().model.save_pretrained(directory)
-    tiny_tokenizer().save_pretrained(directory)
-    return directory
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,6 @@ from collections.abc import Iterator
 
 import httpx
 import pytest
-import torch
 
 import api.app
 from api.config import ServerConfig
@@ -41,12 +40,7 @@ WRONG_AUTH = [
 ]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_torch_thread() -> Iterator[None]:
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")
