@@ -7,15 +7,22 @@ report prints instead of a row.
 from __future__ import annotations
 
 import importlib.util
+import os
 import shutil
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from api.config import ServerConfig
 from benchmarks.client import EosPolicy
 from benchmarks.hf_export import default_export_dir, is_exported
+from benchmarks.llama_cpp import default_cache
+from engine.loader import ModelNotFoundError, default_model_path
 
-BASELINES = ("nobatch", "transformers", "transformers-cb", "llama-server")
+# llama-server: the binary on PATH (else the cached build) on --model; llama-f32 / llama-q4_1: the cached build
+# (`python -m benchmarks.llama_cpp build`) on the default model as f32 GGUF / as shipped (Q4_1).
+BASELINES = ("nobatch", "transformers", "transformers-cb", "llama-server", "llama-f32", "llama-q4_1")
+_LLAMA_BUILD_HINT = "run `python -m benchmarks.llama_cpp build` (10-30 min on 2 cores)"
 # What `transformers serve` imports before it starts (transformers.utils.import_utils.is_serve_available).
 _TRANSFORMERS_SERVE_MODULES = ("fastapi", "uvicorn", "pydantic", "openai")
 
@@ -102,6 +109,8 @@ def baseline_targets(names: tuple[str, ...], settings: ServerSettings) -> list[T
             found.append(_transformers_target(name, settings))
         elif name == "llama-server":
             found.append(_llama_server_target(settings))
+        elif name in ("llama-f32", "llama-q4_1"):
+            found.append(_llama_cached_target(name, settings))
         else:
             raise ValueError(f"unknown baseline {name!r}; choose from {BASELINES}")
     return found
@@ -156,15 +165,53 @@ def _transformers_target(name: str, settings: ServerSettings) -> Target | Unavai
     return Target(name, tuple(argv), EosPolicy.HF_MIN_NEW_TOKENS, note=note, prepare=prepare)
 
 
+def llama_server_argv(binary: Path, model: Path, seats: int, max_model_len: int, threads: int) -> tuple[str, ...]:
+    """llama-server set up like batchserve: `seats` sequences decoded together, each up to `max_model_len`."""
+    argv = [str(binary), "-m", str(model), "--host", "{host}", "--port", "{port}"]
+    argv += ["-t", str(threads), "-tb", str(threads)]  # decode and prompt threads
+    argv += ["--parallel", str(seats), "--cont-batching", "--metrics", "--no-webui"]
+    # Each slot its own KV stream of c / parallel tokens (this version's default when --parallel is given; said
+    # outright because a unified cache would attend over every slot's cells), as batchserve's seats x max_model_len.
+    argv += ["-c", str(seats * max_model_len), "--no-kv-unified"]
+    return tuple(argv)
+
+
+def _batchserve_max_model_len() -> int:
+    return ServerConfig().max_model_len or 2048
+
+
+def _cpu_threads() -> int:
+    """Cores this process may run on: what torch's default thread count gives batchserve."""
+    return len(os.sched_getaffinity(0))
+
+
+def _llama_target(name: str, binary: Path, model: Path, settings: ServerSettings, what: str) -> Target:
+    argv = llama_server_argv(binary, model, settings.seats, _batchserve_max_model_len(), _cpu_threads())
+    note = f"{what}, {settings.seats} slots, {_cpu_threads()} threads"
+    return Target(name=name, argv=argv, eos_policy=EosPolicy.IGNORE_EOS, note=note)
+
+
 def _llama_server_target(settings: ServerSettings) -> Target | Unavailable:
-    binary = shutil.which("llama-server")
-    if binary is None:
-        return Unavailable("llama-server", "llama-server not on PATH")
+    which = shutil.which("llama-server")
+    binary = Path(which) if which else default_cache().server
+    if not binary.is_file():
+        return Unavailable("llama-server", f"llama-server not on PATH and not built: {_LLAMA_BUILD_HINT}")
     model = _baseline_model(settings)
     if not (isinstance(model, Path) and model.suffix == ".gguf"):
         return Unavailable("llama-server", "llama-server needs a .gguf model file (--model)")
-    seats = settings.seats
-    argv = [binary, "-m", str(model), "--host", "{host}", "--port", "{port}", "--metrics"]
-    # -np slots share the context, so give each slot the same 2048 tokens.
-    argv += ["-np", str(seats), "-c", str(2048 * seats)]
-    return Target(name="llama-server", argv=tuple(argv), eos_policy=EosPolicy.IGNORE_EOS, note=f"{seats} slots")
+    return _llama_target("llama-server", binary, model, settings, model.name)
+
+
+def _llama_cached_target(name: str, settings: ServerSettings) -> Target | Unavailable:
+    if settings.model is not None:
+        return Unavailable(name, "runs the default model only; use llama-server for --model")
+    try:
+        default = default_model_path()
+    except ModelNotFoundError as exc:
+        return Unavailable(name, str(exc))
+    cache = default_cache()
+    model = cache.f32_gguf(default) if name == "llama-f32" else default
+    missing = [str(path) for path in (cache.server, model) if not path.is_file()]
+    if missing:
+        return Unavailable(name, f"{', '.join(missing)} missing: {_LLAMA_BUILD_HINT}")
+    return _llama_target(name, cache.server, model, settings, model.name)
