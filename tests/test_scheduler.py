@@ -362,7 +362,7 @@ def test_drain_fails_queued_requests_releases_held_answers_and_shutdown_ends_the
     assert queued.request is not None and queued.request.scheduled is None
 
     h.scheduler.begin_drain()
-    with pytest.raises(SchedulerClosedError):
+    with pytest.raises(SchedulerClosedError, match="shutting down"):
         h.submit()
     h.step()
     assert queued.reason is Outcome.SHUTDOWN and queued.tokens == []
@@ -449,13 +449,13 @@ def test_full_queue_raises_queue_full_at_submit(mode: Mode) -> None:
     h = build(mode, seats=1, max_queue=2)
     h.submit(max_tokens=2)
     h.submit(max_tokens=2)
-    with pytest.raises(QueueFullError):
+    with pytest.raises(QueueFullError, match=r"queue is full \(2 requests\)"):
         h.submit(request_id="refused")
     assert h.scheduler.num_queued == 2 and "refused" not in h.streams
     h.step()  # the first one is scheduled: a queue place frees
     assert h.scheduler.num_queued == 1
     h.submit(max_tokens=2)
-    with pytest.raises(QueueFullError):
+    with pytest.raises(QueueFullError, match=r"queue is full \(2 requests\)"):
         h.submit(request_id="refused")
     h.run()
     assert len(h.streams) == 3
@@ -554,6 +554,12 @@ BAD_INPUTS = {
     "out_of_vocab": dict(prompt=[1, 2, 64], max_tokens=4),
     "bigger_than_cache": dict(prompt=30, max_tokens=10),  # the cache holds 32 tokens
 }
+BAD_INPUT_MESSAGES = {
+    "empty_prompt": "prompt is empty",
+    "too_long": "maximum context length is 256 tokens",
+    "out_of_vocab": "token id 64 is outside the vocabulary",
+    "bigger_than_cache": "holds 32 tokens",
+}
 
 
 @pytest.mark.parametrize("case", list(BAD_INPUTS))
@@ -561,7 +567,7 @@ BAD_INPUTS = {
 def test_bad_input_raises_at_submit_and_queues_nothing(mode: Mode, case: str) -> None:
     h = build(mode, seats=2, kv_cache_tokens=32 if case == "bigger_than_cache" else 1024)
     expected = CacheCapacityError if case == "bigger_than_cache" else EngineInputError
-    with pytest.raises(expected):
+    with pytest.raises(expected, match=BAD_INPUT_MESSAGES[case]):
         h.submit(**BAD_INPUTS[case])  # type: ignore[arg-type]
     assert h.scheduler.num_queued == 0 and not h.scheduler.has_pending_work()
     assert h.step() is None and h.runner.calls == 0
@@ -604,7 +610,7 @@ def test_everything_released_and_engine_drained_after_mixed_workload(mode: Mode)
     stopped = h.submit(prompt=stop_prompt, max_tokens=6, stop_token_ids=(unstopped[2],))
     aborted = h.submit(max_tokens=30)
     stopped_by_api = h.submit(max_tokens=30)
-    with pytest.raises(EngineInputError):
+    with pytest.raises(EngineInputError, match="prompt is empty"):
         h.submit(prompt=[])
     for _ in range(3):
         h.step()
