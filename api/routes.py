@@ -123,9 +123,9 @@ async def _accept(request: Request, model: type[_Request]) -> _Accepted[_Request
         raise refused
     check_common_limits(body, config)
     ignored = body.ignored_fields()
-    if ignored:  # as vLLM: fields this server does not know are ignored, not refused (names only, never values)
+    if ignored:  # as vLLM: fields this server does not use are ignored, not refused (names only, never values)
         names = ", ".join(repr(name[:40]) for name in ignored[:10])
-        logger.info("%s %s: ignoring unknown fields %s", request.method, request.url.path, names)
+        logger.info("%s %s: ignoring fields this server does not use: %s", request.method, request.url.path, names)
     return _Accepted(config, runtime, body, runtime.service.now())  # after the upload, before tokenising
 
 

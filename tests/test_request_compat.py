@@ -130,6 +130,17 @@ def test_null_for_every_optional_field_means_its_default(server: RunningServer, 
     assert answer(result).startswith(answer(ok(server, path, BASE[path])))
 
 
+def test_ignored_fields_are_logged_by_name_never_by_value(
+    server: RunningServer, logs: pytest.LogCaptureFixture
+) -> None:
+    secret = "value-that-must-not-be-logged"
+    body = {**BASE["/v1/completions"], "store": secret, "metadata": {"k": secret}, "frobnicate": secret}
+    ok(server, "/v1/completions", body)
+    [line] = [r.getMessage() for r in logs.records if "ignoring fields" in r.getMessage()]
+    assert "'store'" in line and "'metadata'" in line and "'frobnicate'" in line
+    assert secret not in logs.text
+
+
 @pytest.mark.parametrize("path", ENDPOINTS)
 def test_null_temperature_is_the_default_temperature(server: RunningServer, path: str) -> None:
     seeded = {**BASE[path], "seed": 7, "max_tokens": 12}
