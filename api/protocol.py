@@ -64,7 +64,7 @@ class _SamplingFields(_Lenient):
     """Fields both endpoints share: sampling, stopping, streaming and vLLM's extensions."""
 
     model: str | None = None
-    temperature: float = Field(1.0, ge=0.0, le=2.0, allow_inf_nan=False)
+    temperature: float = Field(1.0, ge=0.0, allow_inf_nan=False)  # vLLM has no upper bound (OpenAI's is 2)
     top_p: float = Field(1.0, gt=0.0, le=1.0, allow_inf_nan=False)
     top_k: int = Field(-1, ge=-1, le=MAX_ID)  # -1 or 0: off (vLLM spells "off" as -1)
     min_p: float = Field(0.0, ge=0.0, le=1.0, allow_inf_nan=False)

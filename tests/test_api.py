@@ -443,7 +443,7 @@ def test_eos_stops_generation_unless_ignore_eos(mode: str, eos_first_model: Load
     [
         ({"prompt": PROMPT, "max_tokens": -1}, "max_tokens"),
         ({"prompt": PROMPT, "max_tokens": "5"}, "max_tokens"),
-        ({"prompt": PROMPT, "temperature": 2.5}, "temperature"),
+        ({"prompt": PROMPT, "temperature": -0.5}, "temperature"),
         ({"prompt": PROMPT, "top_p": 0}, "top_p"),
         ({"prompt": PROMPT, "n": 0}, "n"),
         ({"prompt": PROMPT, "logprobs": 21}, "logprobs"),

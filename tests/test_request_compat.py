@@ -130,6 +130,12 @@ def test_null_for_every_optional_field_means_its_default(server: RunningServer, 
     assert answer(result).startswith(answer(ok(server, path, BASE[path])))
 
 
+@pytest.mark.parametrize("path", ENDPOINTS)
+def test_temperature_above_openais_two_is_accepted_as_vllm_does(server: RunningServer, path: str) -> None:
+    hot = ok(server, path, {**BASE[path], "temperature": 5.0, "seed": 1, "max_tokens": 8, "ignore_eos": True})
+    assert hot["usage"]["completion_tokens"] == 8 and hot["choices"][0]["finish_reason"] == "length"
+
+
 def test_ignored_fields_are_logged_by_name_never_by_value(
     server: RunningServer, logs: pytest.LogCaptureFixture
 ) -> None:
