@@ -4,9 +4,10 @@ Randomness is counter-based: the uniform number for a row's n-th output token is
 seeded request therefore draws the same numbers whatever else shares its batch, and a preempted sequence
 that is recomputed continues exactly where it left off.
 
-Numerics: temperatures below MIN_SAMPLING_TEMPERATURE are greedy, and a row is shifted by its maximum before the
-temperature divides it, so the top token scores exactly 0 and every other one <= 0: dividing by a small
-temperature can only push logits towards -inf (probability 0), never to +inf, and softmax never sees inf - inf.
+Numerics: temperatures below MIN_SAMPLING_TEMPERATURE are greedy, and a row is shifted by its maximum before a
+temperature below 1 divides it (a larger one divides first), so the top token scores exactly 0 and every other
+one <= 0: dividing by a small temperature can only push logits towards -inf (probability 0), never to +inf, and
+softmax never sees inf - inf.
 Given a row with at least one finite logit and none +inf or NaN (the engine's validation and edits keep it so), no
 filter produces NaN or inf.
 """
@@ -104,9 +105,11 @@ def filtered_probs(logits: torch.Tensor, params: RowSampling) -> tuple[torch.Ten
     Returns (weights [rows, width], ids [rows, width] or None): weights are over the whole vocabulary when ids is
     None, else over the candidate tokens `ids`, best first. Every temperature must be >= MIN_SAMPLING_TEMPERATURE.
     """
-    # Shifted by the row maximum so the top token scores 0: see the module docstring.
-    scaled = logits - logits.amax(dim=-1, keepdim=True)
-    scaled.div_(params.temperature[:, None])
+    # Shifted by the row maximum so the top token scores 0: see the module docstring. A temperature of 1 or more
+    # divides first: it can only shrink values, and the shift of two near-float32-max logits cannot overflow then.
+    temperature = params.temperature[:, None]
+    top = logits.amax(dim=-1, keepdim=True)
+    scaled = torch.where(temperature >= 1.0, logits / temperature - top / temperature, (logits - top) / temperature)
     if params.min_p is not None:
         # p_i >= min_p * p_top  <=>  scaled_i >= log(min_p), as the top token scores 0; min_p = 0 keeps all.
         scaled.masked_fill_(scaled < params.min_p.log()[:, None], float("-inf"))

@@ -262,6 +262,8 @@ EXTREME_LOGITS = torch.tensor(
 )
 TIED_LOGITS = torch.tensor([[0.0] * 8, [1e30] * 8, [-1e30] * 8, [7.0, 7.0, -INF, 7.0, -1e30, 7.0, -INF, -1e30]])
 SWEEP_TEMPERATURES = [0.0, 1e-45, 1e-40, 1e-38, 1e-10, 1e-6, 1e-5, 0.5, 1.0, 2.0]
+# Above OpenAI's 2, as vLLM accepts: at 1e30 a -1e30 logit is a fair candidate, so ties no longer decide alone.
+HUGE_TEMPERATURES = [100.0, 1e30, 3e38]
 FILTERS = [
     dict(),
     dict(top_k=3),
@@ -288,6 +290,22 @@ def test_temperature_sweep_on_extreme_logits_matches_float64_and_never_nan(tempe
     else:
         got = full_distribution(EXTREME_LOGITS, rows(len(EXTREME_LOGITS), temperature=temperature, **filters))
         assert torch.allclose(got, reference[: len(EXTREME_LOGITS)], atol=1e-5), (got, reference)
+
+
+@pytest.mark.parametrize("filters", FILTERS, ids=lambda f: ",".join(f"{k}={v}" for k, v in f.items()) or "plain")
+@pytest.mark.parametrize("temperature", HUGE_TEMPERATURES)
+def test_huge_temperatures_stay_finite_and_draw_only_possible_tokens(temperature: float, filters: dict) -> None:
+    """Past 2 the scaled logits shrink towards float32's resolution, so near-ties among the top-k are ordered by
+    rounding; what must hold is no NaN, no -inf token drawn, and the plain distribution as float64 gives it."""
+    logits = EXTREME_LOGITS.repeat(DRAWS, 1)
+    n = len(logits)
+    tokens = sample(logits, rows(n, temperature=temperature, seed=torch.arange(n), **filters)).tokens
+    assert bool(torch.isfinite(logits.gather(1, tokens[:, None])).all())
+    got = full_distribution(EXTREME_LOGITS, rows(len(EXTREME_LOGITS), temperature=temperature, **filters))
+    assert bool(torch.isfinite(got).all()) and torch.allclose(got.sum(dim=-1), torch.ones(len(got), dtype=got.dtype))
+    if not filters:
+        reference = torch.stack([reference_probs(row, temperature) for row in EXTREME_LOGITS])
+        assert torch.allclose(got, reference, atol=1e-5), (got, reference)
 
 
 @pytest.mark.parametrize("filters", FILTERS, ids=lambda f: ",".join(f"{k}={v}" for k, v in f.items()) or "plain")
