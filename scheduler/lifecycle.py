@@ -43,7 +43,7 @@ class Lifecycle:
 
     @property
     def free_cache_tokens(self) -> int:
-        return self.engine.allocator.num_free * self.engine.block_size
+        return self.free_blocks * self.engine.block_size
 
     @property
     def held_seats(self) -> int:
