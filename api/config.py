@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from engine.config import EngineConfig
+from engine.config import DTYPES, QUANTIZATIONS, EngineConfig, LoadConfig
 from scheduler.config import Mode, SchedulerConfig
 
 API_KEY_ENV = "BATCHSERVE_API_KEY"
@@ -29,6 +29,11 @@ class RuntimeOptions:
     kv_cache_tokens: int | None = None  # None: seats x max_model_len
     cpu_kernels: bool = True
     served_model_name: str | None = None
+    dtype: str = "auto"  # engine.config.LoadConfig's
+    quantization: str = "auto"
+
+    def __post_init__(self) -> None:
+        LoadConfig(self.dtype, self.quantization)  # raises ValueError naming the bad value
 
     @classmethod
     def of(cls, mode: str = Mode.CONTINUOUS.value, **options: Any) -> RuntimeOptions:
@@ -88,6 +93,18 @@ class ServerConfig:
         "decode attention through the compiled kernel; off: plain torch ops",
     )
     served_model_name: str | None = _opt(None, "Model name in the API (default: the model file's stem)")
+    dtype: str = _opt(
+        "auto",
+        "Activations, KV cache and dense weights; auto: bfloat16 where the CPU has native bf16 dot products and the "
+        "weights are dense, float32 otherwise (see the README's weight formats)",
+        choices=DTYPES,
+    )
+    quantization: str = _opt(
+        "auto",
+        "Weight-only quantisation of the projections and LM head; auto: int4 for a GGUF whose projections are "
+        "Q4_0/Q4_1 (the file's own blocks), none otherwise",
+        choices=QUANTIZATIONS,
+    )
     max_body_bytes: int = _opt(1_000_000, "Largest request body accepted (413 beyond)")
     max_n: int = _opt(8, "Largest `n` (choices per prompt) accepted")
     max_stop_strings: int = _opt(4, "Most stop strings in one request")
@@ -111,6 +128,7 @@ class ServerConfig:
 
     def __post_init__(self) -> None:
         Mode(self.mode)  # raises ValueError naming the bad mode
+        LoadConfig(self.dtype, self.quantization)  # likewise for a bad dtype or quantization
         for name in ("port", "max_body_bytes", "max_n", "max_stop_strings", "max_prompts"):
             if getattr(self, name) < (0 if name == "port" else 1):
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
@@ -148,4 +166,6 @@ class ServerConfig:
             kv_cache_tokens=self.kv_cache_tokens,
             cpu_kernels=self.cpu_kernels,
             served_model_name=self.served_model_name,
+            dtype=self.dtype,
+            quantization=self.quantization,
         )

@@ -14,14 +14,14 @@ from api.config import RuntimeOptions
 from api.token_bytes import TokenBytes
 from engine.engine import Engine
 from engine.loader import LoadedModel, load_model
-from engine.model_runner import TransformersRunner
+from engine.model_runner import ModelRunner, TransformersRunner
 from scheduler.core import Scheduler
 from scheduler.loop import SchedulerLoop
 from scheduler.stats import StepStats
 
 
 def load(options: RuntimeOptions) -> LoadedModel:
-    return load_model(options.model, device=options.device)
+    return load_model(options.model, device=options.device, dtype=options.dtype, quantization=options.quantization)
 
 
 @dataclass(frozen=True)
@@ -37,14 +37,32 @@ class ModelRuntime:
     token_bytes: TokenBytes  # the tokenizer's byte lookup, built once (chat logprobs' `bytes`)
 
 
+def build_runner(options: RuntimeOptions, loaded: LoadedModel) -> TransformersRunner:
+    return TransformersRunner(
+        loaded.model,
+        prepack_weights=options.cpu_kernels,
+        native_attention=options.cpu_kernels,
+        quantized=loaded.quantized,
+    )
+
+
 def build_model_runtime(
-    options: RuntimeOptions, loaded: LoadedModel, on_step: Callable[[StepStats], None] | None = None
+    options: RuntimeOptions,
+    loaded: LoadedModel,
+    on_step: Callable[[StepStats], None] | None = None,
+    runner: ModelRunner | None = None,
 ) -> ModelRuntime:
-    """`on_step`: called on the loop thread after each step (the server's metrics)."""
-    device = str(next(loaded.model.parameters()).device)
-    runner = TransformersRunner(loaded.model, prepack_weights=options.cpu_kernels, native_attention=options.cpu_kernels)
+    """`on_step`: called on the loop thread after each step (the server's metrics). `runner`: one shared with another
+    engine (`batchserve compare`: one copy of the weights, stepped by one thread); default: a new one."""
+    parameter = next(loaded.model.parameters())
+    device = str(parameter.device)
+    runner = runner if runner is not None else build_runner(options, loaded)
     engine = Engine(
-        runner, options.engine_config(loaded.max_model_len, device), loaded.eos_token_ids, loaded.max_model_len
+        runner,
+        options.engine_config(loaded.max_model_len, device),
+        loaded.eos_token_ids,
+        loaded.max_model_len,
+        dtype=parameter.dtype,  # the KV cache in the activations' dtype (the loader cast the model to it)
     )
     scheduler = Scheduler(engine, options.scheduler, on_step=on_step)
     return ModelRuntime(

@@ -11,7 +11,7 @@ Warm-up runs are excluded. The machine is noisy, so every ratio compares numbers
 the ceiling is measured right before and after the engine and averaged. The targets are set against the ceiling;
 the headline gives each against the engine's own matmuls too, as those run faster than `F.linear` here.
 
-    python -m benchmarks.engine_bench [--batch-sizes 1,8,32,64] [--decode-steps 32] [--out FILE]
+    python -m benchmarks.engine_bench [--batch-sizes 1,8,32,64] [--decode-steps 32] [--fused on|off] [--out FILE]
 """
 
 from __future__ import annotations
@@ -28,9 +28,9 @@ from typing import Any
 
 import torch
 
-from engine.config import EngineConfig
+from engine.config import DTYPES, QUANTIZATIONS, EngineConfig
 from engine.engine import Engine
-from engine.linear import Linear
+from engine.linear import AnyLinear, Int4Linear, Int8Linear, Linear
 from engine.loader import LoadedModel, load_model
 from engine.model_runner import TransformersRunner
 from engine.sampling_params import SamplingParams
@@ -44,6 +44,7 @@ class BenchConfig:
     max_prompt: int = 96
     repeats: int = 3
     generate_batch: int = 8
+    fused_ops: bool = True  # the compiled element-wise kernels (engine/fused.py); off: their torch fallbacks
 
     def __post_init__(self) -> None:
         if not self.batch_sizes or min(self.batch_sizes) < 1:
@@ -104,22 +105,42 @@ def weight_matmuls(model: Any) -> list[torch.Tensor]:
     return weights
 
 
-def engine_linears(runner: TransformersRunner) -> list[Linear]:
+def input_dtype(linear: AnyLinear) -> torch.dtype:
+    """The activations' dtype the matmul takes (its weights' or scales')."""
+    if isinstance(linear, Int4Linear):
+        return linear.scales_and_zeros.dtype
+    if isinstance(linear, Int8Linear):
+        return linear.scales.dtype
+    return linear.weight.dtype
+
+
+def linear_bytes(linear: AnyLinear) -> int:
+    """Bytes of weights (and scales) one call reads."""
+    if isinstance(linear, Int4Linear):
+        tensors = [linear.packed, linear.scales_and_zeros]
+    elif isinstance(linear, Int8Linear):
+        tensors = [linear.values, linear.scales]
+    else:
+        tensors = [linear.weight]
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+def engine_linears(runner: TransformersRunner) -> list[AnyLinear]:
     """The weight matmuls as the engine runs them: fused q/k/v and gate/up, prepacked where it can."""
     return [lin for layer in runner.layers for lin in runner.layer_linears(layer)] + [runner.lm_head]
 
 
 @torch.inference_mode()
-def matmul_step_seconds(linears: Sequence[Linear], batch: int, steps: int, repeats: int) -> float:
+def matmul_step_seconds(linears: Sequence[AnyLinear], batch: int, steps: int, repeats: int) -> float:
     """Time of one decode step's weight matmuls alone at this batch size (inputs shaped like the real ones).
 
     With the model's own weights as plain `Linear`s (`F.linear`), this is the ceiling."""
-    inputs = {lin.weight.shape[1]: torch.randn(batch, lin.weight.shape[1], dtype=lin.weight.dtype) for lin in linears}
+    inputs = {lin.in_features: torch.randn(batch, lin.in_features).to(input_dtype(lin)) for lin in linears}
 
     def run() -> None:
         for _ in range(steps):
             for lin in linears:
-                lin(inputs[lin.weight.shape[1]])
+                lin(inputs[lin.in_features])
 
     return _best(run, repeats) / steps
 
@@ -135,6 +156,7 @@ def engine_seconds(
         EngineConfig(seats=batch, kv_cache_tokens=batch * (longest + 16), max_model_len=longest + 16),
         loaded.eos_token_ids,
         loaded.max_model_len,
+        dtype=runner.dtype,
     )
     params = SamplingParams(max_tokens=steps + 1, temperature=0.0, ignore_eos=True)
     prefill_times, decode_times = [], []
@@ -173,8 +195,9 @@ def run(config: BenchConfig, loaded: LoadedModel) -> dict[str, object]:
     model = loaded.model
     weights = weight_matmuls(model)
     ceiling = [Linear(w, None) for w in weights]  # F.linear on the model's own weights
-    runner = TransformersRunner(model)
-    weight_bytes = sum(w.numel() * w.element_size() for w in weights)
+    runner = TransformersRunner(model, quantized=loaded.quantized, fused_ops=config.fused_ops)
+    print(f"element-wise ops: {'fused kernels' if runner.ops.native else 'torch'}", flush=True)
+    weight_bytes = sum(map(linear_bytes, engine_linears(runner)))  # what the engine's matmuls read per step
     vocab = int(model.config.vocab_size)
     rows = []
     for batch in config.batch_sizes:
@@ -276,13 +299,21 @@ def main() -> None:
     parser.add_argument("--decode-steps", type=int, default=32)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--out", type=Path, default=None, help="write the result as JSON here")
+    parser.add_argument(
+        "--fused", default="on", choices=("on", "off"), help="the fused element-wise kernels, or their torch fallbacks"
+    )
+    parser.add_argument("--dtype", default="float32", choices=DTYPES, help="as `serve --dtype`")
+    parser.add_argument("--quantization", default="none", choices=QUANTIZATIONS, help="as `serve --quantization`")
     args = parser.parse_args()
     config = BenchConfig(
         batch_sizes=tuple(int(b) for b in args.batch_sizes.split(",")),
         decode_steps=args.decode_steps,
         repeats=args.repeats,
+        fused_ops=args.fused == "on",
     )
-    result = run(config, load_model(args.model))
+    loaded = load_model(args.model, dtype=args.dtype, quantization=args.quantization)
+    print(f"weights: {loaded.weight_format.label}", flush=True)
+    result = run(config, loaded)
     targets: dict[str, dict[str, Any]] = result["targets"]  # type: ignore[assignment]
     for name, target in targets.items():
         print(

@@ -125,8 +125,11 @@ def _decode(
     key_scratch, value_scratch = scratch if scratch is not None else (None, None)
     keys, values = _gather(key_cache, prepared, key_scratch), _gather(value_cache, prepared, value_scratch)
     grouped = query.view(rows, kv_heads, group, dim).transpose(0, 1).reshape(kv_heads * rows, group, dim)
-    scores = torch.baddbmm(prepared.mask_bias, grouped, keys.transpose(1, 2), alpha=scale)  # [kv*rows, group, ctx]
-    attended = torch.bmm(torch.softmax(scores, dim=-1), values)  # [kv_heads * rows, group, dim]
+    bias = prepared.mask_bias.to(grouped.dtype)  # float32 as prepared; a bfloat16 cache needs it cast
+    scores = torch.baddbmm(bias, grouped, keys.transpose(1, 2), alpha=scale)  # [kv*rows, group, ctx]
+    # Softmax in float32 whatever the cache's dtype, as transformers' attention does.
+    weights = torch.softmax(scores, dim=-1, dtype=torch.float32).to(values.dtype)
+    attended = torch.bmm(weights, values)  # [kv_heads * rows, group, dim]
     return attended.view(kv_heads, rows, group, dim).transpose(0, 1).reshape(rows, heads, dim)
 
 

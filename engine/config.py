@@ -36,3 +36,25 @@ class EngineConfig:
     @property
     def num_blocks(self) -> int:
         return self.kv_cache_tokens // self.block_size
+
+
+DTYPES = ("auto", "float32", "bfloat16")
+QUANTIZATIONS = ("auto", "none", "int8", "int4")
+
+
+@dataclass(frozen=True)
+class LoadConfig:
+    """How the weights are held and computed, named as vLLM's `--dtype` and `--quantization`.
+
+    `dtype` is the activations' and KV cache's type (and dense weights'); `quantization` holds the projection
+    weights as weight-only int8 or int4. `auto` resolves at load (engine/weight_format.py) from the file and the
+    CPU: `float32`/`none` is exact (greedy parity with transformers' generate())."""
+
+    dtype: str = "float32"
+    quantization: str = "none"
+
+    def __post_init__(self) -> None:
+        if self.dtype not in DTYPES:
+            raise ValueError(f"dtype must be one of {', '.join(DTYPES)}; got {self.dtype!r}")
+        if self.quantization not in QUANTIZATIONS:
+            raise ValueError(f"quantization must be one of {', '.join(QUANTIZATIONS)}; got {self.quantization!r}")

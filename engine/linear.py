@@ -1,10 +1,12 @@
-"""Weight matmuls through oneDNN with weights reordered once at load, falling back to `F.linear`.
+"""Weight matmuls: dense through oneDNN with weights reordered once at load (falling back to `F.linear`), and
+weight-only int4 and int8 through torch's packed CPU kernels.
 
 On the CPU, `F.linear` goes to MKL's sgemm, which on AMD processors takes a generic code path: the same
 decode step's projections ran 2x faster (batch 1 to 64) and 1.3x faster (prefill) through oneDNN with the
 weight reordered into its blocked layout ahead of time (the op torch's inductor emits for frozen CPU linears
 with dynamic batch sizes). The reordered copy is extra memory (one more copy of the projection weights), so
-it is optional.
+it is optional. bfloat16 weights are reordered the same way. The quantised kernels and the measurements that chose
+between them are in docs/quantization.md.
 """
 
 from __future__ import annotations
@@ -14,12 +16,14 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from engine.quantization import Int4Weight, Int8Weight, QuantizedWeight
+
 
 def onednn_available(device: torch.device, dtype: torch.dtype) -> bool:
     ops = getattr(torch.ops, "mkldnn", None)
     return (
         device.type == "cpu"
-        and dtype == torch.float32
+        and dtype in (torch.float32, torch.bfloat16)
         and torch.backends.mkldnn.is_available()
         and ops is not None
         and hasattr(ops, "_reorder_linear_weight")
@@ -41,7 +45,84 @@ class Linear:
             return cls(weight, bias)
         return cls(weight, bias, torch.ops.mkldnn._reorder_linear_weight(weight.detach()))
 
+    @property
+    def in_features(self) -> int:
+        return int(self.weight.shape[1])
+
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if self.packed is None:
             return F.linear(x, self.weight, self.bias)
         return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
+
+
+def _device_dtype_ok(device: torch.device, dtype: torch.dtype) -> bool:
+    return device.type == "cpu" and dtype in (torch.float32, torch.bfloat16)
+
+
+@dataclass(frozen=True)
+class Int4Linear:
+    """y = x dequant(W)^T + b with W 4-bit in torch's CPU packed layout, groups of `group_size` inputs.
+
+    torch reads each group as (q - 8) * scale + zero; with float32 activations the scales stay float32, so GGUF
+    Q4_1 blocks (w = d * q + m) are used exactly as stored (engine/quantization.py)."""
+
+    packed: torch.Tensor  # [out, in / 2] uint8, torch's layout
+    scales_and_zeros: torch.Tensor  # [in / group_size, out, 2] in the activations' dtype
+    group_size: int
+    bias: torch.Tensor | None
+    in_features: int
+
+    @classmethod
+    def build(cls, weight: Int4Weight, bias: torch.Tensor | None, dtype: torch.dtype) -> Int4Linear:
+        packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(weight.values.to(torch.int32), 1)
+        scales_and_zeros = torch.stack((weight.scales.t(), weight.zeros.t()), dim=-1).to(dtype).contiguous()
+        return cls(packed, scales_and_zeros, weight.group_size, bias, int(weight.values.shape[1]))
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        x = x.contiguous()  # the int4 kernel refuses strided inputs (the runner passes slices of fused outputs)
+        y = torch.ops.aten._weight_int4pack_mm_for_cpu(x, self.packed, self.group_size, self.scales_and_zeros)
+        return y if self.bias is None else y + self.bias
+
+
+@dataclass(frozen=True)
+class Int8Linear:
+    """y = x (q * scale)^T + b with int8 weights and one scale per output row (`_weight_int8pack_mm`)."""
+
+    values: torch.Tensor  # [out, in] int8
+    scales: torch.Tensor  # [out] in the activations' dtype
+    bias: torch.Tensor | None
+
+    @classmethod
+    def build(cls, weight: Int8Weight, bias: torch.Tensor | None, dtype: torch.dtype) -> Int8Linear:
+        return cls(weight.values.contiguous(), weight.scales.to(dtype), bias)
+
+    @property
+    def in_features(self) -> int:
+        return int(self.values.shape[1])
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        y = torch.ops.aten._weight_int8pack_mm(x, self.values, self.scales)
+        return y if self.bias is None else y + self.bias
+
+
+AnyLinear = Linear | Int4Linear | Int8Linear
+
+
+def quantized_kernels_available(device: torch.device, dtype: torch.dtype) -> bool:
+    """torch's weight-only int4/int8 CPU kernels for activations of this dtype."""
+    return (
+        _device_dtype_ok(device, dtype)
+        and hasattr(torch.ops.aten, "_weight_int4pack_mm_for_cpu")
+        and hasattr(torch.ops.aten, "_weight_int8pack_mm")
+    )
+
+
+def build_linear(
+    weight: torch.Tensor | QuantizedWeight, bias: torch.Tensor | None, dtype: torch.dtype, prepack: bool
+) -> AnyLinear:
+    """The matmul for a dense weight (in `dtype`, oneDNN-prepacked if asked and possible) or a quantised one."""
+    if isinstance(weight, Int4Weight):
+        return Int4Linear.build(weight, bias, dtype)
+    if isinstance(weight, Int8Weight):
+        return Int8Linear.build(weight, bias, dtype)
+    return Linear.build(weight, bias, prepack)

@@ -10,6 +10,7 @@ On the CPU the projections run through oneDNN on reordered weight copies (see en
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -19,10 +20,12 @@ from torch import nn
 
 from engine.attention import PreparedGroup, paged_attention, prepare
 from engine.forward_batch import ForwardBatch
+from engine.fused import ElementwiseOps, RotaryTables
 from engine.kv_cache import KVCacheShape, PagedKVCache
-from engine.linear import Linear
-from engine.native import load_decode_kernel, load_score_kernel
+from engine.linear import AnyLinear, build_linear
+from engine.native import load_decode_kernel, load_fused_ops, load_score_kernel
 from engine.prompt_scoring import DEFAULT_SLICE, PromptScores, score_positions
+from engine.quantization import QuantizedWeight, concat_rows
 
 
 @dataclass(frozen=True)
@@ -49,11 +52,11 @@ class UnsupportedModelError(ValueError):
 @dataclass(frozen=True)
 class _Layer:
     input_norm: torch.Tensor
-    qkv_proj: Linear
-    o_proj: Linear
+    qkv_proj: AnyLinear
+    o_proj: AnyLinear
     post_norm: torch.Tensor
-    gate_up_proj: Linear
-    down_proj: Linear
+    gate_up_proj: AnyLinear
+    down_proj: AnyLinear
 
 
 def _fuse(linears: list[nn.Linear]) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -80,11 +83,17 @@ class TransformersRunner:
         prepack_weights: bool = True,
         native_attention: bool = True,
         score_slice: int = DEFAULT_SLICE,
+        fused_ops: bool = True,
+        quantized: Mapping[str, QuantizedWeight] | None = None,
     ) -> None:
         """`prepack_weights`: run the projections through oneDNN on reordered weight copies (CPU, float32).
         `native_attention`: decode attention and prompt scoring through the compiled CPU kernels where they build
         (engine/native.py).
         `score_slice`: prompt positions per LM-head call when scoring prompts (bounds the logits' memory).
+        `fused_ops`: with `native_attention`, also the compiled element-wise kernels (engine/fused.py): residual
+        add + RMSNorm, SiLU * up, RoPE + cache write.
+        `quantized`: int4/int8 weights replacing the dense ones, keyed by module name (`lm_head`,
+        `model.layers.N.self_attn.q_proj`, ...; engine/loader.py); the model's dense weights stay the reference.
         """
         config = model.config
         inner = getattr(model, "model", None)
@@ -105,22 +114,28 @@ class TransformersRunner:
         self.final_norm = inner.norm.weight
         self.prepack_weights = prepack_weights
         self.score_slice = score_slice
-        self.lm_head = self._linear(model.lm_head)
-        self.layers = [self._prepare_layer(layer) for layer in inner.layers]
+        self.quantized = dict(quantized or {})
+        self.lm_head = self._linear(model.lm_head, "lm_head")
+        self.layers = [self._prepare_layer(layer, f"model.layers.{i}") for i, layer in enumerate(inner.layers)]
         attention = inner.layers[0].self_attn
         self.scale = float(getattr(attention, "scaling", self.head_dim**-0.5))
         self.act = inner.layers[0].mlp.act_fn
         self._scratch: tuple[torch.Tensor, torch.Tensor] | None = None
-        use_kernel = native_attention and self.device.type == "cpu" and self.dtype == torch.float32
+        use_kernel = native_attention and self.device.type == "cpu" and self.dtype in (torch.float32, torch.bfloat16)
         self.decode_kernel = load_decode_kernel() if use_kernel else None
         self.score_kernel = load_score_kernel() if use_kernel else None
-        half = self.head_dim // 2  # the halves of each head that RoPE's rotate_half exchanges
-        self._rope_swap = torch.cat((torch.arange(half, self.head_dim), torch.arange(half))).to(self.device)
+        self.ops = ElementwiseOps(native=use_kernel and fused_ops and load_fused_ops())
 
-    def _linear(self, module: nn.Linear) -> Linear:
-        return Linear.build(module.weight.data, None if module.bias is None else module.bias.data, self.prepack_weights)
+    def _linear(self, module: nn.Linear, name: str) -> AnyLinear:
+        return self._build(module.weight.data, None if module.bias is None else module.bias.data, [name])
 
-    def _prepare_layer(self, layer: Any) -> _Layer:
+    def _build(self, weight: torch.Tensor, bias: torch.Tensor | None, names: list[str]) -> AnyLinear:
+        """The matmul for the (fused) modules `names`: their quantised weights if all have one, else dense."""
+        if self.quantized and all(name in self.quantized for name in names):
+            return build_linear(concat_rows([self.quantized[name] for name in names]), bias, self.dtype, False)
+        return build_linear(weight, bias, self.dtype, self.prepack_weights)
+
+    def _prepare_layer(self, layer: Any, prefix: str) -> _Layer:
         attn, mlp = layer.self_attn, layer.mlp
         for name in ("q_proj", "k_proj", "v_proj", "o_proj"):
             if not isinstance(getattr(attn, name, None), nn.Linear):
@@ -132,15 +147,15 @@ class TransformersRunner:
         gate_up_weight, gate_up_bias = _fuse([mlp.gate_proj, mlp.up_proj])
         return _Layer(
             input_norm=layer.input_layernorm.weight,
-            qkv_proj=Linear.build(qkv_weight, qkv_bias, self.prepack_weights),
-            o_proj=self._linear(attn.o_proj),
+            qkv_proj=self._build(qkv_weight, qkv_bias, [f"{prefix}.self_attn.{n}_proj" for n in "qkv"]),
+            o_proj=self._linear(attn.o_proj, f"{prefix}.self_attn.o_proj"),
             post_norm=layer.post_attention_layernorm.weight,
-            gate_up_proj=Linear.build(gate_up_weight, gate_up_bias, self.prepack_weights),
-            down_proj=self._linear(mlp.down_proj),
+            gate_up_proj=self._build(gate_up_weight, gate_up_bias, [f"{prefix}.mlp.{n}_proj" for n in ("gate", "up")]),
+            down_proj=self._linear(mlp.down_proj, f"{prefix}.mlp.down_proj"),
         )
 
     @staticmethod
-    def layer_linears(layer: _Layer) -> tuple[Linear, ...]:
+    def layer_linears(layer: _Layer) -> tuple[AnyLinear, ...]:
         """The weight matmuls of one layer, in the order a step runs them."""
         return (layer.qkv_proj, layer.o_proj, layer.gate_up_proj, layer.down_proj)
 
@@ -174,31 +189,23 @@ class TransformersRunner:
         tokens = batch.num_tokens
         x = self.embed(batch.input_ids)  # [tokens, hidden]
         cos, sin = self.rotary(x, batch.positions[None])  # each [1, tokens, head_dim]
-        half = dim // 2
-        cos = cos[0, :, None, :]  # [tokens, 1, head_dim]
-        # rotate_half(x) * sin == x[..., swapped halves] * (sin with its first half negated): one gather, no cat.
-        sin = torch.cat((-sin[0, :, None, :half], sin[0, :, None, half:]), dim=-1)
+        rotary = RotaryTables.build(cos[0], sin[0])
         block_size = cache.shape.block_size
         native = self.decode_kernel is not None
         groups = prepare(batch.groups, kv_heads, cache.shape.num_blocks, block_size, native)  # shared by every layer
         scratch = self._gather_scratch(groups, cache)
-        qk_width = (heads + kv_heads) * dim
+        ops = self.ops
+        mlp_out: torch.Tensor | None = None  # the previous layer's MLP output, added to x by the next norm
         for index, layer in enumerate(self.layers):
-            h = self._rms_norm(x, layer.input_norm)
+            h = ops.add_rms_norm(x, mlp_out, layer.input_norm, self.eps)  # x (the residual) is updated in place
             qkv = layer.qkv_proj(h)  # [tokens, (heads + 2 kv_heads) * dim]
-            qk = qkv[:, :qk_width].view(tokens, heads + kv_heads, dim)
-            qk = qk * cos + qk.index_select(-1, self._rope_swap) * sin  # separate mul and add, as HF rounds them
-            query, key = qk[:, :heads], qk[:, heads:]
-            value = qkv[:, qk_width:].view(tokens, kv_heads, dim)
             key_cache, value_cache = cache.layer(index)
-            key_cache.index_copy_(1, batch.slot_mapping, key.transpose(0, 1))
-            value_cache.index_copy_(1, batch.slot_mapping, value.transpose(0, 1))
+            query = ops.rope_write_cache(qkv, rotary, key_cache, value_cache, batch.slot_mapping, heads, kv_heads)
             attended = paged_attention(query, key_cache, value_cache, groups, self.scale, scratch, self.decode_kernel)
-            x = x + layer.o_proj(attended.reshape(tokens, heads * dim))
-            h = self._rms_norm(x, layer.post_norm)
-            gate_up = layer.gate_up_proj(h)
-            gate, up = gate_up.chunk(2, dim=-1)
-            x = x + layer.down_proj(self.act(gate) * up)
+            h = ops.add_rms_norm(x, layer.o_proj(attended.reshape(tokens, heads * dim)), layer.post_norm, self.eps)
+            mlp_out = layer.down_proj(ops.gated_activation(layer.gate_up_proj(h), self.act))
+        if mlp_out is not None:
+            x.add_(mlp_out)
         logits = self._logits(x[batch.sample_index])
         scoring = batch.scoring
         if scoring is None:

@@ -4,8 +4,8 @@ torch's extension builder compiles the source once per machine (about 10 s, need
 cache (`$TORCH_EXTENSIONS_DIR`, default ~/.cache/torch_extensions); later processes only load the library.
 The build targets this CPU's instruction set, so the extension's name carries a hash of the CPU, the source
 and the torch version: a cache shared across machines never loads code built for another processor. Where
-no compiler is present the build fails with a warning and the engine runs its pure-torch attention and prompt
-scoring. Both kernels live in one extension, so one build serves both.
+no compiler is present the build fails with a warning and the engine runs its pure-torch attention, prompt
+scoring and element-wise ops (engine/fused.py). All kernels live in one extension, so one build serves all.
 """
 
 from __future__ import annotations
@@ -21,7 +21,9 @@ import torch
 
 logger = logging.getLogger(__name__)
 
-_SOURCES = tuple(Path(__file__).parent / "csrc" / name for name in ("paged_decode_attention.cpp", "prompt_scores.cpp"))
+_CSRC = Path(__file__).parent / "csrc"
+_SOURCES = tuple(_CSRC / name for name in ("paged_decode_attention.cpp", "prompt_scores.cpp", "fused_ops.cpp"))
+_HEADERS = (_CSRC / "scalar.h",)  # not compiled on their own, but a change must rebuild
 _STALE_LOCK_S = 300.0  # a build takes ~10 s; a lock this old was left by a build that was killed
 
 DecodeKernel = Callable[
@@ -48,7 +50,8 @@ def _cpu_signature() -> str:
 
 
 def _extension_name() -> str:
-    key = "\n".join([*(source.read_text() for source in _SOURCES), _cpu_signature(), torch.__version__])
+    texts = (source.read_text() for source in (*_SOURCES, *_HEADERS))
+    key = "\n".join([*texts, _cpu_signature(), torch.__version__])
     return f"batchserve_kernels_{hashlib.sha256(key.encode()).hexdigest()[:12]}"
 
 
@@ -66,6 +69,19 @@ def load_score_kernel() -> ScoreKernel | None:
         return None
     try:
         return torch.ops.batchserve.prompt_scores  # type: ignore[no-any-return]
+    except (AttributeError, RuntimeError):
+        return None
+
+
+def load_fused_ops() -> bool:
+    """Whether the fused element-wise ops (engine/fused.py) are registered, building the extension if needed."""
+    return load_decode_kernel() is not None and registered_op("add_rms_norm") is not None
+
+
+def registered_op(name: str) -> Callable[..., object] | None:
+    """`torch.ops.batchserve.<name>` if the extension is loaded in this process (it is never built here)."""
+    try:
+        return getattr(torch.ops.batchserve, name)  # type: ignore[no-any-return]
     except (AttributeError, RuntimeError):
         return None
 

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
+from engine.fused import argmax_rows, token_logprobs
 from engine.logits_processors import LogitsEdits
 from engine.sampling_params import MIN_SAMPLING_TEMPERATURE
 
@@ -67,7 +68,7 @@ class SampleResult:
 def sample(logits: torch.Tensor, params: RowSampling, edits: LogitsEdits | None = None) -> SampleResult:
     """logits: [rows, vocab] float32 from the model; `edits` (bias, masks, penalties) are applied here."""
     processed = logits if edits is None else edits.apply(logits)
-    greedy_tokens = processed.argmax(dim=-1)
+    greedy_tokens = argmax_rows(processed)  # one pass over the vocabulary where the kernel is built
     random_rows = params.temperature >= MIN_SAMPLING_TEMPERATURE
     tokens = greedy_tokens
     if bool(random_rows.any()):
@@ -78,11 +79,7 @@ def sample(logits: torch.Tensor, params: RowSampling, edits: LogitsEdits | None 
         return SampleResult(tokens, None, None, None)
     # The model's own distribution, before edits, temperature and filters: vLLM's default logprobs_mode
     # ("raw_logprobs"). A token a filter or penalty made unlikely still reports what the model thought of it.
-    logprobs = torch.log_softmax(logits, dim=-1)
-    chosen_logprobs = logprobs.gather(1, tokens[:, None])[:, 0]
-    top_ids = top_logprobs = None
-    if params.num_logprobs > 0:
-        top_logprobs, top_ids = logprobs.topk(min(params.num_logprobs, logprobs.shape[-1]), dim=-1)
+    chosen_logprobs, top_ids, top_logprobs = token_logprobs(logits, tokens, params.num_logprobs)
     return SampleResult(tokens, chosen_logprobs, top_ids, top_logprobs)
 
 

@@ -3,7 +3,9 @@
 // The torch fallback gathers every row's blocks into a contiguous buffer and then runs batched matmuls over
 // tiny (group x head_dim) x (head_dim x context) problems; on the CPU both the copy and the per-matrix
 // overhead cost more than the arithmetic. Here each (row, kv_head) pair reads its keys and values once, in
-// place, through the block table, and the pairs run in parallel.
+// place, through the block table, and the pairs run in parallel. Query and cache are each float32 or bfloat16;
+// a bfloat16 cache halves the bytes read, and all arithmetic is float32 (the output is rounded to the query's
+// dtype once, at the end).
 
 #include <ATen/Parallel.h>
 #include <torch/library.h>
@@ -14,24 +16,81 @@
 #include <limits>
 #include <vector>
 
+#include "scalar.h"
+
 namespace {
+
+using batchserve::narrow;
+using batchserve::widen;
 
 constexpr int64_t kLanes = 16;  // independent partial sums, so the compiler can keep them in vector lanes
 
-inline float dot(const float* a, const float* b, int64_t n) {
+template <typename C>
+inline float dot(const float* a, const C* b, int64_t n) {
   float partial[kLanes] = {0};
   int64_t i = 0;
   for (; i + kLanes <= n; i += kLanes) {
-    for (int64_t l = 0; l < kLanes; ++l) partial[l] += a[i + l] * b[i + l];
+    for (int64_t l = 0; l < kLanes; ++l) partial[l] += a[i + l] * widen(b[i + l]);
   }
   float sum = 0;
   for (int64_t l = 0; l < kLanes; ++l) sum += partial[l];
-  for (; i < n; ++i) sum += a[i] * b[i];
+  for (; i < n; ++i) sum += a[i] * widen(b[i]);
   return sum;
 }
 
-inline void axpy(float weight, const float* x, float* out, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) out[i] += weight * x[i];
+template <typename C>
+inline void axpy(float weight, const C* x, float* out, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) out[i] += weight * widen(x[i]);
+}
+
+// Q: the query's (and output's) element type; C: the cache's.
+template <typename Q, typename C>
+void decode_pairs(const Q* q_ptr, const C* k_ptr, const C* v_ptr, Q* out_ptr, const int64_t* table_ptr,
+                  const int64_t* lens_ptr, int64_t rows, int64_t heads, int64_t kv_heads, int64_t dim, int64_t slots,
+                  int64_t max_blocks, int64_t block_size, float scale) {
+  const int64_t group = heads / kv_heads;
+  at::parallel_for(0, rows * kv_heads, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> scores, query(group * dim), acc(group * dim);
+    for (int64_t pair = begin; pair < end; ++pair) {
+      const int64_t r = pair / kv_heads, h = pair % kv_heads;
+      const int64_t context = lens_ptr[r];
+      const int64_t* blocks = table_ptr + r * max_blocks;
+      const C* keys = k_ptr + h * slots * dim;
+      const C* values = v_ptr + h * slots * dim;
+      const int64_t first = (r * heads + h * group) * dim;  // this pair's query heads are adjacent
+      for (int64_t i = 0; i < group * dim; ++i) query[i] = widen(q_ptr[first + i]);
+      std::fill(acc.begin(), acc.end(), 0.0f);
+      scores.assign(group * context, 0.0f);
+      for (int64_t t = 0; t < context; ++t) {
+        const int64_t slot = blocks[t / block_size] * block_size + t % block_size;
+        const C* key = keys + slot * dim;
+        for (int64_t g = 0; g < group; ++g) {
+          scores[g * context + t] = dot(query.data() + g * dim, key, dim) * scale;
+        }
+      }
+      for (int64_t g = 0; g < group; ++g) {
+        float* s = scores.data() + g * context;
+        const float top = *std::max_element(s, s + context);
+        float total = 0;
+        for (int64_t t = 0; t < context; ++t) {
+          s[t] = std::exp(s[t] - top);
+          total += s[t];
+        }
+        const float inverse = 1.0f / total;
+        for (int64_t t = 0; t < context; ++t) s[t] *= inverse;
+      }
+      for (int64_t t = 0; t < context; ++t) {
+        const int64_t slot = blocks[t / block_size] * block_size + t % block_size;
+        const C* value = values + slot * dim;
+        for (int64_t g = 0; g < group; ++g) axpy(scores[g * context + t], value, acc.data() + g * dim, dim);
+      }
+      for (int64_t i = 0; i < group * dim; ++i) out_ptr[first + i] = narrow<Q>(acc[i]);
+    }
+  });
+}
+
+bool float_or_bf16(const torch::Tensor& t) {
+  return t.scalar_type() == torch::kFloat || t.scalar_type() == torch::kBFloat16;
 }
 
 torch::Tensor paged_decode_attention(
@@ -42,9 +101,10 @@ torch::Tensor paged_decode_attention(
     const torch::Tensor& context_lens,  // [rows] int64: keys each row attends to, its new token included
     int64_t block_size,
     double scale) {
-  TORCH_CHECK(query.device().is_cpu() && query.scalar_type() == torch::kFloat, "query must be float32 on the CPU");
-  TORCH_CHECK(key_cache.scalar_type() == torch::kFloat && value_cache.scalar_type() == torch::kFloat,
-              "the cache must be float32");
+  TORCH_CHECK(query.device().is_cpu() && float_or_bf16(query), "query must be float32 or bfloat16 on the CPU");
+  TORCH_CHECK(key_cache.device().is_cpu() && float_or_bf16(key_cache) &&
+                  value_cache.scalar_type() == key_cache.scalar_type(),
+              "the cache must be float32 or bfloat16 on the CPU");
   TORCH_CHECK(block_table.scalar_type() == torch::kLong && context_lens.scalar_type() == torch::kLong,
               "block_table and context_lens must be int64");
   TORCH_CHECK(block_size >= 1, "block_size must be positive");
@@ -61,7 +121,7 @@ torch::Tensor paged_decode_attention(
   TORCH_CHECK(kv_heads >= 1 && k.size(2) == dim && heads % kv_heads == 0, "head sizes do not match");
   TORCH_CHECK(slots % block_size == 0, "the cache must hold whole blocks");
   TORCH_CHECK(table.size(0) == rows && lens.size(0) == rows, "one block table row and length per query row");
-  const int64_t group = heads / kv_heads, max_blocks = table.size(1);
+  const int64_t max_blocks = table.size(1);
   const int64_t* lens_ptr = lens.data_ptr<int64_t>();
   const int64_t* table_ptr = table.data_ptr<int64_t>();
   const int64_t num_blocks = slots / block_size;
@@ -74,49 +134,22 @@ torch::Tensor paged_decode_attention(
     }
   }
 
-  auto out = torch::zeros_like(q);
-  const float* q_ptr = q.data_ptr<float>();
-  const float* k_ptr = k.data_ptr<float>();
-  const float* v_ptr = v.data_ptr<float>();
-  float* out_ptr = out.data_ptr<float>();
+  auto out = torch::empty_like(q);
   const float scale_f = static_cast<float>(scale);
-
-  at::parallel_for(0, rows * kv_heads, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> scores;
-    for (int64_t pair = begin; pair < end; ++pair) {
-      const int64_t r = pair / kv_heads, h = pair % kv_heads;
-      const int64_t context = lens_ptr[r];
-      const int64_t* blocks = table_ptr + r * max_blocks;
-      const float* keys = k_ptr + h * slots * dim;
-      const float* values = v_ptr + h * slots * dim;
-      scores.assign(group * context, 0.0f);
-      for (int64_t t = 0; t < context; ++t) {
-        const int64_t slot = blocks[t / block_size] * block_size + t % block_size;
-        const float* key = keys + slot * dim;
-        for (int64_t g = 0; g < group; ++g) {
-          scores[g * context + t] = dot(q_ptr + (r * heads + h * group + g) * dim, key, dim) * scale_f;
-        }
-      }
-      for (int64_t g = 0; g < group; ++g) {
-        float* s = scores.data() + g * context;
-        const float top = *std::max_element(s, s + context);
-        float total = 0;
-        for (int64_t t = 0; t < context; ++t) {
-          s[t] = std::exp(s[t] - top);
-          total += s[t];
-        }
-        const float inverse = 1.0f / total;
-        for (int64_t t = 0; t < context; ++t) s[t] *= inverse;
-      }
-      for (int64_t t = 0; t < context; ++t) {
-        const int64_t slot = blocks[t / block_size] * block_size + t % block_size;
-        const float* value = values + slot * dim;
-        for (int64_t g = 0; g < group; ++g) {
-          axpy(scores[g * context + t], value, out_ptr + (r * heads + h * group + g) * dim, dim);
-        }
-      }
-    }
-  });
+  const bool q_bf16 = q.scalar_type() == torch::kBFloat16, c_bf16 = k.scalar_type() == torch::kBFloat16;
+#define BATCHSERVE_DECODE(Q, C)                                                                                  \
+  decode_pairs<Q, C>(q.data_ptr<Q>(), k.data_ptr<C>(), v.data_ptr<C>(), out.data_ptr<Q>(), table_ptr, lens_ptr, \
+                     rows, heads, kv_heads, dim, slots, max_blocks, block_size, scale_f)
+  if (q_bf16 && c_bf16) {
+    BATCHSERVE_DECODE(c10::BFloat16, c10::BFloat16);
+  } else if (q_bf16) {
+    BATCHSERVE_DECODE(c10::BFloat16, float);
+  } else if (c_bf16) {
+    BATCHSERVE_DECODE(float, c10::BFloat16);
+  } else {
+    BATCHSERVE_DECODE(float, float);
+  }
+#undef BATCHSERVE_DECODE
   return out;
 }
 

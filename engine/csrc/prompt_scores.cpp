@@ -82,8 +82,10 @@ void score_row(const float* x, int64_t vocab, int64_t target, int64_t k, float* 
     for (int64_t i = start; i < stop; ++i) block += exp_nonpositive(x[i] - row_max);
     total += block;
   }
-  const float log_partition = row_max + static_cast<float>(std::log(total));
-  *logprob = chosen - log_partition;
+  // Shift by the maximum first: next to logits near float32's maximum, row_max + log(total) would round log(total)
+  // away.
+  const float log_total = static_cast<float>(std::log(total));
+  *logprob = (chosen - row_max) - log_total;
   *rank = higher + 1;
   if (k == 0) return;
 
@@ -102,7 +104,7 @@ void score_row(const float* x, int64_t vocab, int64_t target, int64_t k, float* 
     }
     for (int64_t i = start; i < stop; ++i) offer(x[i], i, top_values, top_ids, k);
   }
-  for (int64_t j = 0; j < k; ++j) top_values[j] -= log_partition;
+  for (int64_t j = 0; j < k; ++j) top_values[j] = (top_values[j] - row_max) - log_total;
 }
 
 std::tuple<torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor> prompt_scores(

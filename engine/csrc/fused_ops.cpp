@@ -1,0 +1,293 @@
+// The element-wise work of a decoder layer, fused: one pass over each row instead of one torch op (and one
+// allocation) per step of the formula. At batch 1 a step's element-wise ops cost more in dispatch than in
+// arithmetic; at large batches each fused op also reads its rows once instead of several times.
+//
+// Numerics follow transformers' Llama modules in the tensor's own dtype: every place where the torch code rounds
+// to bfloat16, these kernels round too (`round_as`), and float32 is computed in the same order as torch, with no
+// fused multiply-adds (the pragma below: GCC contracts a * b + c in C++ by default, which rounds once where torch
+// rounds twice). So in float32 the residual add, RoPE, the cache write and SiLU(gate) * up give torch's bits;
+// RMSNorm's sum of squares is taken in double and may differ from torch's float sum in the last bit.
+//
+//   add_rms_norm:  residual += delta (in place), then RMSNorm(residual) * weight
+//   silu_mul:      [rows, 2 n] gate|up -> [rows, n] SiLU(gate) * up
+//   rope_write_cache: RoPE on q and k of a fused qkv projection, k and v written to their paged cache slots
+//   argmax_rows:   greedy sampling's argmax, one pass over each row
+
+#if defined(__clang__)
+#pragma clang fp contract(off)
+#elif defined(__GNUC__)
+#pragma GCC optimize("fp-contract=off")
+#endif
+
+#include <ATen/Parallel.h>
+#include <torch/library.h>
+#include <torch/types.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <optional>
+
+#if defined(__AVX512F__)
+#include <immintrin.h>
+// torch's vectorised exp on AVX-512 CPUs (libtorch_cpu exports it): calling the same routine makes this SiLU
+// give the bits of torch's own.
+extern "C" __m512 Sleef_expf16_u10(__m512);
+#endif
+
+#include "scalar.h"
+
+namespace {
+
+using batchserve::narrow;
+using batchserve::round_as;
+using batchserve::widen;
+
+bool float_or_bf16(const torch::Tensor& t) {
+  return t.scalar_type() == torch::kFloat || t.scalar_type() == torch::kBFloat16;
+}
+
+// Rows per task so that a task has at least ~16k elements: smaller batches run on the calling thread.
+int64_t grain(int64_t row_elements) { return std::max<int64_t>(1, 16384 / std::max<int64_t>(1, row_elements)); }
+
+// ---------------------------------------------------------------------------------------------------------------
+// Residual add + RMSNorm. transformers' LlamaRMSNorm: x.float(); x * rsqrt(mean(x^2) + eps); .to(dtype); w * x.
+
+template <typename T>
+void add_rms_norm_rows(T* residual, const T* delta, const T* weight, T* out, int64_t rows, int64_t n, float eps) {
+  at::parallel_for(0, rows, grain(n), [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      T* x = residual + r * n;
+      if (delta != nullptr) {
+        const T* d = delta + r * n;
+        for (int64_t i = 0; i < n; ++i) x[i] = narrow<T>(widen(x[i]) + widen(d[i]));
+      }
+      double squares = 0;  // each square rounded to float, as x.pow(2) does, then summed exactly enough
+#pragma omp simd reduction(+ : squares)
+      for (int64_t i = 0; i < n; ++i) {
+        const float v = widen(x[i]);
+        const float square = v * v;
+        squares += static_cast<double>(square);
+      }
+      const float variance = static_cast<float>(squares) / static_cast<float>(n);
+      const float inverse = 1.0f / std::sqrt(variance + eps);
+      T* o = out + r * n;
+      for (int64_t i = 0; i < n; ++i) o[i] = narrow<T>(widen(weight[i]) * round_as<T>(widen(x[i]) * inverse));
+    }
+  });
+}
+
+torch::Tensor add_rms_norm(torch::Tensor residual, const std::optional<torch::Tensor>& delta,
+                           const torch::Tensor& weight, double eps) {
+  TORCH_CHECK(residual.device().is_cpu() && float_or_bf16(residual) && residual.dim() == 2 &&
+                  residual.is_contiguous(),
+              "residual must be a contiguous [rows, hidden] float32 or bfloat16 CPU tensor");
+  const int64_t rows = residual.size(0), n = residual.size(1);
+  TORCH_CHECK(weight.scalar_type() == residual.scalar_type() && weight.dim() == 1 && weight.size(0) == n,
+              "weight must be [hidden] in the residual's dtype");
+  torch::Tensor d;
+  if (delta.has_value()) {
+    d = delta->contiguous();
+    TORCH_CHECK(d.scalar_type() == residual.scalar_type() && d.sizes() == residual.sizes(),
+                "delta must match the residual's shape and dtype");
+  }
+  const auto w = weight.contiguous();
+  auto out = torch::empty_like(residual);
+  if (residual.scalar_type() == torch::kFloat) {
+    add_rms_norm_rows<float>(residual.data_ptr<float>(), d.defined() ? d.data_ptr<float>() : nullptr,
+                             w.data_ptr<float>(), out.data_ptr<float>(), rows, n, static_cast<float>(eps));
+  } else {
+    using B = c10::BFloat16;
+    add_rms_norm_rows<B>(residual.data_ptr<B>(), d.defined() ? d.data_ptr<B>() : nullptr, w.data_ptr<B>(),
+                         out.data_ptr<B>(), rows, n, static_cast<float>(eps));
+  }
+  return out;
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// SiLU(gate) * up. torch computes SiLU as x / (1 + exp(-x)) with its vectorised exp over whole vector chunks
+// (32 float32 or 64 bfloat16 values per step) and std::exp on the rest of each row; this does the same.
+
+#if defined(__AVX512F__)
+inline void silu16(const float* x, float* out) {
+  const __m512 v = _mm512_loadu_ps(x);
+  const __m512 e = Sleef_expf16_u10(_mm512_sub_ps(_mm512_setzero_ps(), v));
+  _mm512_storeu_ps(out, _mm512_div_ps(v, _mm512_add_ps(_mm512_set1_ps(1.0f), e)));
+}
+#endif
+
+template <typename T>
+void silu_mul_rows(const T* gate_up, T* out, int64_t rows, int64_t n) {
+  constexpr int64_t kChunk = sizeof(T) == 4 ? 32 : 64;  // torch's vectorised loop step for this dtype
+  at::parallel_for(0, rows, grain(2 * n), [&](int64_t begin, int64_t end) {
+    float gate[16], silu[16];
+    for (int64_t r = begin; r < end; ++r) {
+      const T* g = gate_up + r * 2 * n;
+      const T* u = g + n;
+      T* o = out + r * n;
+      int64_t i = 0;
+#if defined(__AVX512F__)
+      for (const int64_t vectorised = n / kChunk * kChunk; i < vectorised; i += 16) {
+        for (int64_t l = 0; l < 16; ++l) gate[l] = widen(g[i + l]);
+        silu16(gate, silu);
+        for (int64_t l = 0; l < 16; ++l) o[i + l] = narrow<T>(round_as<T>(silu[l]) * widen(u[i + l]));
+      }
+#endif
+      for (; i < n; ++i) {
+        const float x = widen(g[i]);
+        o[i] = narrow<T>(round_as<T>(x / (1.0f + std::exp(-x))) * widen(u[i]));
+      }
+    }
+  });
+}
+
+torch::Tensor silu_mul(const torch::Tensor& gate_up) {
+  TORCH_CHECK(gate_up.device().is_cpu() && float_or_bf16(gate_up) && gate_up.dim() == 2 &&
+                  gate_up.size(1) % 2 == 0,
+              "gate_up must be [rows, 2 * n] float32 or bfloat16 on the CPU");
+  const auto x = gate_up.contiguous();
+  const int64_t rows = x.size(0), n = x.size(1) / 2;
+  auto out = torch::empty({rows, n}, x.options());
+  if (x.scalar_type() == torch::kFloat) {
+    silu_mul_rows<float>(x.data_ptr<float>(), out.data_ptr<float>(), rows, n);
+  } else {
+    silu_mul_rows<c10::BFloat16>(x.data_ptr<c10::BFloat16>(), out.data_ptr<c10::BFloat16>(), rows, n);
+  }
+  return out;
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// RoPE and the cache write. transformers: q * cos + rotate_half(q) * sin, each product and the sum rounded to
+// the dtype, where rotate_half(q) = cat(-q[half:], q[:half]).
+
+template <typename T>
+inline void rotate(const T* x, const T* cos, const T* sin, T* out, int64_t dim) {
+  const int64_t half = dim / 2;
+  for (int64_t i = 0; i < dim; ++i) {
+    const float other = i < half ? -widen(x[i + half]) : widen(x[i - half]);
+    out[i] = narrow<T>(round_as<T>(widen(x[i]) * widen(cos[i])) + round_as<T>(other * widen(sin[i])));
+  }
+}
+
+template <typename T>
+void rope_write_rows(const T* qkv, const T* cos, const T* sin, const int64_t* slots, T* query, T* key_cache,
+                     T* value_cache, int64_t tokens, int64_t heads, int64_t kv_heads, int64_t dim,
+                     int64_t cache_slots) {
+  const int64_t width = (heads + 2 * kv_heads) * dim;
+  at::parallel_for(0, tokens, grain(width), [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) {
+      const T* row = qkv + t * width;
+      const T* c = cos + t * dim;
+      const T* s = sin + t * dim;
+      for (int64_t h = 0; h < heads; ++h) rotate(row + h * dim, c, s, query + (t * heads + h) * dim, dim);
+      const T* keys = row + heads * dim;
+      const T* values = keys + kv_heads * dim;
+      for (int64_t h = 0; h < kv_heads; ++h) {
+        const int64_t at = (h * cache_slots + slots[t]) * dim;
+        rotate(keys + h * dim, c, s, key_cache + at, dim);
+        std::copy(values + h * dim, values + (h + 1) * dim, value_cache + at);
+      }
+    }
+  });
+}
+
+torch::Tensor rope_write_cache(const torch::Tensor& qkv, const torch::Tensor& cos, const torch::Tensor& sin,
+                               torch::Tensor key_cache, torch::Tensor value_cache, const torch::Tensor& slot_mapping,
+                               int64_t heads, int64_t kv_heads) {
+  TORCH_CHECK(qkv.device().is_cpu() && float_or_bf16(qkv) && qkv.dim() == 2, "qkv must be [tokens, width] on the CPU");
+  TORCH_CHECK(heads >= 1 && kv_heads >= 1, "head counts must be positive");
+  const auto type = qkv.scalar_type();
+  TORCH_CHECK(key_cache.dim() == 3 && value_cache.sizes() == key_cache.sizes() && key_cache.is_contiguous() &&
+                  value_cache.is_contiguous() && key_cache.scalar_type() == type &&
+                  value_cache.scalar_type() == type,
+              "caches must be contiguous [kv_heads, slots, dim] in qkv's dtype");
+  const int64_t tokens = qkv.size(0), dim = key_cache.size(2), cache_slots = key_cache.size(1);
+  TORCH_CHECK(key_cache.size(0) == kv_heads && dim % 2 == 0, "the cache's kv_heads and an even head_dim expected");
+  TORCH_CHECK(qkv.size(1) == (heads + 2 * kv_heads) * dim, "qkv width must be (heads + 2 kv_heads) * head_dim");
+  TORCH_CHECK(cos.sizes() == sin.sizes() && cos.dim() == 2 && cos.size(0) == tokens && cos.size(1) == dim &&
+                  cos.scalar_type() == type && sin.scalar_type() == type,
+              "cos and sin must be [tokens, head_dim] in qkv's dtype");
+  TORCH_CHECK(slot_mapping.scalar_type() == torch::kLong && slot_mapping.dim() == 1 && slot_mapping.size(0) == tokens,
+              "slot_mapping must be [tokens] int64");
+  const auto x = qkv.contiguous();
+  const auto c = cos.contiguous();
+  const auto s = sin.contiguous();
+  const auto slots = slot_mapping.contiguous();
+  const int64_t* slot_ptr = slots.data_ptr<int64_t>();
+  for (int64_t t = 0; t < tokens; ++t) {  // checked here so that the parallel loop throws nothing
+    TORCH_CHECK(slot_ptr[t] >= 0 && slot_ptr[t] < cache_slots, "slot_mapping points outside the cache");
+  }
+  auto query = torch::empty({tokens, heads, dim}, x.options());
+  if (type == torch::kFloat) {
+    rope_write_rows<float>(x.data_ptr<float>(), c.data_ptr<float>(), s.data_ptr<float>(), slot_ptr,
+                           query.data_ptr<float>(), key_cache.data_ptr<float>(), value_cache.data_ptr<float>(), tokens,
+                           heads, kv_heads, dim, cache_slots);
+  } else {
+    using B = c10::BFloat16;
+    rope_write_rows<B>(x.data_ptr<B>(), c.data_ptr<B>(), s.data_ptr<B>(), slot_ptr, query.data_ptr<B>(),
+                       key_cache.data_ptr<B>(), value_cache.data_ptr<B>(), tokens, heads, kv_heads, dim, cache_slots);
+  }
+  return query;
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Greedy argmax: blocks of the row are reduced to their maximum in vector lanes, and only a block that beats the
+// best so far is searched for its first maximal index, so the row is read once. Ties go to the lowest index, as
+// torch.argmax's do. Rows must hold no NaN (the sampler's callers guarantee it).
+
+constexpr int64_t kArgmaxBlock = 64;
+
+int64_t argmax_row(const float* x, int64_t n) {
+  float best = -std::numeric_limits<float>::infinity();
+  int64_t best_index = 0;
+  for (int64_t start = 0; start < n; start += kArgmaxBlock) {
+    const int64_t stop = std::min(start + kArgmaxBlock, n);
+    float block = -std::numeric_limits<float>::infinity();
+#pragma omp simd reduction(max : block)
+    for (int64_t i = start; i < stop; ++i) block = block > x[i] ? block : x[i];
+    if (block > best) {
+      best = block;
+      for (int64_t i = start; i < stop; ++i) {
+        if (x[i] == block) {
+          best_index = i;
+          break;
+        }
+      }
+    }
+  }
+  return best_index;
+}
+
+torch::Tensor argmax_rows(const torch::Tensor& logits) {
+  TORCH_CHECK(logits.device().is_cpu() && logits.scalar_type() == torch::kFloat && logits.dim() == 2 &&
+                  logits.size(1) >= 1,
+              "logits must be [rows, vocab] float32 on the CPU");
+  const auto x = logits.contiguous();
+  const int64_t rows = x.size(0), n = x.size(1);
+  auto out = torch::empty({rows}, x.options().dtype(torch::kLong));
+  const float* x_ptr = x.data_ptr<float>();
+  int64_t* out_ptr = out.data_ptr<int64_t>();
+  at::parallel_for(0, rows, grain(n), [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) out_ptr[r] = argmax_row(x_ptr + r * n, n);
+  });
+  return out;
+}
+
+}  // namespace
+
+TORCH_LIBRARY_FRAGMENT(batchserve, m) {
+  m.def("add_rms_norm(Tensor(a!) residual, Tensor? delta, Tensor weight, float eps) -> Tensor");
+  m.def("silu_mul(Tensor gate_up) -> Tensor");
+  m.def(
+      "rope_write_cache(Tensor qkv, Tensor cos, Tensor sin, Tensor(a!) key_cache, Tensor(b!) value_cache, "
+      "Tensor slot_mapping, int heads, int kv_heads) -> Tensor");
+  m.def("argmax_rows(Tensor logits) -> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(batchserve, CPU, m) {
+  m.impl("add_rms_norm", &add_rms_norm);
+  m.impl("silu_mul", &silu_mul);
+  m.impl("rope_write_cache", &rope_write_cache);
+  m.impl("argmax_rows", &argmax_rows);
+}
