@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import hmac
 import logging
 import threading
+import time
 from collections.abc import AsyncIterator, Callable
+from urllib.parse import parse_qsl
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
@@ -17,10 +20,11 @@ from starlette.responses import Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from api import routes
+from api import event_routes, page, routes
 from api.config import ServerConfig
 from api.drain import drain
 from api.errors import APIError
+from api.events import EventHub
 from api.metrics import ServerMetrics
 from api.service import GenerationService
 from api.state import Phase, Runtime
@@ -57,16 +61,24 @@ def _canonical_bearer(credentials: bytes) -> bytes:
     return b"Bearer " + token if space and scheme.lower() == b"bearer" else credentials
 
 
+def _open_path(path: str) -> bool:
+    """/health, and the page and its files: the page holds no data and asks for the key itself."""
+    return path in ("/health", "/") or path.startswith("/static/")
+
+
 class APIKeyMiddleware:
-    """Every endpoint but /health needs `Authorization: Bearer <key>`, compared in constant time."""
+    """Every endpoint but /health and the page needs `Authorization: Bearer <key>`, compared in constant time.
+    The event streams also take `?api_key=`: a browser's EventSource cannot send headers."""
 
     def __init__(self, app: ASGIApp, api_key: str) -> None:
         self.app = app
         self._expected = f"Bearer {api_key}".encode()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and scope["path"] != "/health":
+        if scope["type"] == "http" and not _open_path(scope["path"]):
             headers = [value for name, value in scope["headers"] if name == b"authorization"]
+            if not headers and scope["path"].endswith("/v1/events"):
+                headers = [b"Bearer " + key.encode() for key in _query_keys(scope)]
             if len(headers) > 1:  # which one would count is ambiguous (proxies differ): refuse rather than guess
                 message = f"the request has {len(headers)} Authorization headers; send exactly one"
                 duplicate = APIError(400, message, code="invalid_header")
@@ -80,6 +92,11 @@ class APIKeyMiddleware:
                 await error.response()(scope, receive, send)
                 return
         await self.app(scope, receive, send)
+
+
+def _query_keys(scope: Scope) -> list[str]:
+    pairs = parse_qsl(scope.get("query_string", b"").decode("latin-1"), keep_blank_values=True)
+    return [value for name, value in pairs if name == "api_key"]
 
 
 class InternalErrorMiddleware:
@@ -135,10 +152,21 @@ async def _internal_error(request: Request, exc: Exception) -> Response:
     return _INTERNAL_ERROR.response()
 
 
+def event_routes_for_serve() -> list[Route]:
+    """The event stream, the modes and the page (`batchserve compare` mounts its own; see api/compare.py)."""
+    return [
+        Route("/v1/events", event_routes.events, methods=["GET"]),
+        Route("/v1/compare/modes", event_routes.compare_modes, methods=["GET"]),
+        Route("/", page.index, methods=["GET"]),
+        Route("/static/{name}", page.static_file, methods=["GET"]),
+    ]
+
+
 def create_app(config: ServerConfig, loader: ModelLoader = default_loader) -> Starlette:
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         app.state.phase = Phase.LOADING
+        app.state.events = EventHub(asyncio.get_running_loop(), time.monotonic(), time.monotonic)
         thread = threading.Thread(target=_load, args=(app, config, loader), name="batchserve-loader", daemon=True)
         thread.start()
         yield
@@ -164,6 +192,7 @@ def create_app(config: ServerConfig, loader: ModelLoader = default_loader) -> St
             Route("/v1/models", routes.models, methods=["GET"]),
             Route("/health", routes.health, methods=["GET"]),
             Route("/metrics", routes.metrics, methods=["GET"]),
+            *event_routes_for_serve(),
         ],
         middleware=middleware,
         exception_handlers={APIError: _api_error, HTTPException: _http_error, Exception: _internal_error},
@@ -172,6 +201,9 @@ def create_app(config: ServerConfig, loader: ModelLoader = default_loader) -> St
     app.state.config = config
     app.state.phase = Phase.LOADING
     app.state.ready = threading.Event()
+    app.state.replica = None  # set by api.ray_serve: the replica's name in every response's timings
+    app.state.event_modes = (config.mode,)
+    app.state.mode_entries = (event_routes.mode_entry(config, ""),)
     return app
 
 
@@ -184,6 +216,7 @@ def _load(app: Starlette, config: ServerConfig, loader: ModelLoader) -> None:
         app.state.phase = Phase.FAILED
         app.state.ready.set()
         return
+    app.state.events.add_source(event_routes.mode_source(config, runtime))
     app.state.runtime = runtime
     app.state.phase = Phase.READY
     app.state.ready.set()

@@ -18,6 +18,7 @@ from typing import Any, Union, get_args, get_origin, get_type_hints
 import uvicorn
 
 from api.config import API_KEY_ENV, ServerConfig
+from engine.config import DTYPES, QUANTIZATIONS
 from scheduler.config import Mode
 
 
@@ -107,26 +108,29 @@ class _Server(uvicorn.Server):
                 signal.signal(sig, handler)
 
 
-def serve(config: ServerConfig) -> None:
+def serve(config: ServerConfig, compare: bool = False) -> None:
+    """`compare`: both modes side by side on one port (api/compare.py); else `config.mode` alone."""
     from api.app import create_app
+    from api.compare import create_compare_app, drain_all
     from api.drain import drain
     from api.server import uvicorn_config
 
-    app = create_app(config)
+    app = create_compare_app(config) if compare else create_app(config)
     uv_config = uvicorn_config(  # connection timeouts and cap, HTTP/2 refusal, throttled accept errors
         app,
         config,
         log_level="warning",
         timeout_graceful_shutdown=_WRITE_OUT_S,  # after the drain (below), which gives the grace period
     )
-    server = _Server(uv_config, lambda: drain(app, config.shutdown_grace_s))
+    server = _Server(uv_config, (lambda: drain_all(app)) if compare else (lambda: drain(app, config.shutdown_grace_s)))
 
     def announce() -> None:
         app.state.ready.wait()
         if app.state.phase.value == "ready":
             runtime = app.state.runtime
             print(
-                f"batchserve ready on http://{config.host}:{config.port} mode={config.mode} "
+                f"batchserve ready on http://{config.host}:{config.port} "
+                f"mode={'dynamic+continuous' if compare else config.mode} "
                 f"model={runtime.model_name} seats={config.seats}",
                 flush=True,
             )
@@ -144,11 +148,24 @@ def generate(args: argparse.Namespace) -> None:
     from api.offline import LLM
     from engine.sampling_params import SamplingParams
 
-    llm = LLM(model=args.model, mode=Mode.CONTINUOUS.value, device=args.device)
+    llm = LLM(
+        model=args.model,
+        mode=Mode.CONTINUOUS.value,
+        device=args.device,
+        dtype=args.dtype,
+        quantization=args.quantization,
+    )
     params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, seed=args.seed)
     for output in llm.generate([args.prompt], params, chat=args.chat):
         print(output.text)
     llm.close()
+
+
+def compare_config(args: argparse.Namespace) -> ServerConfig:
+    """`batchserve compare`'s flags: `--seats N` sets both modes' seats; each mode takes its own flags."""
+    if args.seats is not None:
+        args.max_batch_size = args.max_num_seqs = args.seats
+    return config_from_args(args)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -156,10 +173,22 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True)
     serve_parser = commands.add_parser("serve", help="Start the OpenAI-compatible HTTP server")
     add_config_flags(serve_parser)
+    serve_parser.add_argument(
+        "--replicas",
+        type=int,
+        default=1,
+        help="Replicas behind one endpoint; above 1 starts a local Ray Serve (pip install -e '.[ray]'; see "
+        "docs/scale_out.md), each replica with these flags and the machine's CPUs / N threads (default: 1, no Ray)",
+    )
+    compare = commands.add_parser("compare", help="Serve both modes side by side on one port, with the live page")
+    add_config_flags(compare, skip=("mode",))
+    compare.add_argument("--seats", type=int, default=None, help="Seats of both modes (sets the two flags above)")
     gen = commands.add_parser("generate", help="Generate one completion offline and print it")
     gen.add_argument("prompt")
     gen.add_argument("--model", default=None, help="Checkpoint directory or .gguf (default: SmolLM2-135M-Instruct)")
     gen.add_argument("--device", default="cpu", choices=("cpu", "cuda", "auto"))
+    gen.add_argument("--dtype", default="auto", choices=DTYPES, help="as `serve --dtype`")
+    gen.add_argument("--quantization", default="auto", choices=QUANTIZATIONS, help="as `serve --quantization`")
     gen.add_argument("--max-tokens", type=int, default=64)
     gen.add_argument("--temperature", type=float, default=0.0)
     gen.add_argument("--seed", type=int, default=None)
@@ -175,6 +204,19 @@ def main(argv: Sequence[str] | None = None) -> None:
             config = config_from_args(args)
         except ValueError as exc:
             raise SystemExit(f"batchserve: {exc}") from None
-        serve(config)
+        if args.replicas > 1:  # only then is Ray imported: the single server never loads it
+            from api.ray_serve import ScaleOut, serve_replicas
+
+            serve_replicas(config, ScaleOut(args.replicas, float(max(1, (os.cpu_count() or 1) // args.replicas))))
+        elif args.replicas < 1:
+            raise SystemExit(f"batchserve: --replicas must be at least 1, got {args.replicas}")
+        else:
+            serve(config)
+    elif args.command == "compare":
+        try:
+            config = compare_config(args)
+        except ValueError as exc:
+            raise SystemExit(f"batchserve: {exc}") from None
+        serve(config, compare=True)
     else:
         generate(args)

@@ -74,12 +74,21 @@ _MALFORMED = raw_response(
 )
 
 
+_CUT_OFF = "ASGI callable returned without completing response."
+
+
 class _ClientFaultLogger(logging.LoggerAdapter[logging.Logger]):
     """uvicorn's protocol warns about each malformed or unsupported request: the client's fault, logged at INFO.
-    Its errors (an exception in the app) keep their level."""
+    Its errors (an exception in the app) keep their level, but for a response the app cut off on purpose."""
 
     def warning(self, msg: object, *args: object, **kwargs: Any) -> None:
         self.info(msg, *args, **kwargs)
+
+    def error(self, msg: object, *args: object, **kwargs: Any) -> None:
+        if msg == _CUT_OFF:  # the event stream cut off a subscriber that stopped reading (api/event_routes.py)
+            self.info("closed an event stream whose subscriber stopped reading", **kwargs)
+            return
+        self.logger.error(msg, *args, **kwargs)
 
     @property
     def level(self) -> int:  # uvicorn reads `logger.level`, which an adapter does not have

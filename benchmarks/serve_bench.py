@@ -2,6 +2,8 @@
 
     python -m benchmarks.serve_bench --base-url http://127.0.0.1:8000 --workload mixed --num-prompts 48 \
         --request-rate 4 --goodput ttft:500 e2e:10000 --out result.json
+
+Against `batchserve compare`, `--prefix /dynamic` or `--prefix /continuous` picks the mode.
 """
 
 from __future__ import annotations
@@ -109,6 +111,9 @@ def run_config(
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.serve_bench", description=_DESCRIPTION)
     parser.add_argument("--base-url", default="http://127.0.0.1:8000")
+    parser.add_argument(
+        "--prefix", default="", help="path before /v1: /dynamic or /continuous for `batchserve compare`"
+    )
     parser.add_argument("--model", default=None, help="model field to send; default: first of /v1/models")
     parser.add_argument("--label", default=None, help="name of this run in the output")
     parser.add_argument("--out", type=Path, default=None, help="write the result JSON here")
@@ -143,6 +148,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.prefix and not args.prefix.startswith("/"):
+        parser.error(f"--prefix must start with /, got {args.prefix!r}")
+    args.base_url = args.base_url.rstrip("/") + args.prefix.rstrip("/")  # every URL below is built on it
     try:
         specs = build_workload(workload_config(args))
         config = run_config(args, args.base_url, args.label or f"{args.workload}@{args.base_url}", args.model)

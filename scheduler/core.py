@@ -15,12 +15,13 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 
-from engine.engine import Engine
 from engine.outputs import PromptLogprobs, TokenOutput
 from scheduler.config import Mode, SchedulerConfig
 from scheduler.continuous import ContinuousPolicy
 from scheduler.dynamic import DynamicPolicy
+from scheduler.engine_port import SchedulerEngine
 from scheduler.errors import QueueFullError, SchedulerClosedError
+from scheduler.events import EventFeed, PointKind, Snapshot, StepEvent, request_point, snapshot_lanes, step_lanes
 from scheduler.lifecycle import Lifecycle
 from scheduler.policy import Policy, StepPlan
 from scheduler.request import (
@@ -37,7 +38,7 @@ from scheduler.stats import SchedulerCounts, StepStats
 logger = logging.getLogger("batchserve.scheduler")
 
 
-def make_policy(engine: Engine, config: SchedulerConfig) -> Policy:
+def make_policy(engine: SchedulerEngine, config: SchedulerConfig) -> Policy:
     if engine.config.seats < config.seats:
         raise ValueError(
             f"the engine has {engine.config.seats} seats but the {config.mode.value} policy needs {config.seats}"
@@ -49,7 +50,7 @@ def make_policy(engine: Engine, config: SchedulerConfig) -> Policy:
 class Scheduler:
     def __init__(
         self,
-        engine: Engine,
+        engine: SchedulerEngine,
         config: SchedulerConfig,
         clock: Callable[[], float] = time.monotonic,
         on_step: Callable[[StepStats], None] | None = None,
@@ -67,6 +68,8 @@ class Scheduler:
         self._seq_ids = itertools.count()
         self._closed = False
         self._counts = SchedulerCounts(config.seats, 0, 0, 0, 0, engine.cache_usage, False)
+        self.events = EventFeed()  # records only while a listener is enabled (api/events.py)
+        self._num_steps = 0
 
     @property
     def mode(self) -> str:
@@ -96,8 +99,10 @@ class Scheduler:
         self.engine.validate(request.prompt_token_ids, request.params)
         with self._lock:
             if self._closed:
+                self._rejected(request, "shutting_down")
                 raise SchedulerClosedError("the server is shutting down")
             if self._num_queued >= self.config.max_queue:
+                self._rejected(request, "queue_full")
                 raise QueueFullError(f"the waiting queue is full ({self.config.max_queue} requests)")
             self._num_queued += 1
             request.seq_id = next(self._seq_ids)
@@ -133,6 +138,15 @@ class Scheduler:
             self._closed = True
             self._command("shutdown", "")
 
+    def request_snapshot(self) -> None:
+        """Put the current state in the event feed at the next step boundary (a subscriber's `hello`)."""
+        with self._lock:
+            self._command("snapshot", "")
+
+    def _rejected(self, request: SequenceRequest, reason: str) -> None:
+        if self.events.enabled:  # on the submitting thread: delivered at once, alone
+            self.events.deliver([request_point(PointKind.REJECTED, request, self.clock(), reason=reason)])
+
     @property
     def num_queued(self) -> int:
         with self._lock:
@@ -160,6 +174,7 @@ class Scheduler:
             return self._step()
         finally:
             self._publish()
+            self.events.flush()
 
     def _step(self) -> StepStats | None:
         now = self.clock()
@@ -170,6 +185,7 @@ class Scheduler:
             return None
         # Prefill work: prompt chunks, and recomputation after preemption; the rest are decode tokens.
         prefill = sum(count for request, count in plan if count > 1 or request.first_token is None)
+        lanes = step_lanes(plan, self.running) if self.events.enabled else ()  # before: a release empties a seat
         for request, _ in plan:
             self._mark_scheduled(request, now)
         failed = False
@@ -198,8 +214,16 @@ class Scheduler:
             cache_usage=self.engine.cache_usage,
             failed=failed,
         )
+        self._num_steps += 1
         if self.on_step is not None:
             self.on_step(stats)
+        if self.events.enabled:
+            self.events.add(
+                StepEvent(
+                    now, self._num_steps, stats.duration, lanes, stats.num_waiting, stats.num_running,
+                    stats.held_seats, num_tokens, prefill, generated,
+                )
+            )  # fmt: skip
         return stats
 
     def _plan(self, now: float) -> StepPlan:
@@ -230,6 +254,8 @@ class Scheduler:
             request.scheduled = now
             with self._lock:
                 self._num_queued -= 1
+            if self.events.enabled:
+                self.events.add(request_point(PointKind.ADMITTED, request, now))
 
     def _deliver(self, tokens: Sequence[TokenOutput], prompt_logprobs: Sequence[PromptLogprobs] = ()) -> int:
         by_seq = {r.seq_id: r for r in self.running}
@@ -247,7 +273,10 @@ class Scheduler:
                 continue
             if request.first_token is None:
                 request.first_token = now
+                if self.events.enabled:
+                    self.events.add(request_point(PointKind.FIRST_TOKEN, request, now))
             request.last_token = now
+            request.output_token_ids.append(token.token_id)
             delivered += 1
             if not self._emit(request, TokenEvent(token, now)):
                 self._finish(request, Outcome.ABORTED)
@@ -264,6 +293,10 @@ class Scheduler:
                 assert isinstance(item, SequenceRequest)
                 self._requests[item.request_id] = item
                 self.lifecycle.enqueue(item)
+                if self.events.enabled:
+                    self.events.add(request_point(PointKind.QUEUED, item, item.queued))
+            elif kind == "snapshot":
+                self._add_snapshot()
             elif kind == "drain":
                 self._begin_drain_now()
             elif kind == "shutdown":
@@ -294,13 +327,28 @@ class Scheduler:
         if request.scheduled is None:
             with self._lock:
                 self._num_queued -= 1
+        if self.events.enabled and request.status in (RequestStatus.WAITING, RequestStatus.RUNNING):
+            self.events.add(request_point(PointKind.FINISHED, request, self.clock(), outcome))
         self.lifecycle.finish(request, outcome, error)
         self.policy.on_finished(self.lifecycle, request)
 
     def _on_released(self, request: SequenceRequest) -> None:
         self._requests.pop(request.request_id, None)
         outcome = request.outcome or Outcome.FAILED
-        self._emit(request, FinishEvent(outcome, request.timings(self.mode, self.clock()), request.error))
+        now = self.clock()
+        if self.events.enabled:
+            self.events.add(request_point(PointKind.RELEASED, request, now))
+        self._emit(request, FinishEvent(outcome, request.timings(self.mode, now), request.error))
+
+    def _add_snapshot(self) -> None:
+        if not self.events.enabled:
+            return
+        lifecycle = self.lifecycle
+        running = lifecycle.running
+        snapshot = Snapshot(
+            self.clock(), snapshot_lanes(running), len(lifecycle.waiting), len(running), lifecycle.held_seats
+        )
+        self.events.add(snapshot)
 
     @staticmethod
     def _emit(request: SequenceRequest, event: RequestEvent) -> bool:

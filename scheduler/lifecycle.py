@@ -7,22 +7,24 @@ the real engine. Loop thread only.
 
 from __future__ import annotations
 
+import heapq
 from collections import deque
 from collections.abc import Callable, Sequence
 
-from engine.engine import Engine
+from scheduler.engine_port import SchedulerEngine
 from scheduler.request import Outcome, RequestStatus, SequenceRequest
 
 
 class Lifecycle:
     """WAITING -> (admit) RUNNING -> (preempt) WAITING ... -> (finish) FINISHED -> (release) RELEASED."""
 
-    def __init__(self, engine: Engine, seats: int, on_released: Callable[[SequenceRequest], None]) -> None:
+    def __init__(self, engine: SchedulerEngine, seats: int, on_released: Callable[[SequenceRequest], None]) -> None:
         self.engine = engine
         self.seats = seats
         self._on_released = on_released  # the core hands the completion to the request's consumer
         self._waiting: deque[SequenceRequest] = deque()
         self._running: list[SequenceRequest] = []
+        self._free_seat_numbers = list(range(seats))  # a heap: a new request takes the lowest free lane
 
     # ----- what a policy reads -----
     @property
@@ -77,6 +79,7 @@ class Lifecycle:
             return False
         self._waiting.remove(request)
         request.status = RequestStatus.RUNNING
+        request.seat = heapq.heappop(self._free_seat_numbers)
         self._running.append(request)
         return True
 
@@ -88,6 +91,7 @@ class Lifecycle:
         assert request.status is RequestStatus.RUNNING, request.status
         self.engine.release_cache(request.seq_id)  # its row keeps the tokens it produced: nothing is lost
         self._running.remove(request)
+        self._free_seat(request)
         request.status = RequestStatus.WAITING
         request.num_preemptions += 1
         self._waiting.appendleft(request)
@@ -96,9 +100,15 @@ class Lifecycle:
         assert request.status is RequestStatus.FINISHED, request.status
         if request in self._running:
             self._running.remove(request)
+            self._free_seat(request)
         self.engine.remove(request.seq_id)  # the one place a row is freed: once per request
         request.status = RequestStatus.RELEASED
         self._on_released(request)
+
+    def _free_seat(self, request: SequenceRequest) -> None:
+        # request.seat keeps the number: a `released` event still names the lane it left
+        if request.seat is not None:
+            heapq.heappush(self._free_seat_numbers, request.seat)
 
     # ----- what the core does -----
     def enqueue(self, request: SequenceRequest) -> None:

@@ -44,6 +44,10 @@ class SchedulerLoop:
         self.scheduler.stop_request(request_id)
         self._wake.set()
 
+    def request_snapshot(self) -> None:
+        self.scheduler.request_snapshot()
+        self._wake.set()
+
     def begin_drain(self) -> None:
         self.scheduler.begin_drain()
         self._wake.set()

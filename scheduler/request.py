@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from engine.outputs import FinishReason, PromptLogprobs, TokenOutput
 from engine.sampling_params import SamplingParams
@@ -125,6 +125,8 @@ class SequenceRequest:
     num_steps: int = 0
     num_preemptions: int = 0
     batch_id: int | None = None
+    output_token_ids: list[int] = field(default_factory=list)  # as sampled (the event stream's text)
+    seat: int | None = None  # its lane in the event stream (scheduler/events.py): 0..seats-1, the last one held
 
     @property
     def max_total_tokens(self) -> int:

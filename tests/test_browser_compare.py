@@ -1,0 +1,171 @@
+"""The live page in a real browser: Debian's headless Chromium, driven by Selenium through the system chromedriver,
+against a live `batchserve compare` (and a plain `batchserve serve`) on the tiny model.
+
+The hostage workload is sent from the page's own control. What the page shows is then read back: every request's
+box ends in both panes; in the dynamic pane the short answers are held (its lanes show held seats, its counter
+counts them) and end with the long one; in the continuous pane nothing is held and the short answers end first.
+Ordering is read from the server times the page shows (the event stream's), never from how long anything took.
+
+Needs `apt-get install -y chromium chromium-driver` (root); without them the tests skip and say so.
+BATCHSERVE_SCREENSHOT=<path> also saves the compare screenshot there (the pytest tmp dir always has one).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from benchmarks.page_driver import (
+    INSTALL_HINT,
+    PageWorkload,
+    RequestBox,
+    browser_errors,
+    drawn_bars,
+    figure,
+    load_page,
+    open_browser,
+    pane_modes,
+    pause,
+    request_boxes,
+    save_screenshot,
+    send_workload,
+    system_chromium,
+    wait_for_figure,
+    wait_workload_done,
+)
+from benchmarks.server_proc import LaunchConfig, ServerProcess
+from tests.server_harness import mode_config, running_server
+
+CHROMIUM = system_chromium()
+pytestmark = pytest.mark.skipif(CHROMIUM is None, reason=f"no system Chromium and chromedriver: {INSTALL_HINT}")
+
+API_KEY = "page-test-key"
+# One long answer among short ones. The long one is many times longer, so in continuous mode the short ones end
+# long before it, whatever the machine's speed.
+HOSTAGE = PageWorkload(kind="hostage", count=6, short_tokens=8, long_tokens=96)
+# As many seats as requests and a batch timeout that never fires first: the dynamic bus leaves when all six are
+# queued, so they share one batch however slowly the page's two requests (the long, the short ones) arrive.
+SEATS = HOSTAGE.count
+BATCH_TIMEOUT_MS = 600_000
+WAIT_S = 300.0  # a ceiling for a loaded 2-core machine, not a speed requirement
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[object]:
+    assert CHROMIUM is not None
+    driver = open_browser(CHROMIUM)
+    yield driver
+    driver.quit()
+
+
+@pytest.fixture(scope="module")
+def compare_server(tiny_checkpoint: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """`batchserve compare` as a user starts it, with an API key, so the page must ask for it."""
+    argv = (
+        sys.executable, "-m", "api", "compare", "--model", str(tiny_checkpoint), "--host", "{host}",
+        "--port", "{port}", "--seats", str(SEATS), "--batch-timeout-ms", str(BATCH_TIMEOUT_MS), "--api-key", API_KEY,
+        "--no-cpu-kernels",  # plain torch ops: no C++ build to wait for; the page is what is tested here
+    )  # fmt: skip
+    log = tmp_path_factory.mktemp("compare") / "server.log"
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("OMP_NUM_THREADS", "1")  # the server's; the browser and this test need the other core
+        with ServerProcess(LaunchConfig(argv, health_timeout_s=WAIT_S), log) as server:
+            yield server.base_url
+
+
+def _one(boxes: list[RequestBox], kind: str) -> RequestBox:
+    (box,) = [b for b in boxes if b.kind == kind]
+    return box
+
+
+def _server_times(box: RequestBox) -> tuple[float, float]:
+    """When the box's request finished and when it was released, as the page learnt from the event stream."""
+    assert box.server_finished_t is not None and box.server_released_t is not None, box
+    return box.server_finished_t, box.server_released_t
+
+
+def _assert_all_finished(boxes: list[RequestBox], count: int, kinds: set[str]) -> None:
+    assert len(boxes) == count
+    for box in boxes:
+        assert box.state == "done", box
+        assert box.finish_reason == "length", box  # exact lengths: every answer ran to its max_tokens
+        assert box.request_id.startswith("cmpl-"), box
+        assert box.text, box  # its text streamed into its box
+        finished, released = _server_times(box)
+        assert finished <= released
+    assert {b.kind for b in boxes} == kinds
+
+
+def test_compare_page_shows_the_hostage_case_held_in_dynamic_mode_and_not_in_continuous(
+    browser, compare_server: str, tmp_path: Path
+) -> None:
+    load_page(browser, compare_server, api_key=API_KEY)
+    assert pane_modes(browser) == ["dynamic", "continuous"]
+    assert browser.execute_script("return sessionStorage.getItem('batchserve.apiKey')") == API_KEY
+    refusals = browser_errors(browser)  # the page asked for the key because the server refused it without one
+    assert refusals and all("/v1/compare/modes" in e and "401" in e for e in refusals), refusals
+
+    send_workload(browser, HOSTAGE)
+    wait_workload_done(browser, WAIT_S)
+    pause(browser)  # the lanes stay on this workload while they are read and photographed
+
+    dynamic = request_boxes(browser, "dynamic")
+    continuous = request_boxes(browser, "continuous")
+    _assert_all_finished(dynamic, HOSTAGE.count, {"long", "short"})
+    _assert_all_finished(continuous, HOSTAGE.count, {"long", "short"})
+    for mode in ("dynamic", "continuous"):
+        wait_for_figure(browser, "finished", mode, str(HOSTAGE.count), WAIT_S)
+
+    # Dynamic: the short answers finished first but were held, and released with the long one.
+    long_finished, _ = _server_times(_one(dynamic, "long"))
+    for box in (b for b in dynamic if b.kind == "short"):
+        finished, released = _server_times(box)
+        assert finished < long_finished <= released, box
+        assert box.server_held_ms is not None and box.server_held_ms > 0, box
+    assert int(figure(browser, "held-seat-steps", "dynamic")) > 0
+    assert drawn_bars(browser, "dynamic", "held") > 0
+
+    # Continuous: nothing held; every short answer was released, and reached the page, before the long one ended.
+    long_answer = _one(continuous, "long")
+    long_finished, _ = _server_times(long_answer)
+    assert long_answer.finished_at_ms is not None
+    for box in (b for b in continuous if b.kind == "short"):
+        _, released = _server_times(box)
+        assert released < long_finished, box
+        assert box.finished_at_ms is not None and box.finished_at_ms < long_answer.finished_at_ms, box
+        assert not box.server_held_ms, box
+    assert figure(browser, "held-seat-steps", "continuous") == "0"
+    assert drawn_bars(browser, "continuous", "held") == 0
+    for mode in ("dynamic", "continuous"):
+        assert drawn_bars(browser, mode, "decode") > 0 and drawn_bars(browser, mode, "prefill") > 0
+
+    shot = save_screenshot(browser, tmp_path / "compare.png")
+    assert shot.stat().st_size > 10_000
+    if os.environ.get("BATCHSERVE_SCREENSHOT"):
+        save_screenshot(browser, Path(os.environ["BATCHSERVE_SCREENSHOT"]))
+    assert browser_errors(browser) == []
+
+
+def test_compare_page_refuses_more_requests_than_max_prompts(browser, compare_server: str) -> None:
+    load_page(browser, compare_server, api_key=API_KEY)  # the key is in this tab's sessionStorage now
+    limit = int(browser.execute_script("return Number(document.getElementById('workload-count').max)"))
+    assert limit == 32  # the server's --max-prompts default, from GET /v1/compare/modes
+    send_workload(browser, PageWorkload(kind="uniform", count=limit + 1))
+    assert "must be 1 to 32" in browser.find_element("id", "workload-note").text
+    assert request_boxes(browser, "dynamic") == request_boxes(browser, "continuous") == []
+
+
+def test_serve_page_shows_its_one_mode(browser, one_torch_thread: None) -> None:
+    with running_server(mode_config("continuous", cpu_kernels=False)) as server:
+        load_page(browser, server.base_url)
+        assert pane_modes(browser) == ["continuous"]
+        send_workload(browser, PageWorkload(kind="mixed", count=4, short_tokens=4, long_tokens=12))
+        wait_workload_done(browser, WAIT_S)
+        boxes = request_boxes(browser, "continuous")
+        _assert_all_finished(boxes, 4, {"long", "short"})
+        wait_for_figure(browser, "finished", "continuous", "4", WAIT_S)
+        assert browser_errors(browser) == []
