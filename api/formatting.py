@@ -15,7 +15,10 @@ from api.token_bytes import TokenBytes
 from scheduler.request import RequestTimings
 
 
-def timings_json(timings: RequestTimings | None, num_choices: int) -> dict[str, object] | None:
+def timings_json(
+    timings: RequestTimings | None, num_choices: int, replica: str | None = None
+) -> dict[str, object] | None:
+    """`replica`: which replica served it, behind a proxy of several (api.ray_serve); absent on one server."""
     if timings is None:
         return None
 
@@ -25,7 +28,7 @@ def timings_json(timings: RequestTimings | None, num_choices: int) -> dict[str, 
     decode = None
     if timings.first_token is not None and timings.last_token is not None:
         decode = timings.last_token - timings.first_token
-    return {
+    document: dict[str, object] = {
         "mode": timings.mode,
         "queue_time_ms": ms(timings.queue_time),
         "time_to_first_token_ms": ms(timings.time_to_first_token),
@@ -37,6 +40,9 @@ def timings_json(timings: RequestTimings | None, num_choices: int) -> dict[str, 
         "batch_id": timings.batch_id,
         "num_choices": num_choices,
     }
+    if replica is not None:
+        document["replica"] = replica
+    return document
 
 
 @dataclass
@@ -48,6 +54,7 @@ class UsageTally:
     last_timings: RequestTimings | None = None
     num_choices: int = 0
     prompts_counted: set[int] = field(default_factory=set)
+    replica: str | None = None  # named in the timings (see timings_json)
 
     def add(self, delta: ChoiceDelta, prompt_index: int) -> None:
         if prompt_index not in self.prompts_counted:  # n choices of one prompt share its tokens
@@ -65,7 +72,7 @@ class UsageTally:
         return {"prompt_tokens": self.prompt_tokens, "completion_tokens": self.completion_tokens, "total_tokens": total}
 
     def timings(self) -> dict[str, object] | None:
-        return timings_json(self.last_timings, self.num_choices)
+        return timings_json(self.last_timings, self.num_choices, self.replica)
 
 
 class ResponseFormatter(ABC):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 from collections.abc import Awaitable
 from dataclasses import dataclass
@@ -180,6 +181,7 @@ async def _respond(
     request: Request, accepted: _Accepted[_Request], inputs: list[ChoiceInput], shape: ResponseShape
 ) -> Response:
     config, service, body = accepted.config, accepted.runtime.service, accepted.body
+    shape = dataclasses.replace(shape, replica=request.app.state.replica)
     if len(inputs) > config.max_queue:  # it could never be queued whole: a retry would never help, so not a 429
         raise bad_request(
             f"this request asks for {len(inputs)} sequences (prompts x n), more than the server's whole queue "

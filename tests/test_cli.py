@@ -56,7 +56,8 @@ def test_serve_help_lists_every_flag_with_its_default() -> None:
         assert flag in options, flag
         assert "(default:" in options[flag], f"{flag} does not show its default: {options[flag]}"
         assert options[flag].count("(default:") == 1, options[flag]
-    assert len([f for f in options if f.startswith("--")]) == len(fields)
+    assert len([f for f in options if f.startswith("--")]) == len(fields) + 1  # and --replicas (scale-out)
+    assert "(default: 1, no Ray)" in options["--replicas"]
     assert "(default: continuous)" in options["--mode"] and "{dynamic,continuous}" in options["--mode"]
     assert "(default: 8000)" in options["--port"]
     assert "(default: 127.0.0.1)" in options["--host"]
