@@ -26,6 +26,7 @@ from benchmarks.serve_bench import add_load_arguments, run_config, workload_conf
 from benchmarks.server_proc import LaunchConfig, ServerProcess, ServerStartError
 from benchmarks.tables import format_run
 from benchmarks.targets import BASELINES, ServerSettings, Target, Unavailable, baseline_targets, mode_targets
+from benchmarks.workload_trace import export_runs
 from benchmarks.workloads import RequestSpec, build_workload
 
 _DESCRIPTION = "Compare batchserve's dynamic and continuous batching on one workload."
@@ -117,12 +118,19 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--max-num-batched-tokens", type=int, default=None)
     g.add_argument("--max-queue", type=int, default=None)
     g.add_argument("--device", default=None, help="batchserve --device: cpu, cuda or auto")
+    g.add_argument("--dtype", default=None, help="batchserve --dtype: auto, float32 or bfloat16")
+    g.add_argument("--quantization", default=None, help="batchserve --quantization: auto, none, int8 or int4")
     g.add_argument(
         "--baselines",
         default=",".join(BASELINES),
         help=f"comma list of {', '.join(BASELINES)}, or none; each runs only if available",
     )
     g.add_argument("--sweep-rates", default=None, help="e.g. 0.5,1,2,inf: rerun both modes at each rate")
+    g.add_argument(
+        "--export-workload",
+        action="store_true",
+        help="also write each run's requests as OUT/workload/<run>.jsonl, for benchmarks.simulate --replay",
+    )
     g.add_argument("--health-timeout", type=float, default=180.0, help="seconds to wait for /health")
     g.add_argument("--stop-grace", type=float, default=15.0, help="seconds between SIGTERM and SIGKILL")
     add_load_arguments(parser)
@@ -142,6 +150,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             max_num_batched_tokens=args.max_num_batched_tokens,
             max_queue=args.max_queue,
             device=args.device,
+            dtype=args.dtype,
+            quantization=args.quantization,
         )
         sweep_rates = parse_rates(args.sweep_rates) if args.sweep_rates else ()
         baselines = parse_baselines(args.baselines)
@@ -200,6 +210,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ab = ABOutcome(command, settings_doc, servers, notes, runs, sweep, skipped)
     written = write_report(ab, args.out)
     print(f"wrote {written['report.md']} and {written['result.json']}")
+    if args.export_workload:
+        print(f"wrote workload traces to {export_runs(args.out, runs, sweep)}")
     return 0 if {"dynamic", "continuous"} <= runs.keys() else 1
 
 

@@ -35,6 +35,8 @@ class ServerSettings:
     max_num_batched_tokens: int | None = None
     max_queue: int | None = None
     device: str | None = None  # batchserve --device (cpu, cuda, auto); None leaves its default
+    dtype: str | None = None  # batchserve --dtype (auto, float32, bfloat16); None leaves its default
+    quantization: str | None = None  # batchserve --quantization (auto, none, int8, int4)
 
     def __post_init__(self) -> None:
         if self.seats < 1:
@@ -77,6 +79,10 @@ def batchserve_target(name: str, mode: str, settings: ServerSettings, seats: int
         argv += ["--max-queue", str(settings.max_queue)]
     if settings.device is not None:
         argv += ["--device", settings.device]
+    if settings.dtype is not None:
+        argv += ["--dtype", settings.dtype]
+    if settings.quantization is not None:
+        argv += ["--quantization", settings.quantization]
     note = f"{mode}, {seats} seat{'' if seats == 1 else 's'}"
     return Target(name=name, argv=tuple(argv), eos_policy=EosPolicy.IGNORE_EOS, note=note)
 

@@ -19,6 +19,7 @@ from transformers import PreTrainedModel
 from api.offline import LLM
 from engine.sampling_params import SamplingParams
 from scheduler.request import Outcome
+from tests.conftest import TINY_VOCAB_SIZE, train_byte_level_tokenizer
 from tests.test_engine import ARCHS, GREEDY, Driver, make_engine, random_prompt
 
 pytestmark = [
@@ -59,12 +60,23 @@ def test_batched_greedy_on_cuda_matches_generate_alone(
     assert engine.cache_usage == 0.0
 
 
+@pytest.fixture(scope="module")
+def llama_checkpoint(tmp_path_factory: pytest.TempPathFactory, tiny_llama: PreTrainedModel) -> Path:
+    """The tiny Llama as a checkpoint folder, loaded through `--model` like any other (the API test fixtures'
+    checkpoint needs the openai client, which a GPU machine may lack)."""
+    directory = tmp_path_factory.mktemp("cuda-checkpoint")
+    tiny_llama.save_pretrained(directory)
+    tokenizer = train_byte_level_tokenizer(["the quick brown fox jumps over the lazy dog"], TINY_VOCAB_SIZE, "</s>")
+    tokenizer.save_pretrained(directory)
+    return directory
+
+
 @pytest.mark.parametrize("mode", ["dynamic", "continuous"])
-def test_both_policies_serve_on_cuda_with_generate_answers(mode: str, tiny_checkpoint: Path) -> None:
+def test_both_policies_serve_on_cuda_with_generate_answers(mode: str, llama_checkpoint: Path) -> None:
     prompts = [random_prompt(n, seed=400 + n, vocab_size=150) for n in (3, 17, 40, 9, 25)]
     lengths = (4, 30, 12, 20, 7)
     params = [SamplingParams(max_tokens=m, **GREEDY) for m in lengths]
-    with LLM(model=str(tiny_checkpoint), mode=mode, device="cuda", max_num_seqs=4, max_batch_size=4) as llm:
+    with LLM(model=str(llama_checkpoint), mode=mode, device="cuda", max_num_seqs=4, max_batch_size=4) as llm:
         outputs = llm.generate(prompts, params)
         model = llm.loaded.model
     assert next(model.parameters()).device.type == "cuda"

@@ -1,0 +1,234 @@
+"""Measure this machine's engine step time over a grid and fit the simulator's step-cost model to it.
+
+    python -m benchmarks.profile --out cost.json [serve flags: --model PATH ...] [--batch-sizes 1,2,4,8,16,32,64] \
+        [--prefill-tokens 0,32,128,512] [--contexts 32,256,1024] [--repeats 3]
+
+The engine is built exactly as `serve` builds it (`api.wiring.build_model_runtime` with serve's model, device,
+max-model-len and cpu-kernels flags). For each context length, `max(batch sizes)` sequences are prefilled to that
+length (untimed); then each grid point times one `Engine.step`: the first B of them decoding one token each,
+plus, for P > 0, a fresh P-token prompt prefilled in the same step, as continuous batching mixes them. Each point
+is the median of --repeats timed steps after one warm-up step. The fitted form is documented in
+`benchmarks.cost_model`; cost.json holds it, its fit error, and every measured point.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import platform
+import statistics
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+from api.cli import add_config_flags, config_from_args
+from api.config import RuntimeOptions
+from api.wiring import build_model_runtime, load
+from benchmarks.cost_model import StepShape, chunk_attention_pairs, fit_cost_model, save_fitted
+from engine.engine import Engine
+from engine.sampling_params import SamplingParams
+from scheduler.config import Mode, SchedulerConfig
+
+_DESCRIPTION = "Measure this machine's engine step time over a grid and fit the simulator's step-cost model."
+
+
+@dataclass(frozen=True)
+class Grid:
+    batch_sizes: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64)
+    prefill_tokens: tuple[int, ...] = (0, 32, 128, 512)
+    contexts: tuple[int, ...] = (32, 256, 1024)
+    repeats: int = 3
+
+    def __post_init__(self) -> None:
+        if not self.batch_sizes or min(self.batch_sizes) < 0 or max(self.batch_sizes) < 1:
+            raise ValueError("batch sizes must be >= 0, at least one positive")
+        if not self.prefill_tokens or min(self.prefill_tokens) < 0:
+            raise ValueError("prefill tokens must be >= 0")
+        if not self.contexts or min(self.contexts) < 1:
+            raise ValueError("contexts must be >= 1")
+        if self.repeats < 1:
+            raise ValueError("repeats must be >= 1")
+
+    @property
+    def steps_per_context(self) -> int:
+        """Decode steps each sequence may take at one context: warm-up plus repeats, per grid point."""
+        return len(self.batch_sizes) * len(self.prefill_tokens) * (self.repeats + 1)
+
+
+@dataclass(frozen=True)
+class Point:
+    decode_rows: int
+    prefill_tokens: int
+    context: int
+    shape: StepShape
+    seconds: float
+
+
+def step_shape(engine: Engine, schedule: Sequence[tuple[int, int]]) -> StepShape:
+    """The cost model's view of a step, from the engine's state before it (as `SimEngine.step` computes it)."""
+    num_tokens = attention = kv_tokens = sampled = 0
+    for seq_id, count in schedule:
+        computed = engine.num_computed(seq_id)
+        num_tokens += count
+        attention += chunk_attention_pairs(computed, count)
+        kv_tokens += computed + count
+        sampled += int(engine.num_pending(seq_id) == count)
+    return StepShape(len(schedule), num_tokens, sampled, attention, kv_tokens)
+
+
+def _prompt(length: int, vocab: int, seed: int) -> list[int]:
+    generator = torch.Generator().manual_seed(seed)
+    return torch.randint(100, vocab - 1, (length,), generator=generator).tolist()
+
+
+def _prefill(engine: Engine, seq_id: int, budget: int = 512) -> None:
+    while engine.num_pending(seq_id) > 1:
+        engine.step([(seq_id, min(budget, engine.num_pending(seq_id) - 1))])  # leave one: decodes sample
+
+
+def measure(engine: Engine, grid: Grid, vocab: int) -> list[Point]:
+    points: list[Point] = []
+    rows = max(grid.batch_sizes)
+    extra = grid.steps_per_context + 2  # decode steps a sequence takes at one context, and a margin
+    next_id = 0
+    for context in grid.contexts:
+        decoders = list(range(next_id, next_id + rows))
+        next_id += rows
+        params = SamplingParams(max_tokens=extra, temperature=0.0, ignore_eos=True)  # never reached
+        for seq_id in decoders:
+            engine.add(seq_id, _prompt(context, vocab, seq_id), params)
+            if not engine.reserve(seq_id, context + extra):
+                raise ValueError(f"the KV cache cannot hold {rows} sequences of {context + extra} tokens")
+            _prefill(engine, seq_id)
+        for batch in grid.batch_sizes:
+            for prefill in grid.prefill_tokens:
+                if batch == 0 and prefill == 0:
+                    continue
+                times, shape = [], None
+                for repeat in range(grid.repeats + 1):
+                    schedule = [(s, engine.num_pending(s)) for s in decoders[:batch]]
+                    if prefill:
+                        fresh, next_id = next_id, next_id + 1
+                        prefill_params = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True)
+                        engine.add(fresh, _prompt(prefill, vocab, fresh), prefill_params)
+                        if not engine.reserve(fresh, prefill + 1):
+                            raise ValueError("the KV cache is too small for the grid; lower --batch-sizes")
+                        schedule.append((fresh, prefill))
+                    shape = step_shape(engine, schedule)
+                    start = time.perf_counter()
+                    engine.step(schedule)
+                    elapsed = time.perf_counter() - start
+                    if prefill:
+                        engine.remove(fresh)
+                    if repeat:  # the first is a warm-up
+                        times.append(elapsed)
+                assert shape is not None
+                point = Point(batch, prefill, context, shape, statistics.median(times))
+                points.append(point)
+                print(
+                    f"context {context:5d}  decode rows {batch:3d}  prefill {prefill:4d}:"
+                    f" {1e3 * point.seconds:8.2f} ms",
+                    file=sys.stderr,
+                )
+        for seq_id in decoders:
+            engine.remove(seq_id)
+    return points
+
+
+def _engine_flags(options: RuntimeOptions) -> str:
+    """The options that shape the engine's speed, as `name=value` (a weight format too, where serve has one)."""
+    skip = {"scheduler", "served_model_name", "kv_cache_tokens"}
+    return ", ".join(f"{f.name}={getattr(options, f.name)}" for f in dataclasses.fields(options) if f.name not in skip)
+
+
+def _ints(text: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in text.split(",") if part.strip())
+
+
+def build_parser() -> argparse.ArgumentParser:
+    g = Grid()
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.profile", description=_DESCRIPTION)
+    parser.add_argument("--out", type=Path, required=True, help="cost.json to write")
+    grid = parser.add_argument_group("grid")
+    grid.add_argument("--batch-sizes", type=_ints, default=g.batch_sizes, help="decode rows per step")
+    grid.add_argument("--prefill-tokens", type=_ints, default=g.prefill_tokens, help="prompt tokens per step")
+    grid.add_argument("--contexts", type=_ints, default=g.contexts, help="context length of the decode rows")
+    grid.add_argument("--repeats", type=int, default=g.repeats)
+    # serve's own flags, generated from the same config: the engine is built as serve builds it (model, device,
+    # max-model-len, cpu-kernels, and whatever weight format flags serve has). Its policy and HTTP flags are
+    # accepted and ignored: the grid sets the rows.
+    add_config_flags(parser, skip=("max_num_seqs", "kv_cache_tokens"))
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        grid = Grid(args.batch_sizes, args.prefill_tokens, args.contexts, args.repeats)
+    except ValueError as exc:
+        parser.error(str(exc))
+    rows = max(grid.batch_sizes) + 1
+    per_row = max(grid.contexts) + grid.steps_per_context + 4  # a sequence's whole length (measure's)
+    try:
+        served = config_from_args(args).runtime_options()
+    except ValueError as exc:
+        parser.error(str(exc))
+    options = dataclasses.replace(
+        served,
+        scheduler=SchedulerConfig(mode=Mode.CONTINUOUS, max_num_seqs=rows),
+        kv_cache_tokens=rows * (max(per_row, max(grid.prefill_tokens) + 1) + 16),  # + a block of rounding
+    )
+    loaded = load(options)
+    runtime = build_model_runtime(options, loaded)
+    engine = runtime.engine
+    if per_row > engine.max_model_len:
+        parser.error(f"contexts plus {grid.steps_per_context} decode steps exceed max-model-len {engine.max_model_len}")
+    vocab = int(loaded.model.config.vocab_size)
+    started = time.perf_counter()
+    with torch.inference_mode():
+        points = measure(engine, grid, vocab)
+    source = (
+        f"{runtime.model_name} on {platform.machine()}"
+        + f", {torch.get_num_threads()} torch threads, {_engine_flags(served)}"
+    )
+    report = fit_cost_model([p.shape for p in points], [p.seconds for p in points], source)
+    extra = {
+        "command": " ".join([sys.executable, "-m", "benchmarks.profile", *(argv or sys.argv[1:])]),
+        "machine": {"cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(), "torch": torch.__version__},
+        "engine": _engine_flags(served),
+        "grid": asdict(grid),
+        "profile_seconds": time.perf_counter() - started,
+        "points": [
+            {
+                "decode_rows": p.decode_rows,
+                "prefill_tokens": p.prefill_tokens,
+                "context": p.context,
+                "shape": asdict(p.shape),
+                "measured_ms": 1e3 * p.seconds,
+                "fitted_ms": 1e3 * report.model.step_time(p.shape),
+            }
+            for p in points
+        ],
+    }
+    save_fitted(report, args.out, extra)
+    m = report.model
+    print(
+        f"fit: t = {1e3 * m.const_s:.3f} ms + {1e3 * m.per_token_s:.4f} ms/token"
+        f" + {1e3 * m.per_token_over_knee_s:.4f} ms/token over {m.knee_tokens} + {1e3 * m.per_seq_s:.4f} ms/seq"
+        f" + {1e3 * m.per_attention_mpair_s:.3f} ms per M attention pairs"
+    )
+    print(
+        f"fit error: mean {100 * report.mean_abs_pct_error:.1f}%, max {100 * report.max_abs_pct_error:.1f}%,"
+        f" R^2 {report.r_squared:.4f}; wrote {args.out}"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

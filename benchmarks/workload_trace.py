@@ -1,0 +1,140 @@
+"""Workload traces: what a server saw, one request a line, for the simulator to replay.
+
+    {"arrival_s": 0.0, "prompt_tokens": 57, "max_tokens": 200, "output_tokens": 200}
+
+`arrival_s` is seconds after the run started; `output_tokens` (optional) is how many tokens the request produced:
+below `max_tokens` it replays a natural stop (EOS). A trace comes from a real run (`benchmarks.ab
+--export-workload`) or is synthesised from the same workload and arrival generators `benchmarks.ab` uses.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from benchmarks.arrivals import ArrivalConfig, arrival_offsets
+from benchmarks.client import RequestRecord
+from benchmarks.runner import RunResult
+from benchmarks.workloads import WorkloadConfig, build_workload
+
+
+@dataclass(frozen=True)
+class TraceRequest:
+    arrival_s: float
+    prompt_tokens: int
+    max_tokens: int
+    output_tokens: int | None = None
+
+    def __post_init__(self) -> None:
+        if not (self.arrival_s >= 0 and math.isfinite(self.arrival_s)):
+            raise ValueError(f"arrival_s must be a finite number >= 0, got {self.arrival_s}")
+        if self.prompt_tokens < 1 or self.max_tokens < 1:
+            raise ValueError(f"prompt_tokens and max_tokens must be >= 1, got {self.prompt_tokens}, {self.max_tokens}")
+        if self.output_tokens is not None and not 1 <= self.output_tokens <= self.max_tokens:
+            raise ValueError(f"output_tokens must be in 1..max_tokens ({self.max_tokens}), got {self.output_tokens}")
+
+    def to_json(self) -> dict[str, float | int]:
+        row: dict[str, float | int] = {
+            "arrival_s": round(self.arrival_s, 6),
+            "prompt_tokens": self.prompt_tokens,
+            "max_tokens": self.max_tokens,
+        }
+        if self.output_tokens is not None:
+            row["output_tokens"] = self.output_tokens
+        return row
+
+
+def write_trace(requests: Iterable[TraceRequest], path: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(r.to_json()) + "\n" for r in requests))
+    return path
+
+
+def read_trace(path: Path) -> list[TraceRequest]:
+    """Requests sorted by arrival; a bad line is a ValueError naming it."""
+    requests = []
+    for line_no, line in enumerate(Path(path).read_text().splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+            output = row.get("output_tokens")
+            requests.append(
+                TraceRequest(
+                    float(row["arrival_s"]),
+                    _int(row["prompt_tokens"]),
+                    _int(row["max_tokens"]),
+                    None if output is None else _int(output),
+                )
+            )
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            raise ValueError(f"{path}:{line_no}: {exc}") from exc
+    if not requests:
+        raise ValueError(f"{path} has no requests")
+    return sorted(requests, key=lambda r: r.arrival_s)
+
+
+def _int(value: object) -> int:
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise ValueError(f"expected an integer, got {value!r}")
+    return value
+
+
+def synthesize(workload: WorkloadConfig, arrivals: ArrivalConfig) -> list[TraceRequest]:
+    """The requests `benchmarks.ab` would send with these flags, at the times it would send them. Prompt lengths
+    are the generator's estimate (about one token a word); every request runs to max_tokens, as with
+    --ignore-eos."""
+    specs = build_workload(workload)
+    offsets = arrival_offsets(arrivals, len(specs))
+    return [TraceRequest(t, max(1, s.prompt_tokens), s.max_tokens) for s, t in zip(specs, offsets, strict=True)]
+
+
+def from_records(records: Sequence[RequestRecord]) -> list[TraceRequest]:
+    """A real run as a trace: each request's send time, the server's token counts (usage) where reported, and
+    the tokens it produced. Failed requests are kept with their asked-for lengths: they arrived too."""
+    trace = []
+    for r in sorted(records, key=lambda r: (r.send_time, r.index)):
+        prompt = r.prompt_tokens if r.prompt_tokens is not None else r.prompt_tokens_est
+        output = r.output_tokens if r.ok and 1 <= r.output_tokens <= r.max_tokens else None
+        trace.append(TraceRequest(max(0.0, r.send_time), max(1, prompt), r.max_tokens, output))
+    return trace
+
+
+# ----- a benchmarks.ab run's traces, one file per run: OUT/workload/<mode>.jsonl and <mode>@<rate>.jsonl -----
+def _rate_label(rate: float) -> str:
+    return "inf" if math.isinf(rate) else f"{rate:g}"
+
+
+def export_runs(out_dir: Path, runs: Mapping[str, RunResult], sweep: Mapping[str, Sequence[RunResult]]) -> Path:
+    folder = out_dir / "workload"
+    for name, run in runs.items():
+        write_trace(from_records(run.records), folder / f"{name}.jsonl")
+    for name, sweep_runs in sweep.items():
+        for run in sweep_runs:
+            write_trace(from_records(run.records), folder / f"{name}@{_rate_label(run.request_rate)}.jsonl")
+    return folder
+
+
+@dataclass(frozen=True)
+class ExportedRuns:
+    main: dict[str, list[TraceRequest]]  # run name -> its trace
+    sweep: dict[str, dict[float, list[TraceRequest]]]  # run name -> rate -> its trace
+
+
+def read_exported(folder: Path) -> ExportedRuns:
+    """What `export_runs` wrote (give the run's --out folder or its workload/ folder)."""
+    folder = folder / "workload" if (folder / "workload").is_dir() else folder
+    files = sorted(folder.glob("*.jsonl"))
+    if not files:
+        raise ValueError(f"no workload traces (*.jsonl) in {folder}; run benchmarks.ab with --export-workload")
+    exported = ExportedRuns({}, {})
+    for path in files:
+        name, _, rate = path.stem.partition("@")
+        if rate:
+            exported.sweep.setdefault(name, {})[float(rate)] = read_trace(path)
+        else:
+            exported.main[name] = read_trace(path)
+    return exported
