@@ -133,7 +133,9 @@ def _assert_storable(request: BaseModel) -> None:
             assert math.isfinite(value), name
         elif isinstance(value, int) and not isinstance(value, bool):
             assert abs(value) <= INT64_MAX, name
-    ids_fields = (getattr(request, "prompt", None), request.stop_token_ids, request.allowed_token_ids)  # type: ignore[attr-defined]
+    # A chat request's "prompt" is an unknown field: kept aside by extra="allow", never handed on.
+    prompt = request.prompt if "prompt" in type(request).model_fields else None  # type: ignore[attr-defined]
+    ids_fields = (prompt, request.stop_token_ids, request.allowed_token_ids)  # type: ignore[attr-defined]
     for ids in ids_fields:
         if isinstance(ids, list):
             flat = [i for item in ids for i in (item if isinstance(item, list) else [item])]
