@@ -162,6 +162,17 @@ def event_routes_for_serve() -> list[Route]:
     ]
 
 
+def openai_routes() -> list[Route]:
+    """One mode's API: what `serve` answers at its root, and `compare` under each mode's prefix."""
+    return [
+        Route("/v1/completions", routes.completions, methods=["POST"]),
+        Route("/v1/chat/completions", routes.chat_completions, methods=["POST"]),
+        Route("/v1/models", routes.models, methods=["GET"]),
+        Route("/health", routes.health, methods=["GET"]),
+        Route("/metrics", routes.metrics, methods=["GET"]),
+    ]
+
+
 def create_app(config: ServerConfig, loader: ModelLoader = default_loader) -> Starlette:
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -187,11 +198,7 @@ def create_app(config: ServerConfig, loader: ModelLoader = default_loader) -> St
         middleware.append(Middleware(APIKeyMiddleware, api_key=config.api_key))
     app = Starlette(
         routes=[
-            Route("/v1/completions", routes.completions, methods=["POST"]),
-            Route("/v1/chat/completions", routes.chat_completions, methods=["POST"]),
-            Route("/v1/models", routes.models, methods=["GET"]),
-            Route("/health", routes.health, methods=["GET"]),
-            Route("/metrics", routes.metrics, methods=["GET"]),
+            *openai_routes(),
             *event_routes_for_serve(),
         ],
         middleware=middleware,

@@ -27,7 +27,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Mount, Route
 
 from api import app as serve_app
-from api import event_routes, page, routes
+from api import event_routes, page
 from api.config import ServerConfig
 from api.drain import drain
 from api.errors import APIError
@@ -57,12 +57,8 @@ def _mode_app(config: ServerConfig) -> Starlette:
     """One mode's API, as `serve` has it; mounted under its prefix, started by the root's lifespan."""
     app = Starlette(
         routes=[
-            Route("/v1/completions", routes.completions, methods=["POST"]),
-            Route("/v1/chat/completions", routes.chat_completions, methods=["POST"]),
-            Route("/v1/models", routes.models, methods=["GET"]),
+            *serve_app.openai_routes(),
             Route("/v1/events", event_routes.events, methods=["GET"]),
-            Route("/health", routes.health, methods=["GET"]),
-            Route("/metrics", routes.metrics, methods=["GET"]),
         ],
         exception_handlers=_HANDLERS,
     )

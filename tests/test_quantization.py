@@ -4,9 +4,7 @@ weights, and the `--dtype`/`--quantization` options from the CLI down to the loa
 
 from __future__ import annotations
 
-import copy
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pytest
@@ -14,7 +12,6 @@ import torch
 import torch.nn.functional as F
 from gguf import GGMLQuantizationType, GGUFWriter
 from gguf.quants import dequantize, quantize
-from transformers import PreTrainedModel
 
 from api.cli import build_parser, config_from_args
 from api.config import ServerConfig
@@ -35,6 +32,7 @@ from engine.quantization import (
 )
 from engine.sampling_params import SamplingParams
 from engine.weight_format import WeightFormat, cpu_has_native_bf16, resolve
+from tests.reference_models import dequantized_model, generate_exactly
 
 HEADS, KV_HEADS, HIDDEN = 4, 2, 64
 NEW_TOKENS = 12
@@ -199,26 +197,6 @@ def test_dense_linear_reports_its_input_size() -> None:
 # ----- the runner on the tiny model, each format against generate() on the same weights ----------------------
 
 
-def _with_weights(model: PreTrainedModel, loaded: LoadedModel) -> PreTrainedModel:
-    """A copy of the model whose projections and LM head hold the quantised weights' dequantised values."""
-    dtype = next(loaded.model.parameters()).dtype
-    reference = copy.deepcopy(model).float()
-    modules = dict(reference.named_modules())
-    for name, weight in loaded.quantized.items():
-        # int4 scales and zeros are held in the activations' dtype, as the kernel reads them.
-        dense = weight.dequantize(dtype) if isinstance(weight, Int4Weight) else weight.dequantize()
-        modules[name].weight = torch.nn.Parameter(dense)
-    return reference.to(dtype)
-
-
-def _generate(model: Any, prompt: list[int]) -> list[int]:
-    ids = torch.tensor([prompt])
-    out = model.generate(
-        ids, attention_mask=torch.ones_like(ids), max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS, do_sample=False
-    )
-    return out[0, len(prompt) :].tolist()
-
-
 PROMPTS = [[5, 17, 42, 9], [100, 3], [7] * 30, [11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21]]
 
 
@@ -239,13 +217,13 @@ def test_quantised_float32_runner_matches_generate_on_the_same_weights(
     assert "lm_head" not in loaded.quantized  # int8's float32 path is slow: the head stays dense in float32
     expected_kind = Int4Weight if quantization == "int4" else Int8Weight
     assert isinstance(loaded.quantized["model.layers.0.self_attn.q_proj"], expected_kind)
-    reference = _with_weights(loaded.model, loaded)
+    reference = dequantized_model(loaded)
     params = SamplingParams(max_tokens=NEW_TOKENS, temperature=0.0, ignore_eos=True)
     with LLM(mode="continuous", loaded=loaded, max_num_seqs=4, cpu_kernels=cpu_kernels) as llm:
         runner = llm.runtime.engine.runner
         assert all(not isinstance(lin, Linear) for lin in runner.layer_linears(runner.layers[0]))  # type: ignore[attr-defined]
         outputs = [out.token_ids for out in llm.generate(PROMPTS, params)]
-    assert outputs == [_generate(reference, prompt) for prompt in PROMPTS]
+    assert outputs == [generate_exactly(reference, prompt, NEW_TOKENS) for prompt in PROMPTS]
 
 
 def test_quantised_runner_batched_equals_alone(tiny_checkpoint: Path) -> None:
@@ -265,7 +243,7 @@ def test_bfloat16_runner_follows_generate_on_the_bfloat16_model(tiny_checkpoint:
     assert next(loaded.model.parameters()).dtype == torch.bfloat16
     if quantization != "none":
         assert isinstance(loaded.quantized["lm_head"], Int8Weight)  # the LM head is int8 per row with bf16
-    reference = _with_weights(loaded.model, loaded) if loaded.quantized else loaded.model
+    reference = dequantized_model(loaded)
     params = SamplingParams(max_tokens=NEW_TOKENS, temperature=0.0, ignore_eos=True, prompt_logprobs=0)
     with LLM(mode="continuous", loaded=loaded, max_num_seqs=4) as llm:
         assert llm.runtime.engine.cache.data.dtype == torch.bfloat16
@@ -274,7 +252,7 @@ def test_bfloat16_runner_follows_generate_on_the_bfloat16_model(tiny_checkpoint:
         sequence = prompt + output.token_ids
         with torch.inference_mode():
             logits = reference(torch.tensor([sequence])).logits[0].float().log_softmax(-1)
-        expected = _generate(reference, prompt)
+        expected = generate_exactly(reference, prompt, NEW_TOKENS)
         assert output.token_ids[0] == expected[0]
         # The engine's prompt logprobs score each prompt token; transformers' must agree within bf16 rounding.
         assert output.prompt_logprobs is not None and output.prompt_logprobs.first_position == 1

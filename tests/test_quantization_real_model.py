@@ -10,7 +10,6 @@ rounding of it.
 
 from __future__ import annotations
 
-import copy
 import functools
 from typing import Any
 
@@ -21,6 +20,7 @@ from api.offline import LLM
 from engine.loader import LoadedModel, load_model
 from engine.quantization import Int4Weight, Int8Weight
 from engine.sampling_params import SamplingParams
+from tests.reference_models import dequantized_model, generate_exactly
 
 pytestmark = pytest.mark.slow
 
@@ -49,34 +49,6 @@ def _prompts() -> list[list[int]]:
     return [list(tokenizer(text)["input_ids"]) for text in TEXTS]
 
 
-def _reference(loaded: LoadedModel) -> Any:
-    """The loaded model with its projections and LM head set to the quantised weights' dequantised values."""
-    if not loaded.quantized:
-        return loaded.model
-    dtype = next(loaded.model.parameters()).dtype
-    reference = copy.deepcopy(loaded.model).float()
-    modules = dict(reference.named_modules())
-    for name, weight in loaded.quantized.items():
-        # int4 scales and zeros are held in the activations' dtype; the LM head's new Parameter unties it.
-        dense = weight.dequantize(dtype) if isinstance(weight, Int4Weight) else weight.dequantize()
-        modules[name].weight = torch.nn.Parameter(dense)
-    return reference.to(dtype)
-
-
-def _generate(model: Any, prompt: list[int]) -> list[int]:
-    ids = torch.tensor([prompt])
-    out = model.generate(
-        ids,
-        attention_mask=torch.ones_like(ids),
-        max_new_tokens=NEW_TOKENS,
-        min_new_tokens=NEW_TOKENS,
-        do_sample=False,
-        eos_token_id=None,
-        pad_token_id=0,
-    )
-    return out[0, len(prompt) :].tolist()
-
-
 def _engine(loaded: LoadedModel, prompts: list[list[int]], seats: int, prompt_logprobs: bool = False) -> list[Any]:
     params = SamplingParams(
         max_tokens=NEW_TOKENS, temperature=0.0, ignore_eos=True, prompt_logprobs=0 if prompt_logprobs else None
@@ -99,9 +71,10 @@ def test_int4_from_the_gguf_is_the_files_own_blocks() -> None:
 @pytest.mark.parametrize("quantization", ["int4", "int8"])
 def test_quantised_float32_engine_matches_generate_on_the_same_weights(quantization: str) -> None:
     loaded = _loaded("float32", quantization)
-    reference = _reference(loaded)
+    reference = dequantized_model(loaded)
     outputs = _engine(loaded, _prompts(), seats=len(TEXTS))
-    assert [out.token_ids for out in outputs] == [_generate(reference, prompt) for prompt in _prompts()]
+    expected = [generate_exactly(reference, prompt, NEW_TOKENS) for prompt in _prompts()]
+    assert [out.token_ids for out in outputs] == expected
 
 
 def test_int4_batched_equals_alone() -> None:
@@ -114,7 +87,7 @@ def test_int4_batched_equals_alone() -> None:
 @pytest.mark.parametrize("quantization", ["none", "int4"])
 def test_bfloat16_engine_stays_within_bf16_rounding_of_transformers(quantization: str) -> None:
     loaded = _loaded("bfloat16", quantization)
-    reference = _reference(loaded)
+    reference = dequantized_model(loaded)
     outputs = _engine(loaded, _prompts(), seats=len(TEXTS), prompt_logprobs=True)
     differences = []
     for prompt, output in zip(_prompts(), outputs, strict=True):

@@ -6,7 +6,6 @@ from __future__ import annotations
 import functools
 
 import pytest
-import torch
 
 from api.offline import LLM
 from engine.config import EngineConfig
@@ -15,6 +14,7 @@ from engine.loader import LoadedModel
 from engine.model_runner import TransformersRunner
 from engine.sampling_params import SamplingParams
 from scheduler.request import Outcome
+from tests.reference_models import generate_exactly
 from tests.server_harness import real_loaded_model
 
 pytestmark = pytest.mark.slow
@@ -42,19 +42,7 @@ def _prompts() -> list[list[int]]:
 @functools.cache
 def _reference(index: int) -> list[int]:
     """Greedy continuation of one prompt alone, by transformers."""
-    model = real_loaded_model().model
-    prompt = _prompts()[index]
-    ids = torch.tensor([prompt])
-    out = model.generate(
-        ids,
-        attention_mask=torch.ones_like(ids),
-        max_new_tokens=NEW_TOKENS,
-        min_new_tokens=NEW_TOKENS,
-        do_sample=False,
-        eos_token_id=None,
-        pad_token_id=0,
-    )
-    return out[0, len(prompt) :].tolist()
+    return generate_exactly(real_loaded_model().model, _prompts()[index], NEW_TOKENS)
 
 
 def test_prompts_span_a_few_to_hundreds_of_tokens() -> None:
