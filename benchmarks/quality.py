@@ -25,7 +25,6 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from api.offline import LLM
-from engine.loader import LoadedModel
 from engine.sampling_params import SamplingParams
 
 DEFAULT_OUT = Path("benchmarks/results/quality.json")
@@ -125,8 +124,8 @@ def compare(
     return result
 
 
-def load_llm(model: str | None, setting: Setting, loaded: LoadedModel | None = None) -> LLM:
-    return LLM(model=model, mode="continuous", loaded=loaded, dtype=setting.dtype, quantization=setting.quantization)
+def load_llm(model: str | None, setting: Setting) -> LLM:
+    return LLM(model=model, mode="continuous", dtype=setting.dtype, quantization=setting.quantization)
 
 
 def run(model: str | None, settings: Sequence[Setting], texts: Path, prompts: int, max_tokens: int, chunk: int) -> dict:
