@@ -21,6 +21,8 @@ from api.errors import APIError, bad_request
 # code and int64 engine rows, which raised past validation; the engine checks ids against the real vocabulary.
 MAX_ID = 2**31 - 1
 MAX_LOGPROBS = 20  # vLLM's default --max-logprobs
+# Every other integer must fit the engine's int64 rows; past that it is a named 400, not an overflow later.
+INT64_MAX = 2**63 - 1
 TokenIds = list[Annotated[int, Field(ge=0, le=MAX_ID)]]
 _Model = TypeVar("_Model", bound=BaseModel)
 
@@ -68,20 +70,20 @@ class _SamplingFields(_Lenient):
     top_p: float = Field(1.0, gt=0.0, le=1.0, allow_inf_nan=False)
     top_k: int = Field(-1, ge=-1, le=MAX_ID)  # -1 or 0: off (vLLM spells "off" as -1)
     min_p: float = Field(0.0, ge=0.0, le=1.0, allow_inf_nan=False)
-    seed: int | None = Field(None, ge=-(2**63), le=2**63 - 1)
+    seed: int | None = Field(None, ge=-INT64_MAX - 1, le=INT64_MAX)
     stop: str | list[str] | None = None
     stop_token_ids: TokenIds | None = None
-    n: int = Field(1, ge=1)
-    best_of: int | None = Field(None, ge=1)
+    n: int = Field(1, ge=1, le=INT64_MAX)
+    best_of: int | None = Field(None, ge=1, le=INT64_MAX)
     presence_penalty: float = Field(0.0, ge=-2.0, le=2.0, allow_inf_nan=False)
     frequency_penalty: float = Field(0.0, ge=-2.0, le=2.0, allow_inf_nan=False)
     repetition_penalty: float = Field(1.0, gt=0.0, le=2.0, allow_inf_nan=False)
     logit_bias: dict[str, Annotated[float, Field(ge=-100.0, le=100.0, allow_inf_nan=False)]] | None = None
     allowed_token_ids: TokenIds | None = None
     bad_words: list[str] | None = None
-    min_tokens: int = Field(0, ge=0)
+    min_tokens: int = Field(0, ge=0, le=INT64_MAX)
     ignore_eos: bool = False
-    truncate_prompt_tokens: int | None = Field(None, ge=-1)  # keep the last k prompt tokens; -1: the context
+    truncate_prompt_tokens: int | None = Field(None, ge=-1, le=INT64_MAX)  # keep the last k prompt tokens; -1: the context
     skip_special_tokens: bool = True
     spaces_between_special_tokens: bool = True
     include_stop_str_in_output: bool = False
@@ -93,7 +95,7 @@ class _SamplingFields(_Lenient):
     add_special_tokens: bool | None = None  # default differs: True for completions, False for chat
     user: str | None = None
     request_id: str | None = Field(None, max_length=256)
-    priority: int = 0
+    priority: int = Field(0, ge=-INT64_MAX - 1, le=INT64_MAX)
     use_beam_search: bool = False
     length_penalty: float = Field(1.0, allow_inf_nan=False)  # beam search only: a no-op otherwise, as in vLLM
     response_format: ResponseFormat | None = None
@@ -121,7 +123,7 @@ class _SamplingFields(_Lenient):
 
 class CompletionRequest(_SamplingFields):
     prompt: str | list[str] | TokenIds | list[TokenIds]
-    max_tokens: int = Field(16, ge=0)  # 0 with echo scores the prompt alone
+    max_tokens: int = Field(16, ge=0, le=INT64_MAX)  # 0 with echo scores the prompt alone
     logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
     suffix: str | None = None
 
@@ -148,8 +150,8 @@ class ChatMessage(_Lenient):
 
 class ChatCompletionRequest(_SamplingFields):
     messages: list[ChatMessage] = Field(min_length=1)
-    max_tokens: int | None = Field(None, ge=0)
-    max_completion_tokens: int | None = Field(None, ge=0)
+    max_tokens: int | None = Field(None, ge=0, le=INT64_MAX)
+    max_completion_tokens: int | None = Field(None, ge=0, le=INT64_MAX)
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
     add_generation_prompt: bool = True

@@ -15,12 +15,11 @@ from sse_starlette import ServerSentEvent
 
 from api.errors import APIError
 from api.formatting import ChatFormatter, CompletionFormatter, ResponseFormatter
-from api.protocol import MAX_ID, ChatCompletionRequest, CompletionRequest, parse_request
+from api.protocol import INT64_MAX, MAX_ID, ChatCompletionRequest, CompletionRequest, parse_request
 from api.service import TokenLogprob
 from tests.server_harness import tiny_tokenizer
 
 MODELS: list[type[BaseModel]] = [CompletionRequest, ChatCompletionRequest]
-INT64_MAX = 2**63 - 1
 FUZZ = settings(max_examples=500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 _scalars = (
@@ -168,6 +167,23 @@ def test_any_body_parses_or_is_a_named_400(model: type[BaseModel], data: st.Data
         _assert_storable(request)
         for bias in (request.logit_bias or {}).values():  # type: ignore[attr-defined]
             assert math.isfinite(bias) and -100 <= bias <= 100
+
+
+def _integer_fields(model: type[BaseModel]) -> list[str]:
+    return [name for name, field in model.model_fields.items() if "int" in str(field.annotation)]
+
+
+@pytest.mark.parametrize("model", MODELS, ids=lambda m: m.__name__)
+@pytest.mark.parametrize("value", [INT64_MAX + 1, -INT64_MAX - 2, 2**70])
+def test_every_integer_field_past_int64_is_a_named_400(model: type[BaseModel], value: int) -> None:
+    """The sweep the fuzzer found by luck once (min_tokens = 2**63 parsed): every integer field, every model."""
+    fields = _integer_fields(model)
+    assert {"max_tokens", "min_tokens", "n", "seed", "priority"} <= set(fields)
+    for name in fields:
+        body = json.dumps({**_BASES[model], name: value}).encode()
+        with pytest.raises(APIError) as caught:
+            parse_request(model, body)
+        assert caught.value.status == 400 and caught.value.param == name, name
 
 
 # ----- SSE framing -----
