@@ -11,6 +11,7 @@ from api.chat_template import encode_chat
 from api.config import RuntimeOptions
 from api.detokenizer import IncrementalDetokenizer
 from api.wiring import build_model_runtime, load
+from engine.compute_thread import run_on_passing_thread
 from engine.loader import LoadedModel
 from engine.outputs import PromptLogprobs
 from engine.sampling_params import SamplingParams
@@ -48,8 +49,9 @@ class LLM:
     ) -> None:
         """`options`: ServerConfig's scheduler and engine options by name (max_num_seqs, device, ...)."""
         self.options = RuntimeOptions.of(mode, model=model, **options)
-        self.loaded = loaded or load(self.options)
-        self.runtime = build_model_runtime(self.options, self.loaded)
+        # Loading and building on a thread that ends keeps the loop thread's OpenMP workers fast (see there).
+        self.loaded = loaded or run_on_passing_thread(lambda: load(self.options))
+        self.runtime = run_on_passing_thread(lambda: build_model_runtime(self.options, self.loaded))
         self.tokenizer = self.loaded.tokenizer
         self.runtime.loop.start()
         self._next_id = 0

@@ -30,7 +30,7 @@ import torch
 
 from engine.config import DTYPES, QUANTIZATIONS, EngineConfig
 from engine.engine import Engine
-from engine.linear import AnyLinear, Int4Linear, Int8Linear, Linear
+from engine.linear import AnyLinear, Int4Linear, Int8Linear, Linear, RowSwitchedLinear
 from engine.loader import LoadedModel, load_model
 from engine.model_runner import TransformersRunner
 from engine.sampling_params import SamplingParams
@@ -107,6 +107,8 @@ def weight_matmuls(model: Any) -> list[torch.Tensor]:
 
 def input_dtype(linear: AnyLinear) -> torch.dtype:
     """The activations' dtype the matmul takes (its weights' or scales')."""
+    if isinstance(linear, RowSwitchedLinear):
+        return linear.dense.weight.dtype
     if isinstance(linear, Int4Linear):
         return linear.scales_and_zeros.dtype
     if isinstance(linear, Int8Linear):
@@ -115,7 +117,9 @@ def input_dtype(linear: AnyLinear) -> torch.dtype:
 
 
 def linear_bytes(linear: AnyLinear) -> int:
-    """Bytes of weights (and scales) one call reads."""
+    """Bytes of weights (and scales) one call of a few rows reads."""
+    if isinstance(linear, RowSwitchedLinear):
+        return linear_bytes(linear.quantized)
     if isinstance(linear, Int4Linear):
         tensors = [linear.packed, linear.scales_and_zeros]
     elif isinstance(linear, Int8Linear):

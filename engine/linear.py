@@ -71,16 +71,20 @@ class Int4Linear:
     group_size: int
     bias: torch.Tensor | None
     in_features: int
+    native: bool = False  # through batchserve::int4_gemv (engine/csrc/quant_gemv.cpp) rather than torch's kernel
 
     @classmethod
-    def build(cls, weight: Int4Weight, bias: torch.Tensor | None, dtype: torch.dtype) -> Int4Linear:
+    def build(cls, weight: Int4Weight, bias: torch.Tensor | None, dtype: torch.dtype, native: bool = False) -> Int4Linear:
         packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(weight.values.to(torch.int32), 1)
         scales_and_zeros = torch.stack((weight.scales.t(), weight.zeros.t()), dim=-1).to(dtype).contiguous()
-        return cls(packed, scales_and_zeros, weight.group_size, bias, int(weight.values.shape[1]))
+        return cls(packed, scales_and_zeros, weight.group_size, bias, int(weight.values.shape[1]), native)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        x = x.contiguous()  # the int4 kernel refuses strided inputs (the runner passes slices of fused outputs)
-        y = torch.ops.aten._weight_int4pack_mm_for_cpu(x, self.packed, self.group_size, self.scales_and_zeros)
+        x = x.contiguous()  # the int4 kernels refuse strided inputs (the runner passes slices of fused outputs)
+        # Ours reads each weight byte once for up to 8 rows (torch's costs grow with the rows as if each were a
+        # pass) and is 20x faster on float32 activations: docs/quantization.md has the measurements.
+        mm = torch.ops.batchserve.int4_gemv if self.native else torch.ops.aten._weight_int4pack_mm_for_cpu
+        y = mm(x, self.packed, self.group_size, self.scales_and_zeros)
         return y if self.bias is None else y + self.bias
 
 
@@ -91,21 +95,57 @@ class Int8Linear:
     values: torch.Tensor  # [out, in] int8
     scales: torch.Tensor  # [out] in the activations' dtype
     bias: torch.Tensor | None
+    native: bool = False  # through batchserve::int8_gemv where it is measured faster (see __call__)
+
+    # Up to this many bfloat16 rows the compiled kernel's prefetching streams the weights faster than torch's
+    # (an LM head step: 2.0 ms against 2.8 cold); past it torch's is as fast. On float32 ours is 9x faster at any size.
+    NATIVE_BF16_ROWS = 8
 
     @classmethod
-    def build(cls, weight: Int8Weight, bias: torch.Tensor | None, dtype: torch.dtype) -> Int8Linear:
-        return cls(weight.values.contiguous(), weight.scales.to(dtype), bias)
+    def build(cls, weight: Int8Weight, bias: torch.Tensor | None, dtype: torch.dtype, native: bool = False) -> Int8Linear:
+        return cls(weight.values.contiguous(), weight.scales.to(dtype), bias, native)
 
     @property
     def in_features(self) -> int:
         return int(self.values.shape[1])
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        y = torch.ops.aten._weight_int8pack_mm(x, self.values, self.scales)
+        if self.native and (x.dtype == torch.float32 or x.shape[0] <= self.NATIVE_BF16_ROWS):
+            y = torch.ops.batchserve.int8_gemv(x, self.values, self.scales)
+        else:
+            y = torch.ops.aten._weight_int8pack_mm(x, self.values, self.scales)
         return y if self.bias is None else y + self.bias
 
 
-AnyLinear = Linear | Int4Linear | Int8Linear
+QuantizedLinear = Int4Linear | Int8Linear
+
+# Steps of more rows than this run the dense copy (RowSwitchedLinear). Measured (SmolLM2, int4 + bf16, 2 cores):
+# decode steps cost the same at about 10 rows (int4 27.3 ms against dense 31.6 at 8 rows, 47.6 against 37.7 at 16).
+DEFAULT_MAX_QUANTIZED_ROWS = 10
+
+
+@dataclass(frozen=True)
+class RowSwitchedLinear:
+    """Quantised weights for small steps, a dense copy for large ones.
+
+    A step of a few rows is bound by the bytes of weights it reads, where 4-bit weights win; a step of many rows
+    (prefill, a large decode batch) is bound by arithmetic, where dequantising every weight for every group of
+    rows costs far more than a dense bfloat16 matmul (4x at 64 rows, 8x at 512: docs/quantization.md). The
+    dense copy is the model's weights in the activations' dtype, which the loader keeps as the reference."""
+
+    quantized: QuantizedLinear
+    dense: Linear
+    max_quantized_rows: int
+
+    @property
+    def in_features(self) -> int:
+        return self.dense.in_features
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return self.quantized(x) if x.shape[0] <= self.max_quantized_rows else self.dense(x)
+
+
+AnyLinear = Linear | Int4Linear | Int8Linear | RowSwitchedLinear
 
 
 def quantized_kernels_available(device: torch.device, dtype: torch.dtype) -> bool:
@@ -118,11 +158,16 @@ def quantized_kernels_available(device: torch.device, dtype: torch.dtype) -> boo
 
 
 def build_linear(
-    weight: torch.Tensor | QuantizedWeight, bias: torch.Tensor | None, dtype: torch.dtype, prepack: bool
-) -> AnyLinear:
-    """The matmul for a dense weight (in `dtype`, oneDNN-prepacked if asked and possible) or a quantised one."""
+    weight: torch.Tensor | QuantizedWeight,
+    bias: torch.Tensor | None,
+    dtype: torch.dtype,
+    prepack: bool,
+    native: bool = False,
+) -> Linear | QuantizedLinear:
+    """The matmul for a dense weight (in `dtype`, oneDNN-prepacked if asked and possible) or a quantised one
+    (`native`: through the compiled kernels, which the caller has loaded)."""
     if isinstance(weight, Int4Weight):
-        return Int4Linear.build(weight, bias, dtype)
+        return Int4Linear.build(weight, bias, dtype, native)
     if isinstance(weight, Int8Weight):
-        return Int8Linear.build(weight, bias, dtype)
+        return Int8Linear.build(weight, bias, dtype, native)
     return Linear.build(weight, bias, prepack)

@@ -22,10 +22,10 @@ from engine.attention import PreparedGroup, paged_attention, prepare
 from engine.forward_batch import ForwardBatch
 from engine.fused import ElementwiseOps, RotaryTables
 from engine.kv_cache import KVCacheShape, PagedKVCache
-from engine.linear import AnyLinear, build_linear
+from engine.linear import DEFAULT_MAX_QUANTIZED_ROWS, AnyLinear, Int4Linear, Int8Linear, Linear, RowSwitchedLinear, build_linear
 from engine.native import load_decode_kernel, load_fused_ops, load_score_kernel
 from engine.prompt_scoring import DEFAULT_SLICE, PromptScores, score_positions
-from engine.quantization import QuantizedWeight, concat_rows
+from engine.quantization import Int4Weight, QuantizedWeight, concat_rows
 
 
 @dataclass(frozen=True)
@@ -85,6 +85,7 @@ class TransformersRunner:
         score_slice: int = DEFAULT_SLICE,
         fused_ops: bool = True,
         quantized: Mapping[str, QuantizedWeight] | None = None,
+        max_quantized_rows: int | None = DEFAULT_MAX_QUANTIZED_ROWS,
     ) -> None:
         """`prepack_weights`: run the projections through oneDNN on reordered weight copies (CPU, float32).
         `native_attention`: decode attention and prompt scoring through the compiled CPU kernels where they build
@@ -94,6 +95,8 @@ class TransformersRunner:
         add + RMSNorm, SiLU * up, RoPE + cache write.
         `quantized`: int4/int8 weights replacing the dense ones, keyed by module name (`lm_head`,
         `model.layers.N.self_attn.q_proj`, ...; engine/loader.py); the model's dense weights stay the reference.
+        `max_quantized_rows`: steps of more rows than this run the dense weights (engine.linear.RowSwitchedLinear);
+        None: every step runs the quantised ones.
         """
         config = model.config
         inner = getattr(model, "model", None)
@@ -115,13 +118,15 @@ class TransformersRunner:
         self.prepack_weights = prepack_weights
         self.score_slice = score_slice
         self.quantized = dict(quantized or {})
+        self.max_quantized_rows = max_quantized_rows
+        use_kernel = native_attention and self.device.type == "cpu" and self.dtype in (torch.float32, torch.bfloat16)
+        self.native_matmuls = use_kernel and bool(self.quantized) and load_fused_ops()
         self.lm_head = self._linear(model.lm_head, "lm_head")
         self.layers = [self._prepare_layer(layer, f"model.layers.{i}") for i, layer in enumerate(inner.layers)]
         attention = inner.layers[0].self_attn
         self.scale = float(getattr(attention, "scaling", self.head_dim**-0.5))
         self.act = inner.layers[0].mlp.act_fn
         self._scratch: tuple[torch.Tensor, torch.Tensor] | None = None
-        use_kernel = native_attention and self.device.type == "cpu" and self.dtype in (torch.float32, torch.bfloat16)
         self.decode_kernel = load_decode_kernel() if use_kernel else None
         self.score_kernel = load_score_kernel() if use_kernel else None
         self.ops = ElementwiseOps(native=use_kernel and fused_ops and load_fused_ops())
@@ -131,9 +136,19 @@ class TransformersRunner:
 
     def _build(self, weight: torch.Tensor, bias: torch.Tensor | None, names: list[str]) -> AnyLinear:
         """The matmul for the (fused) modules `names`: their quantised weights if all have one, else dense."""
-        if self.quantized and all(name in self.quantized for name in names):
-            return build_linear(concat_rows([self.quantized[name] for name in names]), bias, self.dtype, False)
-        return build_linear(weight, bias, self.dtype, self.prepack_weights)
+        if not (self.quantized and all(name in self.quantized for name in names)):
+            return build_linear(weight, bias, self.dtype, self.prepack_weights)
+        weights = concat_rows([self.quantized[name] for name in names])
+        quantized = build_linear(weights, bias, self.dtype, False, native=self.native_matmuls)
+        assert isinstance(quantized, Int4Linear | Int8Linear)
+        if self.max_quantized_rows is None:
+            return quantized
+        # The dense copy holds the quantised weights' own values (as the kernels read them), not the checkpoint's:
+        # large and small steps compute the same function.
+        values = weights.dequantize(self.dtype) if isinstance(weights, Int4Weight) else weights.dequantize()
+        dense = build_linear(values.to(self.dtype), bias, self.dtype, self.prepack_weights)
+        assert isinstance(dense, Linear)
+        return RowSwitchedLinear(quantized, dense, self.max_quantized_rows)
 
     def _prepare_layer(self, layer: Any, prefix: str) -> _Layer:
         attn, mlp = layer.self_attn, layer.mlp

@@ -92,6 +92,17 @@ def ready_replicas(url: str) -> list[str]:
     return list(health.json()["replicas"]["ids"]) if health.status_code == 200 else []
 
 
+def eventually_ready(url: str, replica: str, wait_s: float = 60.0) -> bool:
+    """Whether `/health` lists `replica` as ready: a replica can answer a request a moment before its first
+    report reaches the directory that `/health` reads."""
+    deadline = time.monotonic() + wait_s
+    while replica not in ready_replicas(url):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.5)
+    return True
+
+
 def directory_reports() -> list[ReplicaReport]:
     handle = serve.get_deployment_handle(DIRECTORY_DEPLOYMENT, APP_NAME)
     reports: list[ReplicaReport] = handle.reports.remote().result(timeout_s=30)
@@ -173,7 +184,8 @@ def test_openai_sdk_through_the_proxy_streaming_and_not(base_url: str) -> None:
     model = sdk.models.list().data[0].id
     reply = sdk.completions.create(model=model, prompt=PROMPT, max_tokens=8, temperature=0)
     assert reply.choices[0].finish_reason in ("length", "stop") and reply.usage is not None
-    assert reply.model_extra is not None and reply.model_extra["timings"]["replica"] in ready_replicas(base_url)
+    assert reply.model_extra is not None
+    assert eventually_ready(base_url, reply.model_extra["timings"]["replica"])
     chunks = list(
         sdk.chat.completions.create(
             model=model, messages=[{"role": "user", "content": "hello"}], max_tokens=8, temperature=0, stream=True

@@ -1,0 +1,258 @@
+// Weight-only quantised matmuls for a few activation rows (decode at small batch), on the weights' own layouts.
+//
+// At batch 1 a decode step is a stream of weight bytes: 94 MB per token for the default model. torch's int4 and
+// int8 CPU kernels reach about half of this machine's read bandwidth there in a real step, and their cost grows
+// with the row count as if each row were a separate pass. These kernels read each weight byte once for all
+// rows (up to kMaxRows), dequantise in registers and accumulate in float32.
+//
+//   int4_gemv: x [rows, K] (float32 or bfloat16) times torch's CPU int4 packing of W [N, K] (what
+//              aten._convert_weight_to_int4pack_for_cpu returns, N a multiple of 64), with scales_and_zeros
+//              [K / group, N, 2]: w = (q - 8) * scale + zero, as aten._weight_int4pack_mm_for_cpu reads it.
+//   int8_gemv: x [rows, K] times W [N, K] int8 with one scale per output row, as aten._weight_int8pack_mm.
+//
+// Both return [rows, N] in x's dtype. The sums are float32 in another order than torch's kernels, so results
+// agree with them to rounding, not bit for bit. Without AVX-512 they call torch's kernels.
+//
+// torch's int4 CPU packing (read from the packed bytes it produces, for N a multiple of 64): output rows come
+// in blocks of 64; a block stores, for each k, 32 bytes whose byte j holds row j in its low nibble and row
+// j + 32 in its high nibble.
+
+#include <ATen/Parallel.h>
+#include <torch/library.h>
+#include <torch/types.h>
+
+#include <algorithm>
+#include <cstdint>
+
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+
+namespace {
+
+constexpr int64_t kBlockN = 64;  // output rows per int4 block
+constexpr int64_t kMaxRows = 8;  // activation rows per pass over the weights
+constexpr int64_t kPrefetchRows = 8;
+constexpr int64_t kPrefetchBytes = 1024;  // int4 bytes requested ahead of use (the next groups)  // int8 weight rows requested ahead of use
+
+#if defined(__AVX512F__)
+
+inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
+
+inline __m512 load16(const c10::BFloat16* p) {
+  const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
+}
+
+inline void store16(float* p, __m512 v) { _mm512_storeu_ps(p, v); }
+
+inline void store16(c10::BFloat16* p, __m512 v) {
+  // Round to nearest even, as c10::BFloat16 does (NaN is not expected from finite weights and inputs).
+  const __m512i bits = _mm512_castps_si512(v);
+  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
+  const __m512i rounded = _mm512_srli_epi32(_mm512_add_epi32(bits, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7FFF))), 16);
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm512_cvtepi32_epi16(rounded));
+}
+
+inline float widen_scalar(float v) { return v; }
+inline float widen_scalar(c10::BFloat16 v) { return static_cast<float>(v); }
+
+// The (scale, zero) pairs of 16 output rows, split into s and z.
+template <typename S>
+inline void scales16(const S* pairs, __m512& s, __m512& z) {
+  const __m512 lo = load16(pairs), hi = load16(pairs + 16);
+  const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+  const __m512i odd = _mm512_add_epi32(even, _mm512_set1_epi32(1));
+  s = _mm512_permutex2var_ps(lo, even, hi);
+  z = _mm512_permutex2var_ps(lo, odd, hi);
+}
+
+// One block of 64 output rows for R activation rows (x already float32, with per-group sums).
+template <int R, typename S>
+inline void int4_block(const uint8_t* packed, const S* scales_and_zeros, const float* x, const float* group_sums,
+                       int64_t K, int64_t N, int64_t group, int64_t block, float* out /* [R, 64] */) {
+  __m512 total[R][4];
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < 4; ++c) total[r][c] = _mm512_setzero_ps();
+  // q - 8 for every 4-bit q.
+  const __m512 centred = _mm512_setr_ps(-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7);
+  const int64_t groups = K / group;
+  for (int64_t g = 0; g < groups; ++g) {
+    __m512 acc[R][4];
+    for (int r = 0; r < R; ++r)
+      for (int c = 0; c < 4; ++c) acc[r][c] = _mm512_setzero_ps();
+    const uint8_t* bytes = packed + (block * K + g * group) * (kBlockN / 2);
+    for (int64_t k = 0; k < group; ++k, bytes += kBlockN / 2) {
+      _mm_prefetch(reinterpret_cast<const char*>(bytes) + kPrefetchBytes, _MM_HINT_T0);
+      // Each 32-bit lane holds one packed byte; the table lookup reads only its low 4 bits, so the low nibble
+      // needs no mask and the high one only a shift.
+      const __m512i first = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(bytes)));
+      const __m512i second = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(bytes + 16)));
+      __m512 w[4];
+      w[0] = _mm512_permutexvar_ps(first, centred);  // rows 0-15
+      w[1] = _mm512_permutexvar_ps(second, centred);  // rows 16-31
+      w[2] = _mm512_permutexvar_ps(_mm512_srli_epi32(first, 4), centred);  // rows 32-47
+      w[3] = _mm512_permutexvar_ps(_mm512_srli_epi32(second, 4), centred);  // rows 48-63
+      for (int r = 0; r < R; ++r) {
+        const __m512 xk = _mm512_set1_ps(x[r * K + g * group + k]);
+        for (int c = 0; c < 4; ++c) acc[r][c] = _mm512_fmadd_ps(w[c], xk, acc[r][c]);
+      }
+    }
+    const S* pairs = scales_and_zeros + (g * N + block * kBlockN) * 2;
+    for (int c = 0; c < 4; ++c) {
+      __m512 s, z;
+      scales16(pairs + c * 32, s, z);
+      for (int r = 0; r < R; ++r) {
+        total[r][c] = _mm512_fmadd_ps(s, acc[r][c], total[r][c]);
+        total[r][c] = _mm512_fmadd_ps(z, _mm512_set1_ps(group_sums[r * groups + g]), total[r][c]);
+      }
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < 4; ++c) _mm512_storeu_ps(out + r * kBlockN + c * 16, total[r][c]);
+}
+
+template <typename T, typename S>
+void int4_rows(const float* x, const float* group_sums, const uint8_t* packed, const S* scales_and_zeros, T* y,
+               int64_t rows, int64_t K, int64_t N, int64_t group) {
+  at::parallel_for(0, N / kBlockN, 1, [&](int64_t begin, int64_t end) {
+    alignas(64) float out[kMaxRows * kBlockN];
+    for (int64_t block = begin; block < end; ++block) {
+      // Every row chunk of this block reuses its weight bytes from cache: they are read from memory once.
+      for (int64_t first = 0; first < rows; first += kMaxRows) {
+        const int64_t count = std::min(kMaxRows, rows - first);
+        const float* xs = x + first * K;
+        const float* sums = group_sums + first * (K / group);
+        switch (count) {
+#define BATCHSERVE_ROWS(R) \
+  case R:                  \
+    int4_block<R, S>(packed, scales_and_zeros, xs, sums, K, N, group, block, out); \
+    break;
+          BATCHSERVE_ROWS(1) BATCHSERVE_ROWS(2) BATCHSERVE_ROWS(3) BATCHSERVE_ROWS(4)
+          BATCHSERVE_ROWS(5) BATCHSERVE_ROWS(6) BATCHSERVE_ROWS(7) BATCHSERVE_ROWS(8)
+#undef BATCHSERVE_ROWS
+        }
+        for (int64_t r = 0; r < count; ++r)
+          for (int c = 0; c < 4; ++c)
+            store16(y + (first + r) * N + block * kBlockN + c * 16, _mm512_loadu_ps(out + r * kBlockN + c * 16));
+      }
+    }
+  });
+}
+
+template <int R>
+inline void int8_row(const int8_t* w, const float* x, int64_t K, float* dots /* [R] */) {
+  __m512 acc[R];
+  for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
+  int64_t k = 0;
+  for (; k + 16 <= K; k += 16) {
+    const __m512 wk = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w + k))));
+    for (int r = 0; r < R; ++r) acc[r] = _mm512_fmadd_ps(wk, _mm512_loadu_ps(x + r * K + k), acc[r]);
+  }
+  for (int r = 0; r < R; ++r) {
+    float sum = _mm512_reduce_add_ps(acc[r]);
+    for (int64_t t = k; t < K; ++t) sum += static_cast<float>(w[t]) * x[r * K + t];
+    dots[r] = sum;
+  }
+}
+
+template <typename T, typename S>
+void int8_rows(const float* x, const int8_t* values, const S* scales, T* y, int64_t rows, int64_t K, int64_t N) {
+  at::parallel_for(0, N, 256, [&](int64_t begin, int64_t end) {
+    float dots[kMaxRows];
+    for (int64_t n = begin; n < end; ++n) {
+      // One core alone does not keep enough loads in flight to use its share of the memory bandwidth.
+      const char* ahead = reinterpret_cast<const char*>(values + std::min(n + kPrefetchRows, N - 1) * K);
+      for (int64_t line = 0; line < K; line += 64) _mm_prefetch(ahead + line, _MM_HINT_T0);
+      for (int64_t first = 0; first < rows; first += kMaxRows) {
+        const int64_t count = std::min(kMaxRows, rows - first);
+        const float* xs = x + first * K;
+        switch (count) {
+#define BATCHSERVE_ROWS(R) \
+  case R:                  \
+    int8_row<R>(values + n * K, xs, K, dots); \
+    break;
+          BATCHSERVE_ROWS(1) BATCHSERVE_ROWS(2) BATCHSERVE_ROWS(3) BATCHSERVE_ROWS(4)
+          BATCHSERVE_ROWS(5) BATCHSERVE_ROWS(6) BATCHSERVE_ROWS(7) BATCHSERVE_ROWS(8)
+#undef BATCHSERVE_ROWS
+        }
+        const float scale = widen_scalar(scales[n]);
+        for (int64_t r = 0; r < count; ++r) y[(first + r) * N + n] = static_cast<T>(dots[r] * scale);
+      }
+    }
+  });
+}
+
+#endif  // __AVX512F__
+
+bool float_or_bf16(const torch::Tensor& t) {
+  return t.scalar_type() == torch::kFloat || t.scalar_type() == torch::kBFloat16;
+}
+
+torch::Tensor int4_gemv(const torch::Tensor& x, const torch::Tensor& packed, int64_t group,
+                        const torch::Tensor& scales_and_zeros) {
+  TORCH_CHECK(x.device().is_cpu() && x.dim() == 2 && float_or_bf16(x), "x must be [rows, K] float32 or bfloat16");
+  TORCH_CHECK(scales_and_zeros.scalar_type() == x.scalar_type() && scales_and_zeros.dim() == 3 &&
+                  scales_and_zeros.size(2) == 2,
+              "scales_and_zeros must be [K / group, N, 2] in x's dtype");
+  TORCH_CHECK(packed.scalar_type() == torch::kByte && packed.dim() == 2, "packed must be torch's [N, K / 2] uint8");
+  const int64_t rows = x.size(0), K = x.size(1), N = packed.size(0);
+  TORCH_CHECK(group >= 1 && K % group == 0 && packed.size(1) * 2 == K, "K must match the packing and the group");
+  TORCH_CHECK(scales_and_zeros.size(0) == K / group && scales_and_zeros.size(1) == N, "scales do not match W");
+#if defined(__AVX512F__)
+  if (N % kBlockN == 0 && group % 16 == 0) {
+    const auto xf = x.to(torch::kFloat).contiguous();
+    const auto sums = xf.view({rows, K / group, group}).sum(-1).contiguous();
+    const auto w = packed.contiguous();
+    const auto sz = scales_and_zeros.contiguous();
+    auto y = torch::empty({rows, N}, x.options());
+    if (x.scalar_type() == torch::kBFloat16) {
+      int4_rows<c10::BFloat16, c10::BFloat16>(xf.data_ptr<float>(), sums.data_ptr<float>(), w.data_ptr<uint8_t>(),
+                                              sz.data_ptr<c10::BFloat16>(), y.data_ptr<c10::BFloat16>(), rows, K, N,
+                                              group);
+    } else {
+      int4_rows<float, float>(xf.data_ptr<float>(), sums.data_ptr<float>(), w.data_ptr<uint8_t>(),
+                              sz.data_ptr<float>(), y.data_ptr<float>(), rows, K, N, group);
+    }
+    return y;
+  }
+#endif
+  return at::_weight_int4pack_mm_for_cpu(x.contiguous(), packed, group, scales_and_zeros);
+}
+
+torch::Tensor int8_gemv(const torch::Tensor& x, const torch::Tensor& values, const torch::Tensor& scales) {
+  TORCH_CHECK(x.device().is_cpu() && x.dim() == 2 && float_or_bf16(x), "x must be [rows, K] float32 or bfloat16");
+  TORCH_CHECK(values.scalar_type() == torch::kChar && values.dim() == 2 && values.size(1) == x.size(1),
+              "values must be [N, K] int8");
+  TORCH_CHECK(scales.scalar_type() == x.scalar_type() && scales.dim() == 1 && scales.size(0) == values.size(0),
+              "scales must be [N] in x's dtype");
+#if defined(__AVX512F__)
+  const int64_t rows = x.size(0), K = x.size(1), N = values.size(0);
+  const auto xf = x.to(torch::kFloat).contiguous();
+  const auto w = values.contiguous();
+  const auto s = scales.contiguous();
+  auto y = torch::empty({rows, N}, x.options());
+  if (x.scalar_type() == torch::kBFloat16) {
+    int8_rows<c10::BFloat16, c10::BFloat16>(xf.data_ptr<float>(), w.data_ptr<int8_t>(), s.data_ptr<c10::BFloat16>(),
+                                            y.data_ptr<c10::BFloat16>(), rows, K, N);
+  } else {
+    int8_rows<float, float>(xf.data_ptr<float>(), w.data_ptr<int8_t>(), s.data_ptr<float>(), y.data_ptr<float>(),
+                            rows, K, N);
+  }
+  return y;
+#else
+  return at::_weight_int8pack_mm(x.contiguous(), values, scales);
+#endif
+}
+
+}  // namespace
+
+TORCH_LIBRARY_FRAGMENT(batchserve, m) {
+  m.def("int4_gemv(Tensor x, Tensor packed, int group, Tensor scales_and_zeros) -> Tensor");
+  m.def("int8_gemv(Tensor x, Tensor values, Tensor scales) -> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(batchserve, CPU, m) {
+  m.impl("int4_gemv", &int4_gemv);
+  m.impl("int8_gemv", &int8_gemv);
+}
