@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.config import DTYPES, QUANTIZATIONS, EngineConfig, LoadConfig
+from engine.linear import DEFAULT_MAX_QUANTIZED_ROWS
 from scheduler.config import Mode, SchedulerConfig
 
 API_KEY_ENV = "BATCHSERVE_API_KEY"
@@ -31,6 +32,10 @@ class RuntimeOptions:
     served_model_name: str | None = None
     dtype: str = "auto"  # engine.config.LoadConfig's
     quantization: str = "auto"
+    # How quantised weights run (engine.model_runner.TransformersRunner's options of the same names); the
+    # defaults are the measured choice, the others are for benchmarks.quality and experiments.
+    max_quantized_rows: int | None = DEFAULT_MAX_QUANTIZED_ROWS
+    int8_activations: bool = True
 
     def __post_init__(self) -> None:
         LoadConfig(self.dtype, self.quantization)  # raises ValueError naming the bad value

@@ -43,6 +43,8 @@ def build_runner(options: RuntimeOptions, loaded: LoadedModel) -> TransformersRu
         prepack_weights=options.cpu_kernels,
         native_attention=options.cpu_kernels,
         quantized=loaded.quantized,
+        max_quantized_rows=options.max_quantized_rows,
+        int8_activations=options.int8_activations,
     )
 
 

@@ -30,7 +30,7 @@ import torch
 
 from engine.config import DTYPES, QUANTIZATIONS, EngineConfig
 from engine.engine import Engine
-from engine.linear import AnyLinear, Int4Linear, Int8Linear, Linear, RowSwitchedLinear
+from engine.linear import AnyLinear, Int4DotLinear, Int4Linear, Int8Linear, Linear, RowSwitchedLinear
 from engine.loader import LoadedModel, load_model
 from engine.model_runner import TransformersRunner
 from engine.sampling_params import SamplingParams
@@ -109,6 +109,8 @@ def input_dtype(linear: AnyLinear) -> torch.dtype:
     """The activations' dtype the matmul takes (its weights' or scales')."""
     if isinstance(linear, RowSwitchedLinear):
         return linear.dense.weight.dtype
+    if isinstance(linear, Int4DotLinear):
+        return torch.bfloat16
     if isinstance(linear, Int4Linear):
         return linear.scales_and_zeros.dtype
     if isinstance(linear, Int8Linear):
@@ -120,7 +122,9 @@ def linear_bytes(linear: AnyLinear) -> int:
     """Bytes of weights (and scales) one call of a few rows reads."""
     if isinstance(linear, RowSwitchedLinear):
         return linear_bytes(linear.quantized)
-    if isinstance(linear, Int4Linear):
+    if isinstance(linear, Int4DotLinear):
+        tensors = [linear.packed, linear.scales, linear.zeros]
+    elif isinstance(linear, Int4Linear):
         tensors = [linear.packed, linear.scales_and_zeros]
     elif isinstance(linear, Int8Linear):
         tensors = [linear.values, linear.scales]

@@ -33,21 +33,35 @@ BASELINE = "float32/none"
 PPL_TOLERANCE = 0.01  # the issue's bar: within 1% of float32's perplexity
 
 
+# How quantised weights run, as `DTYPE/QUANTIZATION:STEPS`. The server switches by step size, so a run of many
+# rows (prompt scoring, 16 greedy prompts at once) would measure the dense copy; these force one path for all.
+STEPS = {
+    "switched": {},  # the server's default: quantised up to 10 rows a step, the dense copy past that
+    "quantized": {"max_quantized_rows": None},  # every step quantised, int8 activations where the CPU has VNNI
+    "quantized-float": {"max_quantized_rows": None, "int8_activations": False},  # ... and float activations
+}
+
+
 @dataclass(frozen=True)
 class Setting:
     dtype: str
     quantization: str
+    steps: str = "switched"
 
     @classmethod
     def parse(cls, text: str) -> Setting:
-        dtype, _, quantization = text.partition("/")
-        if not dtype or not quantization:
-            raise argparse.ArgumentTypeError(f"expected DTYPE/QUANTIZATION such as bfloat16/int4, got {text!r}")
-        return cls(dtype, quantization)
+        formats, _, steps = text.partition(":")
+        dtype, _, quantization = formats.partition("/")
+        if not dtype or not quantization or (steps and steps not in STEPS):
+            raise argparse.ArgumentTypeError(
+                f"expected DTYPE/QUANTIZATION[:{'|'.join(STEPS)}] such as bfloat16/int4:quantized, got {text!r}"
+            )
+        return cls(dtype, quantization, steps or "switched")
 
     @property
     def name(self) -> str:
-        return f"{self.dtype}/{self.quantization}"
+        suffix = "" if self.steps == "switched" else f":{self.steps}"
+        return f"{self.dtype}/{self.quantization}{suffix}"
 
 
 @dataclass(frozen=True)
@@ -125,7 +139,13 @@ def compare(
 
 
 def load_llm(model: str | None, setting: Setting) -> LLM:
-    return LLM(model=model, mode="continuous", dtype=setting.dtype, quantization=setting.quantization)
+    return LLM(
+        model=model,
+        mode="continuous",
+        dtype=setting.dtype,
+        quantization=setting.quantization,
+        **STEPS[setting.steps],  # type: ignore[arg-type]
+    )
 
 
 def run(model: str | None, settings: Sequence[Setting], texts: Path, prompts: int, max_tokens: int, chunk: int) -> dict:
@@ -185,8 +205,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--model", default=None, help="checkpoint dir or .gguf (default: the SmolLM2 GGUF)")
     parser.add_argument(
         "--settings",
-        default="float32/none,bfloat16/none,float32/int8,bfloat16/int4",
-        help="comma-separated DTYPE/QUANTIZATION pairs; float32/none is always run first as the baseline",
+        default="float32/none,bfloat16/none,float32/int8,bfloat16/int4,bfloat16/int4:quantized,"
+        "bfloat16/int4:quantized-float",
+        help="comma-separated DTYPE/QUANTIZATION[:STEPS] settings (STEPS: "
+        + ", ".join(STEPS)
+        + "); float32/none is always run first as the baseline",
     )
     parser.add_argument("--texts", type=Path, default=DEFAULT_TEXTS)
     parser.add_argument("--prompts", type=int, default=16)

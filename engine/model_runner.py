@@ -22,8 +22,8 @@ from engine.attention import PreparedGroup, paged_attention, prepare
 from engine.forward_batch import ForwardBatch
 from engine.fused import ElementwiseOps, RotaryTables
 from engine.kv_cache import KVCacheShape, PagedKVCache
-from engine.linear import DEFAULT_MAX_QUANTIZED_ROWS, AnyLinear, Int4Linear, Int8Linear, Linear, RowSwitchedLinear, build_linear
-from engine.native import load_decode_kernel, load_fused_ops, load_score_kernel
+from engine.linear import DEFAULT_MAX_QUANTIZED_ROWS, AnyLinear, Int4DotLinear, Int4Linear, Int8Linear, Linear, RowSwitchedLinear, build_linear
+from engine.native import cpu_has, load_decode_kernel, load_fused_ops, load_score_kernel
 from engine.prompt_scoring import DEFAULT_SLICE, PromptScores, score_positions
 from engine.quantization import Int4Weight, QuantizedWeight, concat_rows
 
@@ -86,6 +86,7 @@ class TransformersRunner:
         fused_ops: bool = True,
         quantized: Mapping[str, QuantizedWeight] | None = None,
         max_quantized_rows: int | None = DEFAULT_MAX_QUANTIZED_ROWS,
+        int8_activations: bool = True,
     ) -> None:
         """`prepack_weights`: run the projections through oneDNN on reordered weight copies (CPU, float32).
         `native_attention`: decode attention and prompt scoring through the compiled CPU kernels where they build
@@ -97,6 +98,8 @@ class TransformersRunner:
         `model.layers.N.self_attn.q_proj`, ...; engine/loader.py); the model's dense weights stay the reference.
         `max_quantized_rows`: steps of more rows than this run the dense weights (engine.linear.RowSwitchedLinear);
         None: every step runs the quantised ones.
+        `int8_activations`: int4 matmuls on bf16 activations quantise them to int8 for integer dot products where
+        the CPU has AVX-512 VNNI (engine.linear.Int4DotLinear; a quality change measured in docs/quantization.md).
         """
         config = model.config
         inner = getattr(model, "model", None)
@@ -121,6 +124,7 @@ class TransformersRunner:
         self.max_quantized_rows = max_quantized_rows
         use_kernel = native_attention and self.device.type == "cpu" and self.dtype in (torch.float32, torch.bfloat16)
         self.native_matmuls = use_kernel and bool(self.quantized) and load_fused_ops()
+        self.int8_activations = int8_activations and self.native_matmuls and cpu_has("avx512_vnni", "avx512bw")
         self.lm_head = self._linear(model.lm_head, "lm_head")
         self.layers = [self._prepare_layer(layer, f"model.layers.{i}") for i, layer in enumerate(inner.layers)]
         attention = inner.layers[0].self_attn
@@ -139,8 +143,8 @@ class TransformersRunner:
         if not (self.quantized and all(name in self.quantized for name in names)):
             return build_linear(weight, bias, self.dtype, self.prepack_weights)
         weights = concat_rows([self.quantized[name] for name in names])
-        quantized = build_linear(weights, bias, self.dtype, False, native=self.native_matmuls)
-        assert isinstance(quantized, Int4Linear | Int8Linear)
+        quantized = build_linear(weights, bias, self.dtype, False, self.native_matmuls, self.int8_activations)
+        assert isinstance(quantized, Int4Linear | Int4DotLinear | Int8Linear)
         if self.max_quantized_rows is None:
             return quantized
         # The dense copy holds the quantised weights' own values (as the kernels read them), not the checkpoint's:

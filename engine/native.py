@@ -49,6 +49,12 @@ def _cpu_signature() -> str:
     return f"{platform.machine()} {flags}"
 
 
+def cpu_has(*flags: str) -> bool:
+    """Whether /proc/cpuinfo lists every one of `flags` (e.g. "avx512_vnni"); False where it cannot be read."""
+    listed = set(_cpu_signature().split())
+    return all(flag in listed for flag in flags)
+
+
 def _extension_name() -> str:
     texts = (source.read_text() for source in (*_SOURCES, *_HEADERS))
     key = "\n".join([*texts, _cpu_signature(), torch.__version__])
