@@ -167,8 +167,9 @@ class Int8Linear:
 
 QuantizedLinear = Int4Linear | Int4DotLinear | Int8Linear
 
-# Steps of more rows than this run the dense copy (RowSwitchedLinear). Measured (SmolLM2, int4 + bf16, 2 cores):
-# decode steps cost the same at about 10 rows (int4 27.3 ms against dense 31.6 at 8 rows, 47.6 against 37.7 at 16).
+# Steps of more rows than this run the dense copy (RowSwitchedLinear). Measured (SmolLM2, int4 + bf16, 2 cores,
+# int4 through VNNI dot products): decode steps cost the same at 10-12 rows (int4 24.2 ms against dense 32.8 at
+# 8 rows, 37.0 against 36.1 at 12, 44.4 against 39.5 at 16).
 DEFAULT_MAX_QUANTIZED_ROWS = 10
 
 
