@@ -83,7 +83,9 @@ class _SamplingFields(_Lenient):
     bad_words: list[str] | None = None
     min_tokens: int = Field(0, ge=0, le=INT64_MAX)
     ignore_eos: bool = False
-    truncate_prompt_tokens: int | None = Field(None, ge=-1, le=INT64_MAX)  # keep the last k prompt tokens; -1: the context
+    truncate_prompt_tokens: int | None = Field(
+        None, ge=-1, le=INT64_MAX
+    )  # keep the last k prompt tokens; -1: the context
     skip_special_tokens: bool = True
     spaces_between_special_tokens: bool = True
     include_stop_str_in_output: bool = False

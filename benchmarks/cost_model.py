@@ -13,6 +13,10 @@ Two models share one interface (`CostModel.step_time(StepShape)`):
   `d` the per-row cost (sampling, bookkeeping), `e` attention over the context. All coefficients are kept
   non-negative; k is the best of a grid of candidate knees.
 
+  Where the engine switches weights by step size (quantised up to `max_quantized_rows` tokens a step, a dense
+  copy past it: engine.linear.RowSwitchedLinear), cost is not one smooth function of T: past the switch the
+  fixed cost jumps and the per-token cost drops. `SwitchedCostModel` then holds one fitted model per regime.
+
 - `RooflineCostModel`, a projection for a GPU from public specs: the larger of the FLOPs over achievable peak
   compute and the bytes moved (weights once per step, plus each sequence's KV cache) over achievable memory
   bandwidth, plus a fixed per-step overhead. Its output is a projection, never a measurement.
@@ -92,8 +96,25 @@ class FittedCostModel:
 
 
 @dataclass(frozen=True)
+class SwitchedCostModel:
+    """Two fitted regimes, split by the step's token count as the engine splits its weights."""
+
+    small: FittedCostModel  # steps of at most `max_small_tokens` tokens (quantised weights)
+    large: FittedCostModel  # longer steps (the dense copy)
+    max_small_tokens: int
+
+    @property
+    def label(self) -> str:
+        return f"fitted step-cost model, two regimes split at {self.max_small_tokens} tokens ({self.small.source})"
+
+    def step_time(self, shape: StepShape) -> float:
+        regime = self.small if shape.num_tokens <= self.max_small_tokens else self.large
+        return regime.step_time(shape)
+
+
+@dataclass(frozen=True)
 class FitReport:
-    model: FittedCostModel
+    model: FittedCostModel | SwitchedCostModel
     mean_abs_pct_error: float  # over the measured points
     max_abs_pct_error: float
     r_squared: float
@@ -105,10 +126,17 @@ def _design(shapes: Sequence[StepShape], knee: int) -> np.ndarray:
 
 
 def fit_cost_model(
-    shapes: Sequence[StepShape], seconds: Sequence[float], source: str, knees: Sequence[int] | None = None
+    shapes: Sequence[StepShape],
+    seconds: Sequence[float],
+    source: str,
+    knees: Sequence[int] | None = None,
+    switch_tokens: int | None = None,
 ) -> FitReport:
     """Non-negative least squares on relative error (each point weighted by 1/t, so a 5 ms step counts as much
-    as a 500 ms one), for each candidate knee; the knee with the smallest error wins."""
+    as a 500 ms one), for each candidate knee; the knee with the smallest error wins. `switch_tokens`: fit steps
+    of at most that many tokens and longer ones separately (a SwitchedCostModel)."""
+    if switch_tokens is not None:
+        return _fit_switched(shapes, seconds, source, switch_tokens)
     if len(shapes) != len(seconds) or len(shapes) < len(FEATURES):
         raise ValueError(f"need at least {len(FEATURES)} measured steps, one time per shape")
     times = np.asarray(seconds, dtype=np.float64)
@@ -134,6 +162,26 @@ def fit_cost_model(
         per_attention_mpair_s=float(coef[4]),
         source=source,
     )
+    return _report(model, shapes, times)
+
+
+def _fit_switched(shapes: Sequence[StepShape], seconds: Sequence[float], source: str, switch_tokens: int) -> FitReport:
+    small = [i for i, s in enumerate(shapes) if s.num_tokens <= switch_tokens]
+    large = [i for i, s in enumerate(shapes) if s.num_tokens > switch_tokens]
+    fits = []
+    for side in (small, large):
+        if len(side) < len(FEATURES):
+            raise ValueError(
+                f"need at least {len(FEATURES)} measured steps on each side of the {switch_tokens}-token switch"
+            )
+        fits.append(fit_cost_model([shapes[i] for i in side], [seconds[i] for i in side], source).model)
+    small_model, large_model = fits
+    assert isinstance(small_model, FittedCostModel) and isinstance(large_model, FittedCostModel)
+    model = SwitchedCostModel(small_model, large_model, switch_tokens)
+    return _report(model, shapes, np.asarray(seconds, dtype=np.float64))
+
+
+def _report(model: FittedCostModel | SwitchedCostModel, shapes: Sequence[StepShape], times: np.ndarray) -> FitReport:
     predicted = np.asarray([model.step_time(s) for s in shapes])
     errors = np.abs(predicted - times) / times
     total = float(np.sum((times - times.mean()) ** 2))
@@ -342,9 +390,13 @@ def load_model_shape(name_or_dir: str, param_bytes: int = 2, kv_bytes: int = 2) 
     return ModelShape.from_config(config, name, param_bytes, kv_bytes)
 
 
+_FORM = "t = const + tokens*T + tokens_over_knee*max(0, T - knee) + seqs*S + attention_mpairs*A/1e6"
+
+
 def save_fitted(report: FitReport, path: Path, extra: Mapping[str, Any]) -> None:
+    switched = isinstance(report.model, SwitchedCostModel)
     document = {
-        "form": "t = const + tokens*T + tokens_over_knee*max(0, T - knee) + seqs*S + attention_mpairs*A/1e6",
+        "form": f"{_FORM}, one per regime: 'small' for T <= max_small_tokens, else 'large'" if switched else _FORM,
         "model": asdict(report.model),
         "fit": {
             "mean_abs_pct_error": 100 * report.mean_abs_pct_error,
@@ -356,9 +408,14 @@ def save_fitted(report: FitReport, path: Path, extra: Mapping[str, Any]) -> None
     path.write_text(json.dumps(document, indent=2) + "\n")
 
 
-def load_fitted(path: Path) -> FittedCostModel:
+def load_fitted(path: Path) -> FittedCostModel | SwitchedCostModel:
     document = json.loads(Path(path).read_text())
     try:
-        return FittedCostModel(**document["model"])
+        model = document["model"]
+        if "small" in model:
+            return SwitchedCostModel(
+                FittedCostModel(**model["small"]), FittedCostModel(**model["large"]), int(model["max_small_tokens"])
+            )
+        return FittedCostModel(**model)
     except (KeyError, TypeError) as exc:
         raise ValueError(f"{path} is not a cost model written by benchmarks.profile: {exc}") from exc

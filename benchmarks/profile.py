@@ -29,7 +29,7 @@ import torch
 from api.cli import add_config_flags, config_from_args
 from api.config import RuntimeOptions
 from api.wiring import build_model_runtime, load
-from benchmarks.cost_model import StepShape, chunk_attention_pairs, fit_cost_model, save_fitted
+from benchmarks.cost_model import FittedCostModel, StepShape, chunk_attention_pairs, fit_cost_model, save_fitted
 from engine.engine import Engine
 from engine.sampling_params import SamplingParams
 from scheduler.config import Mode, SchedulerConfig
@@ -197,7 +197,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"{runtime.model_name} on {platform.machine()}"
         + f", {torch.get_num_threads()} torch threads, {_engine_flags(served)}"
     )
-    report = fit_cost_model([p.shape for p in points], [p.seconds for p in points], source)
+    # An engine that switches weights by step size (quantised ones up to max_quantized_rows) gets one fit per regime.
+    switch = options.max_quantized_rows if loaded.quantized and options.device == "cpu" else None
+    report = fit_cost_model([p.shape for p in points], [p.seconds for p in points], source, switch_tokens=switch)
     extra = {
         "command": " ".join([sys.executable, "-m", "benchmarks.profile", *(argv or sys.argv[1:])]),
         "machine": {"cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(), "torch": torch.__version__},
@@ -217,12 +219,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         ],
     }
     save_fitted(report, args.out, extra)
-    m = report.model
-    print(
-        f"fit: t = {1e3 * m.const_s:.3f} ms + {1e3 * m.per_token_s:.4f} ms/token"
-        f" + {1e3 * m.per_token_over_knee_s:.4f} ms/token over {m.knee_tokens} + {1e3 * m.per_seq_s:.4f} ms/seq"
-        f" + {1e3 * m.per_attention_mpair_s:.3f} ms per M attention pairs"
+    regimes = (
+        [("", report.model)]
+        if isinstance(report.model, FittedCostModel)
+        else [(f"T <= {report.model.max_small_tokens}: ", report.model.small), ("longer: ", report.model.large)]
     )
+    for name, m in regimes:
+        print(
+            f"fit: {name}t = {1e3 * m.const_s:.3f} ms + {1e3 * m.per_token_s:.4f} ms/token"
+            f" + {1e3 * m.per_token_over_knee_s:.4f} ms/token over {m.knee_tokens} + {1e3 * m.per_seq_s:.4f} ms/seq"
+            f" + {1e3 * m.per_attention_mpair_s:.3f} ms per M attention pairs"
+        )
     print(
         f"fit error: mean {100 * report.mean_abs_pct_error:.1f}%, max {100 * report.max_abs_pct_error:.1f}%,"
         f" R^2 {report.r_squared:.4f}; wrote {args.out}"

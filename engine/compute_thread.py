@@ -26,7 +26,7 @@ def run_on_passing_thread(work: Callable[[], _Result], name: str = "batchserve-l
     def target() -> None:
         try:
             outcome.append(work())
-        except BaseException as exc:  # noqa: BLE001 - handed back to the caller, whatever it was
+        except BaseException as exc:
             failure.append(exc)
 
     thread = threading.Thread(target=target, name=name)

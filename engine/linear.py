@@ -74,7 +74,9 @@ class Int4Linear:
     native: bool = False  # through batchserve::int4_gemv (engine/csrc/quant_gemv.cpp) rather than torch's kernel
 
     @classmethod
-    def build(cls, weight: Int4Weight, bias: torch.Tensor | None, dtype: torch.dtype, native: bool = False) -> Int4Linear:
+    def build(
+        cls, weight: Int4Weight, bias: torch.Tensor | None, dtype: torch.dtype, native: bool = False
+    ) -> Int4Linear:
         packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(weight.values.to(torch.int32), 1)
         scales_and_zeros = torch.stack((weight.scales.t(), weight.zeros.t()), dim=-1).to(dtype).contiguous()
         return cls(packed, scales_and_zeros, weight.group_size, bias, int(weight.values.shape[1]), native)
@@ -150,7 +152,9 @@ class Int8Linear:
     NATIVE_BF16_ROWS = 8
 
     @classmethod
-    def build(cls, weight: Int8Weight, bias: torch.Tensor | None, dtype: torch.dtype, native: bool = False) -> Int8Linear:
+    def build(
+        cls, weight: Int8Weight, bias: torch.Tensor | None, dtype: torch.dtype, native: bool = False
+    ) -> Int8Linear:
         return cls(weight.values.contiguous(), weight.scales.to(dtype), bias, native)
 
     @property

@@ -22,7 +22,16 @@ from engine.attention import PreparedGroup, paged_attention, prepare
 from engine.forward_batch import ForwardBatch
 from engine.fused import ElementwiseOps, RotaryTables
 from engine.kv_cache import KVCacheShape, PagedKVCache
-from engine.linear import DEFAULT_MAX_QUANTIZED_ROWS, AnyLinear, Int4DotLinear, Int4Linear, Int8Linear, Linear, RowSwitchedLinear, build_linear
+from engine.linear import (
+    DEFAULT_MAX_QUANTIZED_ROWS,
+    AnyLinear,
+    Int4DotLinear,
+    Int4Linear,
+    Int8Linear,
+    Linear,
+    RowSwitchedLinear,
+    build_linear,
+)
 from engine.native import cpu_has, load_decode_kernel, load_fused_ops, load_score_kernel
 from engine.prompt_scoring import DEFAULT_SLICE, PromptScores, score_positions
 from engine.quantization import Int4Weight, QuantizedWeight, concat_rows

@@ -15,6 +15,7 @@ from benchmarks.cost_model import (
     FittedCostModel,
     RooflineCostModel,
     StepShape,
+    SwitchedCostModel,
     chunk_attention_pairs,
     fit_cost_model,
     load_fitted,
@@ -84,6 +85,41 @@ def test_fitted_model_round_trips_through_cost_json(tmp_path: Path) -> None:
     report = fit_cost_model(shapes, [TRUE.step_time(s) for s in shapes], source="round trip")
     save_fitted(report, tmp_path / "cost.json", {"points": []})
     assert load_fitted(tmp_path / "cost.json") == report.model
+
+
+# The engine's row switch (int4 up to 10 tokens a step, a dense copy past it): past the switch the fixed cost
+# jumps and the per-token cost drops, which no single non-negative fit of the form can follow.
+SWITCHED = SwitchedCostModel(
+    small=FittedCostModel(0.006, 0.0025, 0.0, 0, 0.0002, 0.3),
+    large=FittedCostModel(0.025, 0.00025, 0.0, 0, 0.0004, 0.35),
+    max_small_tokens=10,
+)
+
+
+def test_switched_fit_recovers_each_regime_and_beats_one_smooth_fit() -> None:
+    shapes = profile_grid()
+    times = [SWITCHED.step_time(s) for s in shapes]
+    report = fit_cost_model(shapes, times, source="synthetic", switch_tokens=10)
+    assert isinstance(report.model, SwitchedCostModel) and report.model.max_small_tokens == 10
+    for shape in shapes:
+        assert report.model.step_time(shape) == pytest.approx(SWITCHED.step_time(shape), rel=1e-6)
+    smooth = fit_cost_model(shapes, times, source="synthetic")
+    assert smooth.mean_abs_pct_error > 0.05 > report.mean_abs_pct_error
+
+
+def test_switched_model_round_trips_through_cost_json(tmp_path: Path) -> None:
+    shapes = profile_grid()
+    report = fit_cost_model(shapes, [SWITCHED.step_time(s) for s in shapes], "round trip", switch_tokens=10)
+    save_fitted(report, tmp_path / "cost.json", {})
+    loaded = load_fitted(tmp_path / "cost.json")
+    assert isinstance(loaded, SwitchedCostModel)
+    assert all(loaded.step_time(s) == pytest.approx(report.model.step_time(s)) for s in shapes)
+
+
+def test_switched_fit_needs_points_on_both_sides() -> None:
+    shapes = [s for s in profile_grid() if s.num_tokens <= 10]
+    with pytest.raises(ValueError, match="each side"):
+        fit_cost_model(shapes, [SWITCHED.step_time(s) for s in shapes], "one side", switch_tokens=10)
 
 
 def test_fitted_model_rejects_negative_coefficients() -> None:

@@ -59,8 +59,12 @@ def test_int4_gemv_matches_the_dequantised_weights(dtype: torch.dtype, rows: int
 def test_int4_gemv_falls_back_to_torch_for_widths_it_does_not_tile() -> None:
     weight = _int4(48, 64)  # 48 output rows: not a multiple of the 64-row tile
     x = torch.randn(2, 64)
-    got = torch.ops.batchserve.int4_gemv(x, Int4Linear.build(weight, None, torch.float32).packed, GROUP,
-                                         Int4Linear.build(weight, None, torch.float32).scales_and_zeros)
+    got = torch.ops.batchserve.int4_gemv(
+        x,
+        Int4Linear.build(weight, None, torch.float32).packed,
+        GROUP,
+        Int4Linear.build(weight, None, torch.float32).scales_and_zeros,
+    )
     assert torch.equal(got, Int4Linear.build(weight, None, torch.float32, native=False)(x))
 
 
