@@ -26,8 +26,10 @@ from api.state import Phase
 logger = logging.getLogger("batchserve.api")
 
 # A replica reports every HEARTBEAT_S; one silent for STALE_AFTER_S is dead or hung and no longer counted ready.
+# Generous: on a loaded 2-core machine a live replica's heartbeat was seen more than 3 s late, and /health then
+# undercounted a serving replica (a load balancer reading it would have drained a healthy one).
 HEARTBEAT_S = 1.0
-STALE_AFTER_S = 3.0 * HEARTBEAT_S
+STALE_AFTER_S = 10.0 * HEARTBEAT_S
 _DIRECTORY_TIMEOUT_S = 2.0  # /health and /metrics never wait longer on the peers' reports
 
 
