@@ -25,6 +25,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 #if defined(__AVX512F__)
@@ -39,6 +40,23 @@ constexpr int64_t kPrefetchRows = 8;
 constexpr int64_t kPrefetchBytes = 1024;  // int4 bytes requested ahead of use (the next groups)  // int8 weight rows requested ahead of use
 
 #if defined(__AVX512F__)
+
+// Calls f(std::integral_constant<int, R>{}) for R = count in 1..kMaxRows: the kernels unroll over a compile-time
+// row count, and every caller picks it the same way.
+template <typename F>
+inline void with_row_count(int64_t count, F&& f) {
+  switch (count) {
+    case 1: f(std::integral_constant<int, 1>{}); break;
+    case 2: f(std::integral_constant<int, 2>{}); break;
+    case 3: f(std::integral_constant<int, 3>{}); break;
+    case 4: f(std::integral_constant<int, 4>{}); break;
+    case 5: f(std::integral_constant<int, 5>{}); break;
+    case 6: f(std::integral_constant<int, 6>{}); break;
+    case 7: f(std::integral_constant<int, 7>{}); break;
+    case 8: f(std::integral_constant<int, 8>{}); break;
+    default: break;  // callers pass 1..kMaxRows
+  }
+}
 
 inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
 
@@ -126,15 +144,9 @@ void int4_rows(const float* x, const float* group_sums, const uint8_t* packed, c
         const int64_t count = std::min(kMaxRows, rows - first);
         const float* xs = x + first * K;
         const float* sums = group_sums + first * (K / group);
-        switch (count) {
-#define BATCHSERVE_ROWS(R) \
-  case R:                  \
-    int4_block<R, S>(packed, scales_and_zeros, xs, sums, K, N, group, block, out); \
-    break;
-          BATCHSERVE_ROWS(1) BATCHSERVE_ROWS(2) BATCHSERVE_ROWS(3) BATCHSERVE_ROWS(4)
-          BATCHSERVE_ROWS(5) BATCHSERVE_ROWS(6) BATCHSERVE_ROWS(7) BATCHSERVE_ROWS(8)
-#undef BATCHSERVE_ROWS
-        }
+        with_row_count(count, [&](auto R) {
+          int4_block<decltype(R)::value, S>(packed, scales_and_zeros, xs, sums, K, N, group, block, out);
+        });
         for (int64_t r = 0; r < count; ++r)
           for (int c = 0; c < 4; ++c)
             store16(y + (first + r) * N + block * kBlockN + c * 16, _mm512_loadu_ps(out + r * kBlockN + c * 16));
@@ -170,15 +182,7 @@ void int8_rows(const float* x, const int8_t* values, const S* scales, T* y, int6
       for (int64_t first = 0; first < rows; first += kMaxRows) {
         const int64_t count = std::min(kMaxRows, rows - first);
         const float* xs = x + first * K;
-        switch (count) {
-#define BATCHSERVE_ROWS(R) \
-  case R:                  \
-    int8_row<R>(values + n * K, xs, K, dots); \
-    break;
-          BATCHSERVE_ROWS(1) BATCHSERVE_ROWS(2) BATCHSERVE_ROWS(3) BATCHSERVE_ROWS(4)
-          BATCHSERVE_ROWS(5) BATCHSERVE_ROWS(6) BATCHSERVE_ROWS(7) BATCHSERVE_ROWS(8)
-#undef BATCHSERVE_ROWS
-        }
+        with_row_count(count, [&](auto R) { int8_row<decltype(R)::value>(values + n * K, xs, K, dots); });
         const float scale = widen_scalar(scales[n]);
         for (int64_t r = 0; r < count; ++r) y[(first + r) * N + n] = static_cast<T>(dots[r] * scale);
       }
@@ -292,15 +296,9 @@ void int4_dot_rows(const float* x, const uint8_t* packed, const c10::BFloat16* s
         const int8_t* xs = xq.data() + 2 * first * K;
         const float* sc = x_scales.data() + first * groups;
         const float* sm = x_sums.data() + first * groups;
-        switch (count) {
-#define BATCHSERVE_ROWS(R) \
-  case R:                  \
-    int4_dot_block<R>(block_bytes, block_scales, block_zeros, xs, sc, sm, K, group, out); \
-    break;
-          BATCHSERVE_ROWS(1) BATCHSERVE_ROWS(2) BATCHSERVE_ROWS(3) BATCHSERVE_ROWS(4)
-          BATCHSERVE_ROWS(5) BATCHSERVE_ROWS(6) BATCHSERVE_ROWS(7) BATCHSERVE_ROWS(8)
-#undef BATCHSERVE_ROWS
-        }
+        with_row_count(count, [&](auto R) {
+          int4_dot_block<decltype(R)::value>(block_bytes, block_scales, block_zeros, xs, sc, sm, K, group, out);
+        });
         for (int64_t r = 0; r < count; ++r)
           store16(y + (first + r) * N + block * kDotBlock, _mm512_loadu_ps(out + r * kDotBlock));
       }
