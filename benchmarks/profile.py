@@ -31,6 +31,8 @@ from api.config import RuntimeOptions
 from api.wiring import build_model_runtime, load
 from benchmarks.cost_model import FittedCostModel, StepShape, chunk_attention_pairs, fit_cost_model, save_fitted
 from engine.engine import Engine
+from engine.linear import RowSwitchedLinear
+from engine.model_runner import TransformersRunner
 from engine.sampling_params import SamplingParams
 from scheduler.config import Mode, SchedulerConfig
 
@@ -198,7 +200,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         + f", {torch.get_num_threads()} torch threads, {_engine_flags(served)}"
     )
     # An engine that switches weights by step size (quantised ones up to max_quantized_rows) gets one fit per regime.
-    switch = options.max_quantized_rows if loaded.quantized and options.device == "cpu" else None
+    runner = engine.runner
+    first = runner.layer_linears(runner.layers[0])[0] if isinstance(runner, TransformersRunner) else None
+    switch = first.max_quantized_rows if isinstance(first, RowSwitchedLinear) else None
     report = fit_cost_model([p.shape for p in points], [p.seconds for p in points], source, switch_tokens=switch)
     extra = {
         "command": " ".join([sys.executable, "-m", "benchmarks.profile", *(argv or sys.argv[1:])]),

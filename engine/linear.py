@@ -184,7 +184,8 @@ class RowSwitchedLinear:
     A step of a few rows is bound by the bytes of weights it reads, where 4-bit weights win; a step of many rows
     (prefill, a large decode batch) is bound by arithmetic, where dequantising every weight for every group of
     rows costs far more than a dense bfloat16 matmul (4x at 64 rows, 8x at 512: docs/quantization.md). The
-    dense copy is the model's weights in the activations' dtype, which the loader keeps as the reference."""
+    dense copy holds the quantised weights' own dequantised values in the activations' dtype (built by
+    TransformersRunner), so both paths compute the same function."""
 
     quantized: QuantizedLinear
     dense: Linear
