@@ -28,6 +28,7 @@ from typing import Any
 
 import torch
 
+from benchmarks.machine import machine_facts
 from engine.config import DTYPES, QUANTIZATIONS, EngineConfig
 from engine.engine import Engine
 from engine.linear import AnyLinear, Int4DotLinear, Int4Linear, Int8Linear, Linear, RowSwitchedLinear
@@ -255,6 +256,7 @@ def run(config: BenchConfig, loaded: LoadedModel) -> dict[str, object]:
         )
     return {
         "config": asdict(config),
+        "machine": machine_facts(),
         "threads": torch.get_num_threads(),
         "weight_bytes": weight_bytes,
         "engine": [asdict(r) for r in rows],

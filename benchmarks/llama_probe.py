@@ -34,6 +34,7 @@ from pathlib import Path
 import numpy as np
 
 from benchmarks.client import ClientConfig, RequestRecord, discover_model, run_load
+from benchmarks.machine import machine_facts
 from benchmarks.server_proc import LaunchConfig, ServerProcess, ServerStartError
 from benchmarks.targets import ServerSettings, Target, Unavailable, baseline_targets, batchserve_target
 from benchmarks.workloads import RequestSpec, make_prompt
@@ -230,7 +231,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"not run: {name}: {reason}")
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
-        doc = {"config": asdict(config), "results": [asdict(r) for r in results], "skipped": skipped}
+        doc = {
+            "config": asdict(config),
+            "machine": machine_facts(),
+            "results": [asdict(r) for r in results],
+            "skipped": skipped,
+        }
         args.out.write_text(json.dumps(doc, indent=2))
     return 0 if results and not skipped else 1
 

@@ -25,6 +25,7 @@ from pathlib import Path
 
 from benchmarks.arrivals import ArrivalConfig
 from benchmarks.client import ClientConfig, EosPolicy, discover_model
+from benchmarks.machine import machine_facts
 from benchmarks.runner import RunConfig, RunResult, run_benchmark
 from benchmarks.server_proc import LaunchConfig, ServerProcess, ServerStartError
 from benchmarks.tables import format_run
@@ -207,6 +208,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     document = {
         "command": shlex.join([sys.executable, "-m", "benchmarks.ray_bench", *argv]),
+        "machine": machine_facts(),
         "runs": [
             {
                 "setup": r.setup,

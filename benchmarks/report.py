@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from benchmarks.machine import machine_facts
 from benchmarks.plots import plot_cdf, plot_sweep, plot_timelines
 from benchmarks.runner import RunResult, rate_to_json
 
@@ -142,6 +143,7 @@ def render_markdown(outcome: ABOutcome, plots: Mapping[str, Path]) -> str:
 def result_document(outcome: ABOutcome) -> dict[str, Any]:
     return {
         "command": outcome.command,
+        "machine": machine_facts(),
         "settings": dict(outcome.settings),
         "servers": dict(outcome.servers),
         "notes": dict(outcome.notes),
