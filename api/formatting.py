@@ -16,9 +16,11 @@ from scheduler.request import RequestTimings
 
 
 def timings_json(
-    timings: RequestTimings | None, num_choices: int, replica: str | None = None
+    timings: RequestTimings | None, num_choices: int, replica: str | None = None, arrival_time: float | None = None
 ) -> dict[str, object] | None:
-    """`replica`: which replica served it, behind a proxy of several (api.ray_serve); absent on one server."""
+    """`replica`: which replica served it, behind a proxy of several (api.ray_serve); absent on one server.
+    `arrival_time`: when the server received the request (Unix seconds), the instant the queue orders by; it
+    lets a benchmark replay requests in the order the server saw them, which is not the order they were sent."""
     if timings is None:
         return None
 
@@ -40,6 +42,8 @@ def timings_json(
         "batch_id": timings.batch_id,
         "num_choices": num_choices,
     }
+    if arrival_time is not None:
+        document["arrival_time"] = round(arrival_time, 6)
     if replica is not None:
         document["replica"] = replica
     return document
@@ -55,6 +59,7 @@ class UsageTally:
     num_choices: int = 0
     prompts_counted: set[int] = field(default_factory=set)
     replica: str | None = None  # named in the timings (see timings_json)
+    arrival_time: float | None = None  # when the server received the request, Unix seconds
 
     def add(self, delta: ChoiceDelta, prompt_index: int) -> None:
         if prompt_index not in self.prompts_counted:  # n choices of one prompt share its tokens
@@ -72,7 +77,7 @@ class UsageTally:
         return {"prompt_tokens": self.prompt_tokens, "completion_tokens": self.completion_tokens, "total_tokens": total}
 
     def timings(self) -> dict[str, object] | None:
-        return timings_json(self.last_timings, self.num_choices, self.replica)
+        return timings_json(self.last_timings, self.num_choices, self.replica, self.arrival_time)
 
 
 class ResponseFormatter(ABC):

@@ -27,6 +27,7 @@ class ResponseShape:
     include_usage: bool
     continuous_usage: bool
     replica: str | None = None  # which replica serves it, behind a proxy (api.ray_serve)
+    arrival_time: float | None = None  # when the server received it, Unix seconds
 
     def echo_text(self, index: int) -> str:
         return self.echo_texts[index // self.n] if self.echo_texts else ""
@@ -42,7 +43,7 @@ async def collect(generation: Generation, shape: ResponseShape) -> dict[str, obj
     entries: list[list[TokenLogprob]] = [[] for _ in range(count)]
     prompt_scores: list[tuple[TokenLogprob, ...]] = [() for _ in range(count)]
     finish: list[str | None] = [None] * count
-    tally = UsageTally(replica=shape.replica)
+    tally = UsageTally(replica=shape.replica, arrival_time=shape.arrival_time)
     async for delta in generation.deltas():
         if delta.error is not None:
             raise delta.error
@@ -98,7 +99,7 @@ class _StreamEvents:
         self.offsets = [0] * count  # where each choice's next text starts (completions' text_offset)
         self.generated = [0] * count
         self.finished = 0
-        self.tally = UsageTally(replica=shape.replica)
+        self.tally = UsageTally(replica=shape.replica, arrival_time=shape.arrival_time)
         self.prompt_tokens = sum(len(c.prompt_token_ids) for c in generation.choices[:: shape.n])
 
     def chunk(self, choices: list[dict[str, object]], **extra: object) -> str:

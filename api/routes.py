@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import time
 from collections.abc import Awaitable
 from dataclasses import dataclass
 from typing import Generic, TypeVar
@@ -105,6 +106,7 @@ class _Accepted(Generic[_Request]):
     runtime: Runtime
     body: _Request
     arrival: float  # its place in the queue
+    arrival_time: float  # the same instant in Unix seconds, reported in `timings` (as vLLM's metrics do)
 
     def public_id(self, prefix: str) -> str:
         """The response's id: the client's request_id where given (vLLM), else a fresh one."""
@@ -127,7 +129,8 @@ async def _accept(request: Request, model: type[_Request]) -> _Accepted[_Request
     if ignored:  # as vLLM: fields this server does not use are ignored, not refused (names only, never values)
         names = ", ".join(repr(name[:40]) for name in ignored[:10])
         logger.info("%s %s: ignoring fields this server does not use: %s", request.method, request.url.path, names)
-    return _Accepted(config, runtime, body, runtime.service.now())  # after the upload, before tokenising
+    # After the upload, before tokenising.
+    return _Accepted(config, runtime, body, runtime.service.now(), time.time())
 
 
 def _prompt_scores_wanted(*wanted: int | None) -> int | None:
@@ -181,7 +184,7 @@ async def _respond(
     request: Request, accepted: _Accepted[_Request], inputs: list[ChoiceInput], shape: ResponseShape
 ) -> Response:
     config, service, body = accepted.config, accepted.runtime.service, accepted.body
-    shape = dataclasses.replace(shape, replica=request.app.state.replica)
+    shape = dataclasses.replace(shape, replica=request.app.state.replica, arrival_time=accepted.arrival_time)
     if len(inputs) > config.max_queue:  # it could never be queued whole: a retry would never help, so not a 429
         raise bad_request(
             f"this request asks for {len(inputs)} sequences (prompts x n), more than the server's whole queue "

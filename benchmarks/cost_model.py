@@ -34,8 +34,6 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from benchmarks.machine import machine_facts
-
 
 @dataclass(frozen=True)
 class StepShape:
@@ -405,7 +403,6 @@ def save_fitted(report: FitReport, path: Path, extra: Mapping[str, Any]) -> None
             "max_abs_pct_error": 100 * report.max_abs_pct_error,
             "r_squared": report.r_squared,
         },
-        "machine": machine_facts(),
         **extra,
     }
     path.write_text(json.dumps(document, indent=2) + "\n")

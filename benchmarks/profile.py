@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import os
 import platform
 import statistics
 import sys
@@ -30,6 +29,7 @@ from api.cli import add_config_flags, config_from_args
 from api.config import RuntimeOptions
 from api.wiring import build_model_runtime, load
 from benchmarks.cost_model import FittedCostModel, StepShape, chunk_attention_pairs, fit_cost_model, save_fitted
+from benchmarks.machine import machine_facts
 from engine.engine import Engine
 from engine.linear import RowSwitchedLinear
 from engine.model_runner import TransformersRunner
@@ -206,7 +206,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     report = fit_cost_model([p.shape for p in points], [p.seconds for p in points], source, switch_tokens=switch)
     extra = {
         "command": " ".join([sys.executable, "-m", "benchmarks.profile", *(argv or sys.argv[1:])]),
-        "machine": {"cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(), "torch": torch.__version__},
+        "machine": {**machine_facts(), "torch_threads": torch.get_num_threads(), "torch": torch.__version__},
         "engine": _engine_flags(served),
         "grid": asdict(grid),
         "profile_seconds": time.perf_counter() - started,

@@ -2,6 +2,9 @@
 
     {"arrival_s": 0.0, "prompt_tokens": 57, "max_tokens": 200, "output_tokens": 200}
 
+`python -m benchmarks.workload_trace RESULT_DIR` (re)writes an earlier `benchmarks.ab` run's traces from its raw
+records.
+
 `arrival_s` is seconds after the run started; `output_tokens` (optional) is how many tokens the request produced:
 below `max_tokens` it replays a natural stop (EOS). A trace comes from a real run (`benchmarks.ab
 --export-workload`) or is synthesised from the same workload and arrival generators `benchmarks.ab` uses.
@@ -9,8 +12,10 @@ below `max_tokens` it replays a natural stop (EOS). A trace comes from a real ru
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
+import sys
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -92,14 +97,38 @@ def synthesize(workload: WorkloadConfig, arrivals: ArrivalConfig) -> list[TraceR
     return [TraceRequest(t, max(1, s.prompt_tokens), s.max_tokens) for s, t in zip(specs, offsets, strict=True)]
 
 
+def _stamp(record: RequestRecord) -> float | None:
+    stamp = (record.server_timings or {}).get("arrival_time")
+    return float(stamp) if record.ok and isinstance(stamp, (int, float)) else None
+
+
+def server_arrivals(records: Sequence[RequestRecord]) -> list[float]:
+    """When each request reached the server's queue, on the run's clock (seconds after it started).
+
+    Requests sent at once do not reach the queue in the order they were sent: measured, 48 requests sent within
+    8 ms were admitted starting with the 31st. Replaying send order would seat different requests first (and
+    with long and short answers mixed, change every latency), so the server's order is the one to replay. The
+    server stamps it (`timings.arrival_time`, Unix seconds); the stamps keep their spacing and are placed so the
+    first falls at the earliest stamped request's send time. A request without a stamp (failed, or a server
+    that does not report one) keeps its send time.
+    """
+    stamps = [_stamp(r) for r in records]
+    stamped = [(r.send_time, s) for r, s in zip(records, stamps, strict=True) if s is not None]
+    if not stamped:
+        return [max(0.0, r.send_time) for r in records]
+    origin, start = min(s for _, s in stamped), min(t for t, _ in stamped)
+    return [max(0.0, r.send_time if s is None else start + (s - origin)) for r, s in zip(records, stamps, strict=True)]
+
+
 def from_records(records: Sequence[RequestRecord]) -> list[TraceRequest]:
-    """A real run as a trace: each request's send time, the server's token counts (usage) where reported, and
-    the tokens it produced. Failed requests are kept with their asked-for lengths: they arrived too."""
+    """A real run as a trace: each request's arrival at the server (`server_arrivals`), the server's token counts
+    (usage) where reported, and the tokens it produced. Failed requests are kept with their asked-for lengths:
+    they arrived too."""
     trace = []
-    for r in sorted(records, key=lambda r: (r.send_time, r.index)):
+    for arrival, r in sorted(zip(server_arrivals(records), records, strict=True), key=lambda p: (p[0], p[1].index)):
         prompt = r.prompt_tokens if r.prompt_tokens is not None else r.prompt_tokens_est
         output = r.output_tokens if r.ok and 1 <= r.output_tokens <= r.max_tokens else None
-        trace.append(TraceRequest(max(0.0, r.send_time), max(1, prompt), r.max_tokens, output))
+        trace.append(TraceRequest(arrival, max(1, prompt), r.max_tokens, output))
     return trace
 
 
@@ -138,3 +167,39 @@ def read_exported(folder: Path) -> ExportedRuns:
         else:
             exported.main[name] = read_trace(path)
     return exported
+
+
+def runs_from_raw(result_dir: Path) -> tuple[dict[str, RunResult], dict[str, list[RunResult]]]:
+    """The runs a `benchmarks.ab` result folder saved under raw/: main runs, and sweep runs by name."""
+    raw = result_dir / "raw"
+    if not raw.is_dir():
+        raise ValueError(f"{result_dir} has no raw/ folder: not a benchmarks.ab result")
+    runs: dict[str, RunResult] = {}
+    sweep: dict[str, list[RunResult]] = {}
+    for path in sorted(raw.glob("*.json")):
+        run = RunResult.from_dict(json.loads(path.read_text()))
+        if path.stem.startswith("sweep-"):
+            sweep.setdefault(path.stem.removeprefix("sweep-").rsplit("-", 1)[0], []).append(run)
+        else:
+            runs[path.stem] = run
+    return runs, sweep
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.workload_trace",
+        description="Write (or rewrite) the workload traces of an earlier benchmarks.ab run from its raw records, "
+        "as --export-workload would have: RESULT_DIR/workload/<run>.jsonl.",
+    )
+    parser.add_argument("result_dir", type=Path)
+    args = parser.parse_args(argv)
+    try:
+        runs, sweep = runs_from_raw(args.result_dir)
+    except ValueError as exc:
+        parser.error(str(exc))
+    print(f"wrote traces to {export_runs(args.result_dir, runs, sweep)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -129,6 +129,7 @@ def test_models_lists_the_served_model(server: RunningServer, client: openai.Ope
 
 
 def test_completion_has_text_finish_reason_usage_and_timings(server: RunningServer, client: openai.OpenAI) -> None:
+    sent = time.time()
     result = client.completions.create(
         model=model_name(server),
         prompt=PROMPT,
@@ -150,6 +151,7 @@ def test_completion_has_text_finish_reason_usage_and_timings(server: RunningServ
     assert timings["mode"] == server_mode(server)
     assert timings["num_steps"] >= 8 and timings["num_choices"] == 1
     assert timings["e2e_time_ms"] >= timings["time_to_first_token_ms"] >= timings["queue_time_ms"] >= 0
+    assert sent <= timings["arrival_time"] <= time.time()  # Unix seconds, the instant the queue orders by
     if server_mode(server) == "dynamic":
         assert isinstance(timings["batch_id"], int)
     else:

@@ -20,13 +20,21 @@ import torch
 from transformers import PreTrainedModel
 
 from benchmarks import simulate
+from benchmarks.client import RequestRecord
 from benchmarks.cost_model import FittedCostModel, fit_cost_model, save_fitted
 from benchmarks.profile import step_shape
 from benchmarks.runner import RunResult
 from benchmarks.sim_cluster import Arrival, Replica, StepTally, make_router, replay
 from benchmarks.sim_engine import SimEngine, VirtualClock
 from benchmarks.sim_run import SimSettings, simulate_trace
-from benchmarks.workload_trace import TraceRequest, export_runs, read_exported, read_trace, write_trace
+from benchmarks.workload_trace import (
+    TraceRequest,
+    export_runs,
+    from_records,
+    read_exported,
+    read_trace,
+    write_trace,
+)
 from engine.config import EngineConfig
 from engine.engine import Engine
 from engine.model_runner import TransformersRunner
@@ -309,6 +317,32 @@ def test_trace_files_round_trip_and_reject_bad_lines(tmp_path: Path) -> None:
         read_trace(tmp_path / "bad.jsonl")
     with pytest.raises(ValueError, match="output_tokens"):
         TraceRequest(0.0, 5, 4, output_tokens=5)
+
+
+def _sent(index: int, send: float, stamp: float | None, ok: bool = True) -> RequestRecord:
+    timings = None if stamp is None else {"arrival_time": stamp, "e2e_time_ms": 10.0}
+    return RequestRecord(
+        index=index, kind="short", max_tokens=8, prompt_tokens_est=5, scheduled_time=send, send_time=send,
+        first_token_time=send + 0.05 if ok else None, chunk_times=[send + 0.05] if ok else [], end_time=send + 0.1,
+        output_tokens=8 if ok else 0, prompt_tokens=7, usage_reported=True, server_timings=timings,
+        finish_reason="length" if ok else None, text="", error=None if ok else "server error",
+    )  # fmt: skip
+
+
+def test_exported_trace_replays_the_order_the_server_saw_not_the_send_order() -> None:
+    """Sent together, requests reach the queue in another order; the trace keeps the server's order and spacing."""
+    unix = 1_780_000_000.0
+    records = [
+        _sent(0, 0.000, stamp=unix + 0.090),  # reached the server 90 ms after the first arrival: admitted last
+        _sent(1, 0.001, stamp=unix),  # the first to arrive: placed at the earliest stamped send time, 0.0
+        _sent(2, 0.002, stamp=unix + 0.040),
+        _sent(3, 0.003, stamp=None),  # no stamp (a server that does not report one): its send time
+        _sent(4, 0.004, stamp=unix + 0.001, ok=False),  # failed: its send time
+    ]
+    trace = from_records(records)
+    assert [round(t.arrival_s, 3) for t in trace] == [0.0, 0.003, 0.004, 0.04, 0.09]
+    assert [t.output_tokens for t in trace] == [8, 8, None, 8, 8]
+    assert [round(t.arrival_s, 3) for t in from_records([_sent(i, i / 10, None) for i in range(3)])] == [0, 0.1, 0.2]
 
 
 def test_simulated_natural_stop_ends_the_request_early_with_stop() -> None:
