@@ -1,6 +1,6 @@
 """How long one engine step takes, as a function of what the step computes: the simulator's only notion of time.
 
-Two models share one interface (`CostModel.step_time(StepShape)`):
+Two models share one interface (`CostModel.step_time(StepShape, idle_s)`):
 
 - `FittedCostModel`, measured on this machine by `benchmarks.profile` and fitted by least squares:
 
@@ -16,6 +16,11 @@ Two models share one interface (`CostModel.step_time(StepShape)`):
   Where the engine switches weights by step size (quantised up to `max_quantized_rows` tokens a step, a dense
   copy past it: engine.linear.RowSwitchedLinear), cost is not one smooth function of T: past the switch the
   fixed cost jumps and the per-token cost drops. `SwitchedCostModel` then holds one fitted model per regime.
+
+  A step that starts after the engine sat idle for `COLD_AFTER_S` or more costs `cold_step_s` more: the
+  compute threads have gone to sleep and the weights have left the nearest caches (measured on the 2-core Xeon:
+  a batch-1 decode step 6.3 ms warm, 10.6 ms after 1 s idle). `benchmarks.profile` measures it per regime; it
+  is what a lone request at light load pays on its first step, and at most once per burst.
 
 - `RooflineCostModel`, a projection for a GPU from public specs: the larger of the FLOPs over achievable peak
   compute and the bytes moved (weights once per step, plus each sequence's KV cache) over achievable memory
@@ -33,6 +38,8 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import numpy as np
+
+COLD_AFTER_S = 0.2  # idle this long and the next step is cold (measured: +0 ms after 50 ms idle, +2.4 ms after 0.2 s)
 
 
 @dataclass(frozen=True)
@@ -56,8 +63,8 @@ class CostModel(Protocol):
     def label(self) -> str:
         """One line naming the model, for reports ("fitted on ...", "projection: ...")."""
 
-    def step_time(self, shape: StepShape) -> float:
-        """Seconds for one engine step of this shape."""
+    def step_time(self, shape: StepShape, idle_s: float = 0.0) -> float:
+        """Seconds for one engine step of this shape, started `idle_s` after the engine's previous step ended."""
 
 
 # ----- the fitted (measured) model -----
@@ -73,9 +80,10 @@ class FittedCostModel:
     per_seq_s: float
     per_attention_mpair_s: float
     source: str = "synthetic"  # what was measured: machine, model, threads
+    cold_step_s: float = 0.0  # extra for a step after at least COLD_AFTER_S of idle
 
     def __post_init__(self) -> None:
-        values = (self.const_s, self.per_token_s, self.per_token_over_knee_s, self.per_seq_s)
+        values = (self.const_s, self.per_token_s, self.per_token_over_knee_s, self.per_seq_s, self.cold_step_s)
         if any(not (v >= 0 and math.isfinite(v)) for v in (*values, self.per_attention_mpair_s)):
             raise ValueError(f"cost coefficients must be finite and >= 0: {self}")
         if self.knee_tokens < 0:
@@ -85,9 +93,10 @@ class FittedCostModel:
     def label(self) -> str:
         return f"fitted step-cost model ({self.source})"
 
-    def step_time(self, shape: StepShape) -> float:
+    def step_time(self, shape: StepShape, idle_s: float = 0.0) -> float:
         return (
-            self.const_s
+            (self.cold_step_s if idle_s >= COLD_AFTER_S else 0.0)
+            + self.const_s
             + self.per_token_s * shape.num_tokens
             + self.per_token_over_knee_s * max(0, shape.num_tokens - self.knee_tokens)
             + self.per_seq_s * shape.num_seqs
@@ -107,9 +116,11 @@ class SwitchedCostModel:
     def label(self) -> str:
         return f"fitted step-cost model, two regimes split at {self.max_small_tokens} tokens ({self.small.source})"
 
-    def step_time(self, shape: StepShape) -> float:
-        regime = self.small if shape.num_tokens <= self.max_small_tokens else self.large
-        return regime.step_time(shape)
+    def regime(self, shape: StepShape) -> FittedCostModel:
+        return self.small if shape.num_tokens <= self.max_small_tokens else self.large
+
+    def step_time(self, shape: StepShape, idle_s: float = 0.0) -> float:
+        return self.regime(shape).step_time(shape, idle_s)
 
 
 @dataclass(frozen=True)
@@ -322,7 +333,7 @@ class RooflineCostModel:
     def bound(self, shape: StepShape) -> str:
         return "memory" if self.memory_time(shape) >= self.compute_time(shape) else "compute"
 
-    def step_time(self, shape: StepShape) -> float:
+    def step_time(self, shape: StepShape, idle_s: float = 0.0) -> float:  # a GPU keeps no such state: idle_s unused
         return self.step_overhead_s + max(self.compute_time(shape), self.memory_time(shape))
 
     def kv_cache_tokens(self, memory_fraction: float = 0.9) -> int:

@@ -19,7 +19,7 @@ import platform
 import statistics
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -28,7 +28,14 @@ import torch
 from api.cli import add_config_flags, config_from_args
 from api.config import RuntimeOptions
 from api.wiring import build_model_runtime, load
-from benchmarks.cost_model import FittedCostModel, StepShape, chunk_attention_pairs, fit_cost_model, save_fitted
+from benchmarks.cost_model import (
+    FittedCostModel,
+    StepShape,
+    SwitchedCostModel,
+    chunk_attention_pairs,
+    fit_cost_model,
+    save_fitted,
+)
 from benchmarks.machine import machine_facts
 from engine.engine import Engine
 from engine.linear import RowSwitchedLinear
@@ -142,6 +149,68 @@ def measure(engine: Engine, grid: Grid, vocab: int) -> list[Point]:
     return points
 
 
+@dataclass(frozen=True)
+class ColdSteps:
+    """A lone step's extra cost after the engine sat idle, per regime: a 1-row decode (the quantised weights
+    where the engine switches) and a `PREFILL_PROBE_TOKENS`-token prefill (the dense copy)."""
+
+    decode_s: float
+    prefill_s: float
+
+
+PREFILL_PROBE_TOKENS = 40  # a typical short prompt of the mixed workload
+COLD_IDLE_S = 1.0  # well past COLD_AFTER_S, as between requests at light load
+
+
+def measure_cold(engine: Engine, vocab: int, first_id: int, repeats: int) -> ColdSteps:
+    """Median step time after `COLD_IDLE_S` of sleep minus the median of the same step run back to back."""
+    decoder = first_id
+    engine.add(decoder, _prompt(32, vocab, decoder), SamplingParams(max_tokens=4 * repeats + 16, ignore_eos=True))
+    if not engine.reserve(decoder, 32 + 4 * repeats + 16):
+        raise ValueError("the KV cache is too small for the cold-step probe")
+    _prefill(engine, decoder)
+    fresh = iter(range(first_id + 1, first_id + 1 + 4 * repeats))
+
+    def decode_step() -> float:
+        start = time.perf_counter()
+        engine.step([(decoder, engine.num_pending(decoder))])
+        return time.perf_counter() - start
+
+    def prefill_step() -> float:
+        seq_id = next(fresh)
+        engine.add(seq_id, _prompt(PREFILL_PROBE_TOKENS, vocab, seq_id), SamplingParams(max_tokens=1, ignore_eos=True))
+        if not engine.reserve(seq_id, PREFILL_PROBE_TOKENS + 1):
+            raise ValueError("the KV cache is too small for the cold-step probe")
+        start = time.perf_counter()
+        engine.step([(seq_id, PREFILL_PROBE_TOKENS)])
+        elapsed = time.perf_counter() - start
+        engine.remove(seq_id)
+        return elapsed
+
+    def penalty(step: Callable[[], float]) -> float:
+        step()  # warm-up
+        warm = statistics.median(step() for _ in range(repeats))
+        cold = []
+        for _ in range(repeats):
+            time.sleep(COLD_IDLE_S)
+            cold.append(step())
+        return max(0.0, statistics.median(cold) - warm)
+
+    try:
+        return ColdSteps(decode_s=penalty(decode_step), prefill_s=penalty(prefill_step))
+    finally:
+        engine.remove(decoder)
+
+
+def with_cold_steps(model: FittedCostModel | SwitchedCostModel, cold: ColdSteps) -> FittedCostModel | SwitchedCostModel:
+    if isinstance(model, SwitchedCostModel):
+        small = dataclasses.replace(model.small, cold_step_s=cold.decode_s)
+        return dataclasses.replace(
+            model, small=small, large=dataclasses.replace(model.large, cold_step_s=cold.prefill_s)
+        )
+    return dataclasses.replace(model, cold_step_s=cold.prefill_s)  # at light load a cold step is a new prompt's
+
+
 def _engine_flags(options: RuntimeOptions) -> str:
     """The options that shape the engine's speed, as `name=value` (a weight format too, where serve has one)."""
     skip = {"scheduler", "served_model_name", "kv_cache_tokens"}
@@ -161,6 +230,12 @@ def build_parser() -> argparse.ArgumentParser:
     grid.add_argument("--prefill-tokens", type=_ints, default=g.prefill_tokens, help="prompt tokens per step")
     grid.add_argument("--contexts", type=_ints, default=g.contexts, help="context length of the decode rows")
     grid.add_argument("--repeats", type=int, default=g.repeats)
+    grid.add_argument(
+        "--cold-repeats",
+        type=int,
+        default=3,
+        help=f"steps timed after {COLD_IDLE_S:g} s idle, per regime, for the cold-step cost (0: none)",
+    )
     # serve's own flags, generated from the same config: the engine is built as serve builds it (model, device,
     # max-model-len, cpu-kernels, and whatever weight format flags serve has). Its policy and HTTP flags are
     # accepted and ignored: the grid sets the rows.
@@ -195,6 +270,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     started = time.perf_counter()
     with torch.inference_mode():
         points = measure(engine, grid, vocab)
+        cold = measure_cold(engine, vocab, 10**6, args.cold_repeats) if args.cold_repeats > 0 else ColdSteps(0.0, 0.0)
     source = (
         f"{runtime.model_name} on {platform.machine()}"
         + f", {torch.get_num_threads()} torch threads, {_engine_flags(served)}"
@@ -204,6 +280,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     first = runner.layer_linears(runner.layers[0])[0] if isinstance(runner, TransformersRunner) else None
     switch = first.max_quantized_rows if isinstance(first, RowSwitchedLinear) else None
     report = fit_cost_model([p.shape for p in points], [p.seconds for p in points], source, switch_tokens=switch)
+    report = dataclasses.replace(report, model=with_cold_steps(report.model, cold))
     extra = {
         "command": " ".join([sys.executable, "-m", "benchmarks.profile", *(argv or sys.argv[1:])]),
         "machine": {**machine_facts(), "torch_threads": torch.get_num_threads(), "torch": torch.__version__},
@@ -234,6 +311,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             f" + {1e3 * m.per_token_over_knee_s:.4f} ms/token over {m.knee_tokens} + {1e3 * m.per_seq_s:.4f} ms/seq"
             f" + {1e3 * m.per_attention_mpair_s:.3f} ms per M attention pairs"
         )
+    print(
+        f"cold step (after {COLD_IDLE_S:g} s idle): decode +{1e3 * cold.decode_s:.2f} ms,"
+        f" prefill +{1e3 * cold.prefill_s:.2f} ms"
+    )
     print(
         f"fit error: mean {100 * report.mean_abs_pct_error:.1f}%, max {100 * report.max_abs_pct_error:.1f}%,"
         f" R^2 {report.r_squared:.4f}; wrote {args.out}"

@@ -11,6 +11,7 @@ Cache blocks come from the engine's own `BlockAllocator`, so admission and preem
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -63,6 +64,7 @@ class SimEngine:
         self.allocator = BlockAllocator(config.num_blocks)
         self._seqs: dict[int, _Sequence] = {}
         self._stop_after: dict[int, int] = {}  # seq_id -> replayed output length, until the sequence is added
+        self._last_step_end = -math.inf  # the first step is cold, as a fresh server's is
 
     # ----- what the scheduler reads -----
     @property
@@ -164,7 +166,8 @@ class SimEngine:
         if len({seq_id for seq_id, _ in schedule}) != len(schedule):
             raise ValueError("a sequence appears twice in one step")
         shape = StepShape(len(schedule), num_tokens, len(tokens), attention, kv_tokens)
-        self.clock.advance(self.cost.step_time(shape))
+        self.clock.advance(self.cost.step_time(shape, idle_s=self.clock() - self._last_step_end))
+        self._last_step_end = self.clock()
         return StepOutput(tuple(tokens), len(schedule), num_tokens)
 
     def _sampled(self, seq_id: int, seq: _Sequence) -> TokenOutput:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
+import json
+import math
 from pathlib import Path
 
 import numpy as np
@@ -11,6 +13,7 @@ from transformers import LlamaConfig
 
 from benchmarks.cost_model import (
     BUILTIN_CONFIGS,
+    COLD_AFTER_S,
     GPUS,
     FittedCostModel,
     RooflineCostModel,
@@ -184,3 +187,29 @@ def test_slower_gpus_project_slower_steps_and_smaller_caches() -> None:
     times = [llama_8b_on(gpu).step_time(step) for gpu in ("h100", "a100", "l4")]
     assert times == sorted(times)
     assert llama_8b_on("h100").kv_cache_tokens() > llama_8b_on("l4").kv_cache_tokens() > 0
+
+
+def test_a_step_after_idle_pays_its_regimes_cold_cost_and_cost_json_keeps_it(tmp_path: Path) -> None:
+    cold = dataclasses.replace(
+        SWITCHED,
+        small=dataclasses.replace(SWITCHED.small, cold_step_s=0.004),
+        large=dataclasses.replace(SWITCHED.large, cold_step_s=0.015),
+    )
+    decode = StepShape(1, 1, 1, 33, 33)
+    prefill = StepShape(1, 40, 1, chunk_attention_pairs(0, 40), 40)
+    for shape, extra in ((decode, 0.004), (prefill, 0.015)):
+        warm = SWITCHED.step_time(shape)
+        assert cold.step_time(shape) == cold.step_time(shape, idle_s=COLD_AFTER_S * 0.99) == warm  # back to back
+        assert cold.step_time(shape, idle_s=COLD_AFTER_S) == pytest.approx(warm + extra)
+        assert cold.step_time(shape, idle_s=math.inf) == pytest.approx(warm + extra)
+    report = fit_cost_model(profile_grid(), [SWITCHED.step_time(s) for s in profile_grid()], "t", switch_tokens=10)
+    save_fitted(dataclasses.replace(report, model=cold), tmp_path / "cost.json", {})
+    assert load_fitted(tmp_path / "cost.json") == cold
+    # A cost.json written before the cold term loads with none.
+    document = json.loads((tmp_path / "cost.json").read_text())
+    for regime in ("small", "large"):
+        del document["model"][regime]["cold_step_s"]
+    (tmp_path / "old.json").write_text(json.dumps(document))
+    assert load_fitted(tmp_path / "old.json") == SWITCHED
+    with pytest.raises(ValueError, match="finite and >= 0"):
+        dataclasses.replace(SWITCHED.small, cold_step_s=-0.001)

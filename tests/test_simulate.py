@@ -9,6 +9,7 @@ and held sets after it, every preemption and every request's timings must be ide
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -21,7 +22,7 @@ from transformers import PreTrainedModel
 
 from benchmarks import simulate
 from benchmarks.client import RequestRecord
-from benchmarks.cost_model import FittedCostModel, fit_cost_model, save_fitted
+from benchmarks.cost_model import COLD_AFTER_S, FittedCostModel, StepShape, fit_cost_model, save_fitted
 from benchmarks.profile import step_shape
 from benchmarks.runner import RunResult
 from benchmarks.sim_cluster import Arrival, Replica, StepTally, make_router, replay
@@ -349,6 +350,24 @@ def test_simulated_natural_stop_ends_the_request_early_with_stop() -> None:
     settings = SimSettings(SchedulerConfig(mode=Mode.CONTINUOUS, max_num_seqs=2), EngineConfig(seats=2), COST)
     run = simulate_trace([TraceRequest(0.0, 10, 50, 7), TraceRequest(0.0, 10, 50)], settings, "continuous", 1.0)
     assert [(r.output_tokens, r.finish_reason) for r in run.records] == [(7, "stop"), (50, "length")]
+
+
+def test_simulated_engine_charges_the_cold_cost_after_idle_and_not_back_to_back() -> None:
+    cold = dataclasses.replace(COST, cold_step_s=0.010)
+    clock = VirtualClock()
+    engine = SimEngine(EngineConfig(seats=2, kv_cache_tokens=256), cold, clock)
+    engine.add(0, list(range(8)), SamplingParams(max_tokens=20, ignore_eos=True))
+    assert engine.reserve(0, 28)
+    durations = []
+    for idle in (0.0, 0.0, 0.0, COLD_AFTER_S, 0.05):
+        clock.advance(idle)
+        start = clock()
+        engine.step([(0, engine.num_pending(0))])
+        durations.append(clock() - start)
+    warm = [COST.step_time(StepShape(1, n, 1, p, k)) for n, p, k in ((8, 36, 8), (1, 9, 9), (1, 10, 10))]
+    assert durations[0] == pytest.approx(warm[0] + 0.010)  # the first step is cold, as a fresh server's is
+    assert durations[1:3] == pytest.approx(warm[1:3])
+    assert durations[3] > durations[2] + 0.009 and durations[4] < durations[3] - 0.009
 
 
 def test_round_robin_alternates_and_least_loaded_avoids_the_busy_replica() -> None:
