@@ -233,7 +233,7 @@ def build_parser() -> argparse.ArgumentParser:
     grid.add_argument(
         "--cold-repeats",
         type=int,
-        default=3,
+        default=5,
         help=f"steps timed after {COLD_IDLE_S:g} s idle, per regime, for the cold-step cost (0: none)",
     )
     # serve's own flags, generated from the same config: the engine is built as serve builds it (model, device,
