@@ -209,6 +209,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     document = {
         "command": shlex.join([sys.executable, "-m", "benchmarks.ray_bench", *argv]),
         "machine": machine_facts(),
+        # Settings that change the measured path without showing in the command (Ray's ingress, OpenMP's waits);
+        # OMP_NUM_THREADS is each setup's own.
+        "environment": {
+            k: v
+            for k, v in sorted(os.environ.items())
+            if k.startswith(("RAY_SERVE_", "OMP_")) and k != "OMP_NUM_THREADS"
+        },
         "runs": [
             {
                 "setup": r.setup,
