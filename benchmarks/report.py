@@ -13,6 +13,8 @@ from benchmarks.machine import machine_facts
 from benchmarks.plots import plot_cdf, plot_sweep, plot_timelines
 from benchmarks.runner import RunResult, rate_to_json
 
+_SWEEP_PREFIX = "sweep-"  # raw/<prefix><run name>-<rate>.json; main runs are raw/<run name>.json
+
 BASE, CANDIDATE = "dynamic", "continuous"
 
 
@@ -143,7 +145,6 @@ def render_markdown(outcome: ABOutcome, plots: Mapping[str, Path]) -> str:
 def result_document(outcome: ABOutcome) -> dict[str, Any]:
     return {
         "command": outcome.command,
-        "machine": machine_facts(),
         "settings": dict(outcome.settings),
         "servers": dict(outcome.servers),
         "notes": dict(outcome.notes),
@@ -164,7 +165,7 @@ def write_report(outcome: ABOutcome, out_dir: Path) -> dict[str, Path]:
         written[f"raw/{name}"] = _write_json(raw_dir / f"{name}.json", run.to_dict())
     for name, runs in outcome.sweep.items():
         for run in runs:
-            path = raw_dir / f"sweep-{name}-{_rate(run.request_rate)}.json"
+            path = raw_dir / f"{_SWEEP_PREFIX}{name}-{_rate(run.request_rate)}.json"
             written[f"raw/{path.stem}"] = _write_json(path, run.to_dict())
     plots: dict[str, Path] = {}
     if outcome.runs:
@@ -174,11 +175,31 @@ def write_report(outcome: ABOutcome, out_dir: Path) -> dict[str, Path]:
     if outcome.sweep:
         plots["rate sweep"] = plot_sweep(outcome.sweep, out_dir / "sweep.png")
     written.update({path.stem: path for path in plots.values()})
-    written["result.json"] = _write_json(out_dir / "result.json", result_document(outcome))
+    # The machine that measured it; a simulated result (sim_report) has a cost model instead.
+    document = {"machine": machine_facts(), **result_document(outcome)}
+    written["result.json"] = _write_json(out_dir / "result.json", document)
     report = out_dir / "report.md"
     report.write_text(render_markdown(outcome, plots))
     written["report.md"] = report
     return written
+
+
+def read_raw_runs(out_dir: Path) -> tuple[dict[str, RunResult], dict[str, list[RunResult]]]:
+    """What `write_report` saved under raw/, with records: the main runs by name, and the sweep runs by name."""
+    raw_dir = out_dir / "raw"
+    if not raw_dir.is_dir():
+        raise ValueError(f"{out_dir} has no raw/ folder: not a benchmarks.ab result")
+    runs: dict[str, RunResult] = {}
+    sweep: dict[str, list[RunResult]] = {}
+    for path in sorted(raw_dir.glob("*.json")):
+        run = RunResult.from_dict(json.loads(path.read_text()))
+        if path.stem.startswith(_SWEEP_PREFIX):  # <prefix><name>-<rate>: the rate is the last dash's
+            sweep.setdefault(path.stem.removeprefix(_SWEEP_PREFIX).rsplit("-", 1)[0], []).append(run)
+        else:
+            runs[path.stem] = run
+    for runs_of_one in sweep.values():
+        runs_of_one.sort(key=lambda run: run.request_rate)
+    return runs, sweep
 
 
 def _write_json(path: Path, document: Any) -> Path:

@@ -22,6 +22,7 @@ from pathlib import Path
 
 from benchmarks.arrivals import ArrivalConfig, arrival_offsets
 from benchmarks.client import RequestRecord
+from benchmarks.report import read_raw_runs
 from benchmarks.runner import RunResult
 from benchmarks.workloads import WorkloadConfig, build_workload
 
@@ -169,22 +170,6 @@ def read_exported(folder: Path) -> ExportedRuns:
     return exported
 
 
-def runs_from_raw(result_dir: Path) -> tuple[dict[str, RunResult], dict[str, list[RunResult]]]:
-    """The runs a `benchmarks.ab` result folder saved under raw/: main runs, and sweep runs by name."""
-    raw = result_dir / "raw"
-    if not raw.is_dir():
-        raise ValueError(f"{result_dir} has no raw/ folder: not a benchmarks.ab result")
-    runs: dict[str, RunResult] = {}
-    sweep: dict[str, list[RunResult]] = {}
-    for path in sorted(raw.glob("*.json")):
-        run = RunResult.from_dict(json.loads(path.read_text()))
-        if path.stem.startswith("sweep-"):
-            sweep.setdefault(path.stem.removeprefix("sweep-").rsplit("-", 1)[0], []).append(run)
-        else:
-            runs[path.stem] = run
-    return runs, sweep
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m benchmarks.workload_trace",
@@ -194,7 +179,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("result_dir", type=Path)
     args = parser.parse_args(argv)
     try:
-        runs, sweep = runs_from_raw(args.result_dir)
+        runs, sweep = read_raw_runs(args.result_dir)
     except ValueError as exc:
         parser.error(str(exc))
     print(f"wrote traces to {export_runs(args.result_dir, runs, sweep)}")

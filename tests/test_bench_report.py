@@ -10,7 +10,7 @@ import pytest
 
 from benchmarks.client import RequestRecord
 from benchmarks.prom import ServerMetrics
-from benchmarks.report import ABOutcome, headline_table, ratios, write_report
+from benchmarks.report import ABOutcome, headline_table, ratios, read_raw_runs, write_report
 from benchmarks.runner import RunResult
 from benchmarks.stats import summarize
 from benchmarks.tables import format_run
@@ -112,6 +112,11 @@ def test_write_report_writes_markdown_json_and_plots(outcome: ABOutcome, tmp_pat
     assert document["sweep"]["dynamic"][2]["request_rate"] == "inf"
     raw = RunResult.from_dict(json.loads((tmp_path / "raw" / "dynamic.json").read_text()))
     assert raw == outcome.runs["dynamic"]
+    assert document["machine"]["cores"] >= 1  # a measured result names its machine
+    # Everything under raw/ reads back as it was written (the traces of an earlier run are rebuilt from it).
+    runs, sweep = read_raw_runs(tmp_path)
+    assert runs == dict(outcome.runs)
+    assert sweep == {name: sorted(r, key=lambda run: run.request_rate) for name, r in outcome.sweep.items()}
 
 
 def _reject(constant: str) -> None:
