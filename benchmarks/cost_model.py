@@ -22,6 +22,11 @@ Two models share one interface (`CostModel.step_time(StepShape, idle_s)`):
   a batch-1 decode step 6.3 ms warm, 10.6 ms after 1 s idle). `benchmarks.profile` measures it per regime; it
   is what a lone request at light load pays on its first step, and at most once per burst.
 
+  A request also pays for what is not a step: HTTP, tokenising, the loop's wake-up, SSE framing. cost.json's
+  `served` section (`benchmarks.served_probe`, lone requests through a real server) holds that time,
+  `outside_step_s`, which the simulator adds to each request's latency (`load_request_overhead`), and the served
+  lone prefill, from which the profile sets the prefill regime's cold cost.
+
 - `RooflineCostModel`, a projection for a GPU from public specs: the larger of the FLOPs over achievable peak
   compute and the bytes moved (weights once per step, plus each sequence's KV cache) over achievable memory
   bandwidth, plus a fixed per-step overhead. Its output is a projection, never a measurement.
@@ -430,3 +435,12 @@ def load_fitted(path: Path) -> FittedCostModel | SwitchedCostModel:
         return FittedCostModel(**model)
     except (KeyError, TypeError) as exc:
         raise ValueError(f"{path} is not a cost model written by benchmarks.profile: {exc}") from exc
+
+
+def load_request_overhead(path: Path) -> float:
+    """Seconds a request pays outside the engine's steps, from cost.json's served probe (0 when it has none)."""
+    served = json.loads(Path(path).read_text()).get("served") or {}
+    value = float(served.get("outside_step_s", 0.0))
+    if not math.isfinite(value) or value < 0:
+        raise ValueError(f"{path}: served.outside_step_s must be a finite number >= 0, got {value}")
+    return value

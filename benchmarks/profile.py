@@ -9,6 +9,11 @@ length (untimed); then each grid point times one `Engine.step`: the first B of t
 plus, for P > 0, a fresh P-token prompt prefilled in the same step, as continuous batching mixes them. Each point
 is the median of --repeats timed steps after one warm-up step. The fitted form is documented in
 `benchmarks.cost_model`; cost.json holds it, its fit error, and every measured point.
+
+Then, unless `--served-probes 0`, `benchmarks.served_probe` starts `batchserve serve` with the same engine flags and
+sends lone requests `--served-gap-s` apart: the served prefill after idle sets the prefill regime's cold-step cost
+(served minus the fit's warm prediction), and the time a request spends outside the steps goes to cost.json's
+`served` section, which the simulator adds to every request's latency.
 """
 
 from __future__ import annotations
@@ -37,6 +42,7 @@ from benchmarks.cost_model import (
     save_fitted,
 )
 from benchmarks.machine import machine_facts
+from benchmarks.served_probe import ServedProbe, probe, serve_argv
 from engine.engine import Engine
 from engine.linear import RowSwitchedLinear
 from engine.model_runner import TransformersRunner
@@ -158,6 +164,7 @@ class ColdSteps:
     prefill_s: float
 
 
+_NOT_ENGINE_FLAGS = ("mode", "host", "port", "api_key")  # the served probe sets these itself
 PREFILL_PROBE_TOKENS = 40  # a typical short prompt of the mixed workload
 COLD_IDLE_S = 1.0  # well past COLD_AFTER_S, as between requests at light load
 
@@ -202,6 +209,15 @@ def measure_cold(engine: Engine, vocab: int, first_id: int, repeats: int) -> Col
         engine.remove(decoder)
 
 
+def served_cold_steps(
+    model: FittedCostModel | SwitchedCostModel, engine_cold: ColdSteps, served: ServedProbe
+) -> ColdSteps:
+    """The prefill's cold cost as served: the served lone prefill minus the fit's warm time for that prompt."""
+    tokens = served.prompt_tokens
+    lone = StepShape(1, tokens, 1, chunk_attention_pairs(0, tokens), tokens)
+    return ColdSteps(decode_s=engine_cold.decode_s, prefill_s=max(0.0, served.prefill_s - model.step_time(lone)))
+
+
 def with_cold_steps(model: FittedCostModel | SwitchedCostModel, cold: ColdSteps) -> FittedCostModel | SwitchedCostModel:
     if isinstance(model, SwitchedCostModel):
         small = dataclasses.replace(model.small, cold_step_s=cold.decode_s)
@@ -236,6 +252,14 @@ def build_parser() -> argparse.ArgumentParser:
         default=5,
         help=f"steps timed after {COLD_IDLE_S:g} s idle, per regime, for the cold-step cost (0: none)",
     )
+    grid.add_argument(
+        "--served-probes",
+        type=int,
+        default=8,
+        help="lone requests through a real `batchserve serve` for the served cold prefill and the time a request "
+        "spends outside the steps (0: none; the simulator then adds nothing)",
+    )
+    grid.add_argument("--served-gap-s", type=float, default=1.5, help="seconds between the served probe's requests")
     # serve's own flags, generated from the same config: the engine is built as serve builds it (model, device,
     # max-model-len, cpu-kernels, and whatever weight format flags serve has). Its policy and HTTP flags are
     # accepted and ignored: the grid sets the rows.
@@ -280,6 +304,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     first = runner.layer_linears(runner.layers[0])[0] if isinstance(runner, TransformersRunner) else None
     switch = first.max_quantized_rows if isinstance(first, RowSwitchedLinear) else None
     report = fit_cost_model([p.shape for p in points], [p.seconds for p in points], source, switch_tokens=switch)
+    served_probe: ServedProbe | None = None
+    engine_cold = cold
+    if args.served_probes > 0:
+        flags = serve_argv(args, skip=_NOT_ENGINE_FLAGS)
+        served_probe = probe(flags, args.served_probes, args.served_gap_s, args.out.with_suffix(".serve.log"))
+        cold = served_cold_steps(report.model, cold, served_probe)
     report = dataclasses.replace(report, model=with_cold_steps(report.model, cold))
     extra = {
         "command": " ".join([sys.executable, "-m", "benchmarks.profile", *(argv or sys.argv[1:])]),
@@ -287,6 +317,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "engine": _engine_flags(served),
         "grid": asdict(grid),
         "profile_seconds": time.perf_counter() - started,
+        "engine_cold_ms": {"decode": 1e3 * engine_cold.decode_s, "prefill": 1e3 * engine_cold.prefill_s},
+        "served": None if served_probe is None else {**asdict(served_probe), "gap_s": args.served_gap_s},
         "points": [
             {
                 "decode_rows": p.decode_rows,
@@ -312,9 +344,16 @@ def main(argv: Sequence[str] | None = None) -> int:
             f" + {1e3 * m.per_attention_mpair_s:.3f} ms per M attention pairs"
         )
     print(
-        f"cold step (after {COLD_IDLE_S:g} s idle): decode +{1e3 * cold.decode_s:.2f} ms,"
-        f" prefill +{1e3 * cold.prefill_s:.2f} ms"
+        f"cold step (after {COLD_IDLE_S:g} s idle, engine alone): decode +{1e3 * engine_cold.decode_s:.2f} ms,"
+        f" prefill +{1e3 * engine_cold.prefill_s:.2f} ms"
     )
+    if served_probe is not None:
+        print(
+            f"served ({served_probe.count} lone requests, {served_probe.prompt_tokens}-token prompts):"
+            f" prefill {1e3 * served_probe.prefill_s:.1f} ms (cold cost +{1e3 * cold.prefill_s:.2f} ms),"
+            f" decode step {1e3 * served_probe.decode_step_s:.2f} ms,"
+            f" outside the steps {1e3 * served_probe.outside_step_s:.2f} ms a request"
+        )
     print(
         f"fit error: mean {100 * report.mean_abs_pct_error:.1f}%, max {100 * report.max_abs_pct_error:.1f}%,"
         f" R^2 {report.r_squared:.4f}; wrote {args.out}"

@@ -30,10 +30,13 @@ class SimSettings:
     cost: CostModel
     replicas: int = 1
     router: str = "round-robin"
+    request_overhead_s: float = 0.0  # time outside the steps (HTTP, tokenising, SSE): cost.json's served probe
 
     def __post_init__(self) -> None:
         if self.replicas < 1:
             raise ValueError(f"replicas must be >= 1, got {self.replicas}")
+        if not math.isfinite(self.request_overhead_s) or self.request_overhead_s < 0:
+            raise ValueError(f"request_overhead_s must be finite and >= 0, got {self.request_overhead_s}")
         make_router(self.router)  # validates the name
 
 
@@ -65,7 +68,8 @@ def simulate_trace(
     arrivals = [arrival(i, item) for i, item in enumerate(trace)]
     traces = replay(arrivals, replicas, make_router(settings.router))
     mode = settings.scheduler.mode.value
-    records = tuple(_record(i, item, t, mode) for i, (item, t) in enumerate(zip(trace, traces, strict=True)))
+    overhead = settings.request_overhead_s
+    records = tuple(_record(i, item, t, mode, overhead) for i, (item, t) in enumerate(zip(trace, traces, strict=True)))
     start = min((r.arrival_s for r in trace), default=0.0)
     end = max((r.end_time for r in records), default=start)
     return RunResult(
@@ -78,15 +82,16 @@ def simulate_trace(
     )
 
 
-def _record(index: int, item: TraceRequest, trace: RequestTrace, mode: str) -> RequestRecord:
+def _record(index: int, item: TraceRequest, trace: RequestTrace, mode: str, overhead_s: float) -> RequestRecord:
+    """The client's view: every time the scheduler produced, later by the request's time outside the steps."""
     finish = trace.finish
     error = trace.error
     if error is None and finish is None:
         error = "the simulation ended before the request finished"
     if error is None and finish is not None and not finish.outcome.completed:
         error = f"request ended with {finish.outcome.value}: {finish.error}"
-    end = finish.timings.released if finish is not None else item.arrival_s
-    tokens = tuple(trace.token_times)
+    end = (finish.timings.released if finish is not None else item.arrival_s) + overhead_s
+    tokens = tuple(t + overhead_s for t in trace.token_times)
     return RequestRecord(
         index=index,
         kind=f"replica-{trace.replica}",

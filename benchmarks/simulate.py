@@ -26,7 +26,14 @@ from typing import Any
 from api.config import DEFAULT_MAX_MODEL_LEN
 from benchmarks.ab import parse_rates
 from benchmarks.arrivals import ArrivalConfig
-from benchmarks.cost_model import GPUS, CostModel, RooflineCostModel, load_fitted, load_model_shape
+from benchmarks.cost_model import (
+    GPUS,
+    CostModel,
+    RooflineCostModel,
+    load_fitted,
+    load_model_shape,
+    load_request_overhead,
+)
 from benchmarks.report import ABOutcome
 from benchmarks.runner import RunResult, rate_to_json
 from benchmarks.sim_cluster import ROUTERS
@@ -184,9 +191,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         cost, gpu_tokens = cost_model_from(args)
+        # a profile's served probe measured what a request pays outside the steps; a GPU projection has none
+        overhead = load_request_overhead(args.cost_model) if args.cost_model is not None else 0.0
         configs = scheduler_configs(args)
         settings = {
-            c.mode.value: SimSettings(c, engine_config(args, c, gpu_tokens), cost, args.replicas, args.router)
+            c.mode.value: SimSettings(
+                c, engine_config(args, c, gpu_tokens), cost, args.replicas, args.router, request_overhead_s=overhead
+            )
             for c in configs
         }
         sweep_rates = parse_rates(args.sweep_rates) if args.sweep_rates else ()
@@ -198,7 +209,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             trace_for(args, args.request_rate)  # validate the workload flags before simulating
     except (ValueError, OSError) as exc:
         parser.error(str(exc))
-    print(cost.label, file=sys.stderr)
+    label = cost.label + (f"; {1e3 * overhead:.1f} ms a request outside the steps (served probe)" if overhead else "")
+    print(label, file=sys.stderr)
 
     if args.find_max_rate:
         return _print_max_rates(args, settings)
@@ -224,11 +236,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             shlex.join([sys.executable, "-m", "benchmarks.simulate", *argv]),
             _settings_doc(args, cost, settings),
             {mode: f"simulated: {s.scheduler}" for mode, s in settings.items()},
-            {mode: cost.label for mode in settings},
+            {mode: label for mode in settings},
             runs,
             sweep,
         )
-        written = write_sim_report(outcome, args.out, cost.label)
+        written = write_sim_report(outcome, args.out, label)
         print(f"wrote {written['report.md']} and {written['result.json']}")
     return 0
 
@@ -273,10 +285,12 @@ def _print_max_rates(args: argparse.Namespace, settings: dict[str, SimSettings])
 
 
 def _settings_doc(args: argparse.Namespace, cost: CostModel, settings: dict[str, SimSettings]) -> dict[str, Any]:
-    engine = next(iter(settings.values())).engine
+    first = next(iter(settings.values()))
+    engine = first.engine
     return {
         "simulated": True,
         "cost_model": cost.label,
+        "request_overhead_ms": 1e3 * first.request_overhead_s,
         "workload": args.workload,
         "num_prompts": args.num_prompts,
         "seed": args.seed,

@@ -402,3 +402,38 @@ def test_simulate_cli_refuses_bad_flags_with_a_usage_error(tmp_path: Path) -> No
     assert exit_info.value.code == 2
     with pytest.raises(SystemExit):
         simulate.main(["--gpu", "h100", "--model-config", str(tmp_path / "nowhere")])
+
+
+def test_request_overhead_delays_what_the_client_sees_and_changes_no_decision() -> None:
+    trace = [TraceRequest(0.0, 10, 6), TraceRequest(0.001, 12, 3), TraceRequest(0.5, 8, 4)]
+    scheduler = SchedulerConfig(mode=Mode.DYNAMIC, max_batch_size=2)
+    plain = simulate_trace(trace, SimSettings(scheduler, EngineConfig(seats=2), COST), "d", 1.0)
+    late = simulate_trace(
+        trace, SimSettings(scheduler, EngineConfig(seats=2), COST, request_overhead_s=0.0125), "d", 1.0
+    )
+    for a, b in zip(plain.records, late.records, strict=True):
+        assert b.ttft == pytest.approx(a.ttft + 0.0125) and b.e2e == pytest.approx(a.e2e + 0.0125)
+        assert b.chunk_times == pytest.approx(tuple(t + 0.0125 for t in a.chunk_times))
+        assert b.server_timings == a.server_timings  # the server's own view has no client overhead
+    assert late.server_metrics is not None and plain.server_metrics is not None
+    for field in ("steps", "mean_batch_size", "held_seats", "generation_tokens", "mean_queue_ms"):  # same decisions
+        assert getattr(late.server_metrics, field) == getattr(plain.server_metrics, field)
+    with pytest.raises(ValueError, match="request_overhead_s"):
+        SimSettings(scheduler, EngineConfig(seats=2), COST, request_overhead_s=-0.001)
+
+
+def test_simulate_adds_the_cost_files_served_overhead(tmp_path: Path) -> None:
+    shapes = [StepShape(n, n * t, n, n * t * t, n * t) for n in (1, 2, 4) for t in (1, 16)]
+    report = fit_cost_model(shapes, [COST.step_time(s) for s in shapes], "test")
+    save_fitted(report, tmp_path / "bare.json", {})
+    save_fitted(report, tmp_path / "served.json", {"served": {"outside_step_s": 0.02}})
+    runs = {}
+    for name in ("bare", "served"):
+        out = tmp_path / f"sim-{name}"
+        argv = ["--cost-model", str(tmp_path / f"{name}.json"), "--mode", "continuous", "--num-prompts", "6"]
+        assert simulate.main([*argv, "--seats", "2", "--request-rate", "inf", "--out", str(out)]) == 0
+        runs[name] = json.loads((out / "result.json").read_text())
+    assert runs["bare"]["settings"]["request_overhead_ms"] == 0
+    assert runs["served"]["settings"]["request_overhead_ms"] == pytest.approx(20.0)
+    bare, served = (runs[n]["runs"]["continuous"]["summary"]["ttft_ms"]["p50"] for n in ("bare", "served"))
+    assert served == pytest.approx(bare + 20.0)

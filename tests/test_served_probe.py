@@ -1,0 +1,76 @@
+"""The profile's served probe: lone requests through a real server, split into the served step and the rest."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import pytest
+
+from benchmarks import profile
+from benchmarks.client import RequestRecord
+from benchmarks.cost_model import (
+    FittedCostModel,
+    StepShape,
+    chunk_attention_pairs,
+    load_fitted,
+    load_request_overhead,
+)
+from benchmarks.served_probe import serve_argv, split
+
+
+def _lone(index: int, client_ttft: float, server_ttft_ms: float, queue_ms: float, decode_ms: float) -> RequestRecord:
+    timings = {"time_to_first_token_ms": server_ttft_ms, "queue_time_ms": queue_ms, "decode_time_ms": decode_ms}
+    return RequestRecord(
+        index=index, kind="probe", max_tokens=5, prompt_tokens_est=30, scheduled_time=0.0, send_time=0.0,
+        first_token_time=client_ttft, chunk_times=(client_ttft,), end_time=client_ttft + 0.1, output_tokens=5,
+        prompt_tokens=31, usage_reported=True, server_timings=timings, finish_reason="length", text="", error=None,
+    )  # fmt: skip
+
+
+def test_split_takes_the_served_step_out_of_the_clients_ttft() -> None:
+    records = [
+        _lone(0, 0.060, server_ttft_ms=50.0, queue_ms=4.0, decode_ms=40.0),  # step 46 ms, 14 ms outside
+        _lone(1, 0.050, server_ttft_ms=44.0, queue_ms=2.0, decode_ms=32.0),  # step 42 ms, 8 ms outside
+        _lone(2, 0.070, server_ttft_ms=60.0, queue_ms=3.0, decode_ms=36.0),  # step 57 ms, 13 ms outside
+    ]
+    probe = split(records)
+    assert probe.prefill_s == pytest.approx(0.046)
+    assert probe.outside_step_s == pytest.approx(0.013)
+    assert probe.decode_step_s == pytest.approx(0.009)  # 36 ms over the 4 tokens after the first
+    assert (probe.prompt_tokens, probe.count) == (31, 3)
+
+
+def test_split_refuses_a_failed_probe_request() -> None:
+    failed = _lone(1, 0.05, 44.0, 2.0, 32.0)
+    with pytest.raises(RuntimeError, match="probe request 1 failed"):
+        split([_lone(0, 0.05, 44.0, 2.0, 32.0), RequestRecord(**{**failed.to_dict(), "error": "HTTP 500"})])
+
+
+def test_serve_argv_passes_only_what_differs_from_serves_defaults() -> None:
+    args = argparse.Namespace(
+        model="/m", dtype="float32", cpu_kernels=False, max_model_len=1024, mode="dynamic", port=9, host="h"
+    )
+    argv = serve_argv(args, skip=("mode", "host", "port"))
+    assert argv == ["--model", "/m", "--max-model-len", "1024", "--no-cpu-kernels", "--dtype", "float32"]
+
+
+def test_profile_measures_a_served_server_and_the_simulator_reads_it(tiny_checkpoint: Path, tmp_path: Path) -> None:
+    """End to end on the tiny model: the profile starts a real `batchserve serve` with its engine flags."""
+    out = tmp_path / "cost.json"
+    argv = ["--out", str(out), "--model", str(tiny_checkpoint), "--dtype", "float32", "--quantization", "none"]
+    grid = ["--batch-sizes", "1,2,4", "--prefill-tokens", "0,8", "--contexts", "16", "--repeats", "1"]
+    probes = ["--cold-repeats", "1", "--served-probes", "2", "--served-gap-s", "0.3"]
+    assert profile.main([*argv, *grid, *probes]) == 0
+    document = json.loads(out.read_text())
+    served = document["served"]
+    assert served["count"] == 2 and served["prompt_tokens"] > 0
+    assert served["prefill_s"] > 0 and served["decode_step_s"] > 0
+    assert load_request_overhead(out) == served["outside_step_s"] > 0  # HTTP and SSE take some time
+    model = load_fitted(out)
+    assert isinstance(model, FittedCostModel)  # float32: one regime
+    tokens = served["prompt_tokens"]
+    lone = StepShape(1, tokens, 1, chunk_attention_pairs(0, tokens), tokens)
+    # the prefill's cold cost is the served lone prefill beyond the fit's warm time, not the engine-alone probe's
+    assert model.cold_step_s == pytest.approx(max(0.0, served["prefill_s"] - model.step_time(lone)))
