@@ -71,6 +71,13 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--gpu", choices=sorted(GPUS), default=None, help="roofline projection for this GPU")
     g.add_argument("--model-config", default="llama-3-8b", help="with --gpu: config dir or built-in llama-3-8b")
     g.add_argument("--step-overhead-ms", type=float, default=1.0, help="with --gpu: fixed cost per step")
+    g.add_argument(
+        "--request-overhead-ms",
+        type=float,
+        default=None,
+        help="time each request spends outside the steps (HTTP, tokenising, SSE), added to its latency "
+        "(default: the served probe's figure in cost.json; 0 with --gpu)",
+    )
     g = parser.add_argument_group("workload")
     g.add_argument("--workload", default=_W.name, help="mixed, uniform, long-prompt, or a FILE.jsonl trace")
     g.add_argument("--num-prompts", type=int, default=_W.num_prompts)
@@ -192,7 +199,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         cost, gpu_tokens = cost_model_from(args)
         # a profile's served probe measured what a request pays outside the steps; a GPU projection has none
-        overhead = load_request_overhead(args.cost_model) if args.cost_model is not None else 0.0
+        if args.request_overhead_ms is not None:
+            overhead = args.request_overhead_ms / 1e3
+        else:
+            overhead = load_request_overhead(args.cost_model) if args.cost_model is not None else 0.0
         configs = scheduler_configs(args)
         settings = {
             c.mode.value: SimSettings(

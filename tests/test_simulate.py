@@ -437,3 +437,7 @@ def test_simulate_adds_the_cost_files_served_overhead(tmp_path: Path) -> None:
     assert runs["served"]["settings"]["request_overhead_ms"] == pytest.approx(20.0)
     bare, served = (runs[n]["runs"]["continuous"]["summary"]["ttft_ms"]["p50"] for n in ("bare", "served"))
     assert served == pytest.approx(bare + 20.0)
+    out = tmp_path / "sim-override"
+    argv = ["--cost-model", str(tmp_path / "served.json"), "--mode", "continuous", "--num-prompts", "6", "--seats", "2"]
+    assert simulate.main([*argv, "--request-overhead-ms", "0", "--out", str(out)]) == 0
+    assert json.loads((out / "result.json").read_text())["runs"]["continuous"]["summary"]["ttft_ms"]["p50"] == bare
