@@ -4,7 +4,10 @@ behind the proxy, in both batching modes, at light load (TTFT p50) and at satura
     python -m benchmarks.ray_bench --out benchmarks/results/scale-out --num-prompts 48 --light-prompts 24
 
 Each server is started on a free port (`python -m api serve`, or `python -m api.ray_serve --replicas N` with its
-own local Ray instance), waited on until /health is 200, measured, and stopped before the next one starts. On
+own local Ray instance), waited on until /health is 200, measured, and stopped before the next one starts.
+`--rounds N` runs the setups in turn N times (plain, proxy, plain, proxy, ...): each proxy run is compared with
+the plain run of its own round, and the verdict takes the median over rounds, since this machine's speed drifts
+by more than the targets within minutes. On
 a 2-core machine two replicas cannot be faster than one: the point is the proxy's overhead, not a speed-up.
 Targets for the proxy, 1 replica against the plain server: TTFT p50 at light load at most 15 ms higher,
 saturated throughput at least 0.9x.
@@ -18,6 +21,7 @@ import json
 import math
 import os
 import shlex
+import statistics
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -81,6 +85,7 @@ class Measured:
     light: RunResult | None
     saturated: RunResult | None
     error: str | None = None
+    round: int = 0
 
     def ttft_p50_ms(self) -> float | None:
         dist = self.light.summary.ttft_ms if self.light is not None else None
@@ -107,13 +112,14 @@ def _run_config(label: str, url: str, model: str | None, rate: float, args: argp
     )
 
 
-def measure(setup: Setup, mode: str, args: argparse.Namespace, log_dir: Path) -> Measured:
+def measure(setup: Setup, mode: str, args: argparse.Namespace, log_dir: Path, round_: int = 0) -> Measured:
     argv = setup.argv(mode, args.seats, args.model)
     # The server inherits this environment: the plain server's torch threads come from it (a replica sets its own
     # from --cpus-per-replica), so a caller's OMP_NUM_THREADS=1 cannot skew the comparison.
     os.environ["OMP_NUM_THREADS"] = str(setup.threads)
     launch = LaunchConfig(argv=argv, health_timeout_s=args.health_timeout, stop_grace_s=60.0)
-    server = ServerProcess(launch, log_dir / f"{setup.name}-{mode}.server.log")
+    suffix = f"-round{round_}" if round_ else ""
+    server = ServerProcess(launch, log_dir / f"{setup.name}-{mode}{suffix}.server.log")
     command = shlex.join(server.command)
     light = saturated = None
     try:
@@ -129,42 +135,61 @@ def measure(setup: Setup, mode: str, args: argparse.Namespace, log_dir: Path) ->
             saturated = asyncio.run(run_benchmark(specs, saturated_config))
             print(format_run(saturated))
     except (ServerStartError, RuntimeError, OSError) as exc:
-        return Measured(setup.name, mode, command, light, saturated, f"{type(exc).__name__}: {exc}")
-    return Measured(setup.name, mode, command, light, saturated)
+        return Measured(setup.name, mode, command, light, saturated, f"{type(exc).__name__}: {exc}", round_)
+    return Measured(setup.name, mode, command, light, saturated, round=round_)
 
 
 def _fmt(value: float | None, pattern: str) -> str:
     return "n/a" if value is None else format(value, pattern)
 
 
+def _verdict(d_ttft: float, ratio: float) -> str:
+    ok = d_ttft <= TTFT_BUDGET_MS and ratio >= THROUGHPUT_FLOOR
+    return f"{'meets' if ok else 'misses'} +{TTFT_BUDGET_MS:g} ms / {THROUGHPUT_FLOOR}x"
+
+
 def report(results: Sequence[Measured]) -> str:
     """A Markdown table per mode: TTFT p50 at light load and saturated throughput, each against the plain server
-    with as many threads per server (proxy-2x1 against the 2-thread plain server: the same cores in all)."""
+    with as many threads per server (proxy-2x1 against the 2-thread plain server: the same cores in all) measured
+    in the same round; with several rounds, a median line per proxy setup carries the verdict."""
     lines = []
     baselines = {s.name: ("plain" if s.name == "proxy-2x1" else s.baseline) for s in SETUPS}
+    rounds = sorted({r.round for r in results})
     for mode in MODES:
-        rows = [r for r in results if r.mode == mode]
+        mode_rows = [r for r in results if r.mode == mode]
+        if not mode_rows:
+            continue
         lines += [
             f"### {mode}",
             "",
-            "| setup | TTFT p50, light (ms) | vs plain (ms) | output tok/s, saturated | vs plain | verdict |",
-            "|---|---|---|---|---|---|",
+            "| round | setup | TTFT p50, light (ms) | vs plain (ms) | output tok/s, saturated | vs plain | verdict |",
+            "|---|---|---|---|---|---|---|",
         ]
-        for row in rows:
-            plain = next((r for r in rows if r.setup == baselines.get(row.setup, "plain")), None)
+        deltas: dict[str, list[tuple[float, float]]] = {}
+        for row in mode_rows:
+            plain = next(
+                (r for r in mode_rows if r.round == row.round and r.setup == baselines.get(row.setup, "plain")), None
+            )
             ttft, tput = row.ttft_p50_ms(), row.throughput()
             base_ttft = plain.ttft_p50_ms() if plain else None
             base_tput = plain.throughput() if plain else None
             d_ttft = None if ttft is None or base_ttft is None else ttft - base_ttft
             ratio = None if tput is None or not base_tput else tput / base_tput
             verdict = row.error or ""
-            if row.setup in ("proxy-1x2", "proxy-1x1") and d_ttft is not None and ratio is not None:
-                ok = d_ttft <= TTFT_BUDGET_MS and ratio >= THROUGHPUT_FLOOR
-                verdict = f"{'meets' if ok else 'misses'} +{TTFT_BUDGET_MS:g} ms / {THROUGHPUT_FLOOR}x"
+            if row.setup.startswith("proxy-") and d_ttft is not None and ratio is not None:
+                deltas.setdefault(row.setup, []).append((d_ttft, ratio))
+                if row.setup in ("proxy-1x2", "proxy-1x1"):
+                    verdict = _verdict(d_ttft, ratio)
             lines.append(
-                f"| {row.setup} | {_fmt(ttft, '.1f')} | {_fmt(d_ttft, '+.1f')} | {_fmt(tput, '.1f')} | "
+                f"| {row.round} | {row.setup} | {_fmt(ttft, '.1f')} | {_fmt(d_ttft, '+.1f')} | {_fmt(tput, '.1f')} | "
                 f"{_fmt(ratio, '.2f')}x | {verdict} |"
             )
+        if len(rounds) > 1:
+            for setup, pairs in deltas.items():
+                d_ttft = statistics.median(d for d, _ in pairs)
+                ratio = statistics.median(r for _, r in pairs)
+                verdict = _verdict(d_ttft, ratio) if setup in ("proxy-1x2", "proxy-1x1") else ""
+                lines.append(f"| median of {len(pairs)} | {setup} | | {d_ttft:+.1f} | | {ratio:.2f}x | {verdict} |")
         lines.append("")
     return "\n".join(lines)
 
@@ -183,6 +208,9 @@ def build_parser() -> argparse.ArgumentParser:
         default=",".join(DEFAULT_SETUPS),
         help=f"comma list of setups, of {', '.join(s.name for s in SETUPS)}",
     )
+    parser.add_argument(
+        "--rounds", type=int, default=1, help="run the setups in turn this many times; verdicts take the median"
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--health-timeout", type=float, default=400.0, help="seconds; Ray's start is slow")
     parser.add_argument("--request-timeout", type=float, default=600.0)
@@ -197,7 +225,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     setups = [s for s in SETUPS if s.name in args.setups.split(",")]
     if not setups or any(m not in MODES for m in modes):
         build_parser().error("unknown --modes or --setups")
-    results = [measure(setup, mode, args, args.out / "raw") for mode in modes for setup in setups]
+    if args.rounds < 1:
+        build_parser().error("--rounds must be at least 1")
+    results = [
+        measure(setup, mode, args, args.out / "raw", round_)
+        for mode in modes
+        for round_ in range(args.rounds)
+        for setup in setups
+    ]
     for failed in (r for r in results if r.error):
         print(f"{failed.setup}/{failed.mode} failed: {failed.error}", file=sys.stderr)
     text = report(results)
@@ -220,6 +255,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             {
                 "setup": r.setup,
                 "mode": r.mode,
+                "round": r.round,
                 "server": r.command,
                 "error": r.error,
                 "light": None if r.light is None else r.light.to_dict(include_records=False),
