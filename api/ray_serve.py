@@ -42,6 +42,11 @@ DIRECTORY_DEPLOYMENT = "BatchserveDirectory"
 # Ray reads this in the proxy process: it adds ProxyFaultMiddleware there (set before Ray starts; see the docs).
 PROXY_CALLBACK_ENV = "RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH"
 PROXY_CALLBACK = "api.proxy_faults:proxy_middlewares"
+# Ray runs a replica's user code on its own thread and event loop by default, so every streamed chunk crosses
+# threads (and the GIL) once more on its way to the proxy. Our app never blocks its loop (the engine steps on its own
+# thread), so replicas run it on Ray's loop unless the deployment's environment says otherwise: measured on 2 cores,
+# median +9.7 ms / 0.91x against the plain server, from +23.4 ms / 0.83x (docs/scale_out.md).
+REPLICA_THREAD_ENV = "RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD"
 # Requests in a replica's hands that its scheduler has not submitted yet (reading, tokenising): without room for
 # them the router, not the replica, would be the one to refuse.
 _ROUTING_MARGIN = 2
@@ -112,6 +117,13 @@ class BatchserveReplica:
         self._app = create_app(config)
         self._app.state.replica = self._name
         self._heartbeat: asyncio.Task[None] | None = None
+        user_thread = os.environ.get(REPLICA_THREAD_ENV, "1") == "1"  # Ray's own default, where unset
+        logger.info(
+            "replica %s: %d torch threads, requests served on %s",
+            self._name,
+            torch_threads,
+            "a thread of their own" if user_thread else "Ray's event loop",
+        )
 
     async def __serve_build_asgi_app__(self) -> ReplicaApp:
         self._heartbeat = asyncio.ensure_future(self._beat())
@@ -138,12 +150,21 @@ class BatchserveReplica:
             raise RuntimeError(f"replica {self._name} is not serving ({phase.value})")
 
 
+def replica_actor_options(scale: ScaleOut) -> dict[str, Any]:
+    """Each replica's resources, and its request thread setting (REPLICA_THREAD_ENV: ours unless the caller's)."""
+    return {
+        "num_cpus": scale.cpus_per_replica,
+        "num_gpus": scale.gpus_per_replica,
+        "runtime_env": {"env_vars": {REPLICA_THREAD_ENV: os.environ.get(REPLICA_THREAD_ENV, "0")}},
+    }
+
+
 def application(config: ServerConfig, scale: ScaleOut) -> serve.Application:
     """The Ray Serve application: `scale.replicas` replicas of `config`'s server and their directory."""
     replica = BatchserveReplica.options(  # type: ignore[attr-defined]  # the decorators make it a Deployment
         num_replicas=scale.replicas,
         max_ongoing_requests=max_ongoing_requests(config),
-        ray_actor_options={"num_cpus": scale.cpus_per_replica, "num_gpus": scale.gpus_per_replica},
+        ray_actor_options=replica_actor_options(scale),
         health_check_period_s=2.0,
         health_check_timeout_s=30.0,
         # Ray's SIGTERM to a replica runs the app's lifespan shutdown, i.e. the server's drain.

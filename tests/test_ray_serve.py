@@ -30,10 +30,12 @@ from api.ray_serve import (
     APP_NAME,
     DIRECTORY_DEPLOYMENT,
     PROXY_CALLBACK_ENV,
+    REPLICA_THREAD_ENV,
     ScaleOut,
     application,
     build_app,
     max_ongoing_requests,
+    replica_actor_options,
     start_local_ray,
 )
 from api.replica_asgi import ReplicaReport
@@ -164,6 +166,15 @@ def test_single_server_path_does_not_import_ray(tiny_checkpoint: Path) -> None:
 def test_max_ongoing_requests_leaves_the_429_to_the_replica() -> None:
     config = ServerConfig(max_num_seqs=3, max_queue=5)
     assert max_ongoing_requests(config) > config.seats + config.max_queue
+
+
+def test_replicas_serve_on_rays_event_loop_unless_told_otherwise(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(REPLICA_THREAD_ENV, raising=False)
+    options = replica_actor_options(ScaleOut(2, 1.0))
+    assert (options["num_cpus"], options["num_gpus"]) == (1.0, 0.0)
+    assert options["runtime_env"] == {"env_vars": {REPLICA_THREAD_ENV: "0"}}  # in the replica's own environment
+    monkeypatch.setenv(REPLICA_THREAD_ENV, "1")  # a deployment that wants Ray's default keeps it
+    assert replica_actor_options(ScaleOut(2, 1.0))["runtime_env"]["env_vars"][REPLICA_THREAD_ENV] == "1"
 
 
 def test_serve_run_builder_takes_the_serve_flags_as_strings_or_values(tiny_checkpoint: Path) -> None:
