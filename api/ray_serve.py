@@ -45,7 +45,8 @@ PROXY_CALLBACK = "api.proxy_faults:proxy_middlewares"
 # Ray runs a replica's user code on its own thread and event loop by default, so every streamed chunk crosses
 # threads (and the GIL) once more on its way to the proxy. Our app never blocks its loop (the engine steps on its own
 # thread), so replicas run it on Ray's loop unless the deployment's environment says otherwise: measured on 2 cores,
-# median +9.7 ms / 0.91x against the plain server, from +23.4 ms / 0.83x (docs/scale_out.md).
+# median light-load TTFT +6.3 ms and 0.87x throughput against the plain server over eight rounds, from +22.7 ms
+# and 0.85x (docs/scale_out.md).
 REPLICA_THREAD_ENV = "RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD"
 # Requests in a replica's hands that its scheduler has not submitted yet (reading, tokenising): without room for
 # them the router, not the replica, would be the one to refuse.
