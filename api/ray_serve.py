@@ -48,9 +48,6 @@ PROXY_CALLBACK = "api.proxy_faults:proxy_middlewares"
 # median light-load TTFT +6.3 ms and 0.87x throughput against the plain server over eight rounds, from +22.7 ms
 # and 0.85x (docs/scale_out.md).
 REPLICA_THREAD_ENV = "RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD"
-# Likewise the proxy's router runs on the proxy's own loop in a local Ray instance (read when the proxy starts, so it
-# is set before Ray starts): 4 rounds gave +16.1 ms / 0.93x against +21.7 ms / 0.85x the same half hour.
-ROUTER_LOOP_ENV = "RAY_SERVE_RUN_ROUTER_IN_SEPARATE_LOOP"
 # Requests in a replica's hands that its scheduler has not submitted yet (reading, tokenising): without room for
 # them the router, not the replica, would be the one to refuse.
 _ROUTING_MARGIN = 2
@@ -235,7 +232,6 @@ def start_local_ray(num_cpus: int, log_to_driver: bool = True, attempts: int = 3
     """A local Ray instance whose processes add the proxy's fault middleware. Ray gives its raylet a fixed 30 s
     to register; on a machine busy enough to miss that, the start is tried again."""
     os.environ.setdefault(PROXY_CALLBACK_ENV, PROXY_CALLBACK)  # before Ray starts: its processes inherit it
-    os.environ.setdefault(ROUTER_LOOP_ENV, "0")
     for attempt in range(1, attempts + 1):
         try:
             ray.init(

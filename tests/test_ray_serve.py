@@ -31,7 +31,6 @@ from api.ray_serve import (
     DIRECTORY_DEPLOYMENT,
     PROXY_CALLBACK_ENV,
     REPLICA_THREAD_ENV,
-    ROUTER_LOOP_ENV,
     ScaleOut,
     application,
     build_app,
@@ -57,7 +56,7 @@ def wait_until(condition: Callable[[], bool], what: str, timeout_s: float = 120.
 @pytest.fixture(scope="session")
 def ray_cluster() -> Iterator[str]:
     """A local Ray instance and Serve's proxy on a free loopback port, once per session: the proxy's URL."""
-    previous = {name: os.environ.get(name) for name in (PROXY_CALLBACK_ENV, ROUTER_LOOP_ENV)}
+    previous = os.environ.get(PROXY_CALLBACK_ENV)
     # 4 logical CPUs for 2 one-CPU replicas: a replacement for a killed replica is placed at once, even before
     # Ray has given back the dead one's CPU. Each replica still computes with one thread.
     start_local_ray(num_cpus=4, log_to_driver=False)  # with the proxy's fault middleware
@@ -68,11 +67,10 @@ def ray_cluster() -> Iterator[str]:
     finally:
         serve.shutdown()
         ray.shutdown()
-        for name, value in previous.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
+        if previous is None:
+            os.environ.pop(PROXY_CALLBACK_ENV, None)
+        else:
+            os.environ[PROXY_CALLBACK_ENV] = previous
 
 
 @pytest.fixture(scope="module")
@@ -177,11 +175,6 @@ def test_replicas_serve_on_rays_event_loop_unless_told_otherwise(monkeypatch: py
     assert options["runtime_env"] == {"env_vars": {REPLICA_THREAD_ENV: "0"}}  # in the replica's own environment
     monkeypatch.setenv(REPLICA_THREAD_ENV, "1")  # a deployment that wants Ray's default keeps it
     assert replica_actor_options(ScaleOut(2, 1.0))["runtime_env"]["env_vars"][REPLICA_THREAD_ENV] == "1"
-
-
-def test_a_local_ray_runs_the_proxys_router_on_the_proxys_loop(ray_cluster: str) -> None:
-    # set before Ray started, so the proxy process (started by it) inherited it
-    assert os.environ.get(ROUTER_LOOP_ENV) == "0"
 
 
 def test_serve_run_builder_takes_the_serve_flags_as_strings_or_values(tiny_checkpoint: Path) -> None:
