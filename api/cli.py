@@ -12,7 +12,7 @@ import signal
 import sys
 import threading
 import types
-from collections.abc import Awaitable, Callable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from typing import Any, Union, get_args, get_origin, get_type_hints
 
 import uvicorn
@@ -47,6 +47,22 @@ def add_config_flags(parser: argparse.ArgumentParser, skip: Sequence[str] = ()) 
             parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=f.default, help=help_text)
         else:
             parser.add_argument(flag, type=kind, default=f.default, choices=f.metadata.get("choices"), help=help_text)
+
+
+def flags_argv(values: Mapping[str, Any]) -> list[str]:
+    """The inverse of add_config_flags: `name=value` pairs (typed, or strings as `serve run` passes them) as flags;
+    a None value is left out, so the flag keeps its default."""
+    argv: list[str] = []
+    for key, value in values.items():
+        flag = "--" + str(key).replace("_", "-")
+        if isinstance(value, bool) or str(value).lower() in ("true", "false"):
+            on = value if isinstance(value, bool) else str(value).lower() == "true"
+            argv.append(flag if on else "--no-" + flag[2:])
+        elif isinstance(value, list | tuple):
+            argv += [flag, *map(str, value)]
+        elif value is not None:
+            argv += [flag, str(value)]
+    return argv
 
 
 def config_from_args(args: argparse.Namespace) -> ServerConfig:

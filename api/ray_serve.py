@@ -21,7 +21,7 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,7 +29,7 @@ import ray
 from ray import serve
 from ray.serve.handle import DeploymentHandle
 
-from api.cli import add_config_flags, config_from_args
+from api.cli import add_config_flags, config_from_args, flags_argv
 from api.config import ServerConfig
 from api.replica_asgi import HEARTBEAT_S, ReplicaApp, ReplicaReport, report_of
 from api.state import Phase
@@ -196,21 +196,6 @@ def scale_from_args(args: argparse.Namespace) -> ScaleOut:
     return ScaleOut(args.replicas, cpus, args.gpus_per_replica)
 
 
-def _argv_of(args: Mapping[str, Any]) -> list[str]:
-    """`serve run`'s key=value arguments (strings) or a YAML config's `args` (typed) as command-line flags."""
-    argv: list[str] = []
-    for key, value in args.items():
-        flag = "--" + str(key).replace("_", "-")
-        if isinstance(value, bool) or str(value).lower() in ("true", "false"):
-            on = value if isinstance(value, bool) else str(value).lower() == "true"
-            argv.append(flag if on else "--no-" + flag[2:])
-        elif isinstance(value, list | tuple):
-            argv += [flag, *map(str, value)]
-        elif value is not None:
-            argv += [flag, str(value)]
-    return argv
-
-
 def parse(argv: Sequence[str]) -> tuple[ServerConfig, ScaleOut]:
     """`batchserve serve`'s flags plus the scale-out ones; ValueError or SystemExit (argparse) on bad input."""
     parser = argparse.ArgumentParser(prog="batchserve serve --replicas N")
@@ -224,7 +209,7 @@ def build_app(args: dict[str, Any]) -> serve.Application:
     """The builder for `serve run api.ray_serve:build_app key=value ...` and a config file's `import_path`: `args`
     are `batchserve serve`'s flags with underscores (mode, max_num_seqs, model ...) plus replicas,
     cpus_per_replica and gpus_per_replica. `host` and `port` are the proxy's, set in `http_options`."""
-    config, scale = parse(_argv_of(args))
+    config, scale = parse(flags_argv(args))
     return application(config, scale)
 
 

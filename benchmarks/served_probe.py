@@ -23,6 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
+from api.cli import flags_argv
 from api.config import ServerConfig
 from benchmarks.client import ClientConfig, RequestRecord, run_load
 from benchmarks.server_proc import LaunchConfig, ServerProcess
@@ -43,19 +44,12 @@ class ServedProbe:
 
 def serve_argv(args: object, skip: Sequence[str]) -> list[str]:
     """`serve` flags for every ServerConfig field that `args` sets away from its default (the engine's shape)."""
-    argv: list[str] = []
-    for f in dataclasses.fields(ServerConfig):
-        value = getattr(args, f.name, f.default)
-        if f.name in skip or value == f.default:
-            continue
-        flag = "--" + f.name.replace("_", "-")
-        if isinstance(value, bool):
-            argv.append(flag if value else "--no-" + flag[2:])
-        elif isinstance(value, tuple | list):
-            argv += [flag, *map(str, value)]
-        else:
-            argv += [flag, str(value)]
-    return argv
+    changed = {
+        f.name: getattr(args, f.name)
+        for f in dataclasses.fields(ServerConfig)
+        if f.name not in skip and getattr(args, f.name, f.default) != f.default
+    }
+    return flags_argv(changed)
 
 
 def split(records: Sequence[RequestRecord]) -> ServedProbe:
