@@ -34,6 +34,7 @@ from api.cli import add_config_flags, config_from_args
 from api.config import RuntimeOptions
 from api.wiring import build_model_runtime, load
 from benchmarks.cost_model import (
+    CostModel,
     FittedCostModel,
     StepShape,
     SwitchedCostModel,
@@ -42,7 +43,8 @@ from benchmarks.cost_model import (
     save_fitted,
 )
 from benchmarks.machine import machine_facts
-from benchmarks.served_probe import ServedProbe, probe, serve_argv
+from benchmarks.served_cost import ServedStepExtra, fit_served_extra, served_steps_json, with_served_extra
+from benchmarks.served_probe import ServedProbe, ServedSteps, probe, probe_steps, serve_argv
 from engine.engine import Engine
 from engine.linear import RowSwitchedLinear
 from engine.model_runner import TransformersRunner
@@ -209,10 +211,9 @@ def measure_cold(engine: Engine, vocab: int, first_id: int, repeats: int) -> Col
         engine.remove(decoder)
 
 
-def served_cold_steps(
-    model: FittedCostModel | SwitchedCostModel, engine_cold: ColdSteps, served: ServedProbe
-) -> ColdSteps:
-    """The prefill's cold cost as served: the served lone prefill minus the fit's warm time for that prompt."""
+def served_cold_steps(model: CostModel, engine_cold: ColdSteps, served: ServedProbe) -> ColdSteps:
+    """The prefill's cold cost as served: the served lone prefill minus the model's warm time for that prompt
+    (the fit plus, where measured, the served continuous step's extra)."""
     tokens = served.prompt_tokens
     lone = StepShape(1, tokens, 1, chunk_attention_pairs(0, tokens), tokens)
     return ColdSteps(decode_s=engine_cold.decode_s, prefill_s=max(0.0, served.prefill_s - model.step_time(lone)))
@@ -231,6 +232,22 @@ def _engine_flags(options: RuntimeOptions) -> str:
     """The options that shape the engine's speed, as `name=value` (a weight format too, where serve has one)."""
     skip = {"scheduler", "served_model_name", "kv_cache_tokens"}
     return ", ".join(f"{f.name}={getattr(options, f.name)}" for f in dataclasses.fields(options) if f.name not in skip)
+
+
+def measure_served_steps(
+    model: CostModel, flags: Sequence[str], mode: str, grid: Grid, repeats: int, out: Path
+) -> tuple[ServedSteps, ServedStepExtra]:
+    sizes = tuple(b for b in grid.batch_sizes if b > 0)
+    steps = probe_steps(flags, mode, sizes, repeats, out.with_suffix(f".serve-{mode}.log"))
+    return steps, fit_served_extra(model, steps.batch_sizes, steps.step_s, steps.context_tokens)
+
+
+def _modes(text: str) -> tuple[str, ...]:
+    modes = tuple(part.strip() for part in text.split(",") if part.strip())
+    unknown = [m for m in modes if m not in {m.value for m in Mode}]
+    if unknown:
+        raise ValueError(f"--served-step-modes: unknown mode(s) {unknown}")
+    return modes
 
 
 def _ints(text: str) -> tuple[int, ...]:
@@ -260,6 +277,14 @@ def build_parser() -> argparse.ArgumentParser:
         "spends outside the steps (0: none; the simulator then adds nothing)",
     )
     grid.add_argument("--served-gap-s", type=float, default=1.5, help="seconds between the served probe's requests")
+    grid.add_argument(
+        "--served-step-repeats",
+        type=int,
+        default=2,
+        help="groups of B concurrent requests per batch size B, through a real server in each --served-step-modes, "
+        "for what a served step costs over the profiled one (0: none)",
+    )
+    grid.add_argument("--served-step-modes", default="continuous,dynamic", help="modes the served steps are probed in")
     # serve's own flags, generated from the same config: the engine is built as serve builds it (model, device,
     # max-model-len, cpu-kernels, and whatever weight format flags serve has). Its policy and HTTP flags are
     # accepted and ignored: the grid sets the rows.
@@ -272,6 +297,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         grid = Grid(args.batch_sizes, args.prefill_tokens, args.contexts, args.repeats)
+        _modes(args.served_step_modes)
     except ValueError as exc:
         parser.error(str(exc))
     rows = max(grid.batch_sizes) + 1
@@ -306,10 +332,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     report = fit_cost_model([p.shape for p in points], [p.seconds for p in points], source, switch_tokens=switch)
     served_probe: ServedProbe | None = None
     engine_cold = cold
+    flags = serve_argv(args, skip=_NOT_ENGINE_FLAGS)
+    steps = {
+        mode: measure_served_steps(report.model, flags, mode, grid, args.served_step_repeats, args.out)
+        for mode in _modes(args.served_step_modes)
+        if args.served_step_repeats > 0
+    }
+    extras = {mode: extra for mode, (_, extra) in steps.items()}
     if args.served_probes > 0:
-        flags = serve_argv(args, skip=_NOT_ENGINE_FLAGS)
         served_probe = probe(flags, args.served_probes, args.served_gap_s, args.out.with_suffix(".serve.log"))
-        cold = served_cold_steps(report.model, cold, served_probe)
+        cold = served_cold_steps(with_served_extra(report.model, extras, "continuous"), cold, served_probe)
     report = dataclasses.replace(report, model=with_cold_steps(report.model, cold))
     extra = {
         "command": " ".join([sys.executable, "-m", "benchmarks.profile", *(argv or sys.argv[1:])]),
@@ -318,7 +350,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         "grid": asdict(grid),
         "profile_seconds": time.perf_counter() - started,
         "engine_cold_ms": {"decode": 1e3 * engine_cold.decode_s, "prefill": 1e3 * engine_cold.prefill_s},
-        "served": None if served_probe is None else {**asdict(served_probe), "gap_s": args.served_gap_s},
+        "served": {
+            **({} if served_probe is None else {**asdict(served_probe), "gap_s": args.served_gap_s}),
+            "steps": {mode: served_steps_json(probed, over) for mode, (probed, over) in steps.items()},
+        },
         "points": [
             {
                 "decode_rows": p.decode_rows,
@@ -347,6 +382,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"cold step (after {COLD_IDLE_S:g} s idle, engine alone): decode +{1e3 * engine_cold.decode_s:.2f} ms,"
         f" prefill +{1e3 * engine_cold.prefill_s:.2f} ms"
     )
+    for mode, (probed, over) in steps.items():
+        measured = ", ".join(f"{b}: {1e3 * t:.1f}" for b, t in zip(probed.batch_sizes, probed.step_s, strict=True))
+        print(
+            f"served {mode} decode steps (rows: ms) {measured}; over the fit"
+            f" +{1e3 * over.const_s:.2f} ms a step +{1e3 * over.per_row_s:.2f} ms a row"
+        )
     if served_probe is not None:
         print(
             f"served ({served_probe.count} lone requests, {served_probe.prompt_tokens}-token prompts):"

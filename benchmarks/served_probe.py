@@ -9,6 +9,10 @@ sends `count` lone streaming requests `gap_s` apart, so each finds the engine id
 - served prefill: the server's time to first token minus its queue time (the lone prompt's step, as served);
 - outside the step: the client's time to first token minus that (everything a request pays that is not the step);
 - served decode step: the server's decode time over the tokens after the first.
+
+`probe_steps` then measures what a step costs as served under load, in one mode: groups of B concurrent streaming
+requests (B over the profile's batch sizes), each group's decode steps timed by the server, so that
+`benchmarks.served_cost` can fit the served step's cost over the profiled `Engine.step`.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ from benchmarks.workloads import RequestSpec, make_prompt
 
 PROBE_PROMPT_WORDS = 30  # about 40 tokens: a short prompt of the mixed workload
 PROBE_MAX_TOKENS = 16
+STEP_PROBE_MAX_TOKENS = 48  # decode steps per request in a step-probe group
 
 
 @dataclass(frozen=True)
@@ -40,6 +45,16 @@ class ServedProbe:
     decode_step_s: float  # median served decode step of a lone request
     prompt_tokens: int  # the probe prompt's length, as the server counted it
     count: int
+
+
+@dataclass(frozen=True)
+class ServedSteps:
+    """Served decode steps of B concurrent requests, for each B, in one mode."""
+
+    mode: str
+    batch_sizes: tuple[int, ...]
+    step_s: tuple[float, ...]  # median served decode step per batch size
+    context_tokens: int  # the steps' mean context: prompt plus half the answer
 
 
 def serve_argv(args: object, skip: Sequence[str]) -> list[str]:
@@ -54,7 +69,7 @@ def serve_argv(args: object, skip: Sequence[str]) -> list[str]:
 
 def split(records: Sequence[RequestRecord]) -> ServedProbe:
     """The medians over the probe's requests; raises if any failed or the server sent no timings."""
-    prefill, outside, decode, prompt = [], [], [], []
+    prefill, outside, prompt = [], [], []
     for r in records:
         t = r.server_timings
         if not r.ok or r.ttft is None or t is None:
@@ -62,9 +77,8 @@ def split(records: Sequence[RequestRecord]) -> ServedProbe:
         step = (float(t["time_to_first_token_ms"]) - float(t["queue_time_ms"])) / 1e3
         prefill.append(step)
         outside.append(r.ttft - step)
-        if r.output_tokens > 1 and t.get("decode_time_ms") is not None:
-            decode.append(float(t["decode_time_ms"]) / 1e3 / (r.output_tokens - 1))
         prompt.append(r.prompt_tokens or 0)
+    decode = decode_steps(records)
     if not decode:
         raise RuntimeError("no probe request decoded past its first token")
     return ServedProbe(
@@ -76,15 +90,58 @@ def split(records: Sequence[RequestRecord]) -> ServedProbe:
     )
 
 
-def probe(flags: Sequence[str], count: int, gap_s: float, log_path: Path) -> ServedProbe:
-    argv = (sys.executable, "-m", "api", "serve", "--mode", "continuous", "--host", "{host}", "--port", "{port}")
-    rng = np.random.default_rng(0)
-    specs = [
-        RequestSpec(i, make_prompt(rng, PROBE_PROMPT_WORDS), PROBE_MAX_TOKENS, PROBE_PROMPT_WORDS, "probe")
-        for i in range(count + 1)
+def decode_steps(records: Sequence[RequestRecord]) -> list[float]:
+    """Each request's served decode step: the server's decode time over the tokens after the first."""
+    steps = []
+    for r in records:
+        t = r.server_timings
+        if not r.ok or t is None:
+            raise RuntimeError(f"probe request {r.index} failed: {r.error or 'no timings'}")
+        if r.output_tokens > 1 and t.get("decode_time_ms") is not None:
+            steps.append(float(t["decode_time_ms"]) / 1e3 / (r.output_tokens - 1))
+    return steps
+
+
+def _serve_command(mode: str, flags: Sequence[str]) -> LaunchConfig:
+    argv = (sys.executable, "-m", "api", "serve", "--mode", mode, "--host", "{host}", "--port", "{port}")
+    return LaunchConfig((*argv, *flags))
+
+
+def _specs(count: int, max_tokens: int, seed: int) -> list[RequestSpec]:
+    rng = np.random.default_rng(seed)
+    return [
+        RequestSpec(i, make_prompt(rng, PROBE_PROMPT_WORDS), max_tokens, PROBE_PROMPT_WORDS, "probe")
+        for i in range(count)
     ]
+
+
+def probe(flags: Sequence[str], count: int, gap_s: float, log_path: Path) -> ServedProbe:
+    specs = _specs(count + 1, PROBE_MAX_TOKENS, seed=0)
     offsets = [i * gap_s for i in range(count + 1)]
-    with ServerProcess(LaunchConfig((*argv, *flags)), log_path) as server:
+    with ServerProcess(_serve_command("continuous", flags), log_path) as server:
         config = ClientConfig(base_url=server.base_url, show_progress=False)
         records = asyncio.run(run_load(specs, offsets, config)).records
     return split(records[1:])  # the first request warms the server's first-use paths
+
+
+def probe_steps(
+    flags: Sequence[str], mode: str, batch_sizes: Sequence[int], repeats: int, log_path: Path
+) -> ServedSteps:
+    """Groups of B concurrent streaming requests arriving together, `repeats` groups per B, on a server of
+    max(batch_sizes) seats: a group's requests decode side by side, B rows a step."""
+    seats = max(batch_sizes)
+    seat_flag = "--max-batch-size" if mode == "dynamic" else "--max-num-seqs"
+    medians, prompts = [], []
+    with ServerProcess(_serve_command(mode, (*flags, seat_flag, str(seats))), log_path) as server:
+        config = ClientConfig(base_url=server.base_url, show_progress=False)
+        asyncio.run(run_load(_specs(1, PROBE_MAX_TOKENS, seed=1), [0.0], config))  # the server's first-use paths
+        for size in batch_sizes:
+            steps = []
+            for repeat in range(repeats):
+                specs = _specs(size, STEP_PROBE_MAX_TOKENS, seed=1000 * size + repeat)
+                records = asyncio.run(run_load(specs, [0.0] * size, config)).records
+                steps += decode_steps(records)
+                prompts += [r.prompt_tokens or 0 for r in records]
+            medians.append(statistics.median(steps))
+    context = int(statistics.median(prompts)) + STEP_PROBE_MAX_TOKENS // 2
+    return ServedSteps(mode, tuple(batch_sizes), tuple(medians), context)

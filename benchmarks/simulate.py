@@ -36,6 +36,7 @@ from benchmarks.cost_model import (
 )
 from benchmarks.report import ABOutcome
 from benchmarks.runner import RunResult, rate_to_json
+from benchmarks.served_cost import load_served_extras, with_served_extra
 from benchmarks.sim_cluster import ROUTERS
 from benchmarks.sim_report import write_sim_report
 from benchmarks.sim_run import SimSettings, simulate_trace
@@ -77,6 +78,13 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="time each request spends outside the steps (HTTP, tokenising, SSE), added to its latency "
         "(default: the served probe's figure in cost.json; 0 with --gpu)",
+    )
+    g.add_argument(
+        "--served-steps",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="charge each step what a served step of that mode costs over the profiled one (cost.json's "
+        "served.steps, when the profile measured them)",
     )
     g = parser.add_argument_group("workload")
     g.add_argument("--workload", default=_W.name, help="mixed, uniform, long-prompt, or a FILE.jsonl trace")
@@ -204,9 +212,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         else:
             overhead = load_request_overhead(args.cost_model) if args.cost_model is not None else 0.0
         configs = scheduler_configs(args)
+        extras = load_served_extras(args.cost_model) if args.cost_model is not None and args.served_steps else {}
         settings = {
             c.mode.value: SimSettings(
-                c, engine_config(args, c, gpu_tokens), cost, args.replicas, args.router, request_overhead_s=overhead
+                c,
+                engine_config(args, c, gpu_tokens),
+                with_served_extra(cost, extras, c.mode.value),
+                args.replicas,
+                args.router,
+                request_overhead_s=overhead,
             )
             for c in configs
         }
@@ -219,8 +233,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             trace_for(args, args.request_rate)  # validate the workload flags before simulating
     except (ValueError, OSError) as exc:
         parser.error(str(exc))
-    label = cost.label + (f"; {1e3 * overhead:.1f} ms a request outside the steps (served probe)" if overhead else "")
-    print(label, file=sys.stderr)
+    suffix = f"; {1e3 * overhead:.1f} ms a request outside the steps (served probe)" if overhead else ""
+    labels = {mode: s.cost.label + suffix for mode, s in settings.items()}
+    label = cost.label + suffix
+    for text in sorted(set(labels.values())):
+        print(text, file=sys.stderr)
 
     if args.find_max_rate:
         return _print_max_rates(args, settings)
@@ -246,7 +263,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             shlex.join([sys.executable, "-m", "benchmarks.simulate", *argv]),
             _settings_doc(args, cost, settings),
             {mode: f"simulated: {s.scheduler}" for mode, s in settings.items()},
-            {mode: label for mode in settings},
+            labels,
             runs,
             sweep,
         )
@@ -300,6 +317,7 @@ def _settings_doc(args: argparse.Namespace, cost: CostModel, settings: dict[str,
     return {
         "simulated": True,
         "cost_model": cost.label,
+        "cost_model_by_mode": {mode: s.cost.label for mode, s in settings.items()},
         "request_overhead_ms": 1e3 * first.request_overhead_s,
         "workload": args.workload,
         "num_prompts": args.num_prompts,

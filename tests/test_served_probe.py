@@ -17,7 +17,8 @@ from benchmarks.cost_model import (
     load_fitted,
     load_request_overhead,
 )
-from benchmarks.served_probe import serve_argv, split
+from benchmarks.served_cost import fit_served_extra, load_served_extras
+from benchmarks.served_probe import STEP_PROBE_MAX_TOKENS, decode_steps, serve_argv, split
 
 
 def _lone(index: int, client_ttft: float, server_ttft_ms: float, queue_ms: float, decode_ms: float) -> RequestRecord:
@@ -48,6 +49,14 @@ def test_split_refuses_a_failed_probe_request() -> None:
         split([_lone(0, 0.05, 44.0, 2.0, 32.0), RequestRecord(**{**failed.to_dict(), "error": "HTTP 500"})])
 
 
+def test_decode_steps_divide_the_servers_decode_time_by_the_tokens_after_the_first() -> None:
+    one_token = RequestRecord(**{**_lone(2, 0.05, 44.0, 2.0, 0.0).to_dict(), "output_tokens": 1})
+    steps = decode_steps([_lone(0, 0.05, 44.0, 2.0, 40.0), _lone(1, 0.05, 44.0, 2.0, 20.0), one_token])
+    assert steps == pytest.approx([0.010, 0.005])  # 5 tokens: 4 decode steps; a lone first token has none
+    with pytest.raises(RuntimeError, match="probe request 3 failed"):
+        decode_steps([RequestRecord(**{**_lone(3, 0.05, 44.0, 2.0, 8.0).to_dict(), "error": "HTTP 500"})])
+
+
 def test_serve_argv_passes_only_what_differs_from_serves_defaults() -> None:
     args = argparse.Namespace(
         model="/m", dtype="float32", cpu_kernels=False, max_model_len=1024, mode="dynamic", port=9, host="h"
@@ -61,7 +70,7 @@ def test_profile_measures_a_served_server_and_the_simulator_reads_it(tiny_checkp
     out = tmp_path / "cost.json"
     argv = ["--out", str(out), "--model", str(tiny_checkpoint), "--dtype", "float32", "--quantization", "none"]
     grid = ["--batch-sizes", "1,2,4", "--prefill-tokens", "0,8", "--contexts", "16", "--repeats", "1"]
-    probes = ["--cold-repeats", "1", "--served-probes", "2", "--served-gap-s", "0.3"]
+    probes = ["--cold-repeats", "1", "--served-probes", "2", "--served-gap-s", "0.3", "--served-step-repeats", "1"]
     assert profile.main([*argv, *grid, *probes]) == 0
     document = json.loads(out.read_text())
     served = document["served"]
@@ -70,7 +79,18 @@ def test_profile_measures_a_served_server_and_the_simulator_reads_it(tiny_checkp
     assert load_request_overhead(out) == served["outside_step_s"] > 0  # HTTP and SSE take some time
     model = load_fitted(out)
     assert isinstance(model, FittedCostModel)  # float32: one regime
+    # served steps, in a server of each mode, for every batch size of the grid
+    extras = load_served_extras(out)
+    assert set(served["steps"]) == set(extras) == {"continuous", "dynamic"}
+    for mode, table in served["steps"].items():
+        assert table["batch_sizes"] == [1, 2, 4] and all(t > 0 for t in table["step_ms"]), mode
+        assert table["context_tokens"] > STEP_PROBE_MAX_TOKENS // 2
+        seconds = [t / 1e3 for t in table["step_ms"]]
+        # the stored extra is the fit of the stored served steps over the profiled model (warm: idle 0)
+        assert extras[mode] == fit_served_extra(model, table["batch_sizes"], seconds, table["context_tokens"]), mode
     tokens = served["prompt_tokens"]
     lone = StepShape(1, tokens, 1, chunk_attention_pairs(0, tokens), tokens)
-    # the prefill's cold cost is the served lone prefill beyond the fit's warm time, not the engine-alone probe's
-    assert model.cold_step_s == pytest.approx(max(0.0, served["prefill_s"] - model.step_time(lone)))
+    # the prefill's cold cost is the served lone prefill beyond the warm served step (the fit plus the served
+    # continuous step's extra), not the engine-alone probe's
+    warm_served = model.step_time(lone) + extras["continuous"].seconds(lone)
+    assert model.cold_step_s == pytest.approx(max(0.0, served["prefill_s"] - warm_served))

@@ -1,0 +1,85 @@
+"""The served step's cost over the profiled one: fitted per mode, charged by the simulator on every step."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from pathlib import Path
+
+import pytest
+
+from benchmarks import simulate
+from benchmarks.cost_model import FittedCostModel, StepShape, decode_shape, fit_cost_model, save_fitted
+from benchmarks.served_cost import (
+    ServedCostModel,
+    ServedStepExtra,
+    fit_served_extra,
+    load_served_extras,
+    with_served_extra,
+)
+
+MODEL = FittedCostModel(
+    const_s=0.004, per_token_s=0.0002, per_token_over_knee_s=0.0, knee_tokens=64, per_seq_s=0.0001,
+    per_attention_mpair_s=0.01,
+)  # fmt: skip
+
+
+def test_fit_recovers_a_fixed_and_a_per_row_extra() -> None:
+    sizes, context = (1, 2, 4, 8), 70
+    served = [MODEL.step_time(decode_shape(b, context)) + 0.0015 + 0.0007 * b for b in sizes]
+    extra = fit_served_extra(MODEL, sizes, served, context)
+    assert extra.const_s == pytest.approx(0.0015) and extra.per_row_s == pytest.approx(0.0007)
+
+
+def test_fit_keeps_the_extra_non_negative_when_served_steps_ran_faster() -> None:
+    sizes, context = (1, 2, 4, 8), 70
+    served = [MODEL.step_time(decode_shape(b, context)) * 0.9 for b in sizes]
+    assert fit_served_extra(MODEL, sizes, served, context) == ServedStepExtra(0.0, 0.0)
+    with pytest.raises(ValueError, match="one served step time per batch size"):
+        fit_served_extra(MODEL, sizes, served[:2], context)
+    with pytest.raises(ValueError, match="finite and >= 0"):
+        ServedStepExtra(-0.001, 0.0)
+
+
+def test_the_served_model_charges_per_row_that_emits_a_token() -> None:
+    served = ServedCostModel(MODEL, ServedStepExtra(0.002, 0.001), "continuous")
+    chunk = StepShape(num_seqs=3, num_tokens=130, num_sampled=2, attention_pairs=5000, kv_tokens=200)
+    assert served.step_time(chunk) == pytest.approx(MODEL.step_time(chunk) + 0.002 + 2 * 0.001)
+    assert served.step_time(chunk, idle_s=5.0) - MODEL.step_time(chunk, idle_s=5.0) == pytest.approx(0.004)
+    assert "served continuous step" in served.label
+    assert with_served_extra(MODEL, {"continuous": ServedStepExtra(0.002, 0.001)}, "dynamic") is MODEL
+
+
+def _cost_file(path: Path, steps: Mapping[str, object]) -> Path:
+    shapes = [decode_shape(b, c) for b in (1, 2, 4, 8) for c in (16, 64, 256)]
+    shapes += [StepShape(1, t, 1, t * (t + 1) // 2, t) for t in (8, 32, 128)]
+    save_fitted(fit_cost_model(shapes, [MODEL.step_time(s) for s in shapes], "test"), path, {"served": steps})
+    return path
+
+
+def test_simulate_charges_each_modes_served_steps_and_can_leave_them_out(tmp_path: Path) -> None:
+    """Only the mode whose served steps cost more slows down; its decisions (steps taken) stay the same."""
+    entry = {"batch_sizes": [1, 2], "step_ms": [9.0, 11.0], "context_tokens": 40}
+    steps = {"steps": {"continuous": {**entry, "extra": {"const_s": 0.003, "per_row_s": 0.002}}}}
+    cost = _cost_file(tmp_path / "cost.json", steps)
+    assert load_served_extras(cost) == {"continuous": ServedStepExtra(0.003, 0.002)}
+    docs = {}
+    for name, extra_flags in (("served", []), ("bare", ["--no-served-steps"])):
+        out = tmp_path / name
+        argv = ["--cost-model", str(cost), "--num-prompts", "16", "--seats", "4", "--request-rate", "inf"]
+        assert simulate.main([*argv, *extra_flags, "--out", str(out)]) == 0
+        docs[name] = json.loads((out / "result.json").read_text())
+    served, bare = (docs[n]["runs"] for n in ("served", "bare"))
+    assert served["dynamic"]["summary"] == bare["dynamic"]["summary"]  # no served steps measured for dynamic
+    assert served["continuous"]["server_metrics"]["steps"] == bare["continuous"]["server_metrics"]["steps"]
+    tput = [r["continuous"]["summary"]["output_throughput"] for r in (served, bare)]
+    assert tput[0] < tput[1]
+    by_mode = docs["served"]["settings"]["cost_model_by_mode"]
+    assert "served continuous step +3.00 ms +2.00 ms a row" in by_mode["continuous"]
+    assert "served" not in by_mode["dynamic"]
+
+
+def test_a_malformed_served_steps_section_is_refused(tmp_path: Path) -> None:
+    cost = _cost_file(tmp_path / "cost.json", {"steps": {"continuous": {"extra": {"fixed": 1}}}})
+    with pytest.raises(ValueError, match=r"served\.steps"):
+        load_served_extras(cost)
