@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import itertools
 import platform
 import statistics
 import sys
@@ -44,7 +45,14 @@ from benchmarks.cost_model import (
 )
 from benchmarks.machine import machine_facts
 from benchmarks.served_cost import ServedStepExtra, fit_served_extra, served_steps_json, with_served_extra
-from benchmarks.served_probe import ServedProbe, ServedSteps, probe, probe_steps, serve_argv
+from benchmarks.served_probe import (
+    STEP_PROBE_CONTEXT_BUDGET,
+    ServedProbe,
+    ServedSteps,
+    probe,
+    probe_steps,
+    serve_argv,
+)
 from engine.engine import Engine
 from engine.linear import RowSwitchedLinear
 from engine.model_runner import TransformersRunner
@@ -235,11 +243,36 @@ def _engine_flags(options: RuntimeOptions) -> str:
 
 
 def measure_served_steps(
-    model: CostModel, flags: Sequence[str], mode: str, grid: Grid, repeats: int, out: Path
+    engine: Engine, vocab: int, flags: Sequence[str], mode: str, grid: Grid, repeats: int, out: Path
 ) -> tuple[ServedSteps, ServedStepExtra]:
     sizes = tuple(b for b in grid.batch_sizes if b > 0)
-    steps = probe_steps(flags, mode, sizes, repeats, out.with_suffix(f".serve-{mode}.log"))
-    return steps, fit_served_extra(model, steps.batch_sizes, steps.step_s, steps.context_tokens)
+    ids = itertools.count(2 * 10**6)
+
+    def engine_decode(rows: int, context: int) -> float:
+        return decode_step_alone(engine, vocab, [next(ids) for _ in range(rows)], context)
+
+    steps = probe_steps(flags, mode, sizes, repeats, engine_decode, out.with_suffix(f".serve-{mode}.log"))
+    return steps, fit_served_extra(steps.batch_sizes, steps.step_s, steps.engine_step_s)
+
+
+def decode_step_alone(engine: Engine, vocab: int, seq_ids: Sequence[int], context: int, steps: int = 8) -> float:
+    """Median of `steps` decode steps of fresh sequences prefilled (untimed) to `context` tokens."""
+    params = SamplingParams(max_tokens=steps + 4, temperature=0.0, ignore_eos=True)
+    try:
+        for seq_id in seq_ids:
+            engine.add(seq_id, _prompt(context, vocab, seq_id), params)
+            if not engine.reserve(seq_id, context + steps + 2):
+                raise ValueError(f"the KV cache cannot hold {len(seq_ids)} sequences of {context + steps} tokens")
+            _prefill(engine, seq_id)
+        times = []
+        for _ in range(steps + 1):
+            start = time.perf_counter()
+            engine.step([(s, engine.num_pending(s)) for s in seq_ids])
+            times.append(time.perf_counter() - start)
+        return statistics.median(times[1:])  # the first is a warm-up
+    finally:
+        for seq_id in seq_ids:
+            engine.remove(seq_id)
 
 
 def _modes(text: str) -> tuple[str, ...]:
@@ -280,7 +313,7 @@ def build_parser() -> argparse.ArgumentParser:
     grid.add_argument(
         "--served-step-repeats",
         type=int,
-        default=2,
+        default=3,
         help="groups of B concurrent requests per batch size B, through a real server in each --served-step-modes, "
         "for what a served step costs over the profiled one (0: none)",
     )
@@ -309,7 +342,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     options = dataclasses.replace(
         served,
         scheduler=SchedulerConfig(mode=Mode.CONTINUOUS, max_num_seqs=rows),
-        kv_cache_tokens=rows * (max(per_row, max(grid.prefill_tokens) + 1) + 16),  # + a block of rounding
+        # + a block of rounding; room for the served-step probe's engine-alone decodes too
+        kv_cache_tokens=rows * (max(per_row, max(grid.prefill_tokens) + 1, STEP_PROBE_CONTEXT_BUDGET) + 16),
     )
     loaded = load(options)
     runtime = build_model_runtime(options, loaded)
@@ -334,7 +368,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     engine_cold = cold
     flags = serve_argv(args, skip=_NOT_ENGINE_FLAGS)
     steps = {
-        mode: measure_served_steps(report.model, flags, mode, grid, args.served_step_repeats, args.out)
+        mode: measure_served_steps(engine, vocab, flags, mode, grid, args.served_step_repeats, args.out)
         for mode in _modes(args.served_step_modes)
         if args.served_step_repeats > 0
     }

@@ -1,12 +1,13 @@
 """What a step costs inside the real server beyond `Engine.step` alone, per mode.
 
 `benchmarks.profile` times `Engine.step` with nothing else running. Inside `batchserve serve` the same step shares
-the cores and the GIL with the API: the scheduler hands each token to its request, the event loop wakes, and in
-continuous mode every token goes out as an SSE chunk that the client parses on the same machine. On 2 cores that
-is not free: a served 8-row decode step ran 5-15 % over the profiled one. `benchmarks.served_probe.probe_steps`
-measures served decode steps at several batch sizes in each mode; `fit_served_extra` fits what they cost over the
-profiled model as `const_s + per_row_s * R` (R: rows that emit a token in the step), non-negative least squares,
-and `ServedCostModel` charges it on every simulated step of that mode.
+the cores with the API and the client: the event loop wakes for every token, and in continuous mode every token
+goes out as an SSE chunk that the client parses on the same machine, so the compute threads lose their cores now
+and then. On 2 cores that is not free: a served 8-row decode step ran 10-17 % over the same step on the engine
+alone. `benchmarks.served_probe.probe_steps` measures served decode steps at several batch sizes in each mode, each
+beside the engine-alone step timed right after it; `fit_served_extra` fits the difference as
+`const_s + per_row_s * R` (R: rows that emit a token in the step), non-negative least squares, and
+`ServedCostModel` charges it on every simulated step of that mode.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks.cost_model import CostModel, StepShape, decode_shape, nonnegative_lstsq
+from benchmarks.cost_model import CostModel, StepShape, nonnegative_lstsq
 from benchmarks.served_probe import ServedSteps
 
 
@@ -59,13 +60,12 @@ class ServedCostModel:
 
 
 def fit_served_extra(
-    model: CostModel, batch_sizes: Sequence[int], served_step_s: Sequence[float], context: int
+    batch_sizes: Sequence[int], served_step_s: Sequence[float], engine_step_s: Sequence[float]
 ) -> ServedStepExtra:
-    """Fit served decode steps (one per batch size, at `context` tokens) minus the model's warm prediction."""
-    if len(batch_sizes) != len(served_step_s) or not batch_sizes:
-        raise ValueError("need one served step time per batch size")
-    pairs = zip(batch_sizes, served_step_s, strict=True)
-    excess = np.asarray([t - model.step_time(decode_shape(b, context)) for b, t in pairs])
+    """Fit served decode steps minus the same steps on the engine alone, one pair per batch size."""
+    if not batch_sizes or not len(batch_sizes) == len(served_step_s) == len(engine_step_s):
+        raise ValueError("need one served and one engine-alone step time per batch size")
+    excess = np.asarray(served_step_s, dtype=np.float64) - np.asarray(engine_step_s, dtype=np.float64)
     design = np.asarray([(1.0, float(b)) for b in batch_sizes])
     coef, _ = nonnegative_lstsq(design, excess)
     return ServedStepExtra(const_s=float(coef[0]), per_row_s=float(coef[1]))
@@ -75,6 +75,7 @@ def served_steps_json(steps: ServedSteps, extra: ServedStepExtra) -> dict[str, A
     return {
         "batch_sizes": list(steps.batch_sizes),
         "step_ms": [1e3 * t for t in steps.step_s],
+        "engine_step_ms": [1e3 * t for t in steps.engine_step_s],
         "context_tokens": steps.context_tokens,
         "extra": asdict(extra),
     }

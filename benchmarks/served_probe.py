@@ -11,8 +11,10 @@ sends `count` lone streaming requests `gap_s` apart, so each finds the engine id
 - served decode step: the server's decode time over the tokens after the first.
 
 `probe_steps` then measures what a step costs as served under load, in one mode: groups of B concurrent streaming
-requests (B over the profile's batch sizes), each group's decode steps timed by the server, so that
-`benchmarks.served_cost` can fit the served step's cost over the profiled `Engine.step`.
+requests (B over the profile's batch sizes), each group's decode steps timed by the server, and right after each
+group, with the server idle, the same B-row decode timed on the profile's own engine alone. This machine's speed
+drifts by more than the difference within minutes, so the two are compared only back to back;
+`benchmarks.served_cost` fits what the served step costs over the engine alone.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import asyncio
 import dataclasses
 import statistics
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -35,7 +37,8 @@ from benchmarks.workloads import RequestSpec, make_prompt
 
 PROBE_PROMPT_WORDS = 30  # about 40 tokens: a short prompt of the mixed workload
 PROBE_MAX_TOKENS = 16
-STEP_PROBE_MAX_TOKENS = 48  # decode steps per request in a step-probe group
+STEP_PROBE_MAX_TOKENS = 64  # decode steps per request in a step-probe group
+STEP_PROBE_CONTEXT_BUDGET = 256  # KV tokens a row of the engine-alone reference may need: prompt, answer, margin
 
 
 @dataclass(frozen=True)
@@ -54,6 +57,7 @@ class ServedSteps:
     mode: str
     batch_sizes: tuple[int, ...]
     step_s: tuple[float, ...]  # median served decode step per batch size
+    engine_step_s: tuple[float, ...]  # median B-row decode of the engine alone, timed right after each group
     context_tokens: int  # the steps' mean context: prompt plus half the answer
 
 
@@ -124,24 +128,32 @@ def probe(flags: Sequence[str], count: int, gap_s: float, log_path: Path) -> Ser
     return split(records[1:])  # the first request warms the server's first-use paths
 
 
+EngineDecode = Callable[[int, int], float]  # (rows, context) -> seconds of one decode step on the engine alone
+
+
 def probe_steps(
-    flags: Sequence[str], mode: str, batch_sizes: Sequence[int], repeats: int, log_path: Path
-) -> ServedSteps:
+    flags: Sequence[str], mode: str, batch_sizes: Sequence[int], repeats: int, engine_decode: EngineDecode,
+    log_path: Path,
+) -> ServedSteps:  # fmt: skip
     """Groups of B concurrent streaming requests arriving together, `repeats` groups per B, on a server of
-    max(batch_sizes) seats: a group's requests decode side by side, B rows a step."""
+    max(batch_sizes) seats: a group's requests decode side by side, B rows a step. After each group, while the
+    server idles, `engine_decode` times the same decode on the engine alone."""
     seats = max(batch_sizes)
     seat_flag = "--max-batch-size" if mode == "dynamic" else "--max-num-seqs"
-    medians, prompts = [], []
+    served, alone, prompts = [], [], []
     with ServerProcess(_serve_command(mode, (*flags, seat_flag, str(seats))), log_path) as server:
         config = ClientConfig(base_url=server.base_url, show_progress=False)
         asyncio.run(run_load(_specs(1, PROBE_MAX_TOKENS, seed=1), [0.0], config))  # the server's first-use paths
         for size in batch_sizes:
-            steps = []
+            steps, references = [], []
             for repeat in range(repeats):
                 specs = _specs(size, STEP_PROBE_MAX_TOKENS, seed=1000 * size + repeat)
                 records = asyncio.run(run_load(specs, [0.0] * size, config)).records
                 steps += decode_steps(records)
-                prompts += [r.prompt_tokens or 0 for r in records]
-            medians.append(statistics.median(steps))
+                group_prompt = int(statistics.median(r.prompt_tokens or 0 for r in records))
+                prompts.append(group_prompt)
+                references.append(engine_decode(size, group_prompt + STEP_PROBE_MAX_TOKENS // 2))
+            served.append(statistics.median(steps))
+            alone.append(statistics.median(references))
     context = int(statistics.median(prompts)) + STEP_PROBE_MAX_TOKENS // 2
-    return ServedSteps(mode, tuple(batch_sizes), tuple(medians), context)
+    return ServedSteps(mode, tuple(batch_sizes), tuple(served), tuple(alone), context)

@@ -25,18 +25,19 @@ MODEL = FittedCostModel(
 
 
 def test_fit_recovers_a_fixed_and_a_per_row_extra() -> None:
-    sizes, context = (1, 2, 4, 8), 70
-    served = [MODEL.step_time(decode_shape(b, context)) + 0.0015 + 0.0007 * b for b in sizes]
-    extra = fit_served_extra(MODEL, sizes, served, context)
+    sizes = (1, 2, 4, 8)
+    alone = [MODEL.step_time(decode_shape(b, 70)) for b in sizes]
+    served = [t + 0.0015 + 0.0007 * b for b, t in zip(sizes, alone, strict=True)]
+    extra = fit_served_extra(sizes, served, alone)
     assert extra.const_s == pytest.approx(0.0015) and extra.per_row_s == pytest.approx(0.0007)
 
 
 def test_fit_keeps_the_extra_non_negative_when_served_steps_ran_faster() -> None:
-    sizes, context = (1, 2, 4, 8), 70
-    served = [MODEL.step_time(decode_shape(b, context)) * 0.9 for b in sizes]
-    assert fit_served_extra(MODEL, sizes, served, context) == ServedStepExtra(0.0, 0.0)
-    with pytest.raises(ValueError, match="one served step time per batch size"):
-        fit_served_extra(MODEL, sizes, served[:2], context)
+    sizes = (1, 2, 4, 8)
+    alone = [MODEL.step_time(decode_shape(b, 70)) for b in sizes]
+    assert fit_served_extra(sizes, [0.9 * t for t in alone], alone) == ServedStepExtra(0.0, 0.0)
+    with pytest.raises(ValueError, match="one served and one engine-alone step time per batch size"):
+        fit_served_extra(sizes, alone[:2], alone)
     with pytest.raises(ValueError, match="finite and >= 0"):
         ServedStepExtra(-0.001, 0.0)
 
@@ -59,7 +60,7 @@ def _cost_file(path: Path, steps: Mapping[str, object]) -> Path:
 
 def test_simulate_charges_each_modes_served_steps_and_can_leave_them_out(tmp_path: Path) -> None:
     """Only the mode whose served steps cost more slows down; its decisions (steps taken) stay the same."""
-    entry = {"batch_sizes": [1, 2], "step_ms": [9.0, 11.0], "context_tokens": 40}
+    entry = {"batch_sizes": [1, 2], "step_ms": [9.0, 11.0], "engine_step_ms": [8.0, 9.0], "context_tokens": 40}
     steps = {"steps": {"continuous": {**entry, "extra": {"const_s": 0.003, "per_row_s": 0.002}}}}
     cost = _cost_file(tmp_path / "cost.json", steps)
     assert load_served_extras(cost) == {"continuous": ServedStepExtra(0.003, 0.002)}

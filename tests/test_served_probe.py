@@ -84,10 +84,11 @@ def test_profile_measures_a_served_server_and_the_simulator_reads_it(tiny_checkp
     assert set(served["steps"]) == set(extras) == {"continuous", "dynamic"}
     for mode, table in served["steps"].items():
         assert table["batch_sizes"] == [1, 2, 4] and all(t > 0 for t in table["step_ms"]), mode
+        assert len(table["engine_step_ms"]) == 3 and all(t > 0 for t in table["engine_step_ms"]), mode
         assert table["context_tokens"] > STEP_PROBE_MAX_TOKENS // 2
-        seconds = [t / 1e3 for t in table["step_ms"]]
-        # the stored extra is the fit of the stored served steps over the profiled model (warm: idle 0)
-        assert extras[mode] == fit_served_extra(model, table["batch_sizes"], seconds, table["context_tokens"]), mode
+        served_s, alone_s = ([t / 1e3 for t in table[k]] for k in ("step_ms", "engine_step_ms"))
+        # the stored extra is the fit of the served steps over the engine-alone steps timed beside them
+        assert extras[mode] == fit_served_extra(table["batch_sizes"], served_s, alone_s), mode
     tokens = served["prompt_tokens"]
     lone = StepShape(1, tokens, 1, chunk_attention_pairs(0, tokens), tokens)
     # the prefill's cold cost is the served lone prefill beyond the warm served step (the fit plus the served
