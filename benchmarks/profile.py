@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import itertools
 import platform
 import statistics
 import sys
@@ -43,16 +42,10 @@ from benchmarks.cost_model import (
     fit_cost_model,
     save_fitted,
 )
+from benchmarks.engine_replay import AloneReplay, replay_alone
 from benchmarks.machine import machine_facts
-from benchmarks.served_cost import ServedStepExtra, fit_served_extra, served_steps_json, with_served_extra
-from benchmarks.served_probe import (
-    STEP_PROBE_CONTEXT_BUDGET,
-    ServedProbe,
-    ServedSteps,
-    probe,
-    probe_steps,
-    serve_argv,
-)
+from benchmarks.served_cost import ServedStepExtra, served_extra, served_load_json, with_served_extra
+from benchmarks.served_probe import LOAD_PROBE_ROW_TOKENS, ServedLoad, ServedProbe, probe, probe_load, serve_argv
 from engine.engine import Engine
 from engine.linear import RowSwitchedLinear
 from engine.model_runner import TransformersRunner
@@ -242,37 +235,26 @@ def _engine_flags(options: RuntimeOptions) -> str:
     return ", ".join(f"{f.name}={getattr(options, f.name)}" for f in dataclasses.fields(options) if f.name not in skip)
 
 
-def measure_served_steps(
-    engine: Engine, vocab: int, flags: Sequence[str], mode: str, grid: Grid, repeats: int, out: Path
-) -> tuple[ServedSteps, ServedStepExtra]:
-    sizes = tuple(b for b in grid.batch_sizes if b > 0)
-    ids = itertools.count(2 * 10**6)
+def measure_served_load(
+    engine: Engine, vocab: int, flags: Sequence[str], policy: SchedulerConfig, count: int, out: Path
+) -> tuple[ServedLoad, AloneReplay, ServedStepExtra]:
+    """A burst through a real server with `policy` (its mode and seats), then the same requests through the same
+    policy on this process's engine alone."""
+    mode, seats = policy.mode.value, policy.seats
+    burst = probe_load(flags, mode, seats, count, out.with_suffix(f".serve-{mode}.log"))
+    with torch.inference_mode():
+        alone = replay_alone(engine, burst.trace, policy, vocab)
+    return burst, alone, served_extra(burst, alone)
 
-    def engine_decode(rows: int, context: int) -> float:
-        return decode_step_alone(engine, vocab, [next(ids) for _ in range(rows)], context)
 
-    steps = probe_steps(flags, mode, sizes, repeats, engine_decode, out.with_suffix(f".serve-{mode}.log"))
-    return steps, fit_served_extra(steps.batch_sizes, steps.step_s, steps.engine_step_s)
+def load_policy(policy: SchedulerConfig, mode: str, seats: int) -> SchedulerConfig:
+    """serve's policy flags as given, in `mode`, with `seats` seats."""
+    return dataclasses.replace(policy, mode=Mode(mode), max_batch_size=seats, max_num_seqs=seats)
 
 
-def decode_step_alone(engine: Engine, vocab: int, seq_ids: Sequence[int], context: int, steps: int = 8) -> float:
-    """Median of `steps` decode steps of fresh sequences prefilled (untimed) to `context` tokens."""
-    params = SamplingParams(max_tokens=steps + 4, temperature=0.0, ignore_eos=True)
-    try:
-        for seq_id in seq_ids:
-            engine.add(seq_id, _prompt(context, vocab, seq_id), params)
-            if not engine.reserve(seq_id, context + steps + 2):
-                raise ValueError(f"the KV cache cannot hold {len(seq_ids)} sequences of {context + steps} tokens")
-            _prefill(engine, seq_id)
-        times = []
-        for _ in range(steps + 1):
-            start = time.perf_counter()
-            engine.step([(s, engine.num_pending(s)) for s in seq_ids])
-            times.append(time.perf_counter() - start)
-        return statistics.median(times[1:])  # the first is a warm-up
-    finally:
-        for seq_id in seq_ids:
-            engine.remove(seq_id)
+def rows_for(grid: Grid) -> int:
+    """Rows the profile's engine holds: the grid's largest batch plus its fresh prefill."""
+    return max(grid.batch_sizes) + 1
 
 
 def _modes(text: str) -> tuple[str, ...]:
@@ -311,13 +293,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     grid.add_argument("--served-gap-s", type=float, default=1.5, help="seconds between the served probe's requests")
     grid.add_argument(
-        "--served-step-repeats",
+        "--served-load-requests",
         type=int,
-        default=3,
-        help="groups of B concurrent requests per batch size B, through a real server in each --served-step-modes, "
-        "for what a served step costs over the profiled one (0: none)",
+        default=24,
+        help="a burst of this many requests through a real server in each --served-load-modes, then the same "
+        "requests on the engine alone, for what serving adds to each step (0: none)",
     )
-    grid.add_argument("--served-step-modes", default="continuous,dynamic", help="modes the served steps are probed in")
+    grid.add_argument("--served-load-seats", type=int, default=8, help="the load probe's seats")
+    grid.add_argument("--served-load-modes", default="continuous,dynamic", help="modes the load probe runs in")
     # serve's own flags, generated from the same config: the engine is built as serve builds it (model, device,
     # max-model-len, cpu-kernels, and whatever weight format flags serve has). Its policy and HTTP flags are
     # accepted and ignored: the grid sets the rows.
@@ -330,10 +313,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         grid = Grid(args.batch_sizes, args.prefill_tokens, args.contexts, args.repeats)
-        _modes(args.served_step_modes)
+        _modes(args.served_load_modes)
+        if args.served_load_requests > 0 and not 1 <= args.served_load_seats < rows_for(grid):
+            raise ValueError(f"--served-load-seats must be 1 to {rows_for(grid) - 1} (the grid's rows)")
     except ValueError as exc:
         parser.error(str(exc))
-    rows = max(grid.batch_sizes) + 1
+    rows = rows_for(grid)
     per_row = max(grid.contexts) + grid.steps_per_context + 4  # a sequence's whole length (measure's)
     try:
         served = config_from_args(args).runtime_options()
@@ -342,8 +327,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     options = dataclasses.replace(
         served,
         scheduler=SchedulerConfig(mode=Mode.CONTINUOUS, max_num_seqs=rows),
-        # + a block of rounding; room for the served-step probe's engine-alone decodes too
-        kv_cache_tokens=rows * (max(per_row, max(grid.prefill_tokens) + 1, STEP_PROBE_CONTEXT_BUDGET) + 16),
+        kv_cache_tokens=max(
+            rows * (max(per_row, max(grid.prefill_tokens) + 1) + 16),  # + a block of rounding
+            args.served_load_seats * LOAD_PROBE_ROW_TOKENS,  # the load probe's replay: every seat's whole request
+        ),
     )
     loaded = load(options)
     runtime = build_model_runtime(options, loaded)
@@ -367,12 +354,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     served_probe: ServedProbe | None = None
     engine_cold = cold
     flags = serve_argv(args, skip=_NOT_ENGINE_FLAGS)
-    steps = {
-        mode: measure_served_steps(engine, vocab, flags, mode, grid, args.served_step_repeats, args.out)
-        for mode in _modes(args.served_step_modes)
-        if args.served_step_repeats > 0
+    loads = {
+        mode: measure_served_load(
+            engine,
+            vocab,
+            flags,
+            load_policy(served.scheduler, mode, args.served_load_seats),
+            args.served_load_requests,
+            args.out,
+        )
+        for mode in _modes(args.served_load_modes)
+        if args.served_load_requests > 0
     }
-    extras = {mode: extra for mode, (_, extra) in steps.items()}
+    extras = {mode: extra for mode, (*_, extra) in loads.items()}
     if args.served_probes > 0:
         served_probe = probe(flags, args.served_probes, args.served_gap_s, args.out.with_suffix(".serve.log"))
         cold = served_cold_steps(with_served_extra(report.model, extras, "continuous"), cold, served_probe)
@@ -386,7 +380,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "engine_cold_ms": {"decode": 1e3 * engine_cold.decode_s, "prefill": 1e3 * engine_cold.prefill_s},
         "served": {
             **({} if served_probe is None else {**asdict(served_probe), "gap_s": args.served_gap_s}),
-            "steps": {mode: served_steps_json(probed, over) for mode, (probed, over) in steps.items()},
+            "load": {mode: served_load_json(*measured) for mode, measured in loads.items()},
         },
         "points": [
             {
@@ -416,11 +410,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"cold step (after {COLD_IDLE_S:g} s idle, engine alone): decode +{1e3 * engine_cold.decode_s:.2f} ms,"
         f" prefill +{1e3 * engine_cold.prefill_s:.2f} ms"
     )
-    for mode, (probed, over) in steps.items():
-        measured = ", ".join(f"{b}: {1e3 * t:.1f}" for b, t in zip(probed.batch_sizes, probed.step_s, strict=True))
+    for mode, (burst, alone, over) in loads.items():
         print(
-            f"served {mode} decode steps (rows: ms) {measured}; over the fit"
-            f" +{1e3 * over.const_s:.2f} ms a step +{1e3 * over.per_row_s:.2f} ms a row"
+            f"served {mode} burst of {len(burst.trace)} at {burst.seats} seats: {burst.span_s:.2f} s served,"
+            f" {alone.span_s:.2f} s on the engine alone ({alone.engine_s:.2f} s in {alone.steps} engine steps):"
+            f" +{1e3 * over.const_s:.3f} ms a step, +{1e3 * over.per_row_s:.3f} ms a streamed token"
         )
     if served_probe is not None:
         print(

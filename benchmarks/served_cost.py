@@ -1,28 +1,30 @@
 """What a step costs inside the real server beyond `Engine.step` alone, per mode.
 
-`benchmarks.profile` times `Engine.step` with nothing else running. Inside `batchserve serve` the same step shares
-the cores with the API and the client: the event loop wakes for every token, and in continuous mode every token
-goes out as an SSE chunk that the client parses on the same machine, so the compute threads lose their cores now
-and then. On 2 cores that is not free: a served 8-row decode step ran 10-17 % over the same step on the engine
-alone. `benchmarks.served_probe.probe_steps` measures served decode steps at several batch sizes in each mode, each
-beside the engine-alone step timed right after it; `fit_served_extra` fits the difference as
-`const_s + per_row_s * R` (R: rows that emit a token in the step), non-negative least squares, and
-`ServedCostModel` charges it on every simulated step of that mode.
+`benchmarks.profile` times `Engine.step` with nothing else running. Inside `batchserve serve` two more things take
+time. The scheduler plans each step and hands its tokens over, and the API, on the same cores, wakes for every
+token, frames it as an SSE chunk in continuous mode, and the client parses it: on 2 cores the compute threads lose
+their cores now and then. Measured on the 2-core Xeon: a 48-request mixed burst ran 10-15 % longer served than the
+same requests through the same scheduler on the engine alone, a minute apart.
+
+The profile measures both per mode (`benchmarks.served_probe.probe_load`, then `benchmarks.engine_replay`): a burst
+through a real server, then the very same requests replayed on the engine alone. `served_extra` charges the
+scheduler's time between engine steps per step (`const_s`) and the served span's excess per streamed token
+(`per_row_s`, charged for every row that emits a token), and `ServedCostModel` adds both to every simulated step
+of that mode.
 """
 
 from __future__ import annotations
 
 import json
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
-from benchmarks.cost_model import CostModel, StepShape, nonnegative_lstsq
-from benchmarks.served_probe import ServedSteps
+from benchmarks.cost_model import CostModel, StepShape
+from benchmarks.engine_replay import AloneReplay
+from benchmarks.served_probe import ServedLoad
 
 
 @dataclass(frozen=True)
@@ -59,36 +61,35 @@ class ServedCostModel:
         return self.inner.step_time(shape, idle_s) + self.extra.seconds(shape)
 
 
-def fit_served_extra(
-    batch_sizes: Sequence[int], served_step_s: Sequence[float], engine_step_s: Sequence[float]
-) -> ServedStepExtra:
-    """Fit served decode steps minus the same steps on the engine alone, one pair per batch size."""
-    if not batch_sizes or not len(batch_sizes) == len(served_step_s) == len(engine_step_s):
-        raise ValueError("need one served and one engine-alone step time per batch size")
-    excess = np.asarray(served_step_s, dtype=np.float64) - np.asarray(engine_step_s, dtype=np.float64)
-    design = np.asarray([(1.0, float(b)) for b in batch_sizes])
-    coef, _ = nonnegative_lstsq(design, excess)
-    return ServedStepExtra(const_s=float(coef[0]), per_row_s=float(coef[1]))
+def served_extra(load: ServedLoad, alone: AloneReplay) -> ServedStepExtra:
+    """The scheduler's own work per step (the replay's span beyond its engine steps) and what serving adds per
+    streamed token (the served span beyond the replay's), for the same requests run back to back."""
+    if alone.steps < 1 or alone.generated_tokens < 1:
+        raise ValueError("the engine-alone replay ran no steps")
+    return ServedStepExtra(
+        const_s=max(0.0, alone.span_s - alone.engine_s) / alone.steps,
+        per_row_s=max(0.0, load.span_s - alone.span_s) / alone.generated_tokens,
+    )
 
 
-def served_steps_json(steps: ServedSteps, extra: ServedStepExtra) -> dict[str, Any]:
+def served_load_json(load: ServedLoad, alone: AloneReplay, extra: ServedStepExtra) -> dict[str, Any]:
     return {
-        "batch_sizes": list(steps.batch_sizes),
-        "step_ms": [1e3 * t for t in steps.step_s],
-        "engine_step_ms": [1e3 * t for t in steps.engine_step_s],
-        "context_tokens": steps.context_tokens,
+        "seats": load.seats,
+        "requests": len(load.trace),
+        "served_span_s": load.span_s,
+        "alone": asdict(alone),
         "extra": asdict(extra),
     }
 
 
 def load_served_extras(path: Path) -> dict[str, ServedStepExtra]:
-    """Each mode's served step extra from cost.json's `served.steps` (empty when the profile has none)."""
+    """Each mode's served step extra from cost.json's `served.load` (empty when the profile has none)."""
     served = json.loads(Path(path).read_text()).get("served") or {}
-    steps: Mapping[str, Any] = served.get("steps") or {}
+    steps: Mapping[str, Any] = served.get("load") or {}
     try:
         return {mode: ServedStepExtra(**entry["extra"]) for mode, entry in steps.items()}
     except (KeyError, TypeError) as exc:
-        raise ValueError(f"{path}: served.steps is not what benchmarks.profile writes: {exc}") from exc
+        raise ValueError(f"{path}: served.load is not what benchmarks.profile writes: {exc}") from exc
 
 
 def with_served_extra(model: CostModel, extras: Mapping[str, ServedStepExtra], mode: str) -> CostModel:

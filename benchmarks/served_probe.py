@@ -10,11 +10,10 @@ sends `count` lone streaming requests `gap_s` apart, so each finds the engine id
 - outside the step: the client's time to first token minus that (everything a request pays that is not the step);
 - served decode step: the server's decode time over the tokens after the first.
 
-`probe_steps` then measures what a step costs as served under load, in one mode: groups of B concurrent streaming
-requests (B over the profile's batch sizes), each group's decode steps timed by the server, and right after each
-group, with the server idle, the same B-row decode timed on the profile's own engine alone. This machine's speed
-drifts by more than the difference within minutes, so the two are compared only back to back;
-`benchmarks.served_cost` fits what the served step costs over the engine alone.
+`probe_load` then measures what serving adds under load, in one mode: a burst of streaming requests that keeps
+every seat busy, its span taken from the server's own stamps and its trace exported, so that the profile can
+replay the very same requests on its engine alone right after (`benchmarks.engine_replay`) and
+`benchmarks.served_cost` can turn the difference into a cost per step and per streamed token.
 """
 
 from __future__ import annotations
@@ -23,7 +22,7 @@ import asyncio
 import dataclasses
 import statistics
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -33,12 +32,13 @@ from api.cli import flags_argv
 from api.config import ServerConfig
 from benchmarks.client import ClientConfig, RequestRecord, run_load
 from benchmarks.server_proc import LaunchConfig, ServerProcess
+from benchmarks.workload_trace import TraceRequest, from_records
 from benchmarks.workloads import RequestSpec, make_prompt
 
 PROBE_PROMPT_WORDS = 30  # about 40 tokens: a short prompt of the mixed workload
 PROBE_MAX_TOKENS = 16
-STEP_PROBE_MAX_TOKENS = 64  # decode steps per request in a step-probe group
-STEP_PROBE_CONTEXT_BUDGET = 256  # KV tokens a row of the engine-alone reference may need: prompt, answer, margin
+LOAD_PROBE_MAX_TOKENS = 96  # each load-probe request's answer: long enough that decode steps dominate
+LOAD_PROBE_ROW_TOKENS = 512  # cache a load-probe request may take: its prompt (40 tokens on SmolLM2), answer, margin
 
 
 @dataclass(frozen=True)
@@ -51,14 +51,13 @@ class ServedProbe:
 
 
 @dataclass(frozen=True)
-class ServedSteps:
-    """Served decode steps of B concurrent requests, for each B, in one mode."""
+class ServedLoad:
+    """A burst through a real server: what it was asked (the trace, in the server's order) and how long it took."""
 
     mode: str
-    batch_sizes: tuple[int, ...]
-    step_s: tuple[float, ...]  # median served decode step per batch size
-    engine_step_s: tuple[float, ...]  # median B-row decode of the engine alone, timed right after each group
-    context_tokens: int  # the steps' mean context: prompt plus half the answer
+    seats: int
+    trace: tuple[TraceRequest, ...]
+    span_s: float  # the first arrival to the last release, on the server's stamps
 
 
 def serve_argv(args: object, skip: Sequence[str]) -> list[str]:
@@ -128,32 +127,25 @@ def probe(flags: Sequence[str], count: int, gap_s: float, log_path: Path) -> Ser
     return split(records[1:])  # the first request warms the server's first-use paths
 
 
-EngineDecode = Callable[[int, int], float]  # (rows, context) -> seconds of one decode step on the engine alone
-
-
-def probe_steps(
-    flags: Sequence[str], mode: str, batch_sizes: Sequence[int], repeats: int, engine_decode: EngineDecode,
-    log_path: Path,
-) -> ServedSteps:  # fmt: skip
-    """Groups of B concurrent streaming requests arriving together, `repeats` groups per B, on a server of
-    max(batch_sizes) seats: a group's requests decode side by side, B rows a step. After each group, while the
-    server idles, `engine_decode` times the same decode on the engine alone."""
-    seats = max(batch_sizes)
+def probe_load(flags: Sequence[str], mode: str, seats: int, count: int, log_path: Path) -> ServedLoad:
+    """`count` streaming requests at once on a server of `seats` seats in `mode`, each a short prompt and
+    `LOAD_PROBE_MAX_TOKENS` tokens: the seats stay full while requests finish and others take their place."""
     seat_flag = "--max-batch-size" if mode == "dynamic" else "--max-num-seqs"
-    served, alone, prompts = [], [], []
     with ServerProcess(_serve_command(mode, (*flags, seat_flag, str(seats))), log_path) as server:
         config = ClientConfig(base_url=server.base_url, show_progress=False)
         asyncio.run(run_load(_specs(1, PROBE_MAX_TOKENS, seed=1), [0.0], config))  # the server's first-use paths
-        for size in batch_sizes:
-            steps, references = [], []
-            for repeat in range(repeats):
-                specs = _specs(size, STEP_PROBE_MAX_TOKENS, seed=1000 * size + repeat)
-                records = asyncio.run(run_load(specs, [0.0] * size, config)).records
-                steps += decode_steps(records)
-                group_prompt = int(statistics.median(r.prompt_tokens or 0 for r in records))
-                prompts.append(group_prompt)
-                references.append(engine_decode(size, group_prompt + STEP_PROBE_MAX_TOKENS // 2))
-            served.append(statistics.median(steps))
-            alone.append(statistics.median(references))
-    context = int(statistics.median(prompts)) + STEP_PROBE_MAX_TOKENS // 2
-    return ServedSteps(mode, tuple(batch_sizes), tuple(served), tuple(alone), context)
+        records = asyncio.run(run_load(_specs(count, LOAD_PROBE_MAX_TOKENS, seed=2), [0.0] * count, config)).records
+    failed = [r for r in records if not r.ok or r.server_timings is None]
+    if failed:
+        raise RuntimeError(f"load probe request {failed[0].index} failed: {failed[0].error or 'no timings'}")
+    return ServedLoad(mode, seats, tuple(from_records(records)), served_span(records))
+
+
+def served_span(records: Sequence[RequestRecord]) -> float:
+    """From the first request's arrival at the server to the last one's release, on the server's own stamps."""
+    arrivals, ends = [], []
+    for r in records:
+        t = r.server_timings or {}
+        arrivals.append(float(t["arrival_time"]))
+        ends.append(float(t["arrival_time"]) + float(t["e2e_time_ms"]) / 1e3)
+    return max(ends) - min(arrivals)

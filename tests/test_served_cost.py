@@ -10,13 +10,17 @@ import pytest
 
 from benchmarks import simulate
 from benchmarks.cost_model import FittedCostModel, StepShape, decode_shape, fit_cost_model, save_fitted
+from benchmarks.engine_replay import AloneReplay
 from benchmarks.served_cost import (
     ServedCostModel,
     ServedStepExtra,
-    fit_served_extra,
     load_served_extras,
+    served_extra,
+    served_load_json,
     with_served_extra,
 )
+from benchmarks.served_probe import ServedLoad
+from benchmarks.workload_trace import TraceRequest
 
 MODEL = FittedCostModel(
     const_s=0.004, per_token_s=0.0002, per_token_over_knee_s=0.0, knee_tokens=64, per_seq_s=0.0001,
@@ -24,20 +28,21 @@ MODEL = FittedCostModel(
 )  # fmt: skip
 
 
-def test_fit_recovers_a_fixed_and_a_per_row_extra() -> None:
-    sizes = (1, 2, 4, 8)
-    alone = [MODEL.step_time(decode_shape(b, 70)) for b in sizes]
-    served = [t + 0.0015 + 0.0007 * b for b, t in zip(sizes, alone, strict=True)]
-    extra = fit_served_extra(sizes, served, alone)
-    assert extra.const_s == pytest.approx(0.0015) and extra.per_row_s == pytest.approx(0.0007)
+def test_the_extra_splits_the_schedulers_time_per_step_and_the_servers_per_streamed_token() -> None:
+    trace = (TraceRequest(0.0, 40, 96, 96),) * 24
+    load = ServedLoad("continuous", 8, trace, span_s=10.0)
+    alone = AloneReplay(span_s=8.7, engine_s=8.6, steps=400, generated_tokens=2304)
+    extra = served_extra(load, alone)
+    assert extra.const_s == pytest.approx(0.1 / 400)  # the replay's time outside Engine.step, per step
+    assert extra.per_row_s == pytest.approx(1.3 / 2304)  # the served span's excess, per streamed token
+    assert served_load_json(load, alone, extra)["alone"]["steps"] == 400
 
 
-def test_fit_keeps_the_extra_non_negative_when_served_steps_ran_faster() -> None:
-    sizes = (1, 2, 4, 8)
-    alone = [MODEL.step_time(decode_shape(b, 70)) for b in sizes]
-    assert fit_served_extra(sizes, [0.9 * t for t in alone], alone) == ServedStepExtra(0.0, 0.0)
-    with pytest.raises(ValueError, match="one served and one engine-alone step time per batch size"):
-        fit_served_extra(sizes, alone[:2], alone)
+def test_a_served_run_faster_than_the_replay_adds_nothing() -> None:
+    load = ServedLoad("dynamic", 8, (TraceRequest(0.0, 40, 96, 96),), span_s=8.0)
+    assert served_extra(load, AloneReplay(8.5, 8.5, 300, 96)) == ServedStepExtra(0.0, 0.0)
+    with pytest.raises(ValueError, match="ran no steps"):
+        served_extra(load, AloneReplay(0.0, 0.0, 0, 0))
     with pytest.raises(ValueError, match="finite and >= 0"):
         ServedStepExtra(-0.001, 0.0)
 
@@ -60,8 +65,7 @@ def _cost_file(path: Path, steps: Mapping[str, object]) -> Path:
 
 def test_simulate_charges_each_modes_served_steps_and_can_leave_them_out(tmp_path: Path) -> None:
     """Only the mode whose served steps cost more slows down; its decisions (steps taken) stay the same."""
-    entry = {"batch_sizes": [1, 2], "step_ms": [9.0, 11.0], "engine_step_ms": [8.0, 9.0], "context_tokens": 40}
-    steps = {"steps": {"continuous": {**entry, "extra": {"const_s": 0.003, "per_row_s": 0.002}}}}
+    steps = {"load": {"continuous": {"seats": 4, "extra": {"const_s": 0.003, "per_row_s": 0.002}}}}
     cost = _cost_file(tmp_path / "cost.json", steps)
     assert load_served_extras(cost) == {"continuous": ServedStepExtra(0.003, 0.002)}
     docs = {}
@@ -81,6 +85,6 @@ def test_simulate_charges_each_modes_served_steps_and_can_leave_them_out(tmp_pat
 
 
 def test_a_malformed_served_steps_section_is_refused(tmp_path: Path) -> None:
-    cost = _cost_file(tmp_path / "cost.json", {"steps": {"continuous": {"extra": {"fixed": 1}}}})
-    with pytest.raises(ValueError, match=r"served\.steps"):
+    cost = _cost_file(tmp_path / "cost.json", {"load": {"continuous": {"extra": {"fixed": 1}}}})
+    with pytest.raises(ValueError, match=r"served\.load"):
         load_served_extras(cost)

@@ -17,8 +17,9 @@ from benchmarks.cost_model import (
     load_fitted,
     load_request_overhead,
 )
-from benchmarks.served_cost import fit_served_extra, load_served_extras
-from benchmarks.served_probe import STEP_PROBE_MAX_TOKENS, decode_steps, serve_argv, split
+from benchmarks.engine_replay import AloneReplay
+from benchmarks.served_cost import load_served_extras, served_extra
+from benchmarks.served_probe import LOAD_PROBE_MAX_TOKENS, ServedLoad, decode_steps, serve_argv, split
 
 
 def _lone(index: int, client_ttft: float, server_ttft_ms: float, queue_ms: float, decode_ms: float) -> RequestRecord:
@@ -70,8 +71,9 @@ def test_profile_measures_a_served_server_and_the_simulator_reads_it(tiny_checkp
     out = tmp_path / "cost.json"
     argv = ["--out", str(out), "--model", str(tiny_checkpoint), "--dtype", "float32", "--quantization", "none"]
     grid = ["--batch-sizes", "1,2,4", "--prefill-tokens", "0,8", "--contexts", "16", "--repeats", "1"]
-    probes = ["--cold-repeats", "1", "--served-probes", "2", "--served-gap-s", "0.3", "--served-step-repeats", "1"]
-    assert profile.main([*argv, *grid, *probes]) == 0
+    probes = ["--cold-repeats", "1", "--served-probes", "2", "--served-gap-s", "0.3"]
+    load = ["--served-load-requests", "6", "--served-load-seats", "3"]
+    assert profile.main([*argv, *grid, *probes, *load]) == 0
     document = json.loads(out.read_text())
     served = document["served"]
     assert served["count"] == 2 and served["prompt_tokens"] > 0
@@ -79,19 +81,20 @@ def test_profile_measures_a_served_server_and_the_simulator_reads_it(tiny_checkp
     assert load_request_overhead(out) == served["outside_step_s"] > 0  # HTTP and SSE take some time
     model = load_fitted(out)
     assert isinstance(model, FittedCostModel)  # float32: one regime
-    # served steps, in a server of each mode, for every batch size of the grid
+    # a burst through a server of each mode, then the same requests on the engine alone
     extras = load_served_extras(out)
-    assert set(served["steps"]) == set(extras) == {"continuous", "dynamic"}
-    for mode, table in served["steps"].items():
-        assert table["batch_sizes"] == [1, 2, 4] and all(t > 0 for t in table["step_ms"]), mode
-        assert len(table["engine_step_ms"]) == 3 and all(t > 0 for t in table["engine_step_ms"]), mode
-        assert table["context_tokens"] > STEP_PROBE_MAX_TOKENS // 2
-        served_s, alone_s = ([t / 1e3 for t in table[k]] for k in ("step_ms", "engine_step_ms"))
-        # the stored extra is the fit of the served steps over the engine-alone steps timed beside them
-        assert extras[mode] == fit_served_extra(table["batch_sizes"], served_s, alone_s), mode
+    assert set(served["load"]) == set(extras) == {"continuous", "dynamic"}
+    for mode, entry in served["load"].items():
+        alone = entry["alone"]
+        assert (entry["seats"], entry["requests"]) == (3, 6), mode
+        assert alone["generated_tokens"] == 6 * LOAD_PROBE_MAX_TOKENS, mode  # every answer ran to its length
+        assert alone["steps"] <= 2 * (LOAD_PROBE_MAX_TOKENS + 2), mode  # 3 seats at a time: the cache holds them
+        assert 0 < alone["engine_s"] <= alone["span_s"] and entry["served_span_s"] > 0, mode
+        rebuilt = ServedLoad(mode, 3, (), entry["served_span_s"])
+        assert extras[mode] == served_extra(rebuilt, AloneReplay(**alone)), mode  # stored as measured
     tokens = served["prompt_tokens"]
     lone = StepShape(1, tokens, 1, chunk_attention_pairs(0, tokens), tokens)
-    # the prefill's cold cost is the served lone prefill beyond the warm served step (the fit plus the served
-    # continuous step's extra), not the engine-alone probe's
+    # the prefill's cold cost is the served lone prefill beyond the warm served step (the fit plus what serving
+    # adds to a continuous step), not the engine-alone probe's
     warm_served = model.step_time(lone) + extras["continuous"].seconds(lone)
     assert model.cold_step_s == pytest.approx(max(0.0, served["prefill_s"] - warm_served))

@@ -1,0 +1,80 @@
+"""A served run's trace replayed on the engine alone: the real `Scheduler` over the real `Engine`, on the wall
+clock, with no HTTP, tokenising or streaming.
+
+Set beside the served run it was exported from (`benchmarks.served_probe.probe_load`), it splits what the server
+adds to the steps: the scheduler's own work between engine steps (here) and what serving adds on top (the served
+span minus this one), each measured back to back with the engine it is compared with.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from benchmarks.workload_trace import TraceRequest
+from engine.engine import Engine
+from engine.outputs import StepOutput
+from engine.sampling_params import SamplingParams
+from scheduler.config import SchedulerConfig
+from scheduler.core import Scheduler
+from scheduler.request import FinishEvent, RequestEvent, SequenceRequest
+
+
+@dataclass(frozen=True)
+class AloneReplay:
+    span_s: float  # first arrival to the last request's finish
+    engine_s: float  # inside Engine.step
+    steps: int
+    generated_tokens: int
+
+
+def replay_alone(engine: Engine, trace: Sequence[TraceRequest], config: SchedulerConfig, vocab: int) -> AloneReplay:
+    """Each request arrives at its `arrival_s` with a random prompt of its length and produces exactly its
+    `output_tokens` (or `max_tokens`), greedy, as the served run's answers did."""
+    rng = np.random.default_rng(0)
+    pending = sorted(trace, key=lambda r: r.arrival_s)
+    finished: list[FinishEvent] = []
+    engine_s = 0.0
+    steps = 0
+    inner_step = engine.step
+
+    def timed_step(schedule: Sequence[tuple[int, int]]) -> StepOutput:
+        nonlocal engine_s, steps
+        start = time.perf_counter()
+        try:
+            return inner_step(schedule)
+        finally:
+            engine_s += time.perf_counter() - start
+            steps += 1
+
+    def sink(event: RequestEvent) -> None:
+        if isinstance(event, FinishEvent):
+            finished.append(event)
+
+    scheduler = Scheduler(engine, config, clock=time.perf_counter)
+    vars(engine)["step"] = timed_step  # shadows the method on this instance for the replay: every step is timed
+    start = time.perf_counter()
+    next_arrival = 0
+    try:
+        while len(finished) < len(pending):
+            now = time.perf_counter() - start
+            while next_arrival < len(pending) and pending[next_arrival].arrival_s <= now:
+                item = pending[next_arrival]
+                tokens = item.output_tokens or item.max_tokens
+                params = SamplingParams(max_tokens=tokens, temperature=0.0, ignore_eos=True)
+                prompt = rng.integers(100, vocab - 1, item.prompt_tokens).tolist()
+                scheduler.submit(SequenceRequest(f"replay-{next_arrival}", prompt, params, sink))
+                next_arrival += 1
+            if scheduler.step() is None:  # idle: sleep to the next arrival or the policy's deadline
+                wake = [start + pending[next_arrival].arrival_s] if next_arrival < len(pending) else []
+                deadline = scheduler.next_deadline()
+                wake += [] if deadline is None else [deadline]
+                time.sleep(max(0.0, min(wake, default=time.perf_counter() + 1e-3) - time.perf_counter()))
+    finally:
+        vars(engine).pop("step", None)
+    span = time.perf_counter() - start - (pending[0].arrival_s if pending else 0.0)
+    generated = sum(r.output_tokens or r.max_tokens for r in pending)
+    return AloneReplay(span, engine_s, steps, generated)

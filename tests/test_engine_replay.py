@@ -1,0 +1,25 @@
+"""A served run's trace replayed through the real Scheduler on the engine alone (the load probe's reference)."""
+
+from __future__ import annotations
+
+import pytest
+
+from benchmarks.engine_replay import replay_alone
+from benchmarks.workload_trace import TraceRequest
+from scheduler.config import Mode, SchedulerConfig
+from tests.conftest import TINY_VOCAB_SIZE, build_tiny_causal_lm
+from tests.test_engine import make_engine
+
+
+@pytest.mark.parametrize("mode", [Mode.CONTINUOUS, Mode.DYNAMIC])
+def test_replay_runs_every_request_to_its_length_and_times_the_engine(mode: Mode) -> None:
+    engine = make_engine(build_tiny_causal_lm("llama"), seats=4)
+    trace = [TraceRequest(0.0, 6, 8, 3), TraceRequest(0.0, 9, 5, None), TraceRequest(0.01, 4, 7, 7)]
+    config = SchedulerConfig(mode=mode, max_batch_size=2, max_num_seqs=2, batch_timeout_ms=5.0)
+    replay = replay_alone(engine, trace, config, TINY_VOCAB_SIZE)
+    assert replay.generated_tokens == 3 + 5 + 7  # output_tokens where the run stopped early, else max_tokens
+    # two seats: the third request waits for one; continuous refills it at once, dynamic after the first bus
+    assert replay.steps == (5 + 7 if mode is Mode.DYNAMIC else 3 + 7)
+    assert 0 < replay.engine_s <= replay.span_s
+    assert "step" not in vars(engine)  # the timed step no longer shadows the engine's own
+    assert engine.cache_usage == 0  # every request released its cache
