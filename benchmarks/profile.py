@@ -295,7 +295,7 @@ def build_parser() -> argparse.ArgumentParser:
     grid.add_argument(
         "--served-load-requests",
         type=int,
-        default=24,
+        default=48,
         help="a burst of this many requests through a real server in each --served-load-modes, then the same "
         "requests on the engine alone, for what serving adds to each step (0: none)",
     )
