@@ -14,6 +14,11 @@ Then, unless `--served-probes 0`, `benchmarks.served_probe` starts `batchserve s
 sends lone requests `--served-gap-s` apart: the served prefill after idle sets the prefill regime's cold-step cost
 (served minus the fit's warm prediction), and the time a request spends outside the steps goes to cost.json's
 `served` section, which the simulator adds to every request's latency.
+
+And unless `--served-load-requests 0`, a load probe per mode (`--served-load-modes`): a burst through a real
+server (`benchmarks.served_probe.probe_load`), then the same requests through the same policy on this process's
+engine alone (`benchmarks.engine_replay`), back to back; what serving adds goes to `served.load`, which the
+simulator charges on every step of that mode (`benchmarks.served_cost`).
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ from tests.test_engine import make_engine
 @pytest.mark.parametrize("mode", [Mode.CONTINUOUS, Mode.DYNAMIC])
 def test_replay_runs_every_request_to_its_length_and_times_the_engine(mode: Mode) -> None:
     engine = make_engine(build_tiny_causal_lm("llama"), seats=4)
-    trace = [TraceRequest(0.0, 6, 8, 3), TraceRequest(0.0, 9, 5, None), TraceRequest(0.01, 4, 7, 7)]
+    trace = [TraceRequest(0.0, 6, 8, 3), TraceRequest(0.0, 9, 5, None), TraceRequest(0.0, 4, 7, 7)]
     config = SchedulerConfig(mode=mode, max_batch_size=2, max_num_seqs=2, batch_timeout_ms=5.0)
     replay = replay_alone(engine, trace, config, TINY_VOCAB_SIZE)
     assert replay.generated_tokens == 3 + 5 + 7  # output_tokens where the run stopped early, else max_tokens
