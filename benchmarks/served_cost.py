@@ -3,8 +3,8 @@
 `benchmarks.profile` times `Engine.step` with nothing else running. Inside `batchserve serve` two more things take
 time. The scheduler plans each step and hands its tokens over, and the API, on the same cores, wakes for every
 token, frames it as an SSE chunk in continuous mode, and the client parses it: on 2 cores the compute threads lose
-their cores now and then. Measured on the 2-core Xeon: a 48-request mixed burst ran 10-15 % longer served than the
-same requests through the same scheduler on the engine alone, a minute apart.
+their cores now and then. Measured on the 2-core Xeon: 48-request bursts ran 3-15 % longer served than the same
+requests through the same scheduler on the engine alone.
 
 The profile measures both per mode (`benchmarks.served_probe.probe_load`, then `benchmarks.engine_replay`): a burst
 through a real server, then the very same requests replayed on the engine alone. `served_extra` charges the
