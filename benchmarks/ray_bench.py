@@ -249,7 +249,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "environment": {
             k: v
             for k, v in sorted(os.environ.items())
-            if k.startswith(("RAY_SERVE_", "OMP_")) and k != "OMP_NUM_THREADS"
+            if k.startswith(("RAY_SERVE_", "RAY_worker_", "OMP_")) and k != "OMP_NUM_THREADS"
         },
         "runs": [
             {
