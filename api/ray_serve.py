@@ -23,6 +23,7 @@ import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Any
 
 import ray
@@ -53,7 +54,7 @@ REPLICA_THREAD_ENV = "RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD"
 # and GIL handover less per request), and Ray's worker processes keep the normal CPU priority instead of
 # lowering it to niceness 15. A replica holds the engine: at niceness 15 on a machine without a spare core, the
 # benchmark client, Ray's raylet and GCS take the cores from it first.
-LOCAL_RAY_ENV = {"RAY_SERVE_RUN_ROUTER_IN_SEPARATE_LOOP": "0", "RAY_worker_niceness": "0"}
+LOCAL_RAY_ENV = MappingProxyType({"RAY_SERVE_RUN_ROUTER_IN_SEPARATE_LOOP": "0", "RAY_worker_niceness": "0"})
 # Requests in a replica's hands that its scheduler has not submitted yet (reading, tokenising): without room for
 # them the router, not the replica, would be the one to refuse.
 _ROUTING_MARGIN = 2
@@ -220,8 +221,9 @@ def build_app(args: dict[str, Any]) -> serve.Application:
 
 
 def start_local_ray(num_cpus: int, log_to_driver: bool = True, attempts: int = 3) -> None:
-    """A local Ray instance whose processes add the proxy's fault middleware. Ray gives its raylet a fixed 30 s
-    to register; on a machine busy enough to miss that, the start is tried again."""
+    """A local Ray instance whose processes add the proxy's fault middleware and take LOCAL_RAY_ENV's settings
+    (the caller's environment wins). Ray gives its raylet a fixed 30 s to register; on a machine busy enough to
+    miss that, the start is tried again."""
     os.environ.setdefault(PROXY_CALLBACK_ENV, PROXY_CALLBACK)  # before Ray starts: its processes inherit it
     for name, value in LOCAL_RAY_ENV.items():
         os.environ.setdefault(name, value)

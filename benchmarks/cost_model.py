@@ -63,11 +63,6 @@ def chunk_attention_pairs(computed: int, count: int) -> int:
     return count * computed + count * (count + 1) // 2
 
 
-def decode_shape(rows: int, context: int) -> StepShape:
-    """A step of `rows` sequences, each decoding one token after `context` cached ones."""
-    return StepShape(rows, rows, rows, rows * chunk_attention_pairs(context, 1), rows * (context + 1))
-
-
 class CostModel(Protocol):
     @property
     def label(self) -> str:
@@ -169,7 +164,7 @@ def fit_cost_model(
     best: tuple[float, int, np.ndarray] | None = None
     for knee in knees:
         design = _design(shapes, knee) / times[:, None]
-        coef, residual = nonnegative_lstsq(design, np.ones_like(times))
+        coef, residual = _nonnegative_lstsq(design, np.ones_like(times))
         if best is None or residual < best[0] - 1e-15:
             best = (residual, knee, coef)
     assert best is not None
@@ -210,7 +205,7 @@ def _report(model: FittedCostModel | SwitchedCostModel, shapes: Sequence[StepSha
     return FitReport(model, float(errors.mean()), float(errors.max()), r_squared)
 
 
-def nonnegative_lstsq(design: np.ndarray, target: np.ndarray) -> tuple[np.ndarray, float]:
+def _nonnegative_lstsq(design: np.ndarray, target: np.ndarray) -> tuple[np.ndarray, float]:
     """Least squares with every coefficient >= 0, exactly: the optimum is the unconstrained fit on its own support,
     so try the fit on every subset of the (five) features and keep the best one that is non-negative."""
     features = design.shape[1]

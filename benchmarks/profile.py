@@ -266,7 +266,7 @@ def _modes(text: str) -> tuple[str, ...]:
     modes = tuple(part.strip() for part in text.split(",") if part.strip())
     unknown = [m for m in modes if m not in {m.value for m in Mode}]
     if unknown:
-        raise ValueError(f"--served-step-modes: unknown mode(s) {unknown}")
+        raise ValueError(f"--served-load-modes: unknown mode(s) {unknown}")
     return modes
 
 
@@ -307,8 +307,9 @@ def build_parser() -> argparse.ArgumentParser:
     grid.add_argument("--served-load-seats", type=int, default=8, help="the load probe's seats")
     grid.add_argument("--served-load-modes", default="continuous,dynamic", help="modes the load probe runs in")
     # serve's own flags, generated from the same config: the engine is built as serve builds it (model, device,
-    # max-model-len, cpu-kernels, and whatever weight format flags serve has). Its policy and HTTP flags are
-    # accepted and ignored: the grid sets the rows.
+    # max-model-len, cpu-kernels, and whatever weight format flags serve has). The grid sets the rows of the
+    # engine-alone grid; serve's policy flags (batch timeout, token budget, queue) go to the served probes' servers
+    # and the load probe's replay, and its HTTP flags are accepted and ignored.
     add_config_flags(parser, skip=("max_num_seqs", "kv_cache_tokens"))
     return parser
 
@@ -320,10 +321,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         grid = Grid(args.batch_sizes, args.prefill_tokens, args.contexts, args.repeats)
         _modes(args.served_load_modes)
         if args.served_load_requests > 0 and not 1 <= args.served_load_seats < rows_for(grid):
-            raise ValueError(f"--served-load-seats must be 1 to {rows_for(grid) - 1} (the grid's rows)")
+            raise ValueError(f"--served-load-seats must be 1 to {rows_for(grid) - 1} (max of --batch-sizes)")
     except ValueError as exc:
         parser.error(str(exc))
     rows = rows_for(grid)
+    load_modes = _modes(args.served_load_modes) if args.served_load_requests > 0 else ()
+    load_seats = args.served_load_seats if load_modes else 0
     per_row = max(grid.contexts) + grid.steps_per_context + 4  # a sequence's whole length (measure's)
     try:
         served = config_from_args(args).runtime_options()
@@ -334,7 +337,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         scheduler=SchedulerConfig(mode=Mode.CONTINUOUS, max_num_seqs=rows),
         kv_cache_tokens=max(
             rows * (max(per_row, max(grid.prefill_tokens) + 1) + 16),  # + a block of rounding
-            args.served_load_seats * LOAD_PROBE_ROW_TOKENS,  # the load probe's replay: every seat's whole request
+            load_seats * LOAD_PROBE_ROW_TOKENS,  # the load probe's replay: every seat's whole request
         ),
     )
     loaded = load(options)
@@ -368,8 +371,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             args.served_load_requests,
             args.out,
         )
-        for mode in _modes(args.served_load_modes)
-        if args.served_load_requests > 0
+        for mode in load_modes
     }
     extras = {mode: extra for mode, (*_, extra) in loads.items()}
     if args.served_probes > 0:

@@ -8,7 +8,8 @@ requests through the same scheduler on the engine alone.
 
 The profile measures both per mode (`benchmarks.served_probe.probe_load`, then `benchmarks.engine_replay`): a burst
 through a real server, then the very same requests replayed on the engine alone. `served_extra` charges the
-scheduler's time between engine steps per step (`const_s`) and the served span's excess per streamed token
+scheduler's own time in its steps beyond `Engine.step` per step (`const_s`; its idle waits are left out, the
+simulator has those) and the served span's excess per streamed token
 (`per_row_s`, charged for every row that emits a token), and `ServedCostModel` adds both to every simulated step
 of that mode.
 """
@@ -62,12 +63,13 @@ class ServedCostModel:
 
 
 def served_extra(load: ServedLoad, alone: AloneReplay) -> ServedStepExtra:
-    """The scheduler's own work per step (the replay's span beyond its engine steps) and what serving adds per
-    streamed token (the served span beyond the replay's), for the same requests run back to back."""
+    """The scheduler's own work per step (its steps' time beyond the engine's, idle waits left out: the simulator
+    has those) and what serving adds per streamed token (the served span beyond the replay's), for the same
+    requests run back to back."""
     if alone.steps < 1 or alone.generated_tokens < 1:
         raise ValueError("the engine-alone replay ran no steps")
     return ServedStepExtra(
-        const_s=max(0.0, alone.span_s - alone.engine_s) / alone.steps,
+        const_s=max(0.0, alone.busy_s - alone.engine_s) / alone.steps,
         per_row_s=max(0.0, load.span_s - alone.span_s) / alone.generated_tokens,
     )
 
@@ -85,9 +87,9 @@ def served_load_json(load: ServedLoad, alone: AloneReplay, extra: ServedStepExtr
 def load_served_extras(path: Path) -> dict[str, ServedStepExtra]:
     """Each mode's served step extra from cost.json's `served.load` (empty when the profile has none)."""
     served = json.loads(Path(path).read_text()).get("served") or {}
-    steps: Mapping[str, Any] = served.get("load") or {}
+    loads: Mapping[str, Any] = served.get("load") or {}
     try:
-        return {mode: ServedStepExtra(**entry["extra"]) for mode, entry in steps.items()}
+        return {mode: ServedStepExtra(**entry["extra"]) for mode, entry in loads.items()}
     except (KeyError, TypeError) as exc:
         raise ValueError(f"{path}: served.load is not what benchmarks.profile writes: {exc}") from exc
 

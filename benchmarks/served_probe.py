@@ -54,7 +54,6 @@ class ServedProbe:
 class ServedLoad:
     """A burst through a real server: what it was asked (the trace, in the server's order) and how long it took."""
 
-    mode: str
     seats: int
     trace: tuple[TraceRequest, ...]
     span_s: float  # the first arrival to the last release, on the server's stamps
@@ -72,7 +71,7 @@ def serve_argv(args: object, skip: Sequence[str]) -> list[str]:
 
 def split(records: Sequence[RequestRecord]) -> ServedProbe:
     """The medians over the probe's requests; raises if any failed or the server sent no timings."""
-    prefill, outside, prompt = [], [], []
+    prefill, outside, decode, prompt = [], [], [], []
     for r in records:
         t = r.server_timings
         if not r.ok or r.ttft is None or t is None:
@@ -80,8 +79,9 @@ def split(records: Sequence[RequestRecord]) -> ServedProbe:
         step = (float(t["time_to_first_token_ms"]) - float(t["queue_time_ms"])) / 1e3
         prefill.append(step)
         outside.append(r.ttft - step)
+        if r.output_tokens > 1 and t.get("decode_time_ms") is not None:
+            decode.append(float(t["decode_time_ms"]) / 1e3 / (r.output_tokens - 1))
         prompt.append(r.prompt_tokens or 0)
-    decode = decode_steps(records)
     if not decode:
         raise RuntimeError("no probe request decoded past its first token")
     return ServedProbe(
@@ -91,18 +91,6 @@ def split(records: Sequence[RequestRecord]) -> ServedProbe:
         prompt_tokens=int(statistics.median(prompt)),
         count=len(records),
     )
-
-
-def decode_steps(records: Sequence[RequestRecord]) -> list[float]:
-    """Each request's served decode step: the server's decode time over the tokens after the first."""
-    steps = []
-    for r in records:
-        t = r.server_timings
-        if not r.ok or t is None:
-            raise RuntimeError(f"probe request {r.index} failed: {r.error or 'no timings'}")
-        if r.output_tokens > 1 and t.get("decode_time_ms") is not None:
-            steps.append(float(t["decode_time_ms"]) / 1e3 / (r.output_tokens - 1))
-    return steps
 
 
 def _serve_command(mode: str, flags: Sequence[str]) -> LaunchConfig:
@@ -138,7 +126,7 @@ def probe_load(flags: Sequence[str], mode: str, seats: int, count: int, log_path
     failed = [r for r in records if not r.ok or r.server_timings is None]
     if failed:
         raise RuntimeError(f"load probe request {failed[0].index} failed: {failed[0].error or 'no timings'}")
-    return ServedLoad(mode, seats, tuple(from_records(records)), served_span(records))
+    return ServedLoad(seats, tuple(from_records(records)), served_span(records))
 
 
 def served_span(records: Sequence[RequestRecord]) -> float:

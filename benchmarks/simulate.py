@@ -80,11 +80,11 @@ def build_parser() -> argparse.ArgumentParser:
         "(default: the served probe's figure in cost.json; 0 with --gpu)",
     )
     g.add_argument(
-        "--served-steps",
+        "--served-load",
         action=argparse.BooleanOptionalAction,
         default=True,
         help="charge each step what a served step of that mode costs over the profiled one (cost.json's "
-        "served.steps, when the profile measured them)",
+        "served.load, when the profile ran its load probe)",
     )
     g = parser.add_argument_group("workload")
     g.add_argument("--workload", default=_W.name, help="mixed, uniform, long-prompt, or a FILE.jsonl trace")
@@ -212,7 +212,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         else:
             overhead = load_request_overhead(args.cost_model) if args.cost_model is not None else 0.0
         configs = scheduler_configs(args)
-        extras = load_served_extras(args.cost_model) if args.cost_model is not None and args.served_steps else {}
+        extras = load_served_extras(args.cost_model) if args.cost_model is not None and args.served_load else {}
         settings = {
             c.mode.value: SimSettings(
                 c,
@@ -235,7 +235,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(str(exc))
     suffix = f"; {1e3 * overhead:.1f} ms a request outside the steps (served probe)" if overhead else ""
     labels = {mode: s.cost.label + suffix for mode, s in settings.items()}
-    label = cost.label + suffix
+    label = " | ".join(sorted(set(labels.values())))  # per mode where a load probe's charge differs
     for text in sorted(set(labels.values())):
         print(text, file=sys.stderr)
 

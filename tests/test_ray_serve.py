@@ -45,7 +45,7 @@ from tests.server_harness import free_port
 PROMPT = "the quick brown fox"
 LONG = 200  # tokens: a request that runs for many steps (the tiny model's context is 256)
 SEATS, QUEUE = 2, 4  # per replica: 8 concurrent requests fit the two replicas, 40 do not
-KILL_RELAY_S = 0.5  # a stream the killed replica finished may reach the client this long after the kill
+CLOCK_SLACK_S = 0.05  # between the replica's release stamp and the test's reading of the same clock at the kill
 
 
 def wait_until(condition: Callable[[], bool], what: str, timeout_s: float = 120.0) -> None:
@@ -284,20 +284,19 @@ def test_client_disconnect_through_the_proxy_aborts_on_the_replica(base_url: str
     assert sum(samples(base_url, "batchserve:steps_total").values()) - steps_before < LONG
 
 
-Stream = tuple[int, dict[str, str], list[str], float]  # status, headers, data lines, when it ended (monotonic)
+Stream = tuple[int, dict[str, str], list[str]]  # status, headers, data lines (an error body as one line)
 
 
 async def _streams(url: str, count: int, max_tokens: int) -> list[Stream]:
-    """`count` concurrent streams: each one's status, headers, data lines (an error body as one line) and end."""
+    """`count` concurrent streams: each one's status, headers and data lines."""
     body = {"prompt": PROMPT, "max_tokens": max_tokens, "ignore_eos": True, "stream": True}
 
     async def one(http: httpx.AsyncClient) -> Stream:
         async with http.stream("POST", "/v1/completions", json=body) as response:
             if response.status_code != 200:
-                text = (await response.aread()).decode()
-                return response.status_code, dict(response.headers), [text], time.monotonic()
+                return response.status_code, dict(response.headers), [(await response.aread()).decode()]
             lines = [line.removeprefix("data: ") async for line in response.aiter_lines() if line.startswith("data:")]
-            return 200, dict(response.headers), lines, time.monotonic()
+            return 200, dict(response.headers), lines
 
     limits = httpx.Limits(max_connections=count)
     async with httpx.AsyncClient(base_url=url, timeout=120, limits=limits) as http:
@@ -309,19 +308,20 @@ def test_a_full_cluster_answers_429_with_retry_after(base_url: str) -> None:
     refused = [r for r in results if r[0] == 429]
     served = [r for r in results if r[0] == 200]
     assert refused and served and len(refused) + len(served) == len(results), [r[0] for r in results]
-    for _, headers, lines, _ in refused:
+    for _, headers, lines in refused:
         assert headers["retry-after"] == "1"
         assert json.loads(lines[0])["error"]["type"] == "rate_limit_error"
-    for _, _, lines, _ in served:
+    for _, _, lines in served:
         assert lines[-1] == "[DONE]" and json.loads(lines[-2])["usage"]["completion_tokens"] == 64
 
 
 def test_replicas_of_a_local_ray_compute_at_normal_priority(base_url: str) -> None:
-    """Ray lowers its workers to niceness 15 unless told otherwise; a replica holds the engine."""
+    """Ray lowers its workers by 15 niceness steps unless told otherwise; a replica holds the engine. Ray's
+    processes start from this one's priority (pytest may itself run under `nice`)."""
     reports = directory_reports()
     assert len(reports) == 2
     for report in reports:
-        assert os.getpriority(os.PRIO_PROCESS, report.pid) == 0, report.replica
+        assert os.getpriority(os.PRIO_PROCESS, report.pid) == os.getpriority(os.PRIO_PROCESS, 0), report.replica
 
 
 # ----- faults: last, since it replaces a replica -----
@@ -340,11 +340,11 @@ def test_sigkill_of_a_replica_under_load(base_url: str) -> None:
             victim = next((name for name, value in running.items() if value >= 1 and name in reports), None)
             await asyncio.sleep(0.1)
         os.kill(reports[victim], signal.SIGKILL)
-        return victim, time.monotonic(), await streams
+        return victim, time.time(), await streams
 
     victim, killed_at, results = asyncio.run(load_then_kill())
     failed, intact = [], []
-    for status, _, lines, ended in results:
+    for status, _, lines in results:
         if status == 429:  # the router sent it to a replica already full: answered, not lost
             continue
         if status != 200:
@@ -359,9 +359,12 @@ def test_sigkill_of_a_replica_under_load(base_url: str) -> None:
         else:
             assert last["usage"]["completion_tokens"] == LONG
             # The victim is picked from /metrics, up to a heartbeat old: one of its first streams may have ended
-            # before the kill. Any stream of its that is whole ended by then (a dead process sends nothing): the
-            # kill's moment plus the proxy's relay of bytes already sent.
-            assert last["timings"]["replica"] != victim or ended < killed_at + KILL_RELAY_S, ended - killed_at
+            # before the kill. A whole stream of its must have ended by then, on the replica's own stamps (same
+            # machine, same clock): a killed process finishes nothing.
+            timings = last["timings"]
+            if timings["replica"] == victim:
+                released = timings["arrival_time"] + timings["e2e_time_ms"] / 1e3
+                assert released <= killed_at + CLOCK_SLACK_S, (released - killed_at, timings)
             intact.append(lines)
     assert failed, "the killed replica had requests in flight, and they must end with an error"
     # Ray replaces the replica: a new one reports ready and serves.

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks import simulate
-from benchmarks.cost_model import FittedCostModel, StepShape, decode_shape, fit_cost_model, save_fitted
+from benchmarks.cost_model import FittedCostModel, StepShape, chunk_attention_pairs, fit_cost_model, save_fitted
 from benchmarks.engine_replay import AloneReplay
 from benchmarks.served_cost import (
     ServedCostModel,
@@ -30,19 +30,19 @@ MODEL = FittedCostModel(
 
 def test_the_extra_splits_the_schedulers_time_per_step_and_the_servers_per_streamed_token() -> None:
     trace = (TraceRequest(0.0, 40, 96, 96),) * 24
-    load = ServedLoad("continuous", 8, trace, span_s=10.0)
-    alone = AloneReplay(span_s=8.7, engine_s=8.6, steps=400, generated_tokens=2304)
+    load = ServedLoad(8, trace, span_s=10.0)
+    alone = AloneReplay(span_s=8.75, busy_s=8.7, engine_s=8.6, steps=400, generated_tokens=2304)
     extra = served_extra(load, alone)
-    assert extra.const_s == pytest.approx(0.1 / 400)  # the replay's time outside Engine.step, per step
-    assert extra.per_row_s == pytest.approx(1.3 / 2304)  # the served span's excess, per streamed token
+    assert extra.const_s == pytest.approx(0.1 / 400)  # the replay's steps beyond Engine.step, idle left out
+    assert extra.per_row_s == pytest.approx(1.25 / 2304)  # the served span's excess, per streamed token
     assert served_load_json(load, alone, extra)["alone"]["steps"] == 400
 
 
 def test_a_served_run_faster_than_the_replay_adds_nothing() -> None:
-    load = ServedLoad("dynamic", 8, (TraceRequest(0.0, 40, 96, 96),), span_s=8.0)
-    assert served_extra(load, AloneReplay(8.5, 8.5, 300, 96)) == ServedStepExtra(0.0, 0.0)
+    load = ServedLoad(8, (TraceRequest(0.0, 40, 96, 96),), span_s=8.0)
+    assert served_extra(load, AloneReplay(8.5, 8.5, 8.5, 300, 96)) == ServedStepExtra(0.0, 0.0)
     with pytest.raises(ValueError, match="ran no steps"):
-        served_extra(load, AloneReplay(0.0, 0.0, 0, 0))
+        served_extra(load, AloneReplay(0.0, 0.0, 0.0, 0, 0))
     with pytest.raises(ValueError, match="finite and >= 0"):
         ServedStepExtra(-0.001, 0.0)
 
@@ -56,6 +56,11 @@ def test_the_served_model_charges_per_row_that_emits_a_token() -> None:
     assert with_served_extra(MODEL, {"continuous": ServedStepExtra(0.002, 0.001)}, "dynamic") is MODEL
 
 
+def decode_shape(rows: int, context: int) -> StepShape:
+    """A step of `rows` sequences, each decoding one token after `context` cached ones."""
+    return StepShape(rows, rows, rows, rows * chunk_attention_pairs(context, 1), rows * (context + 1))
+
+
 def _cost_file(path: Path, steps: Mapping[str, object]) -> Path:
     shapes = [decode_shape(b, c) for b in (1, 2, 4, 8) for c in (16, 64, 256)]
     shapes += [StepShape(1, t, 1, t * (t + 1) // 2, t) for t in (8, 32, 128)]
@@ -63,13 +68,13 @@ def _cost_file(path: Path, steps: Mapping[str, object]) -> Path:
     return path
 
 
-def test_simulate_charges_each_modes_served_steps_and_can_leave_them_out(tmp_path: Path) -> None:
+def test_simulate_charges_each_modes_served_load_and_can_leave_it_out(tmp_path: Path) -> None:
     """Only the mode whose served steps cost more slows down; its decisions (steps taken) stay the same."""
     steps = {"load": {"continuous": {"seats": 4, "extra": {"const_s": 0.003, "per_row_s": 0.002}}}}
     cost = _cost_file(tmp_path / "cost.json", steps)
     assert load_served_extras(cost) == {"continuous": ServedStepExtra(0.003, 0.002)}
     docs = {}
-    for name, extra_flags in (("served", []), ("bare", ["--no-served-steps"])):
+    for name, extra_flags in (("served", []), ("bare", ["--no-served-load"])):
         out = tmp_path / name
         argv = ["--cost-model", str(cost), "--num-prompts", "16", "--seats", "4", "--request-rate", "inf"]
         assert simulate.main([*argv, *extra_flags, "--out", str(out)]) == 0
@@ -84,7 +89,7 @@ def test_simulate_charges_each_modes_served_steps_and_can_leave_them_out(tmp_pat
     assert "served" not in by_mode["dynamic"]
 
 
-def test_a_malformed_served_steps_section_is_refused(tmp_path: Path) -> None:
+def test_a_malformed_served_load_section_is_refused(tmp_path: Path) -> None:
     cost = _cost_file(tmp_path / "cost.json", {"load": {"continuous": {"extra": {"fixed": 1}}}})
     with pytest.raises(ValueError, match=r"served\.load"):
         load_served_extras(cost)

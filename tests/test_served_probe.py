@@ -19,7 +19,7 @@ from benchmarks.cost_model import (
 )
 from benchmarks.engine_replay import AloneReplay
 from benchmarks.served_cost import load_served_extras, served_extra
-from benchmarks.served_probe import LOAD_PROBE_MAX_TOKENS, ServedLoad, decode_steps, serve_argv, split
+from benchmarks.served_probe import LOAD_PROBE_MAX_TOKENS, ServedLoad, serve_argv, split
 
 
 def _lone(index: int, client_ttft: float, server_ttft_ms: float, queue_ms: float, decode_ms: float) -> RequestRecord:
@@ -48,14 +48,6 @@ def test_split_refuses_a_failed_probe_request() -> None:
     failed = _lone(1, 0.05, 44.0, 2.0, 32.0)
     with pytest.raises(RuntimeError, match="probe request 1 failed"):
         split([_lone(0, 0.05, 44.0, 2.0, 32.0), RequestRecord(**{**failed.to_dict(), "error": "HTTP 500"})])
-
-
-def test_decode_steps_divide_the_servers_decode_time_by_the_tokens_after_the_first() -> None:
-    one_token = RequestRecord(**{**_lone(2, 0.05, 44.0, 2.0, 0.0).to_dict(), "output_tokens": 1})
-    steps = decode_steps([_lone(0, 0.05, 44.0, 2.0, 40.0), _lone(1, 0.05, 44.0, 2.0, 20.0), one_token])
-    assert steps == pytest.approx([0.010, 0.005])  # 5 tokens: 4 decode steps; a lone first token has none
-    with pytest.raises(RuntimeError, match="probe request 3 failed"):
-        decode_steps([RequestRecord(**{**_lone(3, 0.05, 44.0, 2.0, 8.0).to_dict(), "error": "HTTP 500"})])
 
 
 def test_serve_argv_passes_only_what_differs_from_serves_defaults() -> None:
@@ -90,7 +82,7 @@ def test_profile_measures_a_served_server_and_the_simulator_reads_it(tiny_checkp
         assert alone["generated_tokens"] == 6 * LOAD_PROBE_MAX_TOKENS, mode  # every answer ran to its length
         assert alone["steps"] <= 2 * (LOAD_PROBE_MAX_TOKENS + 2), mode  # 3 seats at a time: the cache holds them
         assert 0 < alone["engine_s"] <= alone["span_s"] and entry["served_span_s"] > 0, mode
-        rebuilt = ServedLoad(mode, 3, (), entry["served_span_s"])
+        rebuilt = ServedLoad(3, (), entry["served_span_s"])
         assert extras[mode] == served_extra(rebuilt, AloneReplay(**alone)), mode  # stored as measured
     tokens = served["prompt_tokens"]
     lone = StepShape(1, tokens, 1, chunk_attention_pairs(0, tokens), tokens)
