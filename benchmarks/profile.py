@@ -289,23 +289,26 @@ def build_parser() -> argparse.ArgumentParser:
         default=5,
         help=f"steps timed after {COLD_IDLE_S:g} s idle, per regime, for the cold-step cost (0: none)",
     )
-    grid.add_argument(
-        "--served-probes",
-        type=int,
-        default=8,
-        help="lone requests through a real `batchserve serve` for the served cold prefill and the time a request "
-        "spends outside the steps (0: none; the simulator then adds nothing)",
+    served = parser.add_argument_group("through a real server (0 requests: none)")
+    counts = (
+        (
+            "--served-probes",
+            8,
+            "lone requests through a real `batchserve serve` for the served cold prefill and the time a request "
+            "spends outside the steps (0: the simulator then adds nothing)",
+        ),
+        (
+            "--served-load-requests",
+            48,
+            "a burst of this many requests through a real server in each --served-load-modes, then the same "
+            "requests on the engine alone, for what serving adds to each step",
+        ),
+        ("--served-load-seats", 8, "the load probe's seats"),
     )
-    grid.add_argument("--served-gap-s", type=float, default=1.5, help="seconds between the served probe's requests")
-    grid.add_argument(
-        "--served-load-requests",
-        type=int,
-        default=48,
-        help="a burst of this many requests through a real server in each --served-load-modes, then the same "
-        "requests on the engine alone, for what serving adds to each step (0: none)",
-    )
-    grid.add_argument("--served-load-seats", type=int, default=8, help="the load probe's seats")
-    grid.add_argument("--served-load-modes", default="continuous,dynamic", help="modes the load probe runs in")
+    for flag, default, text in counts:
+        served.add_argument(flag, type=int, default=default, help=text)
+    served.add_argument("--served-gap-s", type=float, default=1.5, help="seconds between the served probe's requests")
+    served.add_argument("--served-load-modes", default="continuous,dynamic", help="modes the load probe runs in")
     # serve's own flags, generated from the same config: the engine is built as serve builds it (model, device,
     # max-model-len, cpu-kernels, and whatever weight format flags serve has). The grid sets the rows of the
     # engine-alone grid; serve's policy flags (batch timeout, token budget, queue) go to the served probes' servers

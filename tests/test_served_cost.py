@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks import simulate
-from benchmarks.cost_model import FittedCostModel, StepShape, chunk_attention_pairs, fit_cost_model, save_fitted
+from benchmarks.cost_model import StepShape, chunk_attention_pairs, fit_cost_model, save_fitted
 from benchmarks.engine_replay import AloneReplay
 from benchmarks.served_cost import (
     ServedCostModel,
@@ -21,11 +21,9 @@ from benchmarks.served_cost import (
 )
 from benchmarks.served_probe import ServedLoad
 from benchmarks.workload_trace import TraceRequest
+from tests.test_simulate import COST
 
-MODEL = FittedCostModel(
-    const_s=0.004, per_token_s=0.0002, per_token_over_knee_s=0.0, knee_tokens=64, per_seq_s=0.0001,
-    per_attention_mpair_s=0.01,
-)  # fmt: skip
+MODEL = COST  # any fitted model: the served charge comes on top of it
 
 
 def test_the_extra_splits_the_schedulers_time_per_step_and_the_servers_per_streamed_token() -> None:
