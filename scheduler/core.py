@@ -70,6 +70,9 @@ class Scheduler:
         self._counts = SchedulerCounts(config.seats, 0, 0, 0, 0, engine.cache_usage, False)
         self.events = EventFeed()  # records only while a listener is enabled (api/events.py)
         self._num_steps = 0
+        # (request, when) while `_finish` runs: a request its policy releases at once (continuous batching) is
+        # released at the instant it finished, not a clock reading later: it was held for no time.
+        self._finishing: tuple[SequenceRequest, float] | None = None
 
     @property
     def mode(self) -> str:
@@ -327,15 +330,21 @@ class Scheduler:
         if request.scheduled is None:
             with self._lock:
                 self._num_queued -= 1
+        now = self.clock()
         if self.events.enabled and request.status in (RequestStatus.WAITING, RequestStatus.RUNNING):
-            self.events.add(request_point(PointKind.FINISHED, request, self.clock(), outcome))
-        self.lifecycle.finish(request, outcome, error)
-        self.policy.on_finished(self.lifecycle, request)
+            self.events.add(request_point(PointKind.FINISHED, request, now, outcome))
+        self._finishing = (request, now)
+        try:
+            self.lifecycle.finish(request, outcome, error)
+            self.policy.on_finished(self.lifecycle, request)
+        finally:
+            self._finishing = None
 
     def _on_released(self, request: SequenceRequest) -> None:
         self._requests.pop(request.request_id, None)
         outcome = request.outcome or Outcome.FAILED
-        now = self.clock()
+        finishing = self._finishing
+        now = finishing[1] if finishing is not None and finishing[0] is request else self.clock()
         if self.events.enabled:
             self.events.add(request_point(PointKind.RELEASED, request, now))
         self._emit(request, FinishEvent(outcome, request.timings(self.mode, now), request.error))

@@ -63,6 +63,30 @@ def test_continuous_steps_hold_nothing_and_short_answers_leave_first() -> None:
         assert life[PointKind.RELEASED].details["held_ms"] == 0
 
 
+class TickingClock(FakeClock):
+    """Every reading moves time on, as a busy machine's clock does between two reads in one step."""
+
+    def __call__(self) -> float:
+        return self.advance(1e-4)
+
+
+def test_a_request_released_as_it_finishes_is_released_at_that_instant() -> None:
+    """Continuous batching releases a finished request at once: its release carries the finish's time, so no
+    page or metric shows a hold made of two clock reads; the bus's held answers still show theirs."""
+    for mode in (Mode.CONTINUOUS, Mode.DYNAMIC):
+        h = build(mode, seats=4, clock=TickingClock())
+        batches = listen(h)
+        h.submit(4, max_tokens=12, request_id="long")
+        for name in ("a", "b"):
+            h.submit(4, max_tokens=2, request_id=name, ignore_eos=True)
+        h.run()
+        events = [event for batch in batches for event in batch]
+        for name in ("a", "b"):
+            life = points(events, name)
+            finished, released = life[PointKind.FINISHED].time, life[PointKind.RELEASED].time
+            assert finished == released if mode is Mode.CONTINUOUS else finished < released, (mode, name)
+
+
 def test_step_counts_and_tokens_match_the_step_statistics() -> None:
     h, events = hostage(Mode.CONTINUOUS)
     steps = [e for e in events if isinstance(e, StepEvent)]
