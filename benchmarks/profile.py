@@ -322,13 +322,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         grid = Grid(args.batch_sizes, args.prefill_tokens, args.contexts, args.repeats)
-        _modes(args.served_load_modes)
+        modes = _modes(args.served_load_modes)
         if args.served_load_requests > 0 and not 1 <= args.served_load_seats < rows_for(grid):
             raise ValueError(f"--served-load-seats must be 1 to {rows_for(grid) - 1} (max of --batch-sizes)")
     except ValueError as exc:
         parser.error(str(exc))
     rows = rows_for(grid)
-    load_modes = _modes(args.served_load_modes) if args.served_load_requests > 0 else ()
+    load_modes = modes if args.served_load_requests > 0 else ()
     load_seats = args.served_load_seats if load_modes else 0
     per_row = max(grid.contexts) + grid.steps_per_context + 4  # a sequence's whole length (measure's)
     try:

@@ -235,9 +235,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(str(exc))
     suffix = f"; {1e3 * overhead:.1f} ms a request outside the steps (served probe)" if overhead else ""
     labels = {mode: s.cost.label + suffix for mode, s in settings.items()}
-    label = " | ".join(sorted(set(labels.values())))  # per mode where a load probe's charge differs
-    for text in sorted(set(labels.values())):
-        print(text, file=sys.stderr)
+    distinct = sorted(set(labels.values()))  # one per mode where a load probe's charge differs
+    label = " | ".join(distinct)
+    print("\n".join(distinct), file=sys.stderr)
 
     if args.find_max_rate:
         return _print_max_rates(args, settings)
