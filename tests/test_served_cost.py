@@ -23,8 +23,6 @@ from benchmarks.served_probe import ServedLoad
 from benchmarks.workload_trace import TraceRequest
 from tests.test_simulate import COST
 
-MODEL = COST  # any fitted model: the served charge comes on top of it
-
 
 def test_the_extra_splits_the_schedulers_time_per_step_and_the_servers_per_streamed_token() -> None:
     trace = (TraceRequest(0.0, 40, 96, 96),) * 24
@@ -46,12 +44,12 @@ def test_a_served_run_faster_than_the_replay_adds_nothing() -> None:
 
 
 def test_the_served_model_charges_per_row_that_emits_a_token() -> None:
-    served = ServedCostModel(MODEL, ServedStepExtra(0.002, 0.001), "continuous")
+    served = ServedCostModel(COST, ServedStepExtra(0.002, 0.001), "continuous")
     chunk = StepShape(num_seqs=3, num_tokens=130, num_sampled=2, attention_pairs=5000, kv_tokens=200)
-    assert served.step_time(chunk) == pytest.approx(MODEL.step_time(chunk) + 0.002 + 2 * 0.001)
-    assert served.step_time(chunk, idle_s=5.0) - MODEL.step_time(chunk, idle_s=5.0) == pytest.approx(0.004)
+    assert served.step_time(chunk) == pytest.approx(COST.step_time(chunk) + 0.002 + 2 * 0.001)
+    assert served.step_time(chunk, idle_s=5.0) - COST.step_time(chunk, idle_s=5.0) == pytest.approx(0.004)
     assert "served continuous step" in served.label
-    assert with_served_extra(MODEL, {"continuous": ServedStepExtra(0.002, 0.001)}, "dynamic") is MODEL
+    assert with_served_extra(COST, {"continuous": ServedStepExtra(0.002, 0.001)}, "dynamic") is COST
 
 
 def decode_shape(rows: int, context: int) -> StepShape:
@@ -62,7 +60,7 @@ def decode_shape(rows: int, context: int) -> StepShape:
 def _cost_file(path: Path, steps: Mapping[str, object]) -> Path:
     shapes = [decode_shape(b, c) for b in (1, 2, 4, 8) for c in (16, 64, 256)]
     shapes += [StepShape(1, t, 1, t * (t + 1) // 2, t) for t in (8, 32, 128)]
-    save_fitted(fit_cost_model(shapes, [MODEL.step_time(s) for s in shapes], "test"), path, {"served": steps})
+    save_fitted(fit_cost_model(shapes, [COST.step_time(s) for s in shapes], "test"), path, {"served": steps})
     return path
 
 
