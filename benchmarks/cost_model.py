@@ -437,6 +437,29 @@ def load_fitted(path: Path) -> FittedCostModel | SwitchedCostModel:
         raise ValueError(f"{path} is not a cost model written by benchmarks.profile: {exc}") from exc
 
 
+@dataclass(frozen=True)
+class BusyArrival:
+    """What a request that arrives while the engine steps costs beyond one that finds it idle (the served probe's
+    busy phase): the running step takes `stall_s` longer, and the request's own path outside the steps
+    `outside_s` longer. Its intake (reading, parsing, tokenising) runs on the cores the compute threads use."""
+
+    stall_s: float = 0.0
+    outside_s: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not all(math.isfinite(v) and v >= 0 for v in (self.stall_s, self.outside_s)):
+            raise ValueError(f"busy-arrival costs must be finite and >= 0: {self}")
+
+
+def load_busy_arrival(path: Path) -> BusyArrival:
+    """The served probe's busy-arrival costs from cost.json (none when the profile predates them)."""
+    served = json.loads(Path(path).read_text()).get("served") or {}
+    try:
+        return BusyArrival(float(served.get("busy_stall_s", 0.0)), float(served.get("busy_outside_s", 0.0)))
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"{path}: served.busy_stall_s / busy_outside_s: {exc}") from exc
+
+
 def load_request_overhead(path: Path) -> float:
     """Seconds a request pays outside the engine's steps, from cost.json's served probe (0 when it has none)."""
     served = json.loads(Path(path).read_text()).get("served") or {}

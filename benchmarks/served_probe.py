@@ -10,6 +10,12 @@ sends `count` lone streaming requests `gap_s` apart, so each finds the engine id
 - outside the step: the client's time to first token minus that (everything a request pays that is not the step);
 - served decode step: the server's decode time over the tokens after the first.
 
+Then the same lone requests again, each arriving while one long stream keeps the engine stepping. A request that
+arrives mid-step is read, parsed and tokenised on the cores the compute threads are using, so the running step
+takes longer and the request's own path outside the steps does too. `split_busy` measures both against the idle
+requests: the stall (its queue beyond the half step an arrival waits on average, the background stream's decode
+step taken from its inter-token gaps) and the extra time outside the steps (client minus server TTFT).
+
 `probe_load` then measures what serving adds under load, in one mode: a burst of streaming requests that keeps
 every seat busy, its span taken from the server's own stamps and its trace exported, so that the profile can
 replay the very same requests on its engine alone right after (`benchmarks.engine_replay`) and
@@ -26,17 +32,22 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+import httpx
 import numpy as np
 
 from api.cli import flags_argv
 from api.config import ServerConfig
 from benchmarks.client import ClientConfig, RequestRecord, run_load
+from benchmarks.cost_model import BusyArrival
 from benchmarks.server_proc import LaunchConfig, ServerProcess
 from benchmarks.workload_trace import TraceRequest, from_records
 from benchmarks.workloads import RequestSpec, make_prompt
 
 PROBE_PROMPT_WORDS = 30  # about 40 tokens: a short prompt of the mixed workload
 PROBE_MAX_TOKENS = 16
+BUSY_GAP_S = 0.4  # between the busy phase's requests: each 16-token answer is done before the next arrives
+BUSY_REQUESTS_PER_LONE = 2  # an arrival waits a uniform share of a step: twice the samples for a steady median
+BUSY_BACKGROUND_TOKENS = 1500  # the background stream's answer: longer than the busy phase on a fast machine
 LOAD_PROBE_MAX_TOKENS = 96  # each load-probe request's answer: long enough that decode steps dominate
 LOAD_PROBE_ROW_TOKENS = 512  # cache a load-probe request may take: its prompt (40 tokens on SmolLM2), answer, margin
 
@@ -48,6 +59,8 @@ class ServedProbe:
     decode_step_s: float  # median served decode step of a lone request
     prompt_tokens: int  # the probe prompt's length, as the server counted it
     count: int
+    busy_stall_s: float = 0.0  # how much longer a step runs when a request arrives during it
+    busy_outside_s: float = 0.0  # the extra time outside the steps of a request that arrives mid-step
 
 
 @dataclass(frozen=True)
@@ -93,6 +106,34 @@ def split(records: Sequence[RequestRecord]) -> ServedProbe:
     )
 
 
+def _ttft_beyond_server(r: RequestRecord) -> float:
+    """The client's time to first token minus the server's (the request's path outside the server's clock)."""
+    assert r.ttft is not None and r.server_timings is not None
+    return r.ttft - float(r.server_timings["time_to_first_token_ms"]) / 1e3
+
+
+def _queue_s(r: RequestRecord) -> float:
+    assert r.server_timings is not None
+    return float(r.server_timings["queue_time_ms"]) / 1e3
+
+
+def split_busy(idle: Sequence[RequestRecord], busy: Sequence[RequestRecord], background: RequestRecord) -> BusyArrival:
+    """Medians of the busy requests against the idle ones. A request that arrives at a random moment of a step
+    waits for half of it on average; the queue beyond that is the stall its own intake caused."""
+    for r in (*idle, *busy):
+        if not r.ok or r.ttft is None or r.server_timings is None:
+            raise RuntimeError(f"probe request {r.index} failed: {r.error or 'no timings'}")
+    gaps = np.diff(background.chunk_times)
+    if not background.ok or gaps.size < 2:
+        raise RuntimeError(f"the busy probe's background stream failed: {background.error or 'too few tokens'}")
+    half_step = float(np.median(gaps)) / 2
+    queue_beyond = statistics.median(map(_queue_s, busy)) - statistics.median(map(_queue_s, idle))
+    outside_beyond = statistics.median(map(_ttft_beyond_server, busy)) - statistics.median(
+        map(_ttft_beyond_server, idle)
+    )
+    return BusyArrival(stall_s=max(0.0, queue_beyond - half_step), outside_s=max(0.0, outside_beyond))
+
+
 def _serve_command(mode: str, flags: Sequence[str]) -> LaunchConfig:
     argv = (sys.executable, "-m", "api", "serve", "--mode", mode, "--host", "{host}", "--port", "{port}")
     return LaunchConfig((*argv, *flags))
@@ -106,13 +147,33 @@ def _specs(count: int, max_tokens: int, seed: int) -> list[RequestSpec]:
     ]
 
 
+def _max_model_len(base_url: str) -> int:
+    models = httpx.get(base_url.rstrip("/") + "/v1/models", timeout=30.0).json()["data"]
+    return int(models[0]["max_model_len"])
+
+
 def probe(flags: Sequence[str], count: int, gap_s: float, log_path: Path) -> ServedProbe:
+    """`count` lone requests `gap_s` apart on an idle server, then twice as many beside one long stream."""
     specs = _specs(count + 1, PROBE_MAX_TOKENS, seed=0)
     offsets = [i * gap_s for i in range(count + 1)]
     with ServerProcess(_serve_command("continuous", flags), log_path) as server:
         config = ClientConfig(base_url=server.base_url, show_progress=False)
         records = asyncio.run(run_load(specs, offsets, config)).records
-    return split(records[1:])  # the first request warms the server's first-use paths
+        room = _max_model_len(server.base_url) - 4 * PROBE_PROMPT_WORDS  # a prompt's tokens, with a margin
+        busy_count = BUSY_REQUESTS_PER_LONE * count
+        background = RequestSpec(
+            busy_count,
+            make_prompt(np.random.default_rng(3), PROBE_PROMPT_WORDS),
+            min(BUSY_BACKGROUND_TOKENS, room),
+            PROBE_PROMPT_WORDS,
+            "background",
+        )
+        busy_specs = [background, *_specs(busy_count, PROBE_MAX_TOKENS, seed=4)]
+        busy_offsets = [0.0, *(BUSY_GAP_S * (i + 1) for i in range(busy_count))]
+        busy_records = asyncio.run(run_load(busy_specs, busy_offsets, config)).records
+    idle = records[1:]  # the first request warms the server's first-use paths
+    busy = split_busy(idle, busy_records[1:], busy_records[0])
+    return dataclasses.replace(split(idle), busy_stall_s=busy.stall_s, busy_outside_s=busy.outside_s)
 
 
 def probe_load(flags: Sequence[str], mode: str, seats: int, count: int, log_path: Path) -> ServedLoad:

@@ -39,6 +39,7 @@ class RequestTrace:
     token_times: list[float] = field(default_factory=list)
     finish: FinishEvent | None = None
     error: str | None = None  # refused at submission (429, 400)
+    busy_arrival: bool = False  # it arrived while a step ran
 
     def on_event(self, event: RequestEvent) -> None:
         if type(event) is TokenEvent:
@@ -77,11 +78,14 @@ class Replica:
         clock: VirtualClock,
         tally: StepTally,
         expect_output: Callable[[int, int], None] | None = None,
+        arrival_stall_s: float = 0.0,
     ) -> None:
         self.scheduler = scheduler
         self.clock = clock
         self.tally = tally
         self._expect_output = expect_output
+        self._arrival_stall_s = arrival_stall_s  # how much longer a step runs when requests arrive during it
+        self._stalled_step_end = -math.inf
         self.outstanding = 0  # submitted, not released: what a least-loaded router balances
 
     def advance_to(self, t: float) -> None:
@@ -110,9 +114,20 @@ class Replica:
                 raise StuckError("requests are pending but the scheduler neither steps nor waits for a deadline")
             clock.now = deadline if deadline > clock.now else math.nextafter(clock.now, math.inf)
 
+    def busy_at(self, t: float) -> bool:
+        """Whether a step runs at `t` (the clock has been advanced to `t`, and a step that began before it ends
+        after it)."""
+        return self.clock.now > t
+
     def submit(self, request: SequenceRequest, arrival: float, output_tokens: int | None = None) -> bool:
         """Hand the request to the server at `arrival` (not before this replica's clock reached it). False if
-        it was refused; `request.sink` then never hears of it."""
+        it was refused; `request.sink` then never hears of it. Arrivals during a step delay the next step by the
+        arrival stall, once per step: their intake took CPU from the running step. (Once: the probe measured
+        lone arrivals, and the load probe's bursts, whose arrivals land in a step or two, already charge what
+        more of them cost.)"""
+        if self.busy_at(arrival) and self.clock.now != self._stalled_step_end:
+            self.clock.now += self._arrival_stall_s
+            self._stalled_step_end = self.clock.now
         self.clock.now = max(self.clock.now, arrival)
         try:
             self.scheduler.submit(request, arrival)
@@ -158,7 +173,7 @@ def replay(arrivals: Sequence[Arrival], replicas: Sequence[Replica], router: Rou
             replica.advance_to(arrival.time)
         target = router(replicas, index)
         replica = replicas[target]
-        trace = RequestTrace(target, arrival.time)
+        trace = RequestTrace(target, arrival.time, busy_arrival=replica.busy_at(arrival.time))
 
         def sink(event: RequestEvent, trace: RequestTrace = trace, replica: Replica = replica) -> None:
             trace.on_event(event)

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from api.formatting import timings_json
 from benchmarks.client import RequestRecord
-from benchmarks.cost_model import CostModel
+from benchmarks.cost_model import BusyArrival, CostModel
 from benchmarks.prom import ServerMetrics
 from benchmarks.runner import RunResult
 from benchmarks.sim_cluster import Arrival, Replica, RequestTrace, StepTally, make_router, replay
@@ -31,6 +31,7 @@ class SimSettings:
     replicas: int = 1
     router: str = "round-robin"
     request_overhead_s: float = 0.0  # time outside the steps (HTTP, tokenising, SSE): cost.json's served probe
+    busy_arrival: BusyArrival = field(default_factory=BusyArrival)  # arriving mid-step: the served probe
 
     def __post_init__(self) -> None:
         if self.replicas < 1:
@@ -45,7 +46,7 @@ def build_replica(settings: SimSettings) -> Replica:
     engine = SimEngine(settings.engine, settings.cost, clock)
     tally = StepTally()
     scheduler = Scheduler(engine, settings.scheduler, clock=clock, on_step=tally.on_step)
-    return Replica(scheduler, clock, tally, engine.expect_output)
+    return Replica(scheduler, clock, tally, engine.expect_output, settings.busy_arrival.stall_s)
 
 
 def simulate_trace(
@@ -68,8 +69,9 @@ def simulate_trace(
     arrivals = [arrival(i, item) for i, item in enumerate(trace)]
     traces = replay(arrivals, replicas, make_router(settings.router))
     mode = settings.scheduler.mode.value
-    overhead = settings.request_overhead_s
-    records = tuple(_record(i, item, t, mode, overhead) for i, (item, t) in enumerate(zip(trace, traces, strict=True)))
+    records = tuple(
+        _record(i, item, t, mode, _overhead(settings, t)) for i, (item, t) in enumerate(zip(trace, traces, strict=True))
+    )
     start = min((r.arrival_s for r in trace), default=0.0)
     end = max((r.end_time for r in records), default=start)
     return RunResult(
@@ -80,6 +82,11 @@ def simulate_trace(
         server_metrics=_metrics(replicas, records),
         records=records,
     )
+
+
+def _overhead(settings: SimSettings, trace: RequestTrace) -> float:
+    """The request's time outside the steps: more for one that arrived while a step ran."""
+    return settings.request_overhead_s + (settings.busy_arrival.outside_s if trace.busy_arrival else 0.0)
 
 
 def _record(index: int, item: TraceRequest, trace: RequestTrace, mode: str, overhead_s: float) -> RequestRecord:

@@ -28,8 +28,10 @@ from benchmarks.ab import parse_rates
 from benchmarks.arrivals import ArrivalConfig
 from benchmarks.cost_model import (
     GPUS,
+    BusyArrival,
     CostModel,
     RooflineCostModel,
+    load_busy_arrival,
     load_fitted,
     load_model_shape,
     load_request_overhead,
@@ -85,6 +87,13 @@ def build_parser() -> argparse.ArgumentParser:
         default=True,
         help="charge each step what a served step of that mode costs over the profiled one (cost.json's "
         "served.load, when the profile ran its load probe)",
+    )
+    g.add_argument(
+        "--busy-arrival",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="a request that arrives while a step runs makes that step longer and its own path outside the "
+        "steps longer (cost.json's served probe, when it ran its busy phase)",
     )
     g = parser.add_argument_group("workload")
     g.add_argument("--workload", default=_W.name, help="mixed, uniform, long-prompt, or a FILE.jsonl trace")
@@ -213,6 +222,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             overhead = load_request_overhead(args.cost_model) if args.cost_model is not None else 0.0
         configs = scheduler_configs(args)
         extras = load_served_extras(args.cost_model) if args.cost_model is not None and args.served_load else {}
+        busy = (
+            load_busy_arrival(args.cost_model) if args.cost_model is not None and args.busy_arrival else BusyArrival()
+        )
         settings = {
             c.mode.value: SimSettings(
                 c,
@@ -221,6 +233,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 args.replicas,
                 args.router,
                 request_overhead_s=overhead,
+                busy_arrival=busy,
             )
             for c in configs
         }
@@ -234,6 +247,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (ValueError, OSError) as exc:
         parser.error(str(exc))
     suffix = f"; {1e3 * overhead:.1f} ms a request outside the steps (served probe)" if overhead else ""
+    if busy != BusyArrival():
+        suffix += (
+            f"; arriving mid-step: +{1e3 * busy.stall_s:.1f} ms to the step, +{1e3 * busy.outside_s:.1f} ms outside"
+        )
     labels = {mode: s.cost.label + suffix for mode, s in settings.items()}
     distinct = sorted(set(labels.values()))  # one per mode where a load probe's charge differs
     label = " | ".join(distinct)
@@ -319,6 +336,7 @@ def _settings_doc(args: argparse.Namespace, cost: CostModel, settings: dict[str,
         "cost_model": cost.label,
         "cost_model_by_mode": {mode: s.cost.label for mode, s in settings.items()},
         "request_overhead_ms": 1e3 * first.request_overhead_s,
+        "busy_arrival_ms": {"stall": 1e3 * first.busy_arrival.stall_s, "outside": 1e3 * first.busy_arrival.outside_s},
         "workload": args.workload,
         "num_prompts": args.num_prompts,
         "seed": args.seed,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 from pathlib import Path
 
@@ -11,15 +12,17 @@ import pytest
 from benchmarks import profile
 from benchmarks.client import RequestRecord
 from benchmarks.cost_model import (
+    BusyArrival,
     FittedCostModel,
     StepShape,
     chunk_attention_pairs,
+    load_busy_arrival,
     load_fitted,
     load_request_overhead,
 )
 from benchmarks.engine_replay import AloneReplay
 from benchmarks.served_cost import load_served_extras, served_extra
-from benchmarks.served_probe import LOAD_PROBE_MAX_TOKENS, ServedLoad, serve_argv, split
+from benchmarks.served_probe import LOAD_PROBE_MAX_TOKENS, ServedLoad, serve_argv, split, split_busy
 
 
 def _lone(index: int, client_ttft: float, server_ttft_ms: float, queue_ms: float, decode_ms: float) -> RequestRecord:
@@ -50,6 +53,32 @@ def test_split_refuses_a_failed_probe_request() -> None:
         split([_lone(0, 0.05, 44.0, 2.0, 32.0), RequestRecord(**{**failed.to_dict(), "error": "HTTP 500"})])
 
 
+def _background(step_s: float, tokens: int = 50) -> RequestRecord:
+    lone = _lone(99, 0.05, 45.0, 1.0, 400.0)
+    chunks = tuple(0.05 + step_s * i for i in range(tokens))
+    return dataclasses.replace(lone, chunk_times=chunks, output_tokens=tokens, end_time=chunks[-1])
+
+
+def test_split_busy_measures_the_stall_and_the_slower_path_against_idle_requests() -> None:
+    idle = [_lone(i, 0.040 + 0.001 * i, server_ttft_ms=30.0 + i, queue_ms=1.0, decode_ms=40.0) for i in range(3)]
+    # client minus server TTFT: 10 ms idle; 18 ms busy. Queue: 1 ms idle, 12 ms busy, with 10 ms background steps
+    busy = [_lone(i, 0.060 + 0.001 * i, server_ttft_ms=42.0 + i, queue_ms=12.0, decode_ms=40.0) for i in range(3)]
+    measured = split_busy(idle, busy, _background(0.010))
+    assert measured.stall_s == pytest.approx(0.012 - 0.001 - 0.005)  # beyond the half step an arrival waits
+    assert measured.outside_s == pytest.approx(0.018 - 0.010)
+    # a busy phase that found nothing slower measures nothing, rather than a negative cost
+    assert split_busy(busy, idle, _background(0.010)) == BusyArrival(0.0, 0.0)
+
+
+def test_split_busy_refuses_a_failed_background_or_request() -> None:
+    idle = [_lone(0, 0.04, 30.0, 1.0, 40.0)]
+    with pytest.raises(RuntimeError, match="background stream failed"):
+        split_busy(idle, idle, _background(0.010, tokens=2))
+    failed = RequestRecord(**{**idle[0].to_dict(), "error": "HTTP 500"})
+    with pytest.raises(RuntimeError, match="probe request 0 failed"):
+        split_busy(idle, [failed], _background(0.010))
+
+
 def test_serve_argv_passes_only_what_differs_from_serves_defaults() -> None:
     args = argparse.Namespace(
         model="/m", dtype="float32", cpu_kernels=False, max_model_len=1024, mode="dynamic", port=9, host="h"
@@ -71,6 +100,8 @@ def test_profile_measures_a_served_server_and_the_simulator_reads_it(tiny_checkp
     assert served["count"] == 2 and served["prompt_tokens"] > 0
     assert served["prefill_s"] > 0 and served["decode_step_s"] > 0
     assert load_request_overhead(out) == served["outside_step_s"] > 0  # HTTP and SSE take some time
+    # the busy phase (the same lone requests beside one long stream) is stored and read back as measured
+    assert load_busy_arrival(out) == BusyArrival(served["busy_stall_s"], served["busy_outside_s"])
     model = load_fitted(out)
     assert isinstance(model, FittedCostModel)  # float32: one regime
     # a burst through a server of each mode, then the same requests on the engine alone

@@ -22,7 +22,15 @@ from transformers import PreTrainedModel
 
 from benchmarks import simulate
 from benchmarks.client import RequestRecord
-from benchmarks.cost_model import COLD_AFTER_S, FittedCostModel, StepShape, fit_cost_model, save_fitted
+from benchmarks.cost_model import (
+    COLD_AFTER_S,
+    BusyArrival,
+    FittedCostModel,
+    StepShape,
+    fit_cost_model,
+    load_busy_arrival,
+    save_fitted,
+)
 from benchmarks.profile import step_shape
 from benchmarks.runner import RunResult
 from benchmarks.sim_cluster import Arrival, Replica, StepTally, make_router, replay
@@ -441,3 +449,59 @@ def test_simulate_adds_the_cost_files_served_overhead(tmp_path: Path) -> None:
     argv = ["--cost-model", str(tmp_path / "served.json"), "--mode", "continuous", "--num-prompts", "6", "--seats", "2"]
     assert simulate.main([*argv, "--request-overhead-ms", "0", "--out", str(out)]) == 0
     assert json.loads((out / "result.json").read_text())["runs"]["continuous"]["summary"]["ttft_ms"]["p50"] == bare
+
+
+def _continuous_pair(busy: BusyArrival, second_at: float) -> RunResult:
+    """A long answer from t=0, and a 3-token one arriving at `second_at`, on a continuous server of 2 seats."""
+    trace = [TraceRequest(0.0, 10, 40), TraceRequest(second_at, 12, 3)]
+    settings = SimSettings(SchedulerConfig(mode=Mode.CONTINUOUS, max_num_seqs=2), EngineConfig(seats=2), COST)
+    return simulate_trace(trace, dataclasses.replace(settings, busy_arrival=busy), "c", 1.0)
+
+
+def test_a_request_arriving_mid_step_delays_the_next_step_and_pays_more_outside() -> None:
+    busy = BusyArrival(stall_s=0.007, outside_s=0.011)
+    plain, charged = _continuous_pair(BusyArrival(), 0.05), _continuous_pair(busy, 0.05)
+    first, second = (r.records for r in (plain, charged))
+    # the long answer's steps after the arrival start 7 ms later: its E2E grows by the stall alone
+    assert second[0].e2e == pytest.approx(first[0].e2e + 0.007)
+    assert second[0].ttft == pytest.approx(first[0].ttft)  # its first token came before the arrival
+    # the arriving request waits for the stretched step and pays the busy path outside the steps
+    assert second[1].ttft == pytest.approx(first[1].ttft + 0.007 + 0.011)
+    assert second[1].server_timings is not None and first[1].server_timings is not None
+    assert second[1].server_timings["queue_time_ms"] == pytest.approx(first[1].server_timings["queue_time_ms"] + 7)
+    assert charged.server_metrics is not None and plain.server_metrics is not None
+    assert charged.server_metrics.steps == plain.server_metrics.steps  # the same decisions
+
+
+def test_a_request_that_finds_the_server_idle_pays_no_busy_arrival() -> None:
+    busy = BusyArrival(stall_s=0.007, outside_s=0.011)
+    plain, charged = _continuous_pair(BusyArrival(), 5.0), _continuous_pair(busy, 5.0)  # the first is long done
+    for a, b in zip(plain.records, charged.records, strict=True):
+        assert (b.ttft, b.e2e) == (a.ttft, a.e2e)
+
+
+def test_arrivals_within_one_step_stall_it_once() -> None:
+    busy = BusyArrival(stall_s=0.007, outside_s=0.0)
+    trace = [TraceRequest(0.0, 10, 40), TraceRequest(0.050, 12, 3), TraceRequest(0.0501, 12, 3)]
+    settings = SimSettings(SchedulerConfig(mode=Mode.CONTINUOUS, max_num_seqs=3), EngineConfig(seats=3), COST)
+    plain = simulate_trace(trace, settings, "c", 1.0)
+    charged = simulate_trace(trace, dataclasses.replace(settings, busy_arrival=busy), "c", 1.0)
+    assert charged.records[0].e2e == pytest.approx(plain.records[0].e2e + 0.007)  # one stall, not two
+    with pytest.raises(ValueError, match="busy-arrival"):
+        BusyArrival(stall_s=-0.001)
+
+
+def test_simulate_reads_the_busy_arrival_from_the_cost_file(tmp_path: Path) -> None:
+    shapes = [StepShape(n, n * t, n, n * t * t, n * t) for n in (1, 2, 4) for t in (1, 16)]
+    report = fit_cost_model(shapes, [COST.step_time(s) for s in shapes], "test")
+    save_fitted(report, tmp_path / "cost.json", {"served": {"busy_stall_s": 0.004, "busy_outside_s": 0.009}})
+    assert load_busy_arrival(tmp_path / "cost.json") == BusyArrival(0.004, 0.009)
+    argv = ["--cost-model", str(tmp_path / "cost.json"), "--mode", "continuous", "--num-prompts", "6", "--seats", "2"]
+    results = {}
+    for name, flag in (("on", "--busy-arrival"), ("off", "--no-busy-arrival")):
+        assert simulate.main([*argv, flag, "--request-rate", "100", "--out", str(tmp_path / name)]) == 0
+        results[name] = json.loads((tmp_path / name / "result.json").read_text())
+    assert results["on"]["settings"]["busy_arrival_ms"] == pytest.approx({"stall": 4.0, "outside": 9.0})
+    assert results["off"]["settings"]["busy_arrival_ms"] == {"stall": 0.0, "outside": 0.0}
+    on, off = (results[n]["runs"]["continuous"]["summary"]["e2e_ms"]["p50"] for n in ("on", "off"))
+    assert on > off  # six requests 10 ms apart on average: most arrive while a step runs
