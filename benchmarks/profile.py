@@ -13,7 +13,9 @@ is the median of --repeats timed steps after one warm-up step. The fitted form i
 Then, unless `--served-probes 0`, `benchmarks.served_probe` starts `batchserve serve` with the same engine flags and
 sends lone requests `--served-gap-s` apart: the served prefill after idle sets the prefill regime's cold-step cost
 (served minus the fit's warm prediction), and the time a request spends outside the steps goes to cost.json's
-`served` section, which the simulator adds to every request's latency.
+`served` section, which the simulator adds to every request's latency. Then twice as many lone requests beside one
+long stream: how much longer a step runs when a request arrives during it, and how much longer such a request's
+path outside the steps is (`served.busy_stall_s`, `busy_outside_s`).
 
 And unless `--served-load-requests 0`, a load probe per mode (`--served-load-modes`): a burst through a real
 server (`benchmarks.served_probe.probe_load`), then the same requests through the same policy on this process's
@@ -49,7 +51,13 @@ from benchmarks.cost_model import (
 )
 from benchmarks.engine_replay import AloneReplay, replay_alone
 from benchmarks.machine import machine_facts
-from benchmarks.served_cost import ServedStepExtra, served_extra, served_load_json, with_served_extra
+from benchmarks.served_cost import (
+    ServedStepExtra,
+    served_extra,
+    served_load_json,
+    served_load_modes,
+    with_served_extra,
+)
 from benchmarks.served_probe import LOAD_PROBE_ROW_TOKENS, ServedLoad, ServedProbe, probe, probe_load, serve_argv
 from engine.engine import Engine
 from engine.linear import RowSwitchedLinear
@@ -262,14 +270,6 @@ def rows_for(grid: Grid) -> int:
     return max(grid.batch_sizes) + 1
 
 
-def _modes(text: str) -> tuple[str, ...]:
-    modes = tuple(part.strip() for part in text.split(",") if part.strip())
-    unknown = [m for m in modes if m not in {m.value for m in Mode}]
-    if unknown:
-        raise ValueError(f"--served-load-modes: unknown mode(s) {unknown}")
-    return modes
-
-
 def _ints(text: str) -> tuple[int, ...]:
     return tuple(int(part) for part in text.split(",") if part.strip())
 
@@ -295,7 +295,8 @@ def build_parser() -> argparse.ArgumentParser:
             "--served-probes",
             8,
             "lone requests through a real `batchserve serve` for the served cold prefill and the time a request "
-            "spends outside the steps (0: the simulator then adds nothing)",
+            "spends outside the steps, then twice as many beside a long stream for what arriving mid-step costs "
+            "(0: the simulator then adds nothing)",
         ),
         (
             "--served-load-requests",
@@ -308,7 +309,12 @@ def build_parser() -> argparse.ArgumentParser:
     for flag, default, text in counts:
         served.add_argument(flag, type=int, default=default, help=text)
     served.add_argument("--served-gap-s", type=float, default=1.5, help="seconds between the served probe's requests")
-    served.add_argument("--served-load-modes", default="continuous,dynamic", help="modes the load probe runs in")
+    served.add_argument(
+        "--served-load-modes",
+        default="continuous",
+        help="modes the load probe runs in (dynamic too: continuous,dynamic; the simulator charges only "
+        "continuous unless told otherwise, see its --served-load-modes)",
+    )
     # serve's own flags, generated from the same config: the engine is built as serve builds it (model, device,
     # max-model-len, cpu-kernels, and whatever weight format flags serve has). The grid sets the rows of the
     # engine-alone grid; serve's policy flags (batch timeout, token budget, queue) go to the served probes' servers
@@ -322,7 +328,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         grid = Grid(args.batch_sizes, args.prefill_tokens, args.contexts, args.repeats)
-        modes = _modes(args.served_load_modes)
+        modes = served_load_modes(args.served_load_modes)
         if args.served_load_requests > 0 and not 1 <= args.served_load_seats < rows_for(grid):
             raise ValueError(f"--served-load-seats must be 1 to {rows_for(grid) - 1} (max of --batch-sizes)")
     except ValueError as exc:
@@ -431,7 +437,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"served ({served_probe.count} lone requests, {served_probe.prompt_tokens}-token prompts):"
             f" prefill {1e3 * served_probe.prefill_s:.1f} ms (cold cost +{1e3 * cold.prefill_s:.2f} ms),"
             f" decode step {1e3 * served_probe.decode_step_s:.2f} ms,"
-            f" outside the steps {1e3 * served_probe.outside_step_s:.2f} ms a request"
+            f" outside the steps {1e3 * served_probe.outside_step_s:.2f} ms a request;"
+            f" arriving mid-step: the step +{1e3 * served_probe.busy_stall_s:.2f} ms,"
+            f" outside +{1e3 * served_probe.busy_outside_s:.2f} ms"
         )
     print(
         f"fit error: mean {100 * report.mean_abs_pct_error:.1f}%, max {100 * report.max_abs_pct_error:.1f}%,"

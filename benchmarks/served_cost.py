@@ -26,6 +26,7 @@ from typing import Any
 from benchmarks.cost_model import CostModel, StepShape
 from benchmarks.engine_replay import AloneReplay
 from benchmarks.served_probe import ServedLoad
+from scheduler.config import Mode
 
 
 @dataclass(frozen=True)
@@ -92,6 +93,15 @@ def load_served_extras(path: Path) -> dict[str, ServedStepExtra]:
         return {mode: ServedStepExtra(**entry["extra"]) for mode, entry in loads.items()}
     except (KeyError, TypeError) as exc:
         raise ValueError(f"{path}: served.load is not what benchmarks.profile writes: {exc}") from exc
+
+
+def served_load_modes(text: str) -> tuple[str, ...]:
+    """A `--served-load-modes` comma list, checked."""
+    modes = tuple(dict.fromkeys(part.strip() for part in text.split(",") if part.strip()))
+    unknown = [m for m in modes if m not in {mode.value for mode in Mode}]
+    if unknown:
+        raise ValueError(f"--served-load-modes: unknown mode(s) {unknown}")
+    return modes
 
 
 def with_served_extra(model: CostModel, extras: Mapping[str, ServedStepExtra], mode: str) -> CostModel:

@@ -38,7 +38,7 @@ from benchmarks.cost_model import (
 )
 from benchmarks.report import ABOutcome
 from benchmarks.runner import RunResult, rate_to_json
-from benchmarks.served_cost import load_served_extras, with_served_extra
+from benchmarks.served_cost import load_served_extras, served_load_modes, with_served_extra
 from benchmarks.sim_cluster import ROUTERS
 from benchmarks.sim_report import write_sim_report
 from benchmarks.sim_run import SimSettings, simulate_trace
@@ -86,7 +86,14 @@ def build_parser() -> argparse.ArgumentParser:
         action=argparse.BooleanOptionalAction,
         default=True,
         help="charge each step what a served step of that mode costs over the profiled one (cost.json's "
-        "served.load, when the profile ran its load probe)",
+        "served.load, when the profile ran its load probe), in --served-load-modes",
+    )
+    g.add_argument(
+        "--served-load-modes",
+        default="continuous",
+        help="modes whose load-probe charge applies (comma list). Not dynamic by default: the bus serves a "
+        "batch's tokens at its release, not step by step, and its measured charge moved 0.24-1.38 ms a token "
+        "between profiles minutes apart (docs/simulator.md)",
     )
     g.add_argument(
         "--busy-arrival",
@@ -222,6 +229,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             overhead = load_request_overhead(args.cost_model) if args.cost_model is not None else 0.0
         configs = scheduler_configs(args)
         extras = load_served_extras(args.cost_model) if args.cost_model is not None and args.served_load else {}
+        charged = served_load_modes(args.served_load_modes)
+        extras = {mode: extra for mode, extra in extras.items() if mode in charged}
         busy = (
             load_busy_arrival(args.cost_model) if args.cost_model is not None and args.busy_arrival else BusyArrival()
         )

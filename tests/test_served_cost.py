@@ -85,6 +85,23 @@ def test_simulate_charges_each_modes_served_load_and_can_leave_it_out(tmp_path: 
     assert "served" not in by_mode["dynamic"]
 
 
+def test_simulate_charges_only_continuous_by_default(tmp_path: Path) -> None:
+    """The bus's charge is measured when asked for but applied only when named in --served-load-modes."""
+    extra = {"seats": 4, "extra": {"const_s": 0.003, "per_row_s": 0.002}}
+    cost = _cost_file(tmp_path / "cost.json", {"load": {"continuous": extra, "dynamic": extra}})
+    argv = ["--cost-model", str(cost), "--num-prompts", "16", "--seats", "4", "--request-rate", "inf"]
+    by_mode = {}
+    for name, flags in (("default", []), ("both", ["--served-load-modes", "continuous,dynamic"])):
+        assert simulate.main([*argv, *flags, "--out", str(tmp_path / name)]) == 0
+        by_mode[name] = json.loads((tmp_path / name / "result.json").read_text())["settings"]["cost_model_by_mode"]
+    assert "served continuous step" in by_mode["default"]["continuous"]
+    assert "served" not in by_mode["default"]["dynamic"]
+    assert "served dynamic step" in by_mode["both"]["dynamic"]
+    with pytest.raises(SystemExit) as exit_info:
+        simulate.main([*argv, "--served-load-modes", "continuous,bus", "--out", str(tmp_path / "bad")])
+    assert exit_info.value.code == 2
+
+
 def test_a_malformed_served_load_section_is_refused(tmp_path: Path) -> None:
     cost = _cost_file(tmp_path / "cost.json", {"load": {"continuous": {"extra": {"fixed": 1}}}})
     with pytest.raises(ValueError, match=r"served\.load"):
