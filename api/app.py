@@ -25,6 +25,7 @@ from api.config import ServerConfig
 from api.drain import drain
 from api.errors import APIError
 from api.events import EventHub
+from api.heap import frozen_after_loading
 from api.metrics import ServerMetrics
 from api.service import GenerationService
 from api.state import Phase, Runtime
@@ -173,12 +174,16 @@ def openai_routes() -> list[Route]:
     ]
 
 
-def create_app(config: ServerConfig, loader: ModelLoader = default_loader) -> Starlette:
+def create_app(config: ServerConfig, loader: ModelLoader = default_loader, freeze_heap: bool = False) -> Starlette:
+    """The server's app. `freeze_heap`: the app owns its process, whose heap is frozen after loading (api.heap)."""
+
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         app.state.phase = Phase.LOADING
         app.state.events = EventHub(asyncio.get_running_loop(), time.monotonic(), time.monotonic)
-        thread = threading.Thread(target=_load, args=(app, config, loader), name="batchserve-loader", daemon=True)
+        thread = threading.Thread(
+            target=_load, args=(app, config, loader, freeze_heap), name="batchserve-loader", daemon=True
+        )
         thread.start()
         yield
         await drain(app, config.shutdown_grace_s)  # at once if the server already drained on a signal
@@ -214,9 +219,10 @@ def create_app(config: ServerConfig, loader: ModelLoader = default_loader) -> St
     return app
 
 
-def _load(app: Starlette, config: ServerConfig, loader: ModelLoader) -> None:
+def _load(app: Starlette, config: ServerConfig, loader: ModelLoader, freeze_heap: bool) -> None:
     try:
-        runtime = build_runtime(config, loader(config))
+        with frozen_after_loading(freeze_heap):
+            runtime = build_runtime(config, loader(config))
         runtime.loop.start()
     except Exception:
         logger.exception("failed to load the model")

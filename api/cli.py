@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import contextlib
 import dataclasses
+import gc
 import logging
 import os
 import signal
@@ -131,7 +132,8 @@ def serve(config: ServerConfig, compare: bool = False) -> None:
     from api.drain import drain
     from api.server import uvicorn_config
 
-    app = create_compare_app(config) if compare else create_app(config)
+    # this process is the server's alone: its heap is frozen after loading (api.heap)
+    app = create_compare_app(config, freeze_heap=True) if compare else create_app(config, freeze_heap=True)
     uv_config = uvicorn_config(  # connection timeouts and cap, HTTP/2 refusal, throttled accept errors
         app,
         config,
@@ -147,7 +149,7 @@ def serve(config: ServerConfig, compare: bool = False) -> None:
             print(
                 f"batchserve ready on http://{config.host}:{config.port} "
                 f"mode={'dynamic+continuous' if compare else config.mode} "
-                f"model={runtime.model_name} seats={config.seats}",
+                f"model={runtime.model_name} seats={config.seats} (heap frozen: {gc.get_freeze_count():,} objects)",
                 flush=True,
             )
         else:

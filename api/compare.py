@@ -32,6 +32,7 @@ from api.config import ServerConfig
 from api.drain import drain
 from api.errors import APIError
 from api.events import EventHub
+from api.heap import frozen_after_loading
 from api.metrics import ServerMetrics
 from api.service import GenerationService
 from api.state import Phase, Runtime
@@ -70,7 +71,9 @@ def _mode_app(config: ServerConfig) -> Starlette:
     return app
 
 
-def create_compare_app(config: ServerConfig, loader: serve_app.ModelLoader = serve_app.default_loader) -> Starlette:
+def create_compare_app(
+    config: ServerConfig, loader: serve_app.ModelLoader = serve_app.default_loader, freeze_heap: bool = False
+) -> Starlette:
     mode_apps = {mode: _mode_app(mode_config(config, mode)) for mode in MODES}
 
     @contextlib.asynccontextmanager
@@ -78,7 +81,7 @@ def create_compare_app(config: ServerConfig, loader: serve_app.ModelLoader = ser
         hub = EventHub(asyncio.get_running_loop(), time.monotonic(), time.monotonic)
         for target in (app, *mode_apps.values()):
             target.state.events = hub
-        thread = threading.Thread(target=_load, args=(app, mode_apps, config, loader), daemon=True)
+        thread = threading.Thread(target=_load, args=(app, mode_apps, config, loader, freeze_heap), daemon=True)
         thread.name = "batchserve-loader"
         thread.start()
         yield
@@ -118,16 +121,26 @@ def create_compare_app(config: ServerConfig, loader: serve_app.ModelLoader = ser
     return app
 
 
-def _load(app: Starlette, mode_apps: dict[str, Starlette], config: ServerConfig, loader: serve_app.ModelLoader) -> None:
+def _load(
+    app: Starlette,
+    mode_apps: dict[str, Starlette],
+    config: ServerConfig,
+    loader: serve_app.ModelLoader,
+    freeze_heap: bool,
+) -> None:
     """Load the model once; build one runner (one copy of the weights) and, per mode, its own engine and cache."""
     try:
-        loaded = loader(config)
-        runner = build_runner(config.runtime_options(), loaded)
-        models = {}
-        for mode, mode_app in mode_apps.items():
-            options = mode_app.state.config.runtime_options()
-            metrics = ServerMetrics(mode, options.model_name(loaded.source))
-            models[mode] = (build_model_runtime(options, loaded, on_step=metrics.observe_step, runner=runner), metrics)
+        with frozen_after_loading(freeze_heap):
+            loaded = loader(config)
+            runner = build_runner(config.runtime_options(), loaded)
+            models = {}
+            for mode, mode_app in mode_apps.items():
+                options = mode_app.state.config.runtime_options()
+                metrics = ServerMetrics(mode, options.model_name(loaded.source))
+                models[mode] = (
+                    build_model_runtime(options, loaded, on_step=metrics.observe_step, runner=runner),
+                    metrics,
+                )
         fair = FairShareLoop([model.scheduler for model, _ in models.values()])
         runtimes: dict[str, Runtime] = {}
         for mode, (model, mode_metrics) in models.items():

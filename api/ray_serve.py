@@ -122,7 +122,7 @@ class BatchserveReplica:
         torch.set_num_threads(torch_threads)
         self._directory = directory
         self._name = serve.get_replica_context().replica_id.unique_id
-        self._app = create_app(config)
+        self._app = create_app(config, freeze_heap=True)  # a replica's process is its own
         self._app.state.replica = self._name
         self._heartbeat: asyncio.Task[None] | None = None
         user_thread = os.environ.get(REPLICA_THREAD_ENV, "1") == "1"  # Ray's own default, where unset

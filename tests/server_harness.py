@@ -73,12 +73,14 @@ class RunningServer:
 
 
 @contextlib.contextmanager
-def running_server(config: ServerConfig, loaded: LoadedModel | None = None) -> Iterator[RunningServer]:
+def running_server(
+    config: ServerConfig, loaded: LoadedModel | None = None, freeze_heap: bool = False
+) -> Iterator[RunningServer]:
     """Start the app on `config.port` (0: a free port) in a thread; wait until /health is 200."""
     port = config.port or free_port()
     config = ServerConfig(**{**config.__dict__, "port": port})
     model = loaded if loaded is not None else tiny_loaded_model()
-    app = create_app(config, loader=lambda _config: model)
+    app = create_app(config, loader=lambda _config: model, freeze_heap=freeze_heap)
     server = uvicorn.Server(uvicorn_config(app, config, log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()

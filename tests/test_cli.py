@@ -205,6 +205,9 @@ def test_sigterm_lets_the_running_stream_finish_then_exits_zero(
     assert process.wait(60) == 0
     output = process.stdout.read() if process.stdout is not None else ""
     assert "batchserve ready on" in output
+    # the server owns its process: what loading built is out of the garbage collector's reach (api.heap)
+    frozen = re.search(r"heap frozen: ([\d,]+) objects", output)
+    assert frozen is not None and int(frozen.group(1).replace(",", "")) > 10_000
     assert health_status(base_url) is None
 
 
