@@ -1,12 +1,14 @@
 """Keep the garbage collector off the loaded model.
 
-A loaded server holds some 400,000 objects the cyclic collector tracks (the model's modules and parameters, the
+A loaded server holds some 426,000 objects the cyclic collector tracks (the model's modules and parameters, the
 tokenizer, the weight packs). Each full collection walks all of them while holding the GIL, which stops the
-engine's loop thread and the API alike: measured on the 2-core Xeon, 141-193 ms a collection, ten of them while
-the model loads and, at 1 request/s, about one a minute while serving. Loading therefore runs with the collector
-off, and what it built is then frozen (moved to the permanent generation, which collections skip): a full
-collection afterwards walks only what serving allocated since. Objects frozen are never collected, so this is
-done once, after loading, when nearly everything alive lives as long as the server, and only by a server that
+engine's loop thread and the API alike: 126 ms a collection on the 2-core Xeon (`benchmarks.gc_pause`,
+benchmarks/results/gc_pause.json), and in a diagnostic server at 1 request/s ten while the model loaded and about
+one a minute while serving. Loading therefore runs with the collector off, and what it built is then frozen
+(moved to the permanent generation, which collections skip): a full collection afterwards walks only what serving
+allocated since. Whatever the other threads hold at that moment (a few responses the event loop is writing) is
+frozen too. Frozen objects that later form garbage cycles are never collected, so this is done once, after
+loading, when nearly everything alive lives as long as the server, and only by a server that
 owns its process (`batchserve serve`, `compare`, a Ray replica): an app built inside another program, a test
 among them, leaves that program's heap alone.
 """

@@ -440,7 +440,7 @@ def load_fitted(path: Path) -> FittedCostModel | SwitchedCostModel:
 @dataclass(frozen=True)
 class BusyArrival:
     """What a request that arrives while the engine steps costs beyond one that finds it idle (the served probe's
-    busy phase): the running step takes `stall_s` longer, and the request's own path outside the steps
+    busy phase): the next step starts `stall_s` later, and the request's own path outside the steps is
     `outside_s` longer. Its intake (reading, parsing, tokenising) runs on the cores the compute threads use."""
 
     stall_s: float = 0.0

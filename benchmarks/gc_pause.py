@@ -53,8 +53,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    given = sys.argv[1:] if argv is None else list(argv)
+    parser = build_parser()
+    args = parser.parse_args(given)
+    if args.repeats < 1:
+        parser.error("--repeats must be at least 1")
     config = config_from_args(args)
+    baseline = len(gc.get_objects())  # this program's own objects, before the server's
     runtime = run_on_passing_thread(lambda: build_runtime(config, default_loader(config)))  # as serve loads
     before = time_full_collections(args.repeats)
     gc.freeze()
@@ -66,9 +71,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
     if args.out is not None:
         document = {
-            "command": " ".join([sys.executable, "-m", "benchmarks.gc_pause", *(argv or sys.argv[1:])]),
+            "command": " ".join([sys.executable, "-m", "benchmarks.gc_pause", *given]),
             "machine": machine_facts(),
             "model": runtime.model_name,
+            "tracked_before_loading": baseline,
             "as_loaded": asdict(before),
             "heap_frozen": asdict(after),
         }

@@ -26,6 +26,8 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import itertools
+import math
 import statistics
 import sys
 from collections.abc import Sequence
@@ -47,7 +49,7 @@ PROBE_PROMPT_WORDS = 30  # about 40 tokens: a short prompt of the mixed workload
 PROBE_MAX_TOKENS = 16
 BUSY_GAP_S = 0.4  # between the busy phase's requests: each 16-token answer is done before the next arrives
 BUSY_REQUESTS_PER_LONE = 2  # an arrival waits a uniform share of a step: twice the samples for a steady median
-BUSY_BACKGROUND_TOKENS = 1500  # the background stream's answer: longer than the busy phase on a fast machine
+BUSY_MARGIN = 1.5  # the background stream lasts this much longer than the busy phase, at the lone decode step
 LOAD_PROBE_MAX_TOKENS = 96  # each load-probe request's answer: long enough that decode steps dominate
 LOAD_PROBE_ROW_TOKENS = 512  # cache a load-probe request may take: its prompt (40 tokens on SmolLM2), answer, margin
 
@@ -117,18 +119,33 @@ def _queue_s(r: RequestRecord) -> float:
     return float(r.server_timings["queue_time_ms"]) / 1e3
 
 
+def _lone_background_step(background: RequestRecord, busy: Sequence[RequestRecord]) -> float:
+    """The background stream's median gap between tokens while no probe request was in flight: the one-row step
+    an arrival lands in (gaps that overlap a probe request's life are two-row steps, or stretched by it)."""
+    chunks = background.chunk_times
+    lives = [(r.send_time, r.end_time) for r in busy]
+    alone = [b - a for a, b in itertools.pairwise(chunks) if not any(s < b and a < e for s, e in lives)]
+    return float(np.median(alone if alone else np.diff(chunks)))
+
+
 def split_busy(idle: Sequence[RequestRecord], busy: Sequence[RequestRecord], background: RequestRecord) -> BusyArrival:
     """Medians of the busy requests against the idle ones. A request that arrives at a random moment of a step
-    waits for half of it on average; the queue beyond that is the stall its own intake caused."""
+    waits for half of it on average; the queue beyond that is the stall its own intake caused. Only requests
+    sent while the background stream still ran count; fewer than half of them is an error (a stream too short for
+    the phase: a small --max-model-len, or a very fast engine)."""
     for r in (*idle, *busy):
         if not r.ok or r.ttft is None or r.server_timings is None:
             raise RuntimeError(f"probe request {r.index} failed: {r.error or 'no timings'}")
-    gaps = np.diff(background.chunk_times)
-    if not background.ok or gaps.size < 2:
+    if not background.ok or len(background.chunk_times) < 3:
         raise RuntimeError(f"the busy probe's background stream failed: {background.error or 'too few tokens'}")
-    half_step = float(np.median(gaps)) / 2
-    queue_beyond = statistics.median(map(_queue_s, busy)) - statistics.median(map(_queue_s, idle))
-    outside_beyond = statistics.median(map(_ttft_beyond_server, busy)) - statistics.median(
+    beside = [r for r in busy if r.send_time < background.chunk_times[-1]]
+    if 2 * len(beside) < len(busy):
+        raise RuntimeError(
+            f"the busy probe's background stream ended before {len(busy) - len(beside)} of its {len(busy)} requests"
+        )
+    half_step = _lone_background_step(background, beside) / 2
+    queue_beyond = statistics.median(map(_queue_s, beside)) - statistics.median(map(_queue_s, idle))
+    outside_beyond = statistics.median(map(_ttft_beyond_server, beside)) - statistics.median(
         map(_ttft_beyond_server, idle)
     )
     return BusyArrival(stall_s=max(0.0, queue_beyond - half_step), outside_s=max(0.0, outside_beyond))
@@ -158,22 +175,23 @@ def probe(flags: Sequence[str], count: int, gap_s: float, log_path: Path) -> Ser
     offsets = [i * gap_s for i in range(count + 1)]
     with ServerProcess(_serve_command("continuous", flags), log_path) as server:
         config = ClientConfig(base_url=server.base_url, show_progress=False)
-        records = asyncio.run(run_load(specs, offsets, config)).records
+        idle = asyncio.run(run_load(specs, offsets, config)).records[1:]  # the first warms first-use paths
+        lone = split(idle)
         room = _max_model_len(server.base_url) - 4 * PROBE_PROMPT_WORDS  # a prompt's tokens, with a margin
-        busy_count = BUSY_REQUESTS_PER_LONE * count
-        background = RequestSpec(
-            busy_count,
-            make_prompt(np.random.default_rng(3), PROBE_PROMPT_WORDS),
-            min(BUSY_BACKGROUND_TOKENS, room),
-            PROBE_PROMPT_WORDS,
-            "background",
-        )
-        busy_specs = [background, *_specs(busy_count, PROBE_MAX_TOKENS, seed=4)]
-        busy_offsets = [0.0, *(BUSY_GAP_S * (i + 1) for i in range(busy_count))]
-        busy_records = asyncio.run(run_load(busy_specs, busy_offsets, config)).records
-    idle = records[1:]  # the first request warms the server's first-use paths
+        background, busy_specs, busy_offsets = _busy_phase(BUSY_REQUESTS_PER_LONE * count, room, lone.decode_step_s)
+        busy_records = asyncio.run(run_load([background, *busy_specs], [0.0, *busy_offsets], config)).records
     busy = split_busy(idle, busy_records[1:], busy_records[0])
-    return dataclasses.replace(split(idle), busy_stall_s=busy.stall_s, busy_outside_s=busy.outside_s)
+    return dataclasses.replace(lone, busy_stall_s=busy.stall_s, busy_outside_s=busy.outside_s)
+
+
+def _busy_phase(count: int, room: int, decode_step_s: float) -> tuple[RequestSpec, list[RequestSpec], list[float]]:
+    """The background stream and `count` requests `BUSY_GAP_S` apart (closer where the model's context cannot hold
+    a stream that long), the stream sized to outlast them by half again at the lone decode step."""
+    gap = min(BUSY_GAP_S, room * decode_step_s / (BUSY_MARGIN * (count + 1)))
+    tokens = min(room, math.ceil(BUSY_MARGIN * (count + 1) * gap / decode_step_s))
+    prompt = make_prompt(np.random.default_rng(3), PROBE_PROMPT_WORDS)
+    background = RequestSpec(count, prompt, tokens, PROBE_PROMPT_WORDS, "background")
+    return background, _specs(count, PROBE_MAX_TOKENS, seed=4), [gap * (i + 1) for i in range(count)]
 
 
 def probe_load(flags: Sequence[str], mode: str, seats: int, count: int, log_path: Path) -> ServedLoad:

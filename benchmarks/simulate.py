@@ -79,7 +79,8 @@ def build_parser() -> argparse.ArgumentParser:
         type=float,
         default=None,
         help="time each request spends outside the steps (HTTP, tokenising, SSE), added to its latency "
-        "(default: the served probe's figure in cost.json; 0 with --gpu)",
+        "(default: the served probe's figure in cost.json; 0 with --gpu); a mid-step arrival's extra is "
+        "--busy-arrival's",
     )
     g.add_argument(
         "--served-load",
@@ -230,6 +231,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         configs = scheduler_configs(args)
         extras = load_served_extras(args.cost_model) if args.cost_model is not None and args.served_load else {}
         charged = served_load_modes(args.served_load_modes)
+        if args.served_load and args.cost_model is not None and (unmeasured := set(charged) - set(extras)):
+            print(f"note: {args.cost_model} has no load probe of {sorted(unmeasured)}: not charged", file=sys.stderr)
         extras = {mode: extra for mode, extra in extras.items() if mode in charged}
         busy = (
             load_busy_arrival(args.cost_model) if args.cost_model is not None and args.busy_arrival else BusyArrival()

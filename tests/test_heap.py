@@ -87,5 +87,7 @@ def test_the_gc_pause_benchmark_times_collections_before_and_after_the_freeze(
     assert gc_pause.main(argv) == 0
     document = json.loads(out.read_text())
     before, after = document["as_loaded"], document["heap_frozen"]
-    assert before["tracked_objects"] > 10_000 > after["tracked_objects"]  # the loaded runtime is what was walked
-    assert before["median_ms"] > 0 and after["median_ms"] >= 0
+    # loading added objects for the collector to walk; freezing took them, and the rest, out of its reach
+    assert before["tracked_objects"] > document["tracked_before_loading"] + 1_000
+    assert after["tracked_objects"] < before["tracked_objects"] // 10
+    assert before["median_ms"] > after["median_ms"]

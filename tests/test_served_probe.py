@@ -70,6 +70,27 @@ def test_split_busy_measures_the_stall_and_the_slower_path_against_idle_requests
     assert split_busy(busy, idle, _background(0.010)) == BusyArrival(0.0, 0.0)
 
 
+def test_split_busy_takes_the_step_from_gaps_with_no_probe_request_in_flight() -> None:
+    idle = [_lone(0, 0.040, server_ttft_ms=30.0, queue_ms=1.0, decode_ms=40.0)]
+    busy = [dataclasses.replace(_lone(0, 0.3, 42.0, 12.0, 40.0), send_time=0.1, end_time=0.9)]
+    # 10 ms one-row steps, but 30 ms ones while the probe request ran beside the stream (0.1-0.9 s): most gaps
+    times, t = [], 0.05
+    while t < 0.95:
+        times.append(t)
+        t += 0.030 if 0.1 <= t < 0.9 else 0.010
+    background = dataclasses.replace(_background(0.010), chunk_times=tuple(times), end_time=times[-1])
+    assert split_busy(idle, busy, background).stall_s == pytest.approx(0.012 - 0.001 - 0.005)
+
+
+def test_split_busy_refuses_requests_sent_after_the_background_ended() -> None:
+    idle = [_lone(0, 0.040, 30.0, 1.0, 40.0)]
+    late = [dataclasses.replace(_lone(i, 0.06, 42.0, 12.0, 40.0), send_time=5.0 + i) for i in range(3)]
+    on_time = dataclasses.replace(late[0], send_time=0.1)
+    with pytest.raises(RuntimeError, match="ended before 3 of its 3 requests"):
+        split_busy(idle, late, _background(0.010))
+    assert split_busy(idle, [on_time, late[1]], _background(0.010)).stall_s > 0  # half of them beside it: enough
+
+
 def test_split_busy_refuses_a_failed_background_or_request() -> None:
     idle = [_lone(0, 0.04, 30.0, 1.0, 40.0)]
     with pytest.raises(RuntimeError, match="background stream failed"):

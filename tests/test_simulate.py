@@ -505,3 +505,19 @@ def test_simulate_reads_the_busy_arrival_from_the_cost_file(tmp_path: Path) -> N
     assert results["off"]["settings"]["busy_arrival_ms"] == {"stall": 0.0, "outside": 0.0}
     on, off = (results[n]["runs"]["continuous"]["summary"]["e2e_ms"]["p50"] for n in ("on", "off"))
     assert on > off  # six requests 10 ms apart on average: most arrive while a step runs
+
+
+def test_only_the_replica_an_arrival_reaches_is_stalled() -> None:
+    """Round-robin over two replicas: the second request lands on the idle one (no stall anywhere), the third on
+    the busy one, whose long answer alone ends later."""
+    busy = BusyArrival(stall_s=0.007, outside_s=0.0)
+    trace = [TraceRequest(0.0, 10, 40), TraceRequest(0.050, 12, 40), TraceRequest(0.060, 12, 3)]
+    settings = SimSettings(
+        SchedulerConfig(mode=Mode.CONTINUOUS, max_num_seqs=2), EngineConfig(seats=2), COST, replicas=2
+    )
+    plain = simulate_trace(trace, settings, "c", 1.0)
+    charged = simulate_trace(trace, dataclasses.replace(settings, busy_arrival=busy), "c", 1.0)
+    first, second, third = (b.e2e - a.e2e for a, b in zip(plain.records, charged.records, strict=True))
+    assert first == pytest.approx(0.007)  # replica 0 ran its long answer when the third request came
+    assert second == pytest.approx(0.0)  # replica 1 was idle when the second came, and nobody came to it after
+    assert third == pytest.approx(0.007)
