@@ -131,28 +131,7 @@ def _load(
     """Load the model once; build one runner (one copy of the weights) and, per mode, its own engine and cache."""
     try:
         with frozen_after_loading(freeze_heap):
-            loaded = loader(config)
-            runner = build_runner(config.runtime_options(), loaded)
-            models = {}
-            for mode, mode_app in mode_apps.items():
-                options = mode_app.state.config.runtime_options()
-                metrics = ServerMetrics(mode, options.model_name(loaded.source))
-                models[mode] = (
-                    build_model_runtime(options, loaded, on_step=metrics.observe_step, runner=runner),
-                    metrics,
-                )
-        fair = FairShareLoop([model.scheduler for model, _ in models.values()])
-        runtimes: dict[str, Runtime] = {}
-        for mode, (model, mode_metrics) in models.items():
-            counts = model.scheduler.counts
-            mode_metrics.bind_gauges(
-                running=lambda c=counts: c().running,  # type: ignore[misc]
-                waiting=lambda c=counts: c().waiting,  # type: ignore[misc]
-                cache_usage=lambda c=counts: c().cache_usage,  # type: ignore[misc]
-            )
-            shared = dataclasses.replace(model, loop=fair.handle(model.scheduler))
-            service = GenerationService(shared.loop, model.tokenizer, mode_metrics, config.request_timeout_s)
-            runtimes[mode] = Runtime.serving(shared, service, mode_metrics)
+            fair, runtimes = _build_runtimes(mode_apps, config, loader)
         fair.start()
     except Exception:
         logger.exception("failed to load the model")
@@ -169,6 +148,32 @@ def _load(
     app.state.runtime = runtimes[MODES[1]]  # what `serve`'s announcement reads: the model's name
     app.state.phase = Phase.READY
     app.state.ready.set()
+
+
+def _build_runtimes(
+    mode_apps: dict[str, Starlette], config: ServerConfig, loader: serve_app.ModelLoader
+) -> tuple[FairShareLoop, dict[str, Runtime]]:
+    """Both modes' runtimes over one runner, behind one fair-share loop (not started)."""
+    loaded = loader(config)
+    runner = build_runner(config.runtime_options(), loaded)
+    models = {}
+    for mode, mode_app in mode_apps.items():
+        options = mode_app.state.config.runtime_options()
+        metrics = ServerMetrics(mode, options.model_name(loaded.source))
+        models[mode] = (build_model_runtime(options, loaded, on_step=metrics.observe_step, runner=runner), metrics)
+    fair = FairShareLoop([model.scheduler for model, _ in models.values()])
+    runtimes: dict[str, Runtime] = {}
+    for mode, (model, mode_metrics) in models.items():
+        counts = model.scheduler.counts
+        mode_metrics.bind_gauges(
+            running=lambda c=counts: c().running,  # type: ignore[misc]
+            waiting=lambda c=counts: c().waiting,  # type: ignore[misc]
+            cache_usage=lambda c=counts: c().cache_usage,  # type: ignore[misc]
+        )
+        shared = dataclasses.replace(model, loop=fair.handle(model.scheduler))
+        service = GenerationService(shared.loop, model.tokenizer, mode_metrics, config.request_timeout_s)
+        runtimes[mode] = Runtime.serving(shared, service, mode_metrics)
+    return fair, runtimes
 
 
 async def drain_all(app: Starlette) -> None:

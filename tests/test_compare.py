@@ -32,11 +32,11 @@ class CompareServer:
 
 
 @contextlib.contextmanager
-def compare_server(**overrides: Any) -> Iterator[CompareServer]:
+def compare_server(freeze_heap: bool = False, **overrides: Any) -> Iterator[CompareServer]:
     values: dict[str, Any] = {"port": free_port(), "max_batch_size": 4, "max_num_seqs": 4, "batch_timeout_ms": 500.0}
     config = ServerConfig(**{**values, **overrides})
     model = tiny_loaded_model()
-    app = create_compare_app(config, loader=lambda _config: model)
+    app = create_compare_app(config, loader=lambda _config: model, freeze_heap=freeze_heap)
     server = uvicorn.Server(uvicorn_config(app, config, log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()

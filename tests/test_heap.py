@@ -15,6 +15,7 @@ from api.config import ServerConfig
 from api.heap import frozen_after_loading
 from benchmarks import gc_pause
 from tests.server_harness import running_server
+from tests.test_compare import compare_server
 
 
 @pytest.fixture
@@ -77,6 +78,14 @@ def test_a_server_freezes_its_loaded_runtime_only_when_it_owns_the_process(
         # and it serves as before
         answer = httpx.post(f"{server.base_url}/v1/completions", json={"prompt": "hi", "max_tokens": 3}, timeout=60)
         assert answer.status_code == 200 and answer.json()["usage"]["completion_tokens"] == 3
+
+
+def test_compare_freezes_both_modes_runtimes_when_it_owns_the_process(restore_heap: None) -> None:
+    with compare_server(freeze_heap=True) as server:
+        runtimes = [mode_app.state.runtime for mode_app in server.app.state.mode_apps.values()]
+        assert len(runtimes) == 2 and _tracked(runtimes) == [False, False]
+        answer = httpx.post(f"{server.base_url}/continuous/v1/completions", json={"prompt": "hi", "max_tokens": 2})
+        assert answer.status_code == 200
 
 
 def test_the_gc_pause_benchmark_times_collections_before_and_after_the_freeze(
