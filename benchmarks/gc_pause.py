@@ -59,6 +59,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.repeats < 1:
         parser.error("--repeats must be at least 1")
     config = config_from_args(args)
+    gc.collect()  # what this program left to collect goes first, so that loading can only add
     baseline = len(gc.get_objects())  # this program's own objects, before the server's
     runtime = run_on_passing_thread(lambda: build_runtime(config, default_loader(config)))  # as serve loads
     before = time_full_collections(args.repeats)
