@@ -8,9 +8,9 @@ one a minute while serving. Loading therefore runs with the collector off, and w
 (moved to the permanent generation, which collections skip): a full collection afterwards walks only what serving
 allocated since. Whatever the other threads hold at that moment (a few responses the event loop is writing) is
 frozen too. Frozen objects that later form garbage cycles are never collected, so this is done once, after
-loading, when nearly everything alive lives as long as the server, and only by a server that
-owns its process (`batchserve serve`, `compare`, a Ray replica): an app built inside another program, a test
-among them, leaves that program's heap alone.
+loading, when nearly everything alive lives as long as the server, and only by a server that owns its process
+(`batchserve serve`, `compare`, a Ray replica): an app built inside another program, a test among them, leaves
+that program's heap alone.
 """
 
 from __future__ import annotations

@@ -14,7 +14,8 @@ Then the same lone requests again, each arriving while one long stream keeps the
 arrives mid-step is read, parsed and tokenised on the cores the compute threads are using, so the running step
 takes longer and the request's own path outside the steps does too. `split_busy` measures both against the idle
 requests: the stall (its queue beyond the half step an arrival waits on average, the background stream's decode
-step taken from its inter-token gaps) and the extra time outside the steps (client minus server TTFT).
+step taken from its inter-token gaps while no probe request is in flight) and the extra time outside the steps
+(client minus server TTFT).
 
 `probe_load` then measures what serving adds under load, in one mode: a burst of streaming requests that keeps
 every seat busy, its span taken from the server's own stamps and its trace exported, so that the profile can
@@ -33,6 +34,7 @@ import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 import numpy as np
@@ -84,16 +86,21 @@ def serve_argv(args: object, skip: Sequence[str]) -> list[str]:
     return flags_argv(changed)
 
 
+def _checked(r: RequestRecord) -> tuple[float, dict[str, Any]]:
+    """A probe request's client TTFT and the server's timings; raises if it failed or the server sent none."""
+    if not r.ok or r.ttft is None or r.server_timings is None:
+        raise RuntimeError(f"probe request {r.index} failed: {r.error or 'no timings'}")
+    return r.ttft, r.server_timings
+
+
 def split(records: Sequence[RequestRecord]) -> ServedProbe:
     """The medians over the probe's requests; raises if any failed or the server sent no timings."""
     prefill, outside, decode, prompt = [], [], [], []
     for r in records:
-        t = r.server_timings
-        if not r.ok or r.ttft is None or t is None:
-            raise RuntimeError(f"probe request {r.index} failed: {r.error or 'no timings'}")
+        ttft, t = _checked(r)
         step = (float(t["time_to_first_token_ms"]) - float(t["queue_time_ms"])) / 1e3
         prefill.append(step)
-        outside.append(r.ttft - step)
+        outside.append(ttft - step)
         if r.output_tokens > 1 and t.get("decode_time_ms") is not None:
             decode.append(float(t["decode_time_ms"]) / 1e3 / (r.output_tokens - 1))
         prompt.append(r.prompt_tokens or 0)
@@ -134,8 +141,7 @@ def split_busy(idle: Sequence[RequestRecord], busy: Sequence[RequestRecord], bac
     sent while the background stream still ran count; fewer than half of them is an error (a stream too short for
     the phase: a small --max-model-len, or a very fast engine)."""
     for r in (*idle, *busy):
-        if not r.ok or r.ttft is None or r.server_timings is None:
-            raise RuntimeError(f"probe request {r.index} failed: {r.error or 'no timings'}")
+        _checked(r)
     if not background.ok or len(background.chunk_times) < 3:
         raise RuntimeError(f"the busy probe's background stream failed: {background.error or 'too few tokens'}")
     beside = [r for r in busy if r.send_time < background.chunk_times[-1]]

@@ -122,10 +122,10 @@ class Replica:
     def submit(self, request: SequenceRequest, arrival: float, output_tokens: int | None = None) -> bool:
         """Hand the request to the server at `arrival` (not before this replica's clock reached it). False if
         it was refused; `request.sink` then never hears of it. Arrivals during a step delay the next step by the
-        arrival stall, once per step: their intake took CPU from the running step. (The running step's own tokens
-        keep their times; the stall is not counted as busy time.) (Once: the probe measured
-        lone arrivals, and the load probe's bursts, whose arrivals land in a step or two, already charge what
-        more of them cost.)"""
+        arrival stall: their intake took CPU from the running step. The running step's own tokens keep their
+        times, and the stall is not counted as busy time. Once per step however many arrive: the probe measured
+        lone arrivals, and the load probe's bursts, whose arrivals land in a step or two, already charge what more
+        of them cost."""
         if self.busy_at(arrival) and self.clock.now != self._stalled_step_end:
             self.clock.now += self._arrival_stall_s
             self._stalled_step_end = self.clock.now
