@@ -21,6 +21,7 @@ from benchmarks.cost_model import (
     load_request_overhead,
 )
 from benchmarks.engine_replay import AloneReplay
+from benchmarks.profile import AFTER_LARGE_STEPS
 from benchmarks.served_cost import load_served_extras, served_extra
 from benchmarks.served_probe import LOAD_PROBE_MAX_TOKENS, ServedLoad, serve_argv, split, split_busy
 
@@ -113,7 +114,7 @@ def test_profile_measures_a_served_server_and_the_simulator_reads_it(tiny_checkp
     out = tmp_path / "cost.json"
     argv = ["--out", str(out), "--model", str(tiny_checkpoint), "--dtype", "float32", "--quantization", "none"]
     grid = ["--batch-sizes", "1,2,4", "--prefill-tokens", "0,8", "--contexts", "16", "--repeats", "1"]
-    probes = ["--cold-repeats", "1", "--served-probes", "2", "--served-gap-s", "0.3"]
+    probes = ["--cold-repeats", "1", "--after-large-repeats", "1", "--served-probes", "2", "--served-gap-s", "0.3"]
     load = ["--served-load-requests", "6", "--served-load-seats", "3", "--served-load-modes", "continuous,dynamic"]
     assert profile.main([*argv, *grid, *probes, *load]) == 0
     document = json.loads(out.read_text())
@@ -125,6 +126,9 @@ def test_profile_measures_a_served_server_and_the_simulator_reads_it(tiny_checkp
     assert load_busy_arrival(out) == BusyArrival(served["busy_stall_s"], served["busy_outside_s"])
     model = load_fitted(out)
     assert isinstance(model, FittedCostModel)  # float32: one regime
+    # the transient after a prefill is measured and stored, though one regime has no weights to switch back to
+    assert len(document["engine_after_large_ms"]) == AFTER_LARGE_STEPS
+    assert all(ms >= 0 for ms in document["engine_after_large_ms"])
     # a burst through a server of each mode, then the same requests on the engine alone
     extras = load_served_extras(out)
     assert set(served["load"]) == set(extras) == {"continuous", "dynamic"}
