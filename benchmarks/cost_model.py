@@ -22,11 +22,6 @@ Two models share one interface (`CostModel.step_time(StepShape, idle_s)`):
   a batch-1 decode step 6.3 ms warm, 10.6 ms after 1 s idle). `benchmarks.profile` measures it per regime; it
   is what a lone request at light load pays on its first step, and at most once per burst.
 
-  The first steps on the quantised weights after a step on the dense copy run slower too, for a few steps
-  while the quantised weights come back into the caches (measured on the 2-core Xeon: a 1-row decode after a
-  40-token prefill +1.2-2.5 ms, falling over about 8 steps). `SwitchedCostModel.after_large_s` holds that extra
-  by position; `benchmarks.profile` measures it, and measures its decode points past it.
-
   A request also pays for what is not a step: HTTP, tokenising, the loop's wake-up, SSE framing. cost.json's
   `served` section (`benchmarks.served_probe`, lone requests through a real server) holds that time,
   `outside_step_s`, which the simulator adds to each request's latency (`load_request_overhead`), and the served
@@ -50,7 +45,6 @@ from typing import Any, Protocol
 import numpy as np
 
 COLD_AFTER_S = 0.2  # idle this long and the next step is cold (measured: +0 ms after 50 ms idle, +2.4 ms after 0.2 s)
-SETTLED = 1 << 20  # small steps since the last large one: long past any transient (and no large step yet)
 
 
 @dataclass(frozen=True)
@@ -74,12 +68,8 @@ class CostModel(Protocol):
     def label(self) -> str:
         """One line naming the model, for reports ("fitted on ...", "projection: ...")."""
 
-    def is_large(self, shape: StepShape) -> bool:
-        """Whether the step runs on a second set of weights (a SwitchedCostModel's dense copy); one regime: never."""
-
-    def step_time(self, shape: StepShape, idle_s: float = 0.0, since_large: int = SETTLED) -> float:
-        """Seconds for one engine step of this shape, started `idle_s` after the engine's previous step ended;
-        `since_large`: steps the engine ran since its last large one (0: the step before this one was large)."""
+    def step_time(self, shape: StepShape, idle_s: float = 0.0) -> float:
+        """Seconds for one engine step of this shape, started `idle_s` after the engine's previous step ended."""
 
 
 # ----- the fitted (measured) model -----
@@ -108,10 +98,7 @@ class FittedCostModel:
     def label(self) -> str:
         return f"fitted step-cost model ({self.source})"
 
-    def is_large(self, shape: StepShape) -> bool:
-        return False
-
-    def step_time(self, shape: StepShape, idle_s: float = 0.0, since_large: int = SETTLED) -> float:
+    def step_time(self, shape: StepShape, idle_s: float = 0.0) -> float:
         return (
             (self.cold_step_s if idle_s >= COLD_AFTER_S else 0.0)
             + self.const_s
@@ -129,11 +116,6 @@ class SwitchedCostModel:
     small: FittedCostModel  # steps of at most `max_small_tokens` tokens (quantised weights)
     large: FittedCostModel  # longer steps (the dense copy)
     max_small_tokens: int
-    after_large_s: tuple[float, ...] = ()  # extra for the i-th small step after a large one (warm, not after idle)
-
-    def __post_init__(self) -> None:
-        if any(not (v >= 0 and math.isfinite(v)) for v in self.after_large_s):
-            raise ValueError(f"after_large_s must be finite and >= 0: {self.after_large_s}")
 
     @property
     def label(self) -> str:
@@ -142,15 +124,8 @@ class SwitchedCostModel:
     def regime(self, shape: StepShape) -> FittedCostModel:
         return self.small if shape.num_tokens <= self.max_small_tokens else self.large
 
-    def is_large(self, shape: StepShape) -> bool:
-        return shape.num_tokens > self.max_small_tokens
-
-    def step_time(self, shape: StepShape, idle_s: float = 0.0, since_large: int = SETTLED) -> float:
-        seconds = self.regime(shape).step_time(shape, idle_s)
-        # After idle the cold cost covers the caches; back to back, the quantised weights are still coming back.
-        if not self.is_large(shape) and since_large < len(self.after_large_s) and idle_s < COLD_AFTER_S:
-            seconds += self.after_large_s[since_large]
-        return seconds
+    def step_time(self, shape: StepShape, idle_s: float = 0.0) -> float:
+        return self.regime(shape).step_time(shape, idle_s)
 
 
 @dataclass(frozen=True)
@@ -363,11 +338,7 @@ class RooflineCostModel:
     def bound(self, shape: StepShape) -> str:
         return "memory" if self.memory_time(shape) >= self.compute_time(shape) else "compute"
 
-    def is_large(self, shape: StepShape) -> bool:
-        return False
-
-    def step_time(self, shape: StepShape, idle_s: float = 0.0, since_large: int = SETTLED) -> float:
-        # A GPU keeps no such state: idle_s and since_large unused.
+    def step_time(self, shape: StepShape, idle_s: float = 0.0) -> float:  # a GPU keeps no such state: idle_s unused
         return self.step_overhead_s + max(self.compute_time(shape), self.memory_time(shape))
 
     def kv_cache_tokens(self, memory_fraction: float = 0.9) -> int:
@@ -459,10 +430,7 @@ def load_fitted(path: Path) -> FittedCostModel | SwitchedCostModel:
         model = document["model"]
         if "small" in model:
             return SwitchedCostModel(
-                FittedCostModel(**model["small"]),
-                FittedCostModel(**model["large"]),
-                int(model["max_small_tokens"]),
-                tuple(float(v) for v in model.get("after_large_s", ())),  # none in a cost.json from before it
+                FittedCostModel(**model["small"]), FittedCostModel(**model["large"]), int(model["max_small_tokens"])
             )
         return FittedCostModel(**model)
     except (KeyError, TypeError) as exc:

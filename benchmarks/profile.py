@@ -7,11 +7,9 @@ The engine is built exactly as `serve` builds it (`api.wiring.build_model_runtim
 max-model-len and cpu-kernels flags). For each context length, `max(batch sizes)` sequences are prefilled to that
 length (untimed); then each grid point times one `Engine.step`: the first B of them decoding one token each,
 plus, for P > 0, a fresh P-token prompt prefilled in the same step, as continuous batching mixes them. Each point
-is the median of --repeats timed steps after one warm-up step; decode-only points come first and after
-`DECODE_SETTLE_STEPS` warm-up steps, since the first decode steps after a step on the dense copy run slower (the
-quantised weights coming back into the caches): measured apart, after a prefill, by position
-(`measure_after_large`). The fitted form is documented in `benchmarks.cost_model`; cost.json holds it, its fit
-error, and every measured point.
+is the median of --repeats timed steps after one warm-up step. The fitted form is documented in
+`benchmarks.cost_model`; cost.json holds it, its fit error, and every measured point. Beside it, a diagnostic:
+how much slower each of the first 1-row decode steps after a prefill runs (`measure_after_large`).
 
 Then, unless `--served-probes 0`, `benchmarks.served_probe` starts `batchserve serve` with the same engine flags and
 sends lone requests `--served-gap-s` apart: the served prefill after idle sets the prefill regime's cold-step cost
@@ -69,10 +67,12 @@ from engine.sampling_params import SamplingParams
 from scheduler.config import Mode, SchedulerConfig
 
 _DESCRIPTION = "Measure this machine's engine step time over a grid and fit the simulator's step-cost model."
-# Measured on the 2-core Xeon: a 1-row decode runs 1.2-2.5 ms slow right after a 40-token prefill, the excess
-# falling over about 8 steps; the grid's decode points are timed past that, the transient is measured apart.
-DECODE_SETTLE_STEPS = 10
+# The first decode steps after a step on the dense copy run slower while the quantised weights come back into the
+# caches (a 1-row decode +1.0-1.2 ms right after a 40-token prefill on the 2-core Xeon, settled after about 6).
+# The grid's decode points are timed 2-4 steps after one, inside that transient, which is nearer a served
+# decode than the settled cost is (docs/simulator.md: timed settled, the simulator ran 8-30 % fast).
 AFTER_LARGE_STEPS = 8  # positions of the transient that measure_after_large reports
+AFTER_LARGE_SETTLED = 10  # ... against the decode steps from this position on
 
 
 @dataclass(frozen=True)
@@ -94,13 +94,8 @@ class Grid:
 
     @property
     def steps_per_context(self) -> int:
-        """Decode steps each sequence may take at one context: warm-ups plus repeats, per grid point."""
-        return len(self.batch_sizes) * (len(self.prefill_tokens) * (self.repeats + 1) + DECODE_SETTLE_STEPS)
-
-    def points_in_order(self) -> list[tuple[int, int]]:
-        """(decode rows, prefill tokens) to time at each context: the decode-only points first, back to back."""
-        decode_only = [(b, 0) for b in self.batch_sizes if b > 0 and 0 in self.prefill_tokens]
-        return decode_only + [(b, p) for b in self.batch_sizes for p in self.prefill_tokens if p > 0]
+        """Decode steps each sequence may take at one context: warm-up plus repeats, per grid point."""
+        return len(self.batch_sizes) * len(self.prefill_tokens) * (self.repeats + 1)
 
 
 @dataclass(frozen=True)
@@ -134,7 +129,7 @@ def _prefill(engine: Engine, seq_id: int, budget: int = 512) -> None:
         engine.step([(seq_id, min(budget, engine.num_pending(seq_id) - 1))])  # leave one: decodes sample
 
 
-def measure(engine: Engine, grid: Grid, vocab: int, clock: Callable[[], float] = time.perf_counter) -> list[Point]:
+def measure(engine: Engine, grid: Grid, vocab: int) -> list[Point]:
     points: list[Point] = []
     rows = max(grid.batch_sizes)
     extra = grid.steps_per_context + 2  # decode steps a sequence takes at one context, and a margin
@@ -148,33 +143,36 @@ def measure(engine: Engine, grid: Grid, vocab: int, clock: Callable[[], float] =
             if not engine.reserve(seq_id, context + extra):
                 raise ValueError(f"the KV cache cannot hold {rows} sequences of {context + extra} tokens")
             _prefill(engine, seq_id)
-        for batch, prefill in grid.points_in_order():
-            times, shape = [], None
-            warmups = 1 if prefill else DECODE_SETTLE_STEPS
-            for repeat in range(warmups + grid.repeats):
-                schedule = [(s, engine.num_pending(s)) for s in decoders[:batch]]
-                if prefill:
-                    fresh, next_id = next_id, next_id + 1
-                    prefill_params = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True)
-                    engine.add(fresh, _prompt(prefill, vocab, fresh), prefill_params)
-                    if not engine.reserve(fresh, prefill + 1):
-                        raise ValueError("the KV cache is too small for the grid; lower --batch-sizes")
-                    schedule.append((fresh, prefill))
-                shape = step_shape(engine, schedule)
-                start = clock()
-                engine.step(schedule)
-                elapsed = clock() - start
-                if prefill:
-                    engine.remove(fresh)
-                if repeat >= warmups:
-                    times.append(elapsed)
-            assert shape is not None
-            point = Point(batch, prefill, context, shape, statistics.median(times))
-            points.append(point)
-            print(
-                f"context {context:5d}  decode rows {batch:3d}  prefill {prefill:4d}: {1e3 * point.seconds:8.2f} ms",
-                file=sys.stderr,
-            )
+        for batch in grid.batch_sizes:
+            for prefill in grid.prefill_tokens:
+                if batch == 0 and prefill == 0:
+                    continue
+                times, shape = [], None
+                for repeat in range(grid.repeats + 1):
+                    schedule = [(s, engine.num_pending(s)) for s in decoders[:batch]]
+                    if prefill:
+                        fresh, next_id = next_id, next_id + 1
+                        prefill_params = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True)
+                        engine.add(fresh, _prompt(prefill, vocab, fresh), prefill_params)
+                        if not engine.reserve(fresh, prefill + 1):
+                            raise ValueError("the KV cache is too small for the grid; lower --batch-sizes")
+                        schedule.append((fresh, prefill))
+                    shape = step_shape(engine, schedule)
+                    start = time.perf_counter()
+                    engine.step(schedule)
+                    elapsed = time.perf_counter() - start
+                    if prefill:
+                        engine.remove(fresh)
+                    if repeat:  # the first is a warm-up
+                        times.append(elapsed)
+                assert shape is not None
+                point = Point(batch, prefill, context, shape, statistics.median(times))
+                points.append(point)
+                print(
+                    f"context {context:5d}  decode rows {batch:3d}  prefill {prefill:4d}:"
+                    f" {1e3 * point.seconds:8.2f} ms",
+                    file=sys.stderr,
+                )
         for seq_id in decoders:
             engine.remove(seq_id)
     return points
@@ -238,9 +236,9 @@ def measure_after_large(
     engine: Engine, vocab: int, first_id: int, repeats: int, clock: Callable[[], float] = time.perf_counter
 ) -> tuple[float, ...]:
     """Extra seconds of each of the first `AFTER_LARGE_STEPS` 1-row decode steps after a `PREFILL_PROBE_TOKENS`
-    prefill step, over the same decode's steps later in the run (`DECODE_SETTLE_STEPS` on): per position, the
-    median over `repeats` prefills. One regime or not, the engine's steps are timed as run."""
-    settled = DECODE_SETTLE_STEPS
+    prefill step, over the same decode's steps from `AFTER_LARGE_SETTLED` on: per position, the median over
+    `repeats` prefills. A diagnostic (cost.json's `engine_after_large_ms`), not part of the fitted model."""
+    settled = AFTER_LARGE_SETTLED
     run = settled + AFTER_LARGE_STEPS  # decode steps timed after each prefill
     decoder = first_id
     budget = 32 + repeats * run + 8
@@ -264,15 +262,6 @@ def measure_after_large(
         engine.remove(decoder)
     steady = statistics.median(t for times in by_position[settled:] for t in times)
     return tuple(max(0.0, statistics.median(times) - steady) for times in by_position[:AFTER_LARGE_STEPS])
-
-
-def with_after_large(
-    model: FittedCostModel | SwitchedCostModel, extra: tuple[float, ...]
-) -> FittedCostModel | SwitchedCostModel:
-    """The transient on a switched model (one regime has no other weights to come back from)."""
-    if isinstance(model, SwitchedCostModel):
-        return dataclasses.replace(model, after_large_s=extra)
-    return model
 
 
 def served_cold_steps(model: CostModel, engine_cold: ColdSteps, served: ServedProbe) -> ColdSteps:
@@ -343,8 +332,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--after-large-repeats",
         type=int,
         default=5,
-        help=f"prefills of {PREFILL_PROBE_TOKENS} tokens, each followed by decode steps timed by position, for the"
-        " quantised weights' transient after a step on the dense copy (0: none)",
+        help=f"prefills of {PREFILL_PROBE_TOKENS} tokens, each followed by 1-row decodes timed by position: the"
+        " quantised weights' transient after a step on the dense copy, a diagnostic (0: none)",
     )
     served = parser.add_argument_group("through a real server (0 requests: none)")
     counts = (
@@ -448,7 +437,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.served_probes > 0:
         served_probe = probe(flags, args.served_probes, args.served_gap_s, args.out.with_suffix(".serve.log"))
         cold = served_cold_steps(with_served_extra(report.model, extras, "continuous"), cold, served_probe)
-    report = dataclasses.replace(report, model=with_after_large(with_cold_steps(report.model, cold), after_large))
+    report = dataclasses.replace(report, model=with_cold_steps(report.model, cold))
     extra = {
         "command": " ".join([sys.executable, "-m", "benchmarks.profile", *(argv or sys.argv[1:])]),
         "machine": {**machine_facts(), "torch_threads": torch.get_num_threads(), "torch": torch.__version__},
@@ -491,8 +480,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     if after_large:
         shown = " ".join(f"{1e3 * t:.2f}" for t in after_large)
-        used = "" if isinstance(report.model, SwitchedCostModel) else " (one regime: not used)"
-        print(f"1-row decode after a {PREFILL_PROBE_TOKENS}-token prefill, by step: +{shown} ms{used}")
+        print(f"1-row decode after a {PREFILL_PROBE_TOKENS}-token prefill, by step: +{shown} ms (diagnostic)")
     for mode, (burst, alone, over) in loads.items():
         print(
             f"served {mode} burst of {len(burst.trace)} at {burst.seats} seats: {burst.span_s:.2f} s served,"

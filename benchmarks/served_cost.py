@@ -23,7 +23,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from benchmarks.cost_model import SETTLED, CostModel, StepShape
+from benchmarks.cost_model import CostModel, StepShape
 from benchmarks.engine_replay import AloneReplay
 from benchmarks.served_probe import ServedLoad
 from scheduler.config import Mode
@@ -59,11 +59,8 @@ class ServedCostModel:
             f" +{1e3 * self.extra.per_row_s:.2f} ms a row"
         )
 
-    def is_large(self, shape: StepShape) -> bool:
-        return self.inner.is_large(shape)
-
-    def step_time(self, shape: StepShape, idle_s: float = 0.0, since_large: int = SETTLED) -> float:
-        return self.inner.step_time(shape, idle_s, since_large) + self.extra.seconds(shape)
+    def step_time(self, shape: StepShape, idle_s: float = 0.0) -> float:
+        return self.inner.step_time(shape, idle_s) + self.extra.seconds(shape)
 
 
 def served_extra(load: ServedLoad, alone: AloneReplay) -> ServedStepExtra:

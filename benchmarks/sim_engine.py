@@ -15,7 +15,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from benchmarks.cost_model import SETTLED, CostModel, StepShape
+from benchmarks.cost_model import CostModel, StepShape
 from engine.config import EngineConfig
 from engine.errors import CacheCapacityError, ContextLengthError, EngineInputError, InputField
 from engine.kv_cache import BlockAllocator
@@ -65,7 +65,6 @@ class SimEngine:
         self._seqs: dict[int, _Sequence] = {}
         self._stop_after: dict[int, int] = {}  # seq_id -> replayed output length, until the sequence is added
         self._last_step_end = -math.inf  # the first step is cold, as a fresh server's is
-        self._since_large = SETTLED  # steps since the last large one (the cost model's regimes)
 
     # ----- what the scheduler reads -----
     @property
@@ -167,10 +166,8 @@ class SimEngine:
         if len({seq_id for seq_id, _ in schedule}) != len(schedule):
             raise ValueError("a sequence appears twice in one step")
         shape = StepShape(len(schedule), num_tokens, len(tokens), attention, kv_tokens)
-        idle_s = self.clock() - self._last_step_end
-        self.clock.advance(self.cost.step_time(shape, idle_s, self._since_large))
+        self.clock.advance(self.cost.step_time(shape, idle_s=self.clock() - self._last_step_end))
         self._last_step_end = self.clock()
-        self._since_large = 0 if self.cost.is_large(shape) else min(self._since_large + 1, SETTLED)
         return StepOutput(tuple(tokens), len(schedule), num_tokens)
 
     def _sampled(self, seq_id: int, seq: _Sequence) -> TokenOutput:

@@ -125,30 +125,6 @@ def test_switched_fit_needs_points_on_both_sides() -> None:
         fit_cost_model(shapes, [SWITCHED.step_time(s) for s in shapes], "one side", switch_tokens=10)
 
 
-def test_small_steps_after_a_large_one_pay_the_transient_by_position_and_cost_json_keeps_it(tmp_path: Path) -> None:
-    after = dataclasses.replace(SWITCHED, after_large_s=(0.003, 0.002, 0.001))
-    decode, prefill = StepShape(1, 1, 1, 33, 33), StepShape(1, 40, 1, chunk_attention_pairs(0, 40), 40)
-    assert after.is_large(prefill) and not after.is_large(decode)
-    settled = SWITCHED.step_time(decode)
-    extra = [after.step_time(decode, since_large=k) - settled for k in range(5)]
-    assert extra == pytest.approx([0.003, 0.002, 0.001, 0.0, 0.0])
-    assert after.step_time(decode) == settled  # no large step yet, or long ago
-    assert after.step_time(prefill, since_large=0) == SWITCHED.step_time(prefill)  # a large step pays none
-    # after idle the cold cost stands for the caches; the transient is not charged on top
-    cold = dataclasses.replace(after, small=dataclasses.replace(after.small, cold_step_s=0.004))
-    assert cold.step_time(decode, idle_s=COLD_AFTER_S, since_large=0) == pytest.approx(settled + 0.004)
-    report = fit_cost_model(profile_grid(), [SWITCHED.step_time(s) for s in profile_grid()], "t", switch_tokens=10)
-    save_fitted(dataclasses.replace(report, model=after), tmp_path / "cost.json", {})
-    assert load_fitted(tmp_path / "cost.json") == after
-    document = json.loads((tmp_path / "cost.json").read_text())
-    del document["model"]["after_large_s"]  # a cost.json from before the transient
-    (tmp_path / "old.json").write_text(json.dumps(document))
-    assert load_fitted(tmp_path / "old.json") == SWITCHED
-    with pytest.raises(ValueError, match="after_large_s"):
-        dataclasses.replace(SWITCHED, after_large_s=(0.001, -0.001))
-    assert not TRUE.is_large(prefill)  # one regime has nothing to switch from
-
-
 def test_fitted_model_rejects_negative_coefficients() -> None:
     with pytest.raises(ValueError, match="coefficients"):
         dataclasses.replace(TRUE, per_seq_s=-1.0)

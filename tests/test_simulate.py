@@ -27,8 +27,6 @@ from benchmarks.cost_model import (
     BusyArrival,
     FittedCostModel,
     StepShape,
-    SwitchedCostModel,
-    chunk_attention_pairs,
     fit_cost_model,
     load_busy_arrival,
     save_fitted,
@@ -379,23 +377,6 @@ def test_simulated_engine_charges_the_cold_cost_after_idle_and_not_back_to_back(
     assert durations[0] == pytest.approx(warm[0] + 0.010)  # the first step is cold, as a fresh server's is
     assert durations[1:3] == pytest.approx(warm[1:3])
     assert durations[3] > durations[2] + 0.009 and durations[4] < durations[3] - 0.009
-
-
-def test_simulated_engine_charges_the_transient_on_the_small_steps_after_a_large_one() -> None:
-    switched = SwitchedCostModel(COST, dataclasses.replace(COST, const_s=0.020), 10, after_large_s=(0.003, 0.001))
-    clock = VirtualClock()
-    engine = SimEngine(EngineConfig(seats=2, kv_cache_tokens=256), switched, clock)
-    engine.add(0, list(range(40)), SamplingParams(max_tokens=20, ignore_eos=True))
-    assert engine.reserve(0, 60)
-    durations = []
-    for count in (20, 20, 1, 1, 1, 1):  # a prompt in two large chunks, then decodes
-        start = clock()
-        engine.step([(0, count)])
-        durations.append(clock() - start)
-    prefill_chunk = switched.large.step_time(StepShape(1, 20, 1, chunk_attention_pairs(20, 20), 40))
-    warm = [switched.small.step_time(StepShape(1, 1, 1, 40 + k + 1, 40 + k + 1)) for k in range(4)]
-    assert durations[1] == pytest.approx(prefill_chunk)  # back to back: the second chunk is warm
-    assert durations[2:] == pytest.approx([warm[0] + 0.003, warm[1] + 0.001, warm[2], warm[3]])
 
 
 def test_round_robin_alternates_and_least_loaded_avoids_the_busy_replica() -> None:
