@@ -333,7 +333,7 @@ def _sent(index: int, send: float, stamp: float | None, ok: bool = True) -> Requ
     timings = None if stamp is None else {"arrival_time": stamp, "e2e_time_ms": 10.0}
     return RequestRecord(
         index=index, kind="short", max_tokens=8, prompt_tokens_est=5, scheduled_time=send, send_time=send,
-        first_token_time=send + 0.05 if ok else None, chunk_times=[send + 0.05] if ok else [], end_time=send + 0.1,
+        first_token_time=send + 0.05 if ok else None, chunk_times=(send + 0.05,) if ok else (), end_time=send + 0.1,
         output_tokens=8 if ok else 0, prompt_tokens=7, usage_reported=True, server_timings=timings,
         finish_reason="length" if ok else None, text="", error=None if ok else "server error",
     )  # fmt: skip
@@ -420,6 +420,7 @@ def test_request_overhead_delays_what_the_client_sees_and_changes_no_decision() 
         trace, SimSettings(scheduler, EngineConfig(seats=2), COST, request_overhead_s=0.0125), "d", 1.0
     )
     for a, b in zip(plain.records, late.records, strict=True):
+        assert a.ttft is not None and a.e2e is not None
         assert b.ttft == pytest.approx(a.ttft + 0.0125) and b.e2e == pytest.approx(a.e2e + 0.0125)
         assert b.chunk_times == pytest.approx(tuple(t + 0.0125 for t in a.chunk_times))
         assert b.server_timings == a.server_timings  # the server's own view has no client overhead
@@ -463,6 +464,7 @@ def test_a_request_arriving_mid_step_delays_the_next_step_and_pays_more_outside(
     plain, charged = _continuous_pair(BusyArrival(), 0.05), _continuous_pair(busy, 0.05)
     first, second = (r.records for r in (plain, charged))
     # the long answer's steps after the arrival start 7 ms later: its E2E grows by the stall alone
+    assert first[0].e2e is not None and first[1].ttft is not None
     assert second[0].e2e == pytest.approx(first[0].e2e + 0.007)
     assert second[0].ttft == pytest.approx(first[0].ttft)  # its first token came before the arrival
     # the arriving request waits for the stretched step and pays the busy path outside the steps
