@@ -68,11 +68,13 @@ from scheduler.config import Mode, SchedulerConfig
 
 _DESCRIPTION = "Measure this machine's engine step time over a grid and fit the simulator's step-cost model."
 # The first decode steps after a step on the dense copy run slower while the quantised weights come back into the
-# caches (a 1-row decode +1.0-1.2 ms right after a 40-token prefill on the 2-core Xeon, settled after about 6).
-# The grid's decode points are timed 2-4 steps after one, inside that transient, which is nearer a served
-# decode than the settled cost is (docs/simulator.md: timed settled, the simulator ran 8-30 % fast).
+# caches (on the 2-core Xeon a 1-row decode runs +1.0-1.8 ms slow right after a 40-token prefill, +0.6-1.1 ms
+# two steps later, settled by the 6th-8th). The grid's decode points are timed 2-4 steps after one, inside that
+# transient, which is nearer a served decode than the settled cost is: timed settled, the simulator ran fast
+# (docs/simulator.md, "Tried and not kept").
 AFTER_LARGE_STEPS = 8  # positions of the transient that measure_after_large reports
 AFTER_LARGE_SETTLED = 10  # ... against the decode steps from this position on
+AFTER_LARGE_PROMPT_TOKENS = 32  # the probe's decoder's context
 
 
 @dataclass(frozen=True)
@@ -232,36 +234,49 @@ def measure_cold(engine: Engine, vocab: int, first_id: int, repeats: int) -> Col
         engine.remove(decoder)
 
 
+def after_large_probe_tokens(repeats: int) -> int:
+    """The tokens `measure_after_large`'s decoder holds by its end: its prompt and every decode step it takes."""
+    return AFTER_LARGE_PROMPT_TOKENS + repeats * (AFTER_LARGE_SETTLED + AFTER_LARGE_STEPS) + 1
+
+
 def measure_after_large(
     engine: Engine, vocab: int, first_id: int, repeats: int, clock: Callable[[], float] = time.perf_counter
 ) -> tuple[float, ...]:
     """Extra seconds of each of the first `AFTER_LARGE_STEPS` 1-row decode steps after a `PREFILL_PROBE_TOKENS`
-    prefill step, over the same decode's steps from `AFTER_LARGE_SETTLED` on: per position, the median over
-    `repeats` prefills. A diagnostic (cost.json's `engine_after_large_ms`), not part of the fitted model."""
-    settled = AFTER_LARGE_SETTLED
-    run = settled + AFTER_LARGE_STEPS  # decode steps timed after each prefill
+    prefill step over the same decode's steps `AFTER_LARGE_SETTLED` to `AFTER_LARGE_SETTLED + AFTER_LARGE_STEPS`:
+    each position is the median over `repeats` prefills, the reference the median of its positions. A diagnostic
+    (cost.json's `engine_after_large_ms`), not part of the fitted model."""
+    if repeats < 1:
+        raise ValueError(f"the after-prefill probe needs at least one prefill, got {repeats}")
+    timed_steps = AFTER_LARGE_SETTLED + AFTER_LARGE_STEPS  # after each prefill: the transient, then its reference
     decoder = first_id
-    budget = 32 + repeats * run + 8
-    engine.add(decoder, _prompt(32, vocab, decoder), SamplingParams(max_tokens=budget, ignore_eos=True))
-    if not engine.reserve(decoder, 32 + budget):
-        raise ValueError("the KV cache is too small for the after-prefill probe")
-    _prefill(engine, decoder)
-    by_position: list[list[float]] = [[] for _ in range(run)]
+    total = after_large_probe_tokens(repeats)
+    params = SamplingParams(max_tokens=total - AFTER_LARGE_PROMPT_TOKENS, ignore_eos=True)
+    by_position: list[list[float]] = [[] for _ in range(timed_steps)]
+    prefill_id = None
     try:
-        for seq_id in range(first_id + 1, first_id + 1 + repeats):
-            engine.add(seq_id, _prompt(PREFILL_PROBE_TOKENS, vocab, seq_id), SamplingParams(max_tokens=1))
-            if not engine.reserve(seq_id, PREFILL_PROBE_TOKENS + 1):
+        engine.add(decoder, _prompt(AFTER_LARGE_PROMPT_TOKENS, vocab, decoder), params)
+        if not engine.reserve(decoder, total):
+            raise ValueError("the KV cache is too small for the after-prefill probe")
+        _prefill(engine, decoder)
+        for prefill_id in range(first_id + 1, first_id + 1 + repeats):
+            prefill_params = SamplingParams(max_tokens=1, ignore_eos=True)
+            engine.add(prefill_id, _prompt(PREFILL_PROBE_TOKENS, vocab, prefill_id), prefill_params)
+            if not engine.reserve(prefill_id, PREFILL_PROBE_TOKENS + 1):
                 raise ValueError("the KV cache is too small for the after-prefill probe")
-            engine.step([(seq_id, PREFILL_PROBE_TOKENS)])
-            engine.remove(seq_id)
-            for position in range(run):
+            engine.step([(prefill_id, PREFILL_PROBE_TOKENS)])  # more tokens than the switch: the dense copy
+            engine.remove(prefill_id)
+            for position in range(timed_steps):
                 start = clock()
                 engine.step([(decoder, engine.num_pending(decoder))])
                 by_position[position].append(clock() - start)
-    finally:
+    finally:  # removing a sequence that is gone already is a no-op
         engine.remove(decoder)
-    steady = statistics.median(t for times in by_position[settled:] for t in times)
-    return tuple(max(0.0, statistics.median(times) - steady) for times in by_position[:AFTER_LARGE_STEPS])
+        if prefill_id is not None:
+            engine.remove(prefill_id)
+    by_position_median = [statistics.median(times) for times in by_position]  # a slow prefill's run drops out
+    settled = statistics.median(by_position_median[AFTER_LARGE_SETTLED:])
+    return tuple(max(0.0, t - settled) for t in by_position_median[:AFTER_LARGE_STEPS])
 
 
 def served_cold_steps(model: CostModel, engine_cold: ColdSteps, served: ServedProbe) -> ColdSteps:
@@ -313,6 +328,13 @@ def _ints(text: str) -> tuple[int, ...]:
     return tuple(int(part) for part in text.split(",") if part.strip())
 
 
+def _non_negative(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     g = Grid()
     parser = argparse.ArgumentParser(prog="python -m benchmarks.profile", description=_DESCRIPTION)
@@ -330,7 +352,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     grid.add_argument(
         "--after-large-repeats",
-        type=int,
+        type=_non_negative,
         default=5,
         help=f"prefills of {PREFILL_PROBE_TOKENS} tokens, each followed by 1-row decodes timed by position: the"
         " quantised weights' transient after a step on the dense copy, a diagnostic (0: none)",
@@ -393,6 +415,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         kv_cache_tokens=max(
             rows * (max(per_row, max(grid.prefill_tokens) + 1) + 16),  # + a block of rounding
             load_seats * LOAD_PROBE_ROW_TOKENS,  # the load probe's replay: every seat's whole request
+            after_large_probe_tokens(args.after_large_repeats) + PREFILL_PROBE_TOKENS + 32,  # two blocks' rounding
         ),
     )
     loaded = load(options)
@@ -400,6 +423,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     engine = runtime.engine
     if per_row > engine.max_model_len:
         parser.error(f"contexts plus {grid.steps_per_context} decode steps exceed max-model-len {engine.max_model_len}")
+    if args.after_large_repeats > 0 and after_large_probe_tokens(args.after_large_repeats) > engine.max_model_len:
+        parser.error(f"--after-large-repeats {args.after_large_repeats} needs a longer max-model-len")
     vocab = int(loaded.model.config.vocab_size)
     started = time.perf_counter()
     with torch.inference_mode():
@@ -479,8 +504,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         f" prefill +{1e3 * engine_cold.prefill_s:.2f} ms"
     )
     if after_large:
-        shown = " ".join(f"{1e3 * t:.2f}" for t in after_large)
-        print(f"1-row decode after a {PREFILL_PROBE_TOKENS}-token prefill, by step: +{shown} ms (diagnostic)")
+        shown = " ".join(f"+{1e3 * t:.2f}" for t in after_large)
+        print(f"1-row decode after a {PREFILL_PROBE_TOKENS}-token prefill, by step: {shown} ms (diagnostic)")
     for mode, (burst, alone, over) in loads.items():
         print(
             f"served {mode} burst of {len(burst.trace)} at {burst.seats} seats: {burst.span_s:.2f} s served,"
