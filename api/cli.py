@@ -187,9 +187,12 @@ def compare_config(args: argparse.Namespace) -> ServerConfig:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="batchserve", description="An LLM server for A/B testing batching policies")
+    # No abbreviated flags: `compare --mode dynamic` would otherwise load a model named "dynamic" (--model).
+    parser = argparse.ArgumentParser(
+        prog="batchserve", description="An LLM server for A/B testing batching policies", allow_abbrev=False
+    )
     commands = parser.add_subparsers(dest="command", required=True)
-    serve_parser = commands.add_parser("serve", help="Start the OpenAI-compatible HTTP server")
+    serve_parser = commands.add_parser("serve", help="Start the OpenAI-compatible HTTP server", allow_abbrev=False)
     add_config_flags(serve_parser)
     serve_parser.add_argument(
         "--replicas",
@@ -198,10 +201,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="Replicas behind one endpoint; above 1 starts a local Ray Serve (pip install -e '.[ray]'; see "
         "docs/scale_out.md), each replica with these flags and the machine's CPUs / N threads (default: 1, no Ray)",
     )
-    compare = commands.add_parser("compare", help="Serve both modes side by side on one port, with the live page")
+    compare = commands.add_parser(
+        "compare", help="Serve both modes side by side on one port, with the live page", allow_abbrev=False
+    )
     add_config_flags(compare, skip=("mode",))
     compare.add_argument("--seats", type=int, default=None, help="Seats of both modes (sets the two flags above)")
-    gen = commands.add_parser("generate", help="Generate one completion offline and print it")
+    gen = commands.add_parser("generate", help="Generate one completion offline and print it", allow_abbrev=False)
     gen.add_argument("prompt")
     gen.add_argument("--model", default=None, help="Checkpoint directory or .gguf (default: SmolLM2-135M-Instruct)")
     gen.add_argument("--device", default="cpu", choices=("cpu", "cuda", "auto"))

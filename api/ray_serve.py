@@ -205,7 +205,7 @@ def scale_from_args(args: argparse.Namespace) -> ScaleOut:
 
 def parse(argv: Sequence[str]) -> tuple[ServerConfig, ScaleOut]:
     """`batchserve serve`'s flags plus the scale-out ones; ValueError or SystemExit (argparse) on bad input."""
-    parser = argparse.ArgumentParser(prog="batchserve serve --replicas N")
+    parser = argparse.ArgumentParser(prog="batchserve serve --replicas N", allow_abbrev=False)
     add_config_flags(parser)
     _scale_flags(parser)
     args = parser.parse_args(list(argv))

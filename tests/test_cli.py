@@ -65,6 +65,15 @@ def test_serve_help_lists_every_flag_with_its_default() -> None:
     assert "(default: 256)" in options["--max-queue"]
 
 
+def test_abbreviated_flags_are_refused_not_guessed(capsys: pytest.CaptureFixture[str]) -> None:
+    # `compare` has no --mode; argparse's prefix matching used to read it as --model and load "dynamic"
+    for argv in (["compare", "--mode", "dynamic"], ["serve", "--max-batch", "3"], ["generate", "--max", "4"]):
+        with pytest.raises(SystemExit) as exit_info:
+            build_parser().parse_args(argv)
+        assert exit_info.value.code == 2
+        assert f"unrecognized arguments: {argv[1]}" in capsys.readouterr().err, argv
+
+
 def test_flags_build_the_server_config() -> None:
     args = build_parser().parse_args(
         [
