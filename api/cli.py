@@ -22,6 +22,8 @@ from api.config import API_KEY_ENV, ServerConfig
 from engine.config import DTYPES, QUANTIZATIONS
 from scheduler.config import Mode
 
+LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+
 
 def _base_type(annotation: Any) -> type:
     if get_origin(annotation) in (Union, types.UnionType):
@@ -220,7 +222,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(level=logging.INFO, format=LOG_FORMAT)
     args = build_parser().parse_args(argv)
     if args.command == "serve":
         try:

@@ -19,6 +19,7 @@ import logging
 import math
 import os
 import signal
+import sys
 import threading
 import time
 from collections.abc import Sequence
@@ -30,7 +31,7 @@ import ray
 from ray import serve
 from ray.serve.handle import DeploymentHandle
 
-from api.cli import add_config_flags, config_from_args, flags_argv
+from api.cli import LOG_FORMAT, add_config_flags, config_from_args, flags_argv
 from api.config import ServerConfig
 from api.replica_asgi import HEARTBEAT_S, ReplicaApp, ReplicaReport, report_of
 from api.state import Phase
@@ -107,6 +108,16 @@ class BatchserveDirectory:
         return list(self._reports.values())
 
 
+def log_to_stderr(logger: logging.Logger) -> None:
+    """`logger`'s info lines and up on stderr, in the driver's format, once however often it is called."""
+    if not logger.handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter(LOG_FORMAT))
+        logger.addHandler(handler)
+        logger.setLevel(logging.INFO)
+        logger.propagate = False  # one copy of each line, whatever the worker's root logger does
+
+
 @serve.deployment(name=REPLICA_DEPLOYMENT)
 @serve.ingress()
 class BatchserveReplica:
@@ -119,6 +130,9 @@ class BatchserveReplica:
 
         from api.app import create_app
 
+        # A Ray worker has no handler for our loggers, so their info lines (threads, the heap freeze) went nowhere;
+        # on stderr, Ray files them with the replica's logs and shows them on the driver's console.
+        log_to_stderr(logging.getLogger("batchserve"))
         torch.set_num_threads(torch_threads)
         self._directory = directory
         self._name = serve.get_replica_context().replica_id.unique_id
@@ -268,7 +282,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     """`python -m api.ray_serve --replicas N [serve flags]`: also with one replica, to measure the proxy's cost."""
     import sys
 
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(level=logging.INFO, format=LOG_FORMAT)
     try:
         config, scale = parse(sys.argv[1:] if argv is None else argv)
     except ValueError as exc:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import gc
 import json
+import logging
+import re
 import weakref
 from collections.abc import Iterator
 from pathlib import Path
@@ -35,14 +37,19 @@ def _tracked(objects: list[object]) -> list[bool]:
     return [id(o) in ids for o in objects]
 
 
-def test_loading_runs_without_collections_and_what_it_built_is_frozen(restore_heap: None) -> None:
+def test_loading_runs_without_collections_and_what_it_built_is_frozen(
+    restore_heap: None, caplog: pytest.LogCaptureFixture
+) -> None:
     assert gc.isenabled()
-    with frozen_after_loading():
+    with caplog.at_level(logging.INFO, logger="batchserve.server"), frozen_after_loading():
         assert not gc.isenabled()
         built = [Node() for _ in range(3)]
     assert gc.isenabled()
     assert gc.get_freeze_count() >= len(built)
     assert _tracked(built) == [False, False, False]
+    # the process says so in its log (a Ray replica's driver cannot see its heap)
+    said = re.search(r"heap frozen after loading: ([\d,]+) objects", caplog.text)
+    assert said is not None and int(said[1].replace(",", "")) >= len(built)
 
 
 def test_loadings_own_garbage_is_collected_before_the_freeze(restore_heap: None) -> None:
@@ -61,11 +68,12 @@ def test_a_failed_load_freezes_nothing_and_turns_the_collector_back_on() -> None
     assert gc.isenabled() and gc.get_freeze_count() == 0 and _tracked(built) == [True]
 
 
-def test_disabled_it_changes_nothing() -> None:
-    with frozen_after_loading(enabled=False):
+def test_disabled_it_changes_nothing(caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.INFO, logger="batchserve.server"), frozen_after_loading(enabled=False):
         assert gc.isenabled()
         built = [Node()]
     assert gc.get_freeze_count() == 0 and _tracked(built) == [True]
+    assert "heap frozen" not in caplog.text
 
 
 @pytest.mark.parametrize("freeze_heap", [True, False])

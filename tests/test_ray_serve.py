@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -35,6 +36,7 @@ from api.ray_serve import (
     ScaleOut,
     application,
     build_app,
+    log_to_stderr,
     max_ongoing_requests,
     replica_actor_options,
     start_local_ray,
@@ -166,6 +168,19 @@ def test_single_server_path_does_not_import_ray(tiny_checkpoint: Path) -> None:
 
 
 # ----- configuration -----
+def test_a_replicas_own_info_lines_reach_stderr_once(capsys: pytest.CaptureFixture[str]) -> None:
+    # A Ray worker has no handler for our loggers: without one, the replica's info lines went nowhere.
+    logger = logging.getLogger("batchserve.test-replica-log")
+    try:
+        log_to_stderr(logger)
+        log_to_stderr(logger)
+        assert len(logger.handlers) == 1 and not logger.propagate
+        logging.getLogger("batchserve.test-replica-log.child").info("heap frozen after loading: 3 objects")
+        assert capsys.readouterr().err.count("INFO batchserve.test-replica-log.child: heap frozen") == 1
+    finally:
+        logger.handlers.clear()
+
+
 def test_max_ongoing_requests_leaves_the_429_to_the_replica() -> None:
     config = ServerConfig(max_num_seqs=3, max_queue=5)
     assert max_ongoing_requests(config) > config.seats + config.max_queue
