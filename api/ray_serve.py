@@ -280,8 +280,6 @@ def serve_replicas(config: ServerConfig, scale: ScaleOut) -> None:
 
 def main(argv: Sequence[str] | None = None) -> None:
     """`python -m api.ray_serve --replicas N [serve flags]`: also with one replica, to measure the proxy's cost."""
-    import sys
-
     logging.basicConfig(level=logging.INFO, format=LOG_FORMAT)
     try:
         config, scale = parse(sys.argv[1:] if argv is None else argv)

@@ -437,6 +437,12 @@ def load_fitted(path: Path) -> FittedCostModel | SwitchedCostModel:
         raise ValueError(f"{path} is not a cost model written by benchmarks.profile: {exc}") from exc
 
 
+def served_section(path: Path) -> dict[str, Any]:
+    """cost.json's `served` section: what the profile measured through a real server (empty when it did not)."""
+    served: dict[str, Any] = json.loads(Path(path).read_text()).get("served") or {}
+    return served
+
+
 @dataclass(frozen=True)
 class BusyArrival:
     """What a request that arrives while the engine steps costs beyond one that finds it idle (the served probe's
@@ -453,7 +459,7 @@ class BusyArrival:
 
 def load_busy_arrival(path: Path) -> BusyArrival:
     """The served probe's busy-arrival costs from cost.json (none when the profile predates them)."""
-    served = json.loads(Path(path).read_text()).get("served") or {}
+    served = served_section(path)
     try:
         return BusyArrival(float(served.get("busy_stall_s", 0.0)), float(served.get("busy_outside_s", 0.0)))
     except (TypeError, ValueError) as exc:
@@ -462,7 +468,7 @@ def load_busy_arrival(path: Path) -> BusyArrival:
 
 def load_request_overhead(path: Path) -> float:
     """Seconds a request pays outside the engine's steps, from cost.json's served probe (0 when it has none)."""
-    served = json.loads(Path(path).read_text()).get("served") or {}
+    served = served_section(path)
     value = float(served.get("outside_step_s", 0.0))
     if not math.isfinite(value) or value < 0:
         raise ValueError(f"{path}: served.outside_step_s must be a finite number >= 0, got {value}")

@@ -194,13 +194,34 @@ PREFILL_PROBE_TOKENS = 40  # a typical short prompt of the mixed workload
 COLD_IDLE_S = 1.0  # well past COLD_AFTER_S, as between requests at light load
 
 
+def _add_decoder(engine: Engine, vocab: int, seq_id: int, prompt_tokens: int, max_tokens: int, probe: str) -> None:
+    """A probe's decoding sequence: its prompt prefilled (all but the token its first decode samples from)."""
+    engine.add(seq_id, _prompt(prompt_tokens, vocab, seq_id), SamplingParams(max_tokens=max_tokens, ignore_eos=True))
+    if not engine.reserve(seq_id, prompt_tokens + max_tokens):
+        raise ValueError(f"the KV cache is too small for the {probe}")
+    _prefill(engine, seq_id)
+
+
+def _timed_prefill(
+    engine: Engine, vocab: int, seq_id: int, probe: str, clock: Callable[[], float] = time.perf_counter
+) -> float:
+    """Seconds of one `PREFILL_PROBE_TOKENS`-token prefill step (more tokens than the switch: the dense copy);
+    the sequence is gone again afterwards, whatever happened."""
+    engine.add(seq_id, _prompt(PREFILL_PROBE_TOKENS, vocab, seq_id), SamplingParams(max_tokens=1, ignore_eos=True))
+    try:
+        if not engine.reserve(seq_id, PREFILL_PROBE_TOKENS + 1):
+            raise ValueError(f"the KV cache is too small for the {probe}")
+        start = clock()
+        engine.step([(seq_id, PREFILL_PROBE_TOKENS)])
+        return clock() - start
+    finally:
+        engine.remove(seq_id)
+
+
 def measure_cold(engine: Engine, vocab: int, first_id: int, repeats: int) -> ColdSteps:
     """Median step time after `COLD_IDLE_S` of sleep minus the median of the same step run back to back."""
     decoder = first_id
-    engine.add(decoder, _prompt(32, vocab, decoder), SamplingParams(max_tokens=4 * repeats + 16, ignore_eos=True))
-    if not engine.reserve(decoder, 32 + 4 * repeats + 16):
-        raise ValueError("the KV cache is too small for the cold-step probe")
-    _prefill(engine, decoder)
+    _add_decoder(engine, vocab, decoder, 32, 4 * repeats + 16, "cold-step probe")
     fresh = iter(range(first_id + 1, first_id + 1 + 4 * repeats))
 
     def decode_step() -> float:
@@ -209,15 +230,7 @@ def measure_cold(engine: Engine, vocab: int, first_id: int, repeats: int) -> Col
         return time.perf_counter() - start
 
     def prefill_step() -> float:
-        seq_id = next(fresh)
-        engine.add(seq_id, _prompt(PREFILL_PROBE_TOKENS, vocab, seq_id), SamplingParams(max_tokens=1, ignore_eos=True))
-        if not engine.reserve(seq_id, PREFILL_PROBE_TOKENS + 1):
-            raise ValueError("the KV cache is too small for the cold-step probe")
-        start = time.perf_counter()
-        engine.step([(seq_id, PREFILL_PROBE_TOKENS)])
-        elapsed = time.perf_counter() - start
-        engine.remove(seq_id)
-        return elapsed
+        return _timed_prefill(engine, vocab, next(fresh), "cold-step probe")
 
     def penalty(step: Callable[[], float]) -> float:
         step()  # warm-up
@@ -250,30 +263,18 @@ def measure_after_large(
         raise ValueError(f"the after-prefill probe needs at least one prefill, got {repeats}")
     timed_steps = AFTER_LARGE_SETTLED + AFTER_LARGE_STEPS  # after each prefill: the transient, then its reference
     decoder = first_id
-    total = after_large_probe_tokens(repeats)
-    params = SamplingParams(max_tokens=total - AFTER_LARGE_PROMPT_TOKENS, ignore_eos=True)
+    max_tokens = after_large_probe_tokens(repeats) - AFTER_LARGE_PROMPT_TOKENS
     by_position: list[list[float]] = [[] for _ in range(timed_steps)]
-    prefill_id = None
     try:
-        engine.add(decoder, _prompt(AFTER_LARGE_PROMPT_TOKENS, vocab, decoder), params)
-        if not engine.reserve(decoder, total):
-            raise ValueError("the KV cache is too small for the after-prefill probe")
-        _prefill(engine, decoder)
+        _add_decoder(engine, vocab, decoder, AFTER_LARGE_PROMPT_TOKENS, max_tokens, "after-prefill probe")
         for prefill_id in range(first_id + 1, first_id + 1 + repeats):
-            prefill_params = SamplingParams(max_tokens=1, ignore_eos=True)
-            engine.add(prefill_id, _prompt(PREFILL_PROBE_TOKENS, vocab, prefill_id), prefill_params)
-            if not engine.reserve(prefill_id, PREFILL_PROBE_TOKENS + 1):
-                raise ValueError("the KV cache is too small for the after-prefill probe")
-            engine.step([(prefill_id, PREFILL_PROBE_TOKENS)])  # more tokens than the switch: the dense copy
-            engine.remove(prefill_id)
+            _timed_prefill(engine, vocab, prefill_id, "after-prefill probe", clock)
             for position in range(timed_steps):
                 start = clock()
                 engine.step([(decoder, engine.num_pending(decoder))])
                 by_position[position].append(clock() - start)
-    finally:  # removing a sequence that is gone already is a no-op
+    finally:  # removing a sequence that is gone already (or never came) is a no-op
         engine.remove(decoder)
-        if prefill_id is not None:
-            engine.remove(prefill_id)
     by_position_median = [statistics.median(times) for times in by_position]  # a slow prefill's run drops out
     settled = statistics.median(by_position_median[AFTER_LARGE_SETTLED:])
     return tuple(max(0.0, t - settled) for t in by_position_median[:AFTER_LARGE_STEPS])

@@ -16,14 +16,13 @@ of that mode.
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from benchmarks.cost_model import CostModel, StepShape
+from benchmarks.cost_model import CostModel, StepShape, served_section
 from benchmarks.engine_replay import AloneReplay
 from benchmarks.served_probe import ServedLoad
 from scheduler.config import Mode
@@ -87,8 +86,7 @@ def served_load_json(load: ServedLoad, alone: AloneReplay, extra: ServedStepExtr
 
 def load_served_extras(path: Path) -> dict[str, ServedStepExtra]:
     """Each mode's served step extra from cost.json's `served.load` (empty when the profile has none)."""
-    served = json.loads(Path(path).read_text()).get("served") or {}
-    loads: Mapping[str, Any] = served.get("load") or {}
+    loads: Mapping[str, Any] = served_section(path).get("load") or {}
     try:
         return {mode: ServedStepExtra(**entry["extra"]) for mode, entry in loads.items()}
     except (KeyError, TypeError) as exc:
