@@ -158,15 +158,7 @@ def result_document(outcome: ABOutcome) -> dict[str, Any]:
 def write_report(outcome: ABOutcome, out_dir: Path) -> dict[str, Path]:
     """Writes everything; returns name -> path of each file written."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    raw_dir = out_dir / "raw"  # per-request records: large, and git-ignored
-    raw_dir.mkdir(exist_ok=True)
-    written: dict[str, Path] = {}
-    for name, run in outcome.runs.items():
-        written[f"raw/{name}"] = _write_json(raw_dir / f"{name}.json", run.to_dict())
-    for name, runs in outcome.sweep.items():
-        for run in runs:
-            path = raw_dir / f"{_SWEEP_PREFIX}{name}-{_rate(run.request_rate)}.json"
-            written[f"raw/{path.stem}"] = _write_json(path, run.to_dict())
+    written = write_raw_runs(outcome, out_dir)
     plots: dict[str, Path] = {}
     if outcome.runs:
         plots["per-request timeline"] = plot_timelines(outcome.runs, out_dir / "timeline.png")
@@ -184,8 +176,23 @@ def write_report(outcome: ABOutcome, out_dir: Path) -> dict[str, Path]:
     return written
 
 
+def write_raw_runs(outcome: ABOutcome, out_dir: Path) -> dict[str, Path]:
+    """Every run's per-request records under out_dir/raw (large, and git-ignored at the top of results/): the main
+    runs as raw/<name>.json, the sweep's as raw/sweep-<name>-<rate>.json; name -> path of each file written."""
+    raw_dir = out_dir / "raw"
+    raw_dir.mkdir(parents=True, exist_ok=True)
+    written: dict[str, Path] = {}
+    for name, run in outcome.runs.items():
+        written[f"raw/{name}"] = _write_json(raw_dir / f"{name}.json", run.to_dict())
+    for name, runs in outcome.sweep.items():
+        for run in runs:
+            path = raw_dir / f"{_SWEEP_PREFIX}{name}-{_rate(run.request_rate)}.json"
+            written[f"raw/{path.stem}"] = _write_json(path, run.to_dict())
+    return written
+
+
 def read_raw_runs(out_dir: Path) -> tuple[dict[str, RunResult], dict[str, list[RunResult]]]:
-    """What `write_report` saved under raw/, with records: the main runs by name, and the sweep runs by name."""
+    """What `write_raw_runs` saved under raw/, with records: the main runs by name, and the sweep runs by name."""
     raw_dir = out_dir / "raw"
     if not raw_dir.is_dir():
         raise ValueError(f"{out_dir} has no raw/ folder: not a benchmarks.ab result")

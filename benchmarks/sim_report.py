@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.plots import plot_cdf, plot_sweep, plot_timelines
-from benchmarks.report import ABOutcome, render_markdown, result_document
+from benchmarks.report import ABOutcome, render_markdown, result_document, write_raw_runs
 from benchmarks.runner import RunResult
 
 TIMELINE_REQUESTS = 200
@@ -21,11 +21,7 @@ TIMELINE_REQUESTS = 200
 
 def write_sim_report(outcome: ABOutcome, out_dir: Path, cost_label: str) -> dict[str, Path]:
     out_dir.mkdir(parents=True, exist_ok=True)
-    raw_dir = out_dir / "raw"
-    raw_dir.mkdir(exist_ok=True)
-    written: dict[str, Path] = {}
-    for name, run in outcome.runs.items():
-        written[f"raw/{name}"] = _write_json(raw_dir / f"{name}.json", run.to_dict())
+    written = write_raw_runs(outcome, out_dir)  # the sweep's runs too: `benchmarks.sim_requests` pairs them
     plots: dict[str, Path] = {}
     if outcome.runs:
         first = {name: _first_requests(run) for name, run in outcome.runs.items()}

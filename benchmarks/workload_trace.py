@@ -121,12 +121,18 @@ def server_arrivals(records: Sequence[RequestRecord]) -> list[float]:
     return [max(0.0, r.send_time if s is None else start + (s - origin)) for r, s in zip(records, stamps, strict=True)]
 
 
+def replay_order(records: Sequence[RequestRecord]) -> list[tuple[float, RequestRecord]]:
+    """Each request with its arrival at the server (`server_arrivals`), in the order the server received them: a
+    trace's order, so the n-th record here is the n-th request of the trace and of its simulated replay."""
+    return sorted(zip(server_arrivals(records), records, strict=True), key=lambda p: (p[0], p[1].index))
+
+
 def from_records(records: Sequence[RequestRecord]) -> list[TraceRequest]:
     """A real run as a trace: each request's arrival at the server (`server_arrivals`), the server's token counts
     (usage) where reported, and the tokens it produced. Failed requests are kept with their asked-for lengths:
     they arrived too."""
     trace = []
-    for arrival, r in sorted(zip(server_arrivals(records), records, strict=True), key=lambda p: (p[0], p[1].index)):
+    for arrival, r in replay_order(records):
         prompt = r.prompt_tokens if r.prompt_tokens is not None else r.prompt_tokens_est
         output = r.output_tokens if r.ok and 1 <= r.output_tokens <= r.max_tokens else None
         trace.append(TraceRequest(arrival, max(1, prompt), r.max_tokens, output))
