@@ -16,6 +16,7 @@ idle and of those that arrived beside others, and the requests either side of ea
 from __future__ import annotations
 
 import argparse
+import math
 import statistics
 import sys
 from collections.abc import Sequence
@@ -24,6 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
+from benchmarks.client import RequestRecord
 from benchmarks.report import read_raw_runs
 from benchmarks.runner import RunResult, rate_from_json
 from benchmarks.workload_trace import replay_order
@@ -33,9 +35,11 @@ P50_NEIGHBOURS = 3  # requests shown either side of a p50
 
 @dataclass(frozen=True)
 class RequestPair:
-    """One request as the real server served it and as its simulated replay did (seconds, from arrival)."""
+    """One request as the real server served it and as its simulated replay did. Measured times run from the
+    client's send, simulated ones from the replayed arrival at the server (seconds)."""
 
-    position: int  # in the order the server received the requests
+    position: int  # in the order the server received the requests (the trace's line)
+    index: int  # the measured record's own index, to find it in raw/
     prompt_tokens: int
     output_tokens: int
     others_in_flight: int  # other requests the real server held when this one arrived
@@ -51,43 +55,72 @@ class RequestPair:
 
 @dataclass(frozen=True)
 class GroupError:
+    """The TTFTs of a group of requests, measured against simulated."""
+
     label: str
     count: int
     measured_ttft_p50_s: float
     simulated_ttft_p50_s: float
     median_ttft_error: float  # the median of the requests' own errors, not the error of the medians
 
+    @property
+    def p50_error(self) -> float:
+        return self.simulated_ttft_p50_s / self.measured_ttft_p50_s - 1.0
+
+
+REPLAY_TOLERANCE_S = 1e-5  # a trace keeps arrivals to the microsecond
+
 
 def in_flight_at_arrival(arrivals: Sequence[float], ends: Sequence[float]) -> list[int]:
-    """For each request, how many others had arrived and not yet ended when it arrived (one clock for both)."""
+    """For each request, how many others had arrived and not yet ended when it arrived (one clock for both;
+    requests that arrive at the same instant hold each other)."""
+    if len(arrivals) != len(ends):
+        raise ValueError(f"{len(arrivals)} arrivals but {len(ends)} ends")
     start, end = np.asarray(arrivals, dtype=float), np.asarray(ends, dtype=float)
     arrived = np.searchsorted(np.sort(start), start, side="right")  # itself included
     ended = np.searchsorted(np.sort(end), start, side="right")
     return [int(n) for n in np.maximum(arrived - ended - 1, 0)]
 
 
+def _server_end(arrival: float, record: RequestRecord) -> float:
+    """When the server let go of the request, on the replay's clock: its own e2e where it reported one (a client
+    sees the stream close a few ms later), else the client's."""
+    e2e_ms = (record.server_timings or {}).get("e2e_time_ms")
+    if isinstance(e2e_ms, (int, float)):
+        return arrival + float(e2e_ms) / 1e3
+    return arrival + (record.end_time - record.send_time)
+
+
 def pair_requests(measured: RunResult, simulated: RunResult) -> list[RequestPair]:
     """Every request both runs completed, paired by its place in the server's arrival order; ValueError where the
-    simulated run is not a replay of the measured one (another count of requests, or other prompts)."""
+    simulated run is not a replay of the measured one (another count of requests, or a request with another
+    arrival, prompt or max_tokens). A request that failed on either side is left out, but it still counts as
+    held by the server for the others."""
     ordered = replay_order(measured.records)
     replayed = sorted(simulated.records, key=lambda r: r.index)
     if len(ordered) != len(replayed):
         raise ValueError(f"{len(ordered)} requests measured but {len(replayed)} simulated: not a replay of this run")
-    # The measured side's own clock for both ends: its arrival (as replayed) and its end, shifted alike.
-    ends = [arrival + (r.end_time - r.send_time) for arrival, r in ordered]
-    others = in_flight_at_arrival([arrival for arrival, _ in ordered], ends)
+    others = in_flight_at_arrival([a for a, _ in ordered], [_server_end(a, r) for a, r in ordered])
     pairs = []
-    for position, ((_, real), replay, held) in enumerate(zip(ordered, replayed, others, strict=True)):
-        prompt = real.prompt_tokens if real.prompt_tokens is not None else real.prompt_tokens_est
-        if replay.prompt_tokens is not None and replay.prompt_tokens != prompt:
-            raise ValueError(
-                f"request {position}: {prompt} prompt tokens measured, {replay.prompt_tokens} simulated: "
-                "not a replay of this run"
-            )
+    for position, ((arrival, real), replay, held) in enumerate(zip(ordered, replayed, others, strict=True)):
+        prompt = max(1, real.prompt_tokens if real.prompt_tokens is not None else real.prompt_tokens_est)
+        mismatch = (
+            f"arrival {arrival:.6f} s measured, {replay.send_time:.6f} simulated"
+            if abs(replay.send_time - arrival) > REPLAY_TOLERANCE_S
+            else f"{prompt} prompt tokens measured, {replay.prompt_tokens} simulated"
+            if replay.prompt_tokens is not None and replay.prompt_tokens != prompt
+            else f"max_tokens {real.max_tokens} measured, {replay.max_tokens} simulated"
+            if replay.max_tokens != real.max_tokens
+            else None
+        )
+        if mismatch is not None:
+            raise ValueError(f"request {position}: {mismatch}: not a replay of this run")
         if not (real.ok and replay.ok and real.ttft is not None and replay.ttft is not None):
             continue
         pairs.append(
-            RequestPair(position, prompt, real.output_tokens, held, real.ttft, replay.ttft, real.e2e, replay.e2e)
+            RequestPair(
+                position, real.index, prompt, real.output_tokens, held, real.ttft, replay.ttft, real.e2e, replay.e2e
+            )
         )
     return pairs
 
@@ -129,8 +162,8 @@ def find_run(out_dir: Path, name: str) -> RunResult:
             raise ValueError(f"{out_dir}: no run {base!r} (main runs: {', '.join(sorted(runs)) or 'none'})")
         return runs[base]
     wanted = rate_from_json(rate)
-    for run in sweep.get(base, []):
-        if run.request_rate == wanted:
+    for run in sweep.get(base, []):  # an exported rate keeps a few digits (1/3 is 0.333333)
+        if math.isclose(run.request_rate, wanted, rel_tol=1e-6) or run.request_rate == wanted:
             return run
     rates = ", ".join(f"{base}@{r.request_rate:g}" for r in sweep.get(base, []))
     raise ValueError(f"{out_dir}: no sweep run {name!r} (sweep runs: {rates or 'none'})")
@@ -140,27 +173,30 @@ def _ms(seconds: float) -> str:
     return f"{1e3 * seconds:.1f}"
 
 
-def render(pairs: Sequence[RequestPair], name: str) -> str:
+def render(pairs: Sequence[RequestPair], name: str, left_out: int = 0) -> str:
+    """The pairs, the groups and the p50 windows as markdown."""
+    failed = f" ({left_out} left out: failed on either side)" if left_out else ""
     lines = [
-        f"## {name}: {len(pairs)} requests, measured against simulated",
+        f"## {name}: {len(pairs)} requests, measured against simulated{failed}",
         "",
-        "| # | prompt | answer | others held | TTFT ms measured | simulated | error | E2E ms measured | simulated |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| # | index | prompt | answer | others held | TTFT ms measured | simulated | error | E2E ms measured "
+        "| simulated |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     lines += [
-        f"| {p.position} | {p.prompt_tokens} | {p.output_tokens} | {p.others_in_flight} | {_ms(p.measured_ttft_s)} "
-        f"| {_ms(p.simulated_ttft_s)} | {100 * p.ttft_error:+.1f}% | {_ms(p.measured_e2e_s)} "
-        f"| {_ms(p.simulated_e2e_s)} |"
+        f"| {p.position} | {p.index} | {p.prompt_tokens} | {p.output_tokens} | {p.others_in_flight} "
+        f"| {_ms(p.measured_ttft_s)} | {_ms(p.simulated_ttft_s)} | {100 * p.ttft_error:+.1f}% "
+        f"| {_ms(p.measured_e2e_s)} | {_ms(p.simulated_e2e_s)} |"
         for p in pairs
     ]
     lines += [
         "",
-        "| requests | count | TTFT p50 ms measured | simulated | median error of the requests |",
-        "|---|---|---|---|---|",
+        "| requests | count | TTFT p50 ms measured | simulated | error of the p50s | median error of the requests |",
+        "|---|---|---|---|---|---|",
     ]
     lines += [
         f"| {g.label} | {g.count} | {_ms(g.measured_ttft_p50_s)} | {_ms(g.simulated_ttft_p50_s)} "
-        f"| {100 * g.median_ttft_error:+.1f}% |"
+        f"| {100 * g.p50_error:+.1f}% | {100 * g.median_ttft_error:+.1f}% |"
         for g in group_errors(pairs)
     ]
     lines.append("")
@@ -188,14 +224,15 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        pairs = pair_requests(find_run(args.measured, args.run), find_run(args.simulated, args.run))
+        measured = find_run(args.measured, args.run)
+        pairs = pair_requests(measured, find_run(args.simulated, args.run))
     except ValueError as exc:
         print(f"sim_requests: {exc}", file=sys.stderr)
         return 2
     if not pairs:
         print(f"sim_requests: no request of {args.run} completed in both runs", file=sys.stderr)
         return 2
-    sys.stdout.write(render(pairs, args.run))
+    sys.stdout.write(render(pairs, args.run, left_out=len(measured.records) - len(pairs)))
     return 0
 
 

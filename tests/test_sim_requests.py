@@ -93,15 +93,46 @@ def test_a_run_that_is_not_a_replay_is_refused() -> None:
         pair_requests(measured, other_prompt)
 
 
-def test_failed_requests_are_left_out_of_the_pairs() -> None:
-    failed = dataclasses.replace(_record(1, 0.5, 0.04, 0.2), first_token_time=None, error="HTTP 500")
-    measured = _run([_record(0, 0.0, 0.04, 0.2), failed])
-    assert [p.position for p in pair_requests(measured, measured)] == [0]
+def test_failed_requests_are_left_out_of_the_pairs_but_still_held_the_server() -> None:
+    failed = dataclasses.replace(_record(1, 0.05, 0.04, 0.2), first_token_time=None, error="HTTP 500")
+    measured = _run([_record(0, 0.0, 0.04, 0.2), failed, _record(2, 0.1, 0.04, 0.2)])
+    pairs = pair_requests(measured, measured)
+    assert [(p.position, p.others_in_flight) for p in pairs] == [(0, 0), (2, 2)]  # the failed one was still held
+    everyone = _run([_record(0, 0.0, 0.04, 0.2), _record(1, 0.05, 0.04, 0.2), _record(2, 0.1, 0.04, 0.2)])
+    failed_in_replay = dataclasses.replace(everyone.records[2], first_token_time=None, error="HTTP 400")
+    replay = _run([*everyone.records[:2], failed_in_replay])
+    assert [p.position for p in pair_requests(everyone, replay)] == [0, 1]
+
+
+def test_the_server_held_a_request_until_it_released_it_not_until_the_client_saw_the_end() -> None:
+    """A stream closes at the client a few ms after the server let go: an arrival in between found it idle."""
+    unix = 1_780_000_000.0
+    first = dataclasses.replace(
+        _record(0, 0.0, 0.040, 0.105, stamp=unix), server_timings={"arrival_time": unix, "e2e_time_ms": 100.0}
+    )
+    second = _record(1, 0.102, 0.040, 0.100, stamp=unix + 0.102)
+    pairs = pair_requests(_run([first, second]), _run([first, dataclasses.replace(second, send_time=0.102)]))
+    assert [p.others_in_flight for p in pairs] == [0, 0]
+    assert in_flight_at_arrival([0.0, 0.102], [0.105, 0.2]) == [0, 1]  # by the client's end it would be busy
+    with pytest.raises(ValueError, match="2 arrivals but 1 ends"):
+        in_flight_at_arrival([0.0, 0.1], [0.2])
+
+
+def test_a_replay_of_other_arrivals_or_lengths_is_refused() -> None:
+    measured = _run([_record(0, 0.0, 0.04, 0.2), _record(1, 0.5, 0.04, 0.2)])
+    later = _run([_record(0, 0.0, 0.04, 0.2), _record(1, 0.6, 0.04, 0.2)])
+    with pytest.raises(ValueError, match=r"request 1: arrival 0\.500000 s measured, 0\.600000 simulated"):
+        pair_requests(measured, later)
+    longer = _run([_record(0, 0.0, 0.04, 0.2), dataclasses.replace(_record(1, 0.5, 0.04, 0.2), max_tokens=9)])
+    with pytest.raises(ValueError, match="request 1: max_tokens 8 measured, 9 simulated"):
+        pair_requests(measured, longer)
 
 
 def test_p50_neighbourhood_shows_the_values_either_side() -> None:
     around, median = p50_neighbourhood([5.0, 1.0, 4.0, 2.0, 3.0, 6.0], neighbours=2)
     assert around == [2.0, 3.0, 4.0, 5.0] and median == 3.5
+    around, median = p50_neighbourhood([7.0, 1.0, 6.0, 2.0, 5.0, 3.0, 4.0], neighbours=2)
+    assert around == [2.0, 3.0, 4.0, 5.0, 6.0] and median == 4.0
     around, median = p50_neighbourhood([3.0, 1.0, 2.0], neighbours=5)
     assert around == [1.0, 2.0, 3.0] and median == 2.0
 
