@@ -9,8 +9,9 @@ ones), so a validation table's error needs the requests behind it before it can 
 pairs each request of a real `benchmarks.ab` run (MEASURED_DIR/raw) with its simulated replay (SIMULATED_DIR/raw,
 written by `benchmarks.simulate --replay MEASURED_DIR`): a replay's n-th request is the n-th the server received
 (`workload_trace.replay_order`). It prints every pair (prompt, answer, how many other requests the real server held
-when it arrived, TTFT and E2E measured and simulated), the median error of the requests that found the server
-idle and of those that arrived beside others, and the requests either side of each p50.
+when it arrived, TTFT and E2E measured and simulated); for the requests that found the server idle, those that
+arrived beside others and all of them, the error of their p50s and the median of their own errors; and the
+values either side of each p50.
 """
 
 from __future__ import annotations
@@ -163,7 +164,7 @@ def find_run(out_dir: Path, name: str) -> RunResult:
         return runs[base]
     wanted = rate_from_json(rate)
     for run in sweep.get(base, []):  # an exported rate keeps a few digits (1/3 is 0.333333)
-        if math.isclose(run.request_rate, wanted, rel_tol=1e-6) or run.request_rate == wanted:
+        if math.isclose(run.request_rate, wanted, rel_tol=1e-6):  # inf too
             return run
     rates = ", ".join(f"{base}@{r.request_rate:g}" for r in sweep.get(base, []))
     raise ValueError(f"{out_dir}: no sweep run {name!r} (sweep runs: {rates or 'none'})")

@@ -379,17 +379,17 @@ def test_prompt_list_with_n_orders_choices_prompt_major(server: RunningServer, c
 def test_greedy_text_is_identical_in_both_modes(servers: dict[str, RunningServer]) -> None:
     def answers(server: RunningServer) -> list[str]:
         client = openai_client(server)
-        extra = {"extra_body": {"ignore_eos": True}}
+        extra_body = {"ignore_eos": True}
         texts = [
             c.text
             for p in (PROMPT, "hello", "0123456789")
             for c in client.completions.create(
-                model=model_name(server), prompt=p, max_tokens=12, temperature=0, **extra
+                model=model_name(server), prompt=p, max_tokens=12, temperature=0, extra_body=extra_body
             ).choices
-        ]  # type: ignore[call-overload]
+        ]
         chat = client.chat.completions.create(
-            model=model_name(server), messages=CHAT, max_tokens=12, temperature=0, **extra
-        )  # type: ignore[call-overload]
+            model=model_name(server), messages=CHAT, max_tokens=12, temperature=0, extra_body=extra_body
+        )
         return [*texts, chat.choices[0].message.content or ""]
 
     dynamic, continuous = answers(servers["dynamic"]), answers(servers["continuous"])
@@ -600,7 +600,8 @@ def test_more_sequences_than_the_whole_queue_is_a_400_not_a_429() -> None:
             timeout=60,
         )
         error = error_of(response, 400)
-        assert error["param"] == "n" and "6 sequences" in error["message"] and "queue of 4" in error["message"]
+        message = str(error["message"])
+        assert error["param"] == "n" and "6 sequences" in message and "queue of 4" in message
         assert seats_all_free(server)
         fits = httpx.post(
             f"{server.base_url}/v1/completions", json={"prompt": [PROMPT, PROMPT], "n": 2, "max_tokens": 2}, timeout=60

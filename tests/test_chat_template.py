@@ -48,6 +48,7 @@ def clean_conversation(control: str) -> list[dict[str, str]]:
 
 def check_control_text_stays_plain(tokenizer: PreTrainedTokenizerBase, control: str) -> None:
     control_id = tokenizer.convert_tokens_to_ids(control)
+    assert isinstance(control_id, int)  # one token in, one id out (transformers types both forms as one)
     forged = encode_chat(tokenizer, forged_conversation(control))
     clean = encode_chat(tokenizer, clean_conversation(control))
     # Only the template's markup produces the control token: as many as the same turns without the forgery.
@@ -76,7 +77,9 @@ def test_ordinary_messages_encode_exactly_as_the_template_does(template: str) ->
 def test_the_template_still_marks_turns_when_content_is_forged() -> None:
     tokenizer = templated_tokenizer(CHATML)
     ids = encode_chat(tokenizer, forged_conversation("<|im_start|>"))
-    turns = ids.count(tokenizer.convert_tokens_to_ids("<|im_start|>"))
+    im_start = tokenizer.convert_tokens_to_ids("<|im_start|>")
+    assert isinstance(im_start, int)
+    turns = ids.count(im_start)
     assert turns == 4  # three messages and the generation prompt
 
 

@@ -20,6 +20,8 @@ import pytest
 import torch
 from langchain_core.tools import tool
 from langchain_openai import ChatOpenAI, OpenAI
+from openai.types import Completion
+from openai.types.chat import ChatCompletion, ChatCompletionFunctionToolParam, ChatCompletionMessageParam
 
 from engine.loader import LoadedModel, default_model_path, gguf_checkpoint_dir
 from tests.server_harness import (
@@ -30,10 +32,11 @@ from tests.server_harness import (
     running_server,
     tiny_loaded_model,
 )
+from tests.test_api import as_dicts
 
 MODES = ("dynamic", "continuous")
 PROMPT = "the quick brown fox"
-MESSAGES = [{"role": "user", "content": "hello world, this is a test"}]
+MESSAGES: list[ChatCompletionMessageParam] = [{"role": "user", "content": "hello world, this is a test"}]
 MAX_TOKENS = 8
 # vLLM sampling extensions at values that leave a greedy 8-token answer unchanged (the reference ends on length,
 # so no EOS comes before min_tokens; top_k is moot at temperature 0; a repetition penalty of 1 is none).
@@ -59,8 +62,8 @@ def _prompt_len(loaded: LoadedModel) -> int:
     return len(loaded.tokenizer(PROMPT)["input_ids"])
 
 
-def _chat_prompt_len(loaded: LoadedModel, messages: list[dict[str, str]]) -> int:
-    text = loaded.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+def _chat_prompt_len(loaded: LoadedModel, messages: list[ChatCompletionMessageParam]) -> int:
+    text = loaded.tokenizer.apply_chat_template(as_dicts(messages), tokenize=False, add_generation_prompt=True)
     return len(loaded.tokenizer(text, add_special_tokens=False)["input_ids"])
 
 
@@ -107,7 +110,8 @@ def _assert_usage(usage: Any, prompt_tokens: int, completion_tokens: int) -> Non
 @pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
 def test_openai_completions_with_explicit_nulls_and_vllm_extras(tiny, reference, stream: bool) -> None:
     server, loaded = tiny
-    reply = openai_client(server).completions.create(
+    # The SDK types `user` as a string (no null), but clients send an explicit null: the point of this test.
+    reply = openai_client(server).completions.create(  # type: ignore[call-overload]
         model=reference["model"],
         prompt=PROMPT,
         max_tokens=MAX_TOKENS,
@@ -131,6 +135,7 @@ def test_openai_completions_with_explicit_nulls_and_vllm_extras(tiny, reference,
     if stream:
         text, finish, usage = _collect_stream(reply, chat=False)
     else:
+        assert isinstance(reply, Completion)  # not streamed: the whole answer
         text, finish, usage = reply.choices[0].text, reply.choices[0].finish_reason, reply.usage
     assert text == reference["completion"]
     assert finish == "length"
@@ -158,7 +163,7 @@ def test_openai_completions_null_temperature_is_the_default_and_top_k_is_applied
 @pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
 def test_openai_chat_with_explicit_nulls_noop_tools_and_vllm_extras(tiny, reference, stream: bool) -> None:
     server, loaded = tiny
-    weather_tool = {
+    weather_tool: ChatCompletionFunctionToolParam = {
         "type": "function",
         "function": {
             "name": "get_weather",
@@ -166,7 +171,8 @@ def test_openai_chat_with_explicit_nulls_noop_tools_and_vllm_extras(tiny, refere
             "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
         },
     }
-    reply = openai_client(server).chat.completions.create(
+    # The SDK types `user` as a string (no null), but clients send an explicit null: the point of this test.
+    reply = openai_client(server).chat.completions.create(  # type: ignore[call-overload]
         model=reference["model"],
         messages=MESSAGES,
         max_completion_tokens=MAX_TOKENS,
@@ -188,9 +194,11 @@ def test_openai_chat_with_explicit_nulls_noop_tools_and_vllm_extras(tiny, refere
         stream_options={"include_usage": True} if stream else None,
         extra_body=NOOP_EXTRA_BODY,
     )
+    text: str | None  # a message's content is optional
     if stream:
         text, finish, usage = _collect_stream(reply, chat=True)
     else:
+        assert isinstance(reply, ChatCompletion)  # not streamed: the whole answer
         message = reply.choices[0].message
         assert not message.tool_calls
         text, finish, usage = message.content, reply.choices[0].finish_reason, reply.usage
@@ -208,7 +216,10 @@ def test_openai_chat_null_temperature_is_the_default_and_top_k_is_applied(tiny, 
         reply = client.chat.completions.create(
             model=reference["model"], messages=MESSAGES, max_tokens=MAX_TOKENS, stream=stream, **fields
         )
-        return _collect_stream(reply, chat=True)[0] if stream else str(reply.choices[0].message.content)
+        if stream:
+            return _collect_stream(reply, chat=True)[0]
+        assert isinstance(reply, ChatCompletion)  # not streamed: the whole answer
+        return str(reply.choices[0].message.content)
 
     sampled = text(seed=11)
     assert sampled != reference["chat"]
@@ -228,6 +239,7 @@ def test_openai_completions_echo_scores_the_prompt(tiny, reference) -> None:
         logits = loaded.model(torch.tensor([ids])).logits[0].float()
     expected = logits[:-1].log_softmax(-1).gather(1, torch.tensor(ids[1:])[:, None])[:, 0].tolist()
     assert choice.text == PROMPT
+    assert choice.logprobs is not None and choice.logprobs.token_logprobs is not None and reply.usage is not None
     assert choice.logprobs.tokens == [loaded.tokenizer.decode([i]) for i in ids]
     assert choice.logprobs.token_logprobs[0] is None
     assert choice.logprobs.token_logprobs[1:] == pytest.approx(expected, abs=1e-4)
@@ -245,7 +257,14 @@ def get_weather(city: str) -> str:
 
 
 def _chat_model(server: RunningServer, model: str, **kwargs: Any) -> ChatOpenAI:
-    return ChatOpenAI(base_url=f"{server.base_url}/v1", api_key="unused", model=model, max_retries=0, **kwargs)
+    # pydantic turns the str into a SecretStr; langchain annotates the field with the converted type only
+    return ChatOpenAI(
+        base_url=f"{server.base_url}/v1",
+        api_key="unused",  # type: ignore[arg-type]
+        model=model,
+        max_retries=0,
+        **kwargs,
+    )
 
 
 def _add_chunks(chunks: list[Any]) -> Any:
@@ -295,7 +314,7 @@ def test_langchain_openai_completions_llm(tiny, reference, stream: bool) -> None
     server, _ = tiny
     llm = OpenAI(
         base_url=f"{server.base_url}/v1",
-        api_key="unused",
+        api_key="unused",  # type: ignore[arg-type]  # pydantic makes it a SecretStr (the field's annotated type)
         model=reference["model"],
         max_retries=0,
         temperature=0,
@@ -385,12 +404,12 @@ TASKS = ["bs_mc", "bs_ll", "bs_gen"]
 
 def _write_tasks(root: Path) -> Path:
     """Task YAMLs (JSON is YAML) over JSONL files; the datasets cache stays under `root` too."""
-    data = {
+    data: dict[str, list[dict[str, Any]]] = {  # rows of each task's JSONL file
         "bs_mc": [{"question": q, "choices": c, "answer": a} for q, c, a in _MC],
         "bs_ll": [{"context": c, "answer": a} for c, a in _LL],
         "bs_gen": [{"question": q, "answer": a} for q, a in _GEN],
     }
-    tasks = {
+    tasks: dict[str, dict[str, Any]] = {  # lm-eval task configs, as JSON
         "bs_mc": {
             "output_type": "multiple_choice",
             "doc_to_text": "Question: {{question}}\nAnswer:",
@@ -424,7 +443,13 @@ def _write_tasks(root: Path) -> Path:
         data_file = root / f"{name}.jsonl"
         data_file.write_text("".join(json.dumps(row) + "\n" for row in data[name]))
         dataset = {"data_files": {"test": str(data_file)}, "cache_dir": str(root / "datasets")}
-        full = {"task": name, "dataset_path": "json", "dataset_kwargs": dataset, "test_split": "test", **config}
+        full: dict[str, Any] = {
+            "task": name,
+            "dataset_path": "json",
+            "dataset_kwargs": dataset,
+            "test_split": "test",
+            **config,
+        }
         for metric in full["metric_list"]:
             metric.setdefault("aggregation", "perplexity" if metric["metric"] == "perplexity" else "mean")
             metric.setdefault("higher_is_better", metric["metric"] != "perplexity")

@@ -55,6 +55,7 @@ def test_fit_recovers_known_coefficients_exactly_from_noise_free_steps() -> None
     shapes = profile_grid()
     report = fit_cost_model(shapes, [TRUE.step_time(s) for s in shapes], source="synthetic")
     fitted = report.model
+    assert isinstance(fitted, FittedCostModel)  # one regime: no switch_tokens
     assert fitted.knee_tokens == TRUE.knee_tokens
     for field in ("const_s", "per_token_s", "per_token_over_knee_s", "per_seq_s", "per_attention_mpair_s"):
         assert getattr(fitted, field) == pytest.approx(getattr(TRUE, field), rel=1e-6), field
@@ -66,6 +67,7 @@ def test_fit_recovers_coefficients_within_tolerance_from_noisy_steps() -> None:
     rng = np.random.default_rng(7)
     times = [TRUE.step_time(s) * (1 + 0.03 * rng.standard_normal()) for s in shapes]
     fitted = fit_cost_model(shapes, times, source="synthetic, 3 % noise").model
+    assert isinstance(fitted, FittedCostModel)  # one regime: no switch_tokens
     assert fitted.const_s == pytest.approx(TRUE.const_s, rel=0.1)
     assert fitted.per_token_over_knee_s == pytest.approx(TRUE.per_token_over_knee_s, rel=0.1)
     assert fitted.per_attention_mpair_s == pytest.approx(TRUE.per_attention_mpair_s, rel=0.15)
@@ -79,6 +81,7 @@ def test_fit_never_returns_negative_coefficients() -> None:
     # Step time that falls with tokens cannot be fitted by a cost that grows; the fit clamps, not extrapolates.
     times = [0.05 + 0.001 * s.num_seqs for s in shapes]
     fitted = fit_cost_model(shapes, times, source="synthetic").model
+    assert isinstance(fitted, FittedCostModel)  # one regime: no switch_tokens
     assert min(fitted.const_s, fitted.per_token_s, fitted.per_seq_s, fitted.per_attention_mpair_s) >= 0
     assert fitted.step_time(shapes[0]) > 0
 

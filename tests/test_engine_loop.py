@@ -11,6 +11,7 @@ import asyncio
 import threading
 import time
 from collections.abc import Callable
+from typing import TypedDict, Unpack
 
 import pytest
 
@@ -18,6 +19,7 @@ from engine.sampling_params import SamplingParams
 from scheduler.config import Mode
 from scheduler.loop import SchedulerLoop
 from scheduler.request import FinishEvent, Outcome, RequestEvent, SequenceRequest, TokenEvent
+from scheduler.stats import StepStats
 from tests.fakes import Harness, build, expected_tokens
 
 EVENT_TIMEOUT_S = 10.0  # only a guard against a hung test; never reached when things work
@@ -41,16 +43,23 @@ class RecordingEvent(threading.Event):
 
 
 class CountingStep:
-    def __init__(self, step: Callable[[], object]) -> None:
+    def __init__(self, step: Callable[[], StepStats | None]) -> None:
         self.step = step
         self.calls = 0
 
-    def __call__(self) -> object:
+    def __call__(self) -> StepStats | None:
         self.calls += 1
         return self.step()
 
 
-def make_loop(mode: Mode, **config: object) -> tuple[Harness, SchedulerLoop, RecordingEvent, CountingStep]:
+class LoopOptions(TypedDict, total=False):
+    """The options of tests.fakes.build that these tests set; the others keep build's defaults."""
+
+    seats: int
+    batch_timeout_ms: float
+
+
+def make_loop(mode: Mode, **config: Unpack[LoopOptions]) -> tuple[Harness, SchedulerLoop, RecordingEvent, CountingStep]:
     h = build(mode, clock=time.monotonic, **config)
     counter = CountingStep(h.scheduler.step)
     h.scheduler.step = counter  # type: ignore[method-assign]

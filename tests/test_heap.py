@@ -7,7 +7,7 @@ import json
 import logging
 import re
 import weakref
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import httpx
@@ -32,7 +32,7 @@ class Node:
     other: Node
 
 
-def _tracked(objects: list[object]) -> list[bool]:
+def _tracked(objects: Sequence[object]) -> list[bool]:
     ids = {id(o) for o in gc.get_objects()}  # the generations the collector walks; frozen objects are not there
     return [id(o) in ids for o in objects]
 

@@ -61,7 +61,9 @@ def test_packing_is_skipped_where_onednn_cannot_run() -> None:
 def test_runner_packs_every_projection_and_the_lm_head(tiny_qwen2: PreTrainedModel) -> None:
     runner = TransformersRunner(tiny_qwen2)
     linears = [lin for layer in runner.layers for lin in runner.layer_linears(layer)] + [runner.lm_head]
-    assert all(lin.packed is not None for lin in linears)
-    assert runner.layers[0].qkv_proj.bias is not None  # Qwen2's q/k/v biases survive the fusion
+    # dense weights (no quantisation asked for), so every projection is a Linear
+    assert all(isinstance(lin, Linear) and lin.packed is not None for lin in linears)
+    qkv_proj = runner.layers[0].qkv_proj
+    assert isinstance(qkv_proj, Linear) and qkv_proj.bias is not None  # Qwen2's q/k/v biases survive the fusion
     plain = TransformersRunner(tiny_qwen2, prepack_weights=False)
-    assert all(lin.packed is None for lin in plain.layer_linears(plain.layers[0]))
+    assert all(isinstance(lin, Linear) and lin.packed is None for lin in plain.layer_linears(plain.layers[0]))

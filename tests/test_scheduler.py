@@ -11,7 +11,7 @@ import itertools
 
 import pytest
 import torch
-from transformers import PreTrainedModel
+from transformers import GenerationMixin, PreTrainedModel
 
 from engine.config import EngineConfig
 from engine.engine import Engine
@@ -88,14 +88,16 @@ def test_dynamic_batch_leaves_when_max_batch_size_requests_wait_before_timeout()
 
 def test_dynamic_partial_batch_leaves_once_oldest_waited_batch_timeout() -> None:
     h = build(Mode.DYNAMIC, seats=4, batch_timeout_ms=100)
+    clock = h.clock
+    assert isinstance(clock, FakeClock)  # build's default
     a = h.submit()
-    h.clock.set(0.05)
+    clock.set(0.05)
     b = h.submit()
-    h.clock.set(0.0999)
+    clock.set(0.0999)
     assert h.step() is None
     assert h.scheduler.next_deadline() == pytest.approx(0.1)  # the oldest one's timeout
     assert h.runner.calls == 0 and len(h.scheduler.waiting) == 2
-    h.clock.set(0.1)
+    clock.set(0.1)
     stats = h.step()
     assert stats is not None and stats.num_seqs == 2
     assert a.request is not None and a.request.scheduled == 0.1
@@ -132,7 +134,7 @@ def test_dynamic_request_arriving_while_batch_runs_waits_for_next_batch() -> Non
     assert a.finish.timings.batch_id == 1 and late.finish.timings.batch_id == 2
     assert late.finish.timings.scheduled is not None
     assert late.finish.timings.scheduled >= a.finish.timings.released
-    assert late.token_steps[0] == a.finish_step + 1
+    assert a.finish_step is not None and late.token_steps[0] == a.finish_step + 1
     assert_complete(a)
     assert_complete(late)
     assert_drained(h)
@@ -178,7 +180,8 @@ def test_dynamic_next_batch_leaves_as_soon_as_running_one_ends(why: str) -> None
     h.run()
     assert all(f.finish_step == 3 for f in first)
     for s in second:
-        assert s.finish is not None and s.finish.timings.scheduled == 3.0 == first[0].finish.timings.released
+        assert s.finish is not None and first[0].finish is not None
+        assert s.finish.timings.scheduled == 3.0 == first[0].finish.timings.released
         assert s.token_steps[0] == 4
     assert len(h.stats) == h.step_count == 5  # no idle step in between
     for s in h.streams.values():
@@ -206,7 +209,7 @@ def test_dynamic_batch_boards_only_what_the_cache_holds_and_the_rest_wait_in_ord
     streams = [h.submit(prompt=4, max_tokens=8) for _ in range(3)]  # 3 blocks each
     h.run()
     assert [s.finish.timings.batch_id for s in streams if s.finish] == [1, 1, 2]
-    assert streams[2].token_steps[0] == streams[0].finish_step + 1
+    assert streams[0].finish_step is not None and streams[2].token_steps[0] == streams[0].finish_step + 1
     for s in streams:
         assert_complete(s)
     assert_drained(h)
@@ -316,7 +319,7 @@ def test_continuous_preempted_request_is_resumed_before_younger_waiting_ones() -
     assert [r.request_id for r in h.scheduler.waiting] == [streams[2].request_id, streams[3].request_id]
     h.run()
     starts = [s.finish.timings.scheduled for s in streams if s.finish]
-    assert starts == sorted(starts)
+    assert None not in starts and starts == sorted(t for t in starts if t is not None)
     # 10 blocks cannot hold three 5-block sequences: the newest running one was preempted while the fourth waited.
     preempted = [s for s in streams if s.finish and s.finish.timings.num_preemptions > 0]
     assert [s.request_id for s in preempted] == [streams[2].request_id]
@@ -475,10 +478,10 @@ def test_fifo_arrival_order_and_no_starvation_under_stream_of_arrivals(mode: Mod
     streams = list(h.streams.values())
     starts = [s.finish.timings.scheduled for s in streams if s.finish]
     assert len(starts) == len(streams) and None not in starts
-    assert starts == sorted(starts)  # scheduled in arrival order
+    assert starts == sorted(t for t in starts if t is not None)  # scheduled in arrival order
     if mode is Mode.DYNAMIC:
         batches = [s.finish.timings.batch_id for s in streams if s.finish]
-        assert batches == sorted(batches)
+        assert None not in batches and batches == sorted(b for b in batches if b is not None)
     assert_complete(big)  # nobody starved
     for s in streams:
         assert_complete(s)
@@ -634,15 +637,17 @@ def test_everything_released_and_engine_drained_after_mixed_workload(mode: Mode)
 @pytest.mark.parametrize("mode", MODES, ids=lambda m: m.value)
 def test_timings_are_ordered_arrival_scheduled_first_last_released(mode: Mode) -> None:
     h = build(mode, seats=2, batch_timeout_ms=500, max_num_batched_tokens=6, step_time=0.25)
+    clock = h.clock
+    assert isinstance(clock, FakeClock)  # build's default
     for k in range(7):
         h.submit(prompt=2 + 3 * k, max_tokens=1 + k)
-        h.clock.advance(0.1)
+        clock.advance(0.1)
         h.step()
     h.run()
     for s in h.streams.values():
         assert_complete(s)
         t = s.finish.timings if s.finish else None
-        assert t is not None and t.scheduled is not None and t.first_token is not None
+        assert t is not None and t.scheduled is not None and t.first_token is not None and t.last_token is not None
         assert t.arrival <= t.scheduled < t.first_token <= t.last_token <= t.released
         assert t.num_steps >= s.max_tokens
     assert_drained(h)
@@ -662,6 +667,7 @@ def test_scripted_runner_notices_a_corrupted_cache() -> None:
 
 # ===== a real (tiny, random) model =====
 def hf_greedy(model: PreTrainedModel, prompt: list[int], max_new_tokens: int) -> list[int]:
+    assert isinstance(model, GenerationMixin)  # a causal LM: PreTrainedModel itself declares no `generate`
     ids = torch.tensor([prompt])
     out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens, do_sample=False)
     return out[0, len(prompt) :].tolist()
@@ -711,6 +717,7 @@ def test_a_request_that_fails_to_be_admitted_fails_alone_and_the_running_go_on(m
     real_add = h.engine.add
 
     def broken_add(seq_id: int, prompt: object, params: object) -> None:
+        assert poisoned.request is not None  # Harness.submit sets it before the scheduler sees the request
         if seq_id == poisoned.request.seq_id:
             raise RuntimeError("a bug in admission")
         real_add(seq_id, prompt, params)  # type: ignore[arg-type]
