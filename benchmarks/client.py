@@ -83,6 +83,11 @@ class RequestRecord:
         return self.error is None
 
     @property
+    def counted_prompt_tokens(self) -> int:
+        """The server's count of the prompt's tokens (usage) where it reported one, else the workload's estimate."""
+        return self.prompt_tokens if self.prompt_tokens is not None else self.prompt_tokens_est
+
+    @property
     def ttft(self) -> float | None:
         return None if self.first_token_time is None else self.first_token_time - self.send_time
 

@@ -169,7 +169,7 @@ def write_report(outcome: ABOutcome, out_dir: Path) -> dict[str, Path]:
     written.update({path.stem: path for path in plots.values()})
     # The machine that measured it; a simulated result (sim_report) has a cost model instead.
     document = {"machine": machine_facts(), **result_document(outcome)}
-    written["result.json"] = _write_json(out_dir / "result.json", document)
+    written["result.json"] = write_json(out_dir / "result.json", document)
     report = out_dir / "report.md"
     report.write_text(render_markdown(outcome, plots))
     written["report.md"] = report
@@ -183,11 +183,11 @@ def write_raw_runs(outcome: ABOutcome, out_dir: Path) -> dict[str, Path]:
     raw_dir.mkdir(parents=True, exist_ok=True)
     written: dict[str, Path] = {}
     for name, run in outcome.runs.items():
-        written[f"raw/{name}"] = _write_json(raw_dir / f"{name}.json", run.to_dict())
+        written[f"raw/{name}"] = write_json(raw_dir / f"{name}.json", run.to_dict())
     for name, runs in outcome.sweep.items():
         for run in runs:
             path = raw_dir / f"{_SWEEP_PREFIX}{name}-{_rate(run.request_rate)}.json"
-            written[f"raw/{path.stem}"] = _write_json(path, run.to_dict())
+            written[f"raw/{path.stem}"] = write_json(path, run.to_dict())
     return written
 
 
@@ -209,7 +209,8 @@ def read_raw_runs(out_dir: Path) -> tuple[dict[str, RunResult], dict[str, list[R
     return runs, sweep
 
 
-def _write_json(path: Path, document: Any) -> Path:
+def write_json(path: Path, document: Any) -> Path:
+    """`document` as strict, indented JSON (NaN and infinity refused): every result file's format."""
     path.write_text(json.dumps(document, indent=2, allow_nan=False) + "\n")
     return path
 

@@ -8,12 +8,11 @@ per-request timeline shows the first `TIMELINE_REQUESTS` requests only, since on
 from __future__ import annotations
 
 import dataclasses
-import json
 from pathlib import Path
 from typing import Any
 
 from benchmarks.plots import plot_cdf, plot_sweep, plot_timelines
-from benchmarks.report import ABOutcome, render_markdown, result_document, write_raw_runs
+from benchmarks.report import ABOutcome, render_markdown, result_document, write_json, write_raw_runs
 from benchmarks.runner import RunResult
 
 TIMELINE_REQUESTS = 200
@@ -32,7 +31,7 @@ def write_sim_report(outcome: ABOutcome, out_dir: Path, cost_label: str) -> dict
         plots["rate sweep"] = plot_sweep(outcome.sweep, out_dir / "sweep.png")
     written.update({path.stem: path for path in plots.values()})
     document: dict[str, Any] = {"simulated": True, "cost_model": cost_label, **result_document(outcome)}
-    written["result.json"] = _write_json(out_dir / "result.json", document)
+    written["result.json"] = write_json(out_dir / "result.json", document)
     banner = (
         f"> **SIMULATED** with `benchmarks.simulate`: the real scheduler and policies on a virtual clock; step "
         f"times from the {cost_label}. Latencies are server-side (arrival to token), without HTTP or "
@@ -50,8 +49,3 @@ def _first_requests(run: RunResult) -> RunResult:
         return run
     records = sorted(run.records, key=lambda r: (r.send_time, r.index))[:TIMELINE_REQUESTS]
     return dataclasses.replace(run, label=f"{run.label} (first {TIMELINE_REQUESTS})", records=tuple(records))
-
-
-def _write_json(path: Path, document: Any) -> Path:
-    path.write_text(json.dumps(document, indent=2, allow_nan=False) + "\n")
-    return path

@@ -29,7 +29,7 @@ import numpy as np
 from benchmarks.client import RequestRecord
 from benchmarks.report import read_raw_runs
 from benchmarks.runner import RunResult, rate_from_json
-from benchmarks.workload_trace import replay_order
+from benchmarks.workload_trace import replay_order, trace_prompt_tokens
 
 P50_NEIGHBOURS = 3  # requests shown either side of a p50
 
@@ -104,7 +104,7 @@ def pair_requests(measured: RunResult, simulated: RunResult) -> list[RequestPair
     others = in_flight_at_arrival([a for a, _ in ordered], [_server_end(a, r) for a, r in ordered])
     pairs = []
     for position, ((arrival, real), replay, held) in enumerate(zip(ordered, replayed, others, strict=True)):
-        prompt = max(1, real.prompt_tokens if real.prompt_tokens is not None else real.prompt_tokens_est)
+        prompt = trace_prompt_tokens(real)
         mismatch = (
             f"arrival {arrival:.6f} s measured, {replay.send_time:.6f} simulated"
             if abs(replay.send_time - arrival) > REPLAY_TOLERANCE_S

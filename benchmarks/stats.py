@@ -138,7 +138,7 @@ def summarize(records: Sequence[RequestRecord], duration_s: float, slo: SLO | No
     if duration_s <= 0:
         raise ValueError(f"duration_s must be > 0, got {duration_s}")
     ok = [r for r in records if r.ok]
-    input_tokens = sum(r.prompt_tokens if r.prompt_tokens is not None else r.prompt_tokens_est for r in ok)
+    input_tokens = sum(r.counted_prompt_tokens for r in ok)
     output_tokens = sum(r.output_tokens for r in ok)
     timings = [t for t in (ServerTimings.parse(r.server_timings) for r in ok) if t is not None]
     good = sum(1 for r in ok if slo.met_by(r)) if slo is not None and slo.is_set else None

@@ -127,15 +127,19 @@ def replay_order(records: Sequence[RequestRecord]) -> list[tuple[float, RequestR
     return sorted(zip(server_arrivals(records), records, strict=True), key=lambda p: (p[0], p[1].index))
 
 
+def trace_prompt_tokens(record: RequestRecord) -> int:
+    """A real request's prompt length as its trace line holds it (at least one token)."""
+    return max(1, record.counted_prompt_tokens)
+
+
 def from_records(records: Sequence[RequestRecord]) -> list[TraceRequest]:
     """A real run as a trace: each request's arrival at the server (`server_arrivals`), the server's token counts
     (usage) where reported, and the tokens it produced. Failed requests are kept with their asked-for lengths:
     they arrived too."""
     trace = []
     for arrival, r in replay_order(records):
-        prompt = r.prompt_tokens if r.prompt_tokens is not None else r.prompt_tokens_est
         output = r.output_tokens if r.ok and 1 <= r.output_tokens <= r.max_tokens else None
-        trace.append(TraceRequest(arrival, max(1, prompt), r.max_tokens, output))
+        trace.append(TraceRequest(arrival, trace_prompt_tokens(r), r.max_tokens, output))
     return trace
 
 
