@@ -38,9 +38,19 @@ _CONVERTER_MODULES = ("sentencepiece", "numpy", "torch", "transformers")
 _NO_AMX = "-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
 
 
+# llama.cpp's own switches for a build capped at an instruction set, so it runs the paths batchserve runs with
+# BATCHSERVE_CPU_ISA set to the same value (engine/cpu_features.py); "native" is whatever this CPU has.
+_ISA_OPTIONS = {
+    "native": {"GGML_NATIVE": "ON"},
+    "avx2": {"GGML_NATIVE": "OFF", "GGML_AVX": "ON", "GGML_AVX2": "ON", "GGML_FMA": "ON", "GGML_F16C": "ON",
+             "GGML_BMI2": "ON", "GGML_AVX_VNNI": "OFF", "GGML_AVX512": "OFF"},
+}
+
+
 @dataclass(frozen=True)
 class LlamaCppCache:
     root: Path  # <cache>/llama.cpp/<version>
+    isa: str = "native"  # a key of _ISA_OPTIONS: the binary's instruction set
 
     @property
     def source(self) -> Path:
@@ -48,7 +58,7 @@ class LlamaCppCache:
 
     @property
     def server(self) -> Path:
-        return self.root / "bin" / "llama-server"
+        return self.root / "bin" / ("llama-server" if self.isa == "native" else f"llama-server-{self.isa}")
 
     @property
     def convert_script(self) -> Path:
@@ -58,16 +68,19 @@ class LlamaCppCache:
         return self.root / f"{model.stem.split('.')[0]}-f32.gguf"
 
 
-def default_cache(version: str = LLAMA_CPP_PYTHON_VERSION) -> LlamaCppCache:
-    return LlamaCppCache(resolve_cache_dir() / "llama.cpp" / version)
+def default_cache(version: str = LLAMA_CPP_PYTHON_VERSION, isa: str | None = None) -> LlamaCppCache:
+    """`isa`: None follows BATCHSERVE_CPU_ISA (an "avx2" cap builds and runs an AVX2-only binary), else native."""
+    if isa is None:
+        isa = "avx2" if os.environ.get("BATCHSERVE_CPU_ISA", "").strip().lower() == "avx2" else "native"
+    return LlamaCppCache(resolve_cache_dir() / "llama.cpp" / version, isa)
 
 
-def configure_argv(source: Path, build_dir: Path) -> list[str]:
-    """CPU only, optimised for this CPU, one static binary; nothing that would reach the network."""
+def configure_argv(source: Path, build_dir: Path, isa: str = "native") -> list[str]:
+    """CPU only, optimised for this CPU (or capped at `isa`), one static binary; nothing that reaches the network."""
     options = {
         "CMAKE_BUILD_TYPE": "Release",
         "BUILD_SHARED_LIBS": "OFF",  # a single self-contained file is simpler to cache
-        "GGML_NATIVE": "ON",
+        **_ISA_OPTIONS[isa],
         "GGML_CUDA": "OFF",
         "LLAMA_CURL": "OFF",  # older llama.cpp: model download over HTTP
         "LLAMA_OPENSSL": "OFF",  # newer llama.cpp: the same, over HTTPS
@@ -128,8 +141,8 @@ def build_server(cache: LlamaCppCache, sdist: Path | None = None, jobs: int = 2)
     source = cache.source
     if not (source / "CMakeLists.txt").is_file():
         extract_source(sdist or fetch_sdist(cache.root / "sdist"), source)
-    build_dir = cache.root / "build"
-    subprocess.run(configure_argv(source, build_dir), check=True)
+    build_dir = cache.root / f"build-{cache.isa}"
+    subprocess.run(configure_argv(source, build_dir, cache.isa), check=True)
     subprocess.run(build_argv(build_dir, jobs), check=True)
     built = build_dir / "bin" / "llama-server"
     cache.server.parent.mkdir(parents=True, exist_ok=True)
@@ -170,9 +183,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     build.add_argument("--sdist", type=Path, default=None, help="a local llama-cpp-python sdist (default: PyPI)")
     build.add_argument("--jobs", type=int, default=2)
     build.add_argument("--skip-convert", action="store_true")
-    sub.add_parser("paths", help="print the cached paths as JSON")
+    paths_parser = sub.add_parser("paths", help="print the cached paths as JSON")
+    for command in (build, paths_parser):
+        command.add_argument("--cpu-isa", choices=sorted(_ISA_OPTIONS), default=None,
+                             help="the binary's instruction set (default: avx2 under BATCHSERVE_CPU_ISA=avx2, else native)")
     args = parser.parse_args(argv)
-    cache = default_cache()
+    cache = default_cache(isa=args.cpu_isa)
     model = default_model_path()
     if args.command == "build":
         print(build_server(cache, args.sdist, args.jobs))

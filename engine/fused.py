@@ -57,9 +57,17 @@ class RotaryTables:
 
 @dataclass(frozen=True)
 class ElementwiseOps:
-    """The fused ops of a layer; `native` selects the compiled kernels (load them with native.load_fused_ops)."""
+    """The fused ops of a layer, through `kernels` (a loaded build, engine/native.py) or torch's ops when None.
 
-    native: bool
+    SiLU * up runs fused only where the build's SiLU gives torch's bits (`Kernels.silu_matches_torch`): exactness
+    is a property of the format, so where the kernel cannot match torch, torch's op runs."""
+
+    kernels: native.Kernels | None
+    fused_silu: bool = False
+
+    @classmethod
+    def build(cls, kernels: native.Kernels | None) -> ElementwiseOps:
+        return cls(kernels, kernels is not None and kernels.silu_matches_torch)
 
     def add_rms_norm(
         self, residual: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor, eps: float
@@ -68,8 +76,8 @@ class ElementwiseOps:
 
         residual: [rows, hidden], contiguous. Returns [rows, hidden] in the residual's dtype."""
         others = (weight,) if delta is None else (weight, delta)
-        if self.native and residual.dim() == 2 and residual.is_contiguous() and _fits(residual, *others):
-            return torch.ops.batchserve.add_rms_norm(residual, delta, weight, eps)  # type: ignore[no-any-return]
+        if self.kernels and residual.dim() == 2 and residual.is_contiguous() and _fits(residual, *others):
+            return self.kernels.ops.add_rms_norm(residual, delta, weight, eps)  # type: ignore[no-any-return]
         if delta is not None:
             residual.add_(delta)
         if residual.dtype == torch.float32 and weight.dtype == torch.float32:
@@ -81,8 +89,8 @@ class ElementwiseOps:
 
     def gated_activation(self, gate_up: torch.Tensor, act: nn.Module) -> torch.Tensor:
         """act(gate) * up over a fused [rows, 2 n] gate|up projection: [rows, n]."""
-        if self.native and type(act) in _SILU_TYPES and gate_up.dim() == 2 and _fits(gate_up):
-            return torch.ops.batchserve.silu_mul(gate_up)  # type: ignore[no-any-return]
+        if self.kernels and self.fused_silu and type(act) in _SILU_TYPES and gate_up.dim() == 2 and _fits(gate_up):
+            return self.kernels.ops.silu_mul(gate_up)  # type: ignore[no-any-return]
         gate, up = gate_up.chunk(2, dim=-1)
         return act(gate) * up  # type: ignore[no-any-return]
 
@@ -99,13 +107,13 @@ class ElementwiseOps:
         """RoPE on the queries and keys of a fused [tokens, (heads + 2 kv_heads) * dim] projection; the keys and
         values go to their cache slots ([kv_heads, slots, dim] caches). Returns the queries [tokens, heads, dim]."""
         if (
-            self.native
+            self.kernels
             and qkv.dim() == 2
             and key_cache.is_contiguous()
             and value_cache.is_contiguous()
             and _fits(qkv, rotary.cos, key_cache, value_cache)
         ):
-            return torch.ops.batchserve.rope_write_cache(  # type: ignore[no-any-return]
+            return self.kernels.ops.rope_write_cache(  # type: ignore[no-any-return]
                 qkv, rotary.cos, rotary.sin, key_cache, value_cache, slot_mapping, heads, kv_heads
             )
         tokens, dim = qkv.shape[0], key_cache.shape[-1]
@@ -120,20 +128,20 @@ class ElementwiseOps:
         return query
 
 
-def argmax_rows(logits: torch.Tensor) -> torch.Tensor:
+def argmax_rows(logits: torch.Tensor, kernels: native.Kernels | None = None) -> torch.Tensor:
     """Greedy argmax of each row of [rows, vocab] logits (lowest index on ties): [rows] int64.
 
-    Uses the one-pass kernel where the extension is loaded in this process; rows must hold no NaN (the sampler's
-    inputs never do)."""
-    kernel = native.registered_op("argmax_rows")
+    Uses the one-pass kernel of `kernels`, by default of this CPU's build where it is loaded in this process; rows
+    must hold no NaN (the sampler's inputs never do)."""
+    kernels = kernels or native.loaded_kernels()
     usable = logits.device.type == "cpu" and logits.dtype == torch.float32 and logits.dim() == 2
-    if kernel is not None and usable and logits.shape[-1] > 0:
-        return kernel(logits)  # type: ignore[return-value]
+    if kernels is not None and usable and logits.shape[-1] > 0:
+        return kernels.ops.argmax_rows(logits)  # type: ignore[no-any-return]
     return logits.argmax(dim=-1)
 
 
 def token_logprobs(
-    logits: torch.Tensor, tokens: torch.Tensor, k: int
+    logits: torch.Tensor, tokens: torch.Tensor, k: int, kernels: native.Kernels | None = None
 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
     """log_softmax(logits) at each row's token, and the k best (ids, logprobs) per row, best first (None when k=0).
 
@@ -141,10 +149,10 @@ def token_logprobs(
     in passes over each row while it sits in cache, instead of log_softmax writing a second [rows, vocab] tensor that
     a gather and a top-k then read again (engine/csrc/prompt_scores.cpp); its logprobs agree to ~1e-6."""
     k = min(k, logits.shape[-1])
-    kernel = native.load_score_kernel() if native.registered_op("prompt_scores") is not None else None
+    kernels = kernels or native.loaded_kernels()
     usable = logits.device.type == "cpu" and logits.dtype == torch.float32 and logits.dim() == 2
-    if kernel is not None and usable and logits.shape[-1] > 0:
-        scored, _, best_ids, best_logprobs = kernel(logits, tokens, k)
+    if kernels is not None and usable and logits.shape[-1] > 0:
+        scored, _, best_ids, best_logprobs = kernels.prompt_scores(logits, tokens, k)
         return scored, (best_ids if k > 0 else None), (best_logprobs if k > 0 else None)
     logprobs = torch.log_softmax(logits, dim=-1)
     chosen = logprobs.gather(1, tokens[:, None])[:, 0]

@@ -16,14 +16,18 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from engine.cpu_features import cpu_features
+from engine.native import Kernels
 from engine.quantization import Int4Weight, Int8Weight, QuantizedWeight
 
 
 def onednn_available(device: torch.device, dtype: torch.dtype) -> bool:
+    """Whether oneDNN can reorder and run this weight: bf16 needs AVX-512 BW/VL/DQ or AVX-NE-CONVERT (without them
+    torch's reorder raises), so on an AVX2 CPU, or under an AVX2 cap, bf16 weights stay in torch's layout."""
     ops = getattr(torch.ops, "mkldnn", None)
     return (
         device.type == "cpu"
-        and dtype in (torch.float32, torch.bfloat16)
+        and (dtype == torch.float32 or (dtype == torch.bfloat16 and cpu_features().onednn_bf16))
         and torch.backends.mkldnn.is_available()
         and ops is not None
         and hasattr(ops, "_reorder_linear_weight")
@@ -59,6 +63,19 @@ def _device_dtype_ok(device: torch.device, dtype: torch.dtype) -> bool:
     return device.type == "cpu" and dtype in (torch.float32, torch.bfloat16)
 
 
+INT4_BLOCK_ROWS = 64  # output rows per block of the kernels' int4_gemv layout
+
+
+def pack_int4_blocks(values: torch.Tensor) -> torch.Tensor:
+    """[N, K] values 0..15 into the kernels' int4_gemv layout (engine/csrc/quant_gemv.cpp), [N, K / 2] uint8: per
+    block of 64 rows and per input k, 32 bytes, byte j = row j (low nibble) | row j + 32 (high nibble). It is the
+    layout torch's packing has at its AVX-512 capability, written here so that it holds at every capability."""
+    out, inputs = values.shape
+    halves = values.view(out // INT4_BLOCK_ROWS, 2, INT4_BLOCK_ROWS // 2, inputs)
+    packed = (halves[:, 0] | (halves[:, 1] << 4)).transpose(1, 2)  # [blocks, K, 32]
+    return packed.contiguous().view(out, inputs // 2)
+
+
 @dataclass(frozen=True)
 class Int4Linear:
     """y = x dequant(W)^T + b with W 4-bit in torch's CPU packed layout, groups of `group_size` inputs.
@@ -71,21 +88,26 @@ class Int4Linear:
     group_size: int
     bias: torch.Tensor | None
     in_features: int
-    native: bool = False  # through batchserve::int4_gemv (engine/csrc/quant_gemv.cpp) rather than torch's kernel
+    kernels: Kernels | None = None  # through their int4_gemv (engine/csrc/quant_gemv.cpp) rather than torch's kernel
 
     @classmethod
     def build(
-        cls, weight: Int4Weight, bias: torch.Tensor | None, dtype: torch.dtype, native: bool = False
+        cls, weight: Int4Weight, bias: torch.Tensor | None, dtype: torch.dtype, kernels: Kernels | None = None
     ) -> Int4Linear:
-        packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(weight.values.to(torch.int32), 1)
+        """Through `kernels` where the weight tiles into their blocks of 64 rows, else torch's kernel."""
         scales_and_zeros = torch.stack((weight.scales.t(), weight.zeros.t()), dim=-1).to(dtype).contiguous()
-        return cls(packed, scales_and_zeros, weight.group_size, bias, int(weight.values.shape[1]), native)
+        inputs = int(weight.values.shape[1])
+        if kernels and weight.values.shape[0] % INT4_BLOCK_ROWS == 0 and weight.group_size % 16 == 0:
+            return cls(pack_int4_blocks(weight.values), scales_and_zeros, weight.group_size, bias, inputs, kernels)
+        # torch's packing depends on its CPU capability; only its own kernel reads it.
+        packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(weight.values.to(torch.int32), 1)
+        return cls(packed, scales_and_zeros, weight.group_size, bias, inputs)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         x = x.contiguous()  # the int4 kernels refuse strided inputs (the runner passes slices of fused outputs)
         # Ours reads each weight byte once for up to 8 rows (torch's costs grow with the rows as if each were a
         # pass) and is 20x faster on float32 activations: docs/quantization.md has the measurements.
-        mm = torch.ops.batchserve.int4_gemv if self.native else torch.ops.aten._weight_int4pack_mm_for_cpu
+        mm = self.kernels.ops.int4_gemv if self.kernels else torch.ops.aten._weight_int4pack_mm_for_cpu
         y = mm(x, self.packed, self.group_size, self.scales_and_zeros)
         return y if self.bias is None else y + self.bias
 
@@ -93,7 +115,8 @@ class Int4Linear:
 @dataclass(frozen=True)
 class Int4DotLinear:
     """y = x dequant(W)^T + b through integer dot products: int4 weights (the file's own values, scales and zeros)
-    times activations written as two int8 digits per group of 32 (`batchserve::int4_dot`, AVX-512 VNNI).
+    times activations written as two int8 digits per group of 32 (the kernels' `int4_dot`: AVX-512 VNNI, or AVX2's
+    `vpmaddubsw`), on float32 or bfloat16 activations.
 
     Two digits (leading, and the rounding error in 127ths) keep the activations good to ~1/32000 of their group's
     largest value: perplexity +0.30 % against float32, as the float path's +0.32 % (one digit, llama.cpp's Q8
@@ -105,16 +128,22 @@ class Int4DotLinear:
     group_size: int
     bias: torch.Tensor | None
     in_features: int
+    kernels: Kernels
 
     BLOCK = 16  # output rows per block of the layout
 
     @classmethod
     def supports(cls, weight: Int4Weight, dtype: torch.dtype) -> bool:
         out, inputs = weight.values.shape
-        return dtype == torch.bfloat16 and out % cls.BLOCK == 0 and weight.group_size % 8 == 0 and inputs % 8 == 0
+        return (
+            dtype in (torch.float32, torch.bfloat16)
+            and out % cls.BLOCK == 0
+            and weight.group_size % 8 == 0
+            and inputs % 8 == 0
+        )
 
     @classmethod
-    def build(cls, weight: Int4Weight, bias: torch.Tensor | None) -> Int4DotLinear:
+    def build(cls, weight: Int4Weight, bias: torch.Tensor | None, kernels: Kernels) -> Int4DotLinear:
         out, inputs = weight.values.shape
         # Per block of 16 rows and run of 8 inputs: 4 bytes a row, byte j = input j (low nibble) | input 4 + j (high).
         runs = weight.values.view(out // cls.BLOCK, cls.BLOCK, inputs // 8, 2, 4)
@@ -131,10 +160,11 @@ class Int4DotLinear:
             weight.group_size,
             bias,
             inputs,
+            kernels,
         )
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        y = torch.ops.batchserve.int4_dot(x, self.packed, self.group_size, self.scales, self.zeros)
+        y = self.kernels.ops.int4_dot(x, self.packed, self.group_size, self.scales, self.zeros)
         return y if self.bias is None else y + self.bias
 
 
@@ -145,7 +175,7 @@ class Int8Linear:
     values: torch.Tensor  # [out, in] int8
     scales: torch.Tensor  # [out] in the activations' dtype
     bias: torch.Tensor | None
-    native: bool = False  # through batchserve::int8_gemv where it is measured faster (see __call__)
+    kernels: Kernels | None = None  # through their int8_gemv where it is measured faster (see __call__)
 
     # Up to this many bfloat16 rows the compiled kernel's prefetching streams the weights faster than torch's
     # (an LM head step: 2.0 ms against 2.8 cold); past it torch's is as fast. On float32 ours is 9x faster at any size.
@@ -153,17 +183,17 @@ class Int8Linear:
 
     @classmethod
     def build(
-        cls, weight: Int8Weight, bias: torch.Tensor | None, dtype: torch.dtype, native: bool = False
+        cls, weight: Int8Weight, bias: torch.Tensor | None, dtype: torch.dtype, kernels: Kernels | None = None
     ) -> Int8Linear:
-        return cls(weight.values.contiguous(), weight.scales.to(dtype), bias, native)
+        return cls(weight.values.contiguous(), weight.scales.to(dtype), bias, kernels)
 
     @property
     def in_features(self) -> int:
         return int(self.values.shape[1])
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        if self.native and (x.dtype == torch.float32 or x.shape[0] <= self.NATIVE_BF16_ROWS):
-            y = torch.ops.batchserve.int8_gemv(x, self.values, self.scales)
+        if self.kernels and (x.dtype == torch.float32 or x.shape[0] <= self.NATIVE_BF16_ROWS):
+            y = self.kernels.ops.int8_gemv(x, self.values, self.scales)
         else:
             y = torch.ops.aten._weight_int8pack_mm(x, self.values, self.scales)
         return y if self.bias is None else y + self.bias
@@ -216,16 +246,16 @@ def build_linear(
     bias: torch.Tensor | None,
     dtype: torch.dtype,
     prepack: bool,
-    native: bool = False,
+    kernels: Kernels | None = None,
     int8_activations: bool = False,
 ) -> Linear | QuantizedLinear:
     """The matmul for a dense weight (in `dtype`, oneDNN-prepacked if asked and possible) or a quantised one
-    (`native`: through the compiled kernels, which the caller has loaded; `int8_activations`: int4 weights through
-    integer dot products where the kernel takes them, see Int4DotLinear)."""
+    (`kernels`: through that loaded build of the compiled kernels; `int8_activations`: int4 weights through
+    integer dot products where the build has them, see Int4DotLinear)."""
     if isinstance(weight, Int4Weight):
-        if native and int8_activations and Int4DotLinear.supports(weight, dtype):
-            return Int4DotLinear.build(weight, bias)
-        return Int4Linear.build(weight, bias, dtype, native)
+        if kernels and int8_activations and kernels.has_int4_dot and Int4DotLinear.supports(weight, dtype):
+            return Int4DotLinear.build(weight, bias, kernels)
+        return Int4Linear.build(weight, bias, dtype, kernels)
     if isinstance(weight, Int8Weight):
-        return Int8Linear.build(weight, bias, dtype, native)
+        return Int8Linear.build(weight, bias, dtype, kernels)
     return Linear.build(weight, bias, prepack)

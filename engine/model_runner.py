@@ -32,7 +32,7 @@ from engine.linear import (
     RowSwitchedLinear,
     build_linear,
 )
-from engine.native import cpu_has, load_decode_kernel, load_fused_ops, load_score_kernel
+from engine.native import KernelBuild, load_kernels
 from engine.prompt_scoring import DEFAULT_SLICE, PromptScores, score_positions
 from engine.quantization import Int4Weight, QuantizedWeight, concat_rows
 
@@ -96,6 +96,7 @@ class TransformersRunner:
         quantized: Mapping[str, QuantizedWeight] | None = None,
         max_quantized_rows: int | None = DEFAULT_MAX_QUANTIZED_ROWS,
         int8_activations: bool = True,
+        kernel_build: KernelBuild | None = None,
     ) -> None:
         """`prepack_weights`: run the projections through oneDNN on reordered weight copies (CPU, float32).
         `native_attention`: decode attention and prompt scoring through the compiled CPU kernels where they build
@@ -107,8 +108,11 @@ class TransformersRunner:
         `model.layers.N.self_attn.q_proj`, ...; engine/loader.py); the model's dense weights stay the reference.
         `max_quantized_rows`: steps of more rows than this run the dense weights (engine.linear.RowSwitchedLinear);
         None: every step runs the quantised ones.
-        `int8_activations`: int4 matmuls on bf16 activations quantise them to int8 for integer dot products where
-        the CPU has AVX-512 VNNI (engine.linear.Int4DotLinear; a quality change measured in docs/quantization.md).
+        `int8_activations`: int4 matmuls quantise the activations to int8 digits for integer dot products where the
+        kernel build has them: AVX2, or AVX-512 with VNNI (engine.linear.Int4DotLinear; a quality change measured in
+        docs/quantization.md).
+        `kernel_build`: which build of the compiled kernels to run (engine/native.py); default the best this CPU
+        allows under BATCHSERVE_CPU_ISA.
         """
         config = model.config
         inner = getattr(model, "model", None)
@@ -132,17 +136,18 @@ class TransformersRunner:
         self.quantized = dict(quantized or {})
         self.max_quantized_rows = max_quantized_rows
         use_kernel = native_attention and self.device.type == "cpu" and self.dtype in (torch.float32, torch.bfloat16)
-        self.native_matmuls = use_kernel and bool(self.quantized) and load_fused_ops()
-        self.int8_activations = int8_activations and self.native_matmuls and cpu_has("avx512_vnni", "avx512bw")
+        self.kernels = load_kernels(kernel_build) if use_kernel else None
+        self.native_matmuls = self.kernels is not None and bool(self.quantized)
+        self.int8_activations = int8_activations and self.kernels is not None and self.kernels.has_int4_dot
         self.lm_head = self._linear(model.lm_head, "lm_head")
         self.layers = [self._prepare_layer(layer, f"model.layers.{i}") for i, layer in enumerate(inner.layers)]
         attention = inner.layers[0].self_attn
         self.scale = float(getattr(attention, "scaling", self.head_dim**-0.5))
         self.act = inner.layers[0].mlp.act_fn
         self._scratch: tuple[torch.Tensor, torch.Tensor] | None = None
-        self.decode_kernel = load_decode_kernel() if use_kernel else None
-        self.score_kernel = load_score_kernel() if use_kernel else None
-        self.ops = ElementwiseOps(native=use_kernel and fused_ops and load_fused_ops())
+        self.decode_kernel = self.kernels.decode_attention if self.kernels else None
+        self.score_kernel = self.kernels.prompt_scores if self.kernels else None
+        self.ops = ElementwiseOps.build(self.kernels if fused_ops else None)
 
     def _linear(self, module: nn.Linear, name: str) -> AnyLinear:
         return self._build(module.weight.data, None if module.bias is None else module.bias.data, [name])
@@ -152,7 +157,8 @@ class TransformersRunner:
         if not (self.quantized and all(name in self.quantized for name in names)):
             return build_linear(weight, bias, self.dtype, self.prepack_weights)
         weights = concat_rows([self.quantized[name] for name in names])
-        quantized = build_linear(weights, bias, self.dtype, False, self.native_matmuls, self.int8_activations)
+        kernels = self.kernels if self.native_matmuls else None
+        quantized = build_linear(weights, bias, self.dtype, False, kernels, self.int8_activations)
         assert isinstance(quantized, Int4Linear | Int4DotLinear | Int8Linear)
         if self.max_quantized_rows is None:
             return quantized

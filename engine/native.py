@@ -1,11 +1,16 @@
-"""The engine's C++ CPU kernels (engine/csrc), compiled on first use and cached, with torch fallbacks.
+"""The engine's C++ CPU kernels (engine/csrc), one build per instruction set, chosen at run time.
 
-torch's extension builder compiles the source once per machine (about 10 s, needs a C++ compiler) into its
-cache (`$TORCH_EXTENSIONS_DIR`, default ~/.cache/torch_extensions); later processes only load the library.
-The build targets this CPU's instruction set, so the extension's name carries a hash of the CPU, the source
-and the torch version: a cache shared across machines never loads code built for another processor. Where
-no compiler is present the build fails with a warning and the engine runs its pure-torch attention, prompt
-scoring and element-wise ops (engine/fused.py). All kernels live in one extension, so one build serves all.
+The same sources compile once per instruction-set level into their own extension, each registering its ops under
+its own namespace (`torch.ops.batchserve_avx2.int4_gemv`, ...): AVX-512 with VNNI, AVX-512, AVX2 + FMA, and a
+scalar (SSE2) build that runs anywhere. The engine loads the best build that `cpu_features()` allows (so
+`BATCHSERVE_CPU_ISA=avx2` runs the AVX2 build on any machine), and tests load every build the machine can execute
+and compare each with torch. Separate builds rather than one library of target-attributed functions: every
+build is then a whole program for one instruction set, and code the CPU cannot execute is never loaded.
+
+torch's extension builder compiles a build once (seconds, needs a C++ compiler and ninja) into its cache
+(`$TORCH_EXTENSIONS_DIR`, default ~/.cache/torch_extensions); later processes only load it. The extension's name
+carries a hash of the sources, the flags and the torch version. Where no compiler is present the build fails
+with a warning and the engine runs its pure-torch attention, prompt scoring and element-wise ops (engine/fused.py).
 """
 
 from __future__ import annotations
@@ -15,9 +20,13 @@ import logging
 import platform
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
+
+from engine.cpu_features import CpuFeatures, cpu_features, torch_capability
 
 logger = logging.getLogger(__name__)
 
@@ -26,7 +35,7 @@ _SOURCES = tuple(
     _CSRC / name for name in ("paged_decode_attention.cpp", "prompt_scores.cpp", "fused_ops.cpp", "quant_gemv.cpp")
 )
 _HEADERS = (_CSRC / "scalar.h",)  # not compiled on their own, but a change must rebuild
-_STALE_LOCK_S = 300.0  # a build takes ~10 s; a lock this old was left by a build that was killed
+_STALE_LOCK_S = 300.0  # a build takes ~10-30 s; a lock this old was left by a build that was killed
 
 DecodeKernel = Callable[
     [torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, int, float], torch.Tensor
@@ -35,14 +44,99 @@ DecodeKernel = Callable[
 ScoreKernel = Callable[[torch.Tensor, torch.Tensor, int], tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]]
 
 
-def _registered() -> DecodeKernel | None:
+@dataclass(frozen=True)
+class KernelBuild:
+    """One compilation of the kernels: the instruction-set level it needs and the flags that target it."""
+
+    name: str  # also the op namespace's suffix
+    level: str  # an engine.cpu_features.ISA_LEVELS key: the CPU must reach it
+    flags: tuple[str, ...]
+
+    @property
+    def namespace(self) -> str:
+        return f"batchserve_{self.name}"
+
+
+# Best first. GCC's x86-64-v3 is AVX2 + FMA + F16C + BMI; v4 adds AVX-512 F/BW/CD/DQ/VL.
+X86_BUILDS = (
+    KernelBuild("avx512_vnni", "avx512_vnni", ("-march=x86-64-v4", "-mavx512vnni", "-mtune=generic")),
+    KernelBuild("avx512", "avx512", ("-march=x86-64-v4", "-mtune=generic")),
+    KernelBuild("avx2", "avx2", ("-march=x86-64-v3", "-mtune=generic")),
+    KernelBuild("scalar", "scalar", ("-march=x86-64", "-mtune=generic")),
+)
+# Elsewhere (ARM) one build for the CPU it is built on.
+NATIVE_BUILD = KernelBuild("native", "scalar", ("-march=native",))
+
+
+def builds_for(features: CpuFeatures) -> tuple[KernelBuild, ...]:
+    """The builds a CPU with `features` can execute, best first."""
+    if not features.is_x86:
+        return (NATIVE_BUILD,)
+    return tuple(build for build in X86_BUILDS if features.at_least(build.level))
+
+
+def best_build(features: CpuFeatures | None = None) -> KernelBuild:
+    return builds_for(features or cpu_features())[0]
+
+
+@dataclass(frozen=True)
+class Kernels:
+    """The ops of one loaded build."""
+
+    build: KernelBuild
+
+    @property
+    def ops(self) -> Any:
+        return getattr(torch.ops, self.build.namespace)
+
+    @property
+    def decode_attention(self) -> DecodeKernel:
+        return self.ops.paged_decode_attention  # type: ignore[no-any-return]
+
+    @property
+    def prompt_scores(self) -> ScoreKernel:
+        return self.ops.prompt_scores  # type: ignore[no-any-return]
+
+    @property
+    def has_int4_dot(self) -> bool:
+        """Integer dot products for int4 weights (engine.linear.Int4DotLinear): AVX2, or AVX-512 with VNNI."""
+        return bool(self.ops.int4_dot_available())
+
+    @property
+    def silu_matches_torch(self) -> bool:
+        """Whether the fused SiLU gives torch's bits here: it calls the exp of one torch capability, so only
+        when torch runs that capability (engine/csrc/fused_ops.cpp)."""
+        if self.build is NATIVE_BUILD:
+            return False
+        expected = torch_capability(_features_at(self.build.level))
+        return bool(torch.backends.cpu.get_cpu_capability() == expected)
+
+
+def _features_at(level: str) -> CpuFeatures:
+    return CpuFeatures("x86_64", frozenset(), level, capped=False)
+
+
+def load_kernels(build: KernelBuild | None = None) -> Kernels | None:
+    """The kernels of `build` (default: the best this CPU allows), compiling them if needed; None where they
+    cannot be built here."""
+    build = build or best_build()
+    kernels = loaded_kernels(build)
+    if kernels is not None:  # already loaded in this process (the op registry is process-wide)
+        return kernels
+    return loaded_kernels(build) if _compile(build) else None
+
+
+def loaded_kernels(build: KernelBuild | None = None) -> Kernels | None:
+    """The kernels of `build` (default: the best this CPU allows) if loaded in this process; never builds."""
+    build = build or best_build()
     try:
-        return torch.ops.batchserve.paged_decode_attention  # type: ignore[no-any-return]
+        getattr(torch.ops, build.namespace).paged_decode_attention
     except (AttributeError, RuntimeError):
         return None
+    return Kernels(build)
 
 
-def _cpu_signature() -> str:
+def cpu_signature() -> str:
     try:
         cpuinfo = Path("/proc/cpuinfo").read_text()
         flags = next((line for line in cpuinfo.splitlines() if line.startswith("flags")), "")
@@ -51,65 +145,32 @@ def _cpu_signature() -> str:
     return f"{platform.machine()} {flags}"
 
 
-def cpu_has(*flags: str) -> bool:
-    """Whether /proc/cpuinfo lists every one of `flags` (e.g. "avx512_vnni"); False where it cannot be read."""
-    listed = set(_cpu_signature().split())
-    return all(flag in listed for flag in flags)
-
-
-def _extension_name() -> str:
+def extension_name(build: KernelBuild) -> str:
     texts = (source.read_text() for source in (*_SOURCES, *_HEADERS))
-    key = "\n".join([*texts, _cpu_signature(), torch.__version__])
-    return f"batchserve_kernels_{hashlib.sha256(key.encode()).hexdigest()[:12]}"
+    # A native build is for the CPU it was built on; the others run on any CPU that reaches their level.
+    machine = cpu_signature() if build is NATIVE_BUILD else platform.machine()
+    key = "\n".join([*texts, machine, " ".join(build.flags), torch.__version__])
+    return f"batchserve_kernels_{build.name}_{hashlib.sha256(key.encode()).hexdigest()[:12]}"
 
 
-def load_decode_kernel() -> DecodeKernel | None:
-    """The compiled paged decode attention op, building it if needed; None if it cannot be built here."""
-    kernel = _registered()
-    if kernel is not None:  # already loaded in this process (the op registry is process-wide)
-        return kernel
-    return _registered() if _build() else None
-
-
-def load_score_kernel() -> ScoreKernel | None:
-    """The compiled prompt scoring op (engine/prompt_scoring.py), from the same extension; None without it."""
-    if load_decode_kernel() is None:
-        return None
-    try:
-        return torch.ops.batchserve.prompt_scores  # type: ignore[no-any-return]
-    except (AttributeError, RuntimeError):
-        return None
-
-
-def load_fused_ops() -> bool:
-    """Whether the fused element-wise ops (engine/fused.py) are registered, building the extension if needed."""
-    return load_decode_kernel() is not None and registered_op("add_rms_norm") is not None
-
-
-def registered_op(name: str) -> Callable[..., object] | None:
-    """`torch.ops.batchserve.<name>` if the extension is loaded in this process (it is never built here)."""
-    try:
-        return getattr(torch.ops.batchserve, name)  # type: ignore[no-any-return]
-    except (AttributeError, RuntimeError):
-        return None
-
-
-def _build() -> bool:
+def _compile(build: KernelBuild) -> bool:
     """Compile (or load the cached build of) the extension, registering its ops; False where it cannot."""
     try:
         from torch.utils import cpp_extension
 
-        name = _extension_name()
+        name = extension_name(build)
         _clear_stale_lock(Path(cpp_extension._get_build_directory(name, verbose=False)) / "lock")
+        started = time.monotonic()
         cpp_extension.load(
             name=name,
             sources=[str(source) for source in _SOURCES],
-            extra_cflags=["-O3", "-march=native", "-fopenmp"],
+            extra_cflags=["-O3", *build.flags, "-fopenmp", f"-DBATCHSERVE_OPS={build.namespace}"],
             extra_ldflags=["-fopenmp"],
             is_python_module=False,
         )
+        logger.debug("kernels %s ready in %.1f s", build.name, time.monotonic() - started)
     except Exception as exc:  # no compiler, no ninja, a read-only cache: all mean "use the torch path"
-        logger.warning("native CPU kernels unavailable, using the torch path: %s", exc)
+        logger.warning("native CPU kernels (%s) unavailable, using the torch path: %s", build.name, exc)
         return False
     return True
 

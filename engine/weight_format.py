@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import torch
 
 from engine.config import LoadConfig
+from engine.cpu_features import cpu_features
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
@@ -35,15 +36,8 @@ EXACT = WeightFormat(torch.float32, "none")  # what generate() on the float32 mo
 
 
 def cpu_has_native_bf16() -> bool:
-    """bf16 dot products in hardware; elsewhere torch emulates them and bf16 is slower than float32."""
-    cpu = getattr(torch, "cpu", None)
-    return bool(
-        cpu is not None
-        and (
-            getattr(cpu, "_is_avx512_bf16_supported", lambda: False)()
-            or getattr(cpu, "_is_amx_tile_supported", lambda: False)()
-        )
-    )
+    """bf16 dot products in hardware (under BATCHSERVE_CPU_ISA); elsewhere bf16 is emulated, slower than float32."""
+    return cpu_features().native_bf16
 
 
 def resolve(

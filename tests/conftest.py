@@ -22,6 +22,9 @@ from transformers import (
     Qwen2ForCausalLM,
 )
 
+from engine import native
+from tests.toolchain import kernel_build_params, load_build
+
 
 def train_byte_level_tokenizer(corpus: list[str], vocab_size: int, eos: str) -> PreTrainedTokenizerFast:
     """A byte-level BPE tokenizer trained in memory on `corpus` (no downloads): every string encodes, and
@@ -170,3 +173,9 @@ def tiny_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
     tiny_loaded_model().model.save_pretrained(directory)
     tiny_tokenizer().save_pretrained(directory)
     return directory
+
+
+@pytest.fixture(scope="module", params=kernel_build_params())
+def kernels(request: pytest.FixtureRequest) -> native.Kernels:
+    """Each build of the compiled kernels this CPU can execute, in turn (engine/native.py); the others skip."""
+    return load_build(request.param)

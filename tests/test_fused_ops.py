@@ -1,9 +1,10 @@
 """The fused element-wise kernels (engine/fused.py, engine/csrc/fused_ops.cpp) against the unfused torch code they
 replace, in float32 and bfloat16, over odd sizes and several rows; and the decode attention kernel on a bf16 cache.
 
-Tolerances: everything is bit-exact against transformers' own modules except float32 RMSNorm, whose sum of
-squares the kernel takes in double (torch sums in float in its own order): there the output may differ in the
-last bit or two (rtol 1e-6).
+Every test runs once per build of the kernels this CPU can execute (engine/native.py). Tolerances: everything is
+bit-exact against transformers' own modules except float32 RMSNorm, whose sum of squares the kernel takes in
+double (torch sums in float in its own order): there the output may differ in the last bit or two (rtol 1e-6);
+and SiLU, exact only in the build whose exp is the one torch runs here (elsewhere the engine runs torch's op).
 """
 
 from __future__ import annotations
@@ -25,20 +26,16 @@ from engine.forward_batch import build_forward_batch
 from engine.fused import ElementwiseOps, RotaryTables, argmax_rows, token_logprobs
 from engine.model_runner import TransformersRunner
 from engine.sampling_params import SamplingParams
-from tests.toolchain import CAN_BUILD_KERNELS, NO_TOOLCHAIN
+from tests.toolchain import load_build
 
 DTYPES = (torch.float32, torch.bfloat16)
 SIZES = ((1, 576), (7, 33), (40, 576), (3, 1), (5, 1000))  # (rows, width): odd widths exercise the kernels' tails
-NATIVE = ElementwiseOps(native=True)
-TORCH = ElementwiseOps(native=False)
+TORCH = ElementwiseOps(None)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def kernels() -> None:
-    """Skipped only where nothing could build the kernels, a failure where the build broke."""
-    if not CAN_BUILD_KERNELS:
-        pytest.skip(NO_TOOLCHAIN)
-    assert native.load_fused_ops(), "a C++ compiler is present but the kernels did not build: see the logged warning"
+@pytest.fixture
+def fused(kernels: native.Kernels) -> ElementwiseOps:
+    return ElementwiseOps.build(kernels)
 
 
 def _random(shape: tuple[int, ...], dtype: torch.dtype, seed: int, scale: float = 1.0) -> torch.Tensor:
@@ -49,7 +46,7 @@ def _random(shape: tuple[int, ...], dtype: torch.dtype, seed: int, scale: float 
 @pytest.mark.parametrize(("rows", "width"), SIZES)
 @pytest.mark.parametrize("with_delta", [True, False], ids=["add", "no-add"])
 def test_add_rms_norm_matches_llama_rms_norm_of_the_sum(
-    dtype: torch.dtype, rows: int, width: int, with_delta: bool
+    fused: ElementwiseOps, dtype: torch.dtype, rows: int, width: int, with_delta: bool
 ) -> None:
     x = _random((rows, width), dtype, seed=width)
     delta = _random((rows, width), dtype, seed=width + 1) if with_delta else None
@@ -57,12 +54,12 @@ def test_add_rms_norm_matches_llama_rms_norm_of_the_sum(
     module.weight.data = (torch.rand(width, generator=torch.Generator().manual_seed(2)) + 0.5).to(dtype)
     expected_sum = x + delta if delta is not None else x.clone()
     expected = module(expected_sum)
-    for ops in (NATIVE, TORCH):
+    for ops in (fused, TORCH):
         residual = x.clone()
         normed = ops.add_rms_norm(residual, delta, module.weight.data, 1e-5)
         assert torch.equal(residual, expected_sum), "the residual is updated in place with the plain sum"
         assert normed.dtype == dtype
-        if dtype == torch.float32 and ops is NATIVE:
+        if dtype == torch.float32 and ops is fused:
             torch.testing.assert_close(normed, expected, rtol=1e-6, atol=1e-6)
         else:
             assert torch.equal(normed, expected)
@@ -70,18 +67,33 @@ def test_add_rms_norm_matches_llama_rms_norm_of_the_sum(
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize(("rows", "width"), SIZES)
-def test_silu_mul_gives_the_bits_of_silu_times_up(dtype: torch.dtype, rows: int, width: int) -> None:
+def test_silu_mul_gives_the_bits_of_silu_times_up(
+    kernels: native.Kernels, fused: ElementwiseOps, dtype: torch.dtype, rows: int, width: int
+) -> None:
     gate_up = _random((rows, 2 * width), dtype, seed=width, scale=4.0)  # wide enough for exp to saturate
     gate, up = gate_up.chunk(2, dim=-1)
     expected = F.silu(gate) * up
-    for ops in (NATIVE, TORCH):
+    for ops in (fused, TORCH):  # the engine's choice is exact on every build: the kernel, or torch's own op
         assert torch.equal(ops.gated_activation(gate_up, torch.nn.SiLU()), expected)
+    assert fused.fused_silu == kernels.silu_matches_torch
+    got = kernels.ops.silu_mul(gate_up)
+    if kernels.silu_matches_torch:
+        assert torch.equal(got, expected)
+    else:  # another exp than torch's: within an ulp of the exp, one bf16 rounding on top
+        tolerance = 1e-6 if dtype == torch.float32 else 2.0**-7
+        torch.testing.assert_close(got, expected, rtol=tolerance, atol=tolerance)
 
 
-def test_other_activations_take_the_torch_path() -> None:
+def test_the_build_for_torchs_own_capability_claims_exact_silu() -> None:
+    """Whatever capability torch runs here (capped or not), the engine's default build matches it."""
+    kernels = load_build(native.best_build())
+    assert kernels.silu_matches_torch == (kernels.build is not native.NATIVE_BUILD)
+
+
+def test_other_activations_take_the_torch_path(fused: ElementwiseOps) -> None:
     gate_up = _random((3, 10), torch.float32, seed=0)
     gate, up = gate_up.chunk(2, dim=-1)
-    assert torch.equal(NATIVE.gated_activation(gate_up, torch.nn.GELU()), F.gelu(gate) * up)
+    assert torch.equal(fused.gated_activation(gate_up, torch.nn.GELU()), F.gelu(gate) * up)
 
 
 def _rope_case(dtype: torch.dtype, tokens: int, heads: int, kv_heads: int, dim: int):
@@ -97,14 +109,16 @@ def _rope_case(dtype: torch.dtype, tokens: int, heads: int, kv_heads: int, dim: 
 @pytest.mark.parametrize(
     ("tokens", "heads", "kv_heads", "dim"), [(1, 9, 3, 64), (13, 4, 4, 6), (40, 6, 2, 16), (5, 3, 1, 2)]
 )
-def test_rope_and_cache_write_match_transformers(dtype: torch.dtype, tokens: int, heads: int, kv_heads: int, dim: int):
+def test_rope_and_cache_write_match_transformers(
+    fused: ElementwiseOps, dtype: torch.dtype, tokens: int, heads: int, kv_heads: int, dim: int
+) -> None:
     qkv, cos, sin, slots, num_slots = _rope_case(dtype, tokens, heads, kv_heads, dim)
     q = qkv[:, : heads * dim].view(tokens, heads, dim).transpose(0, 1)[None]  # HF's [batch, heads, tokens, dim]
     k = qkv[:, heads * dim : (heads + kv_heads) * dim].view(tokens, kv_heads, dim).transpose(0, 1)[None]
     v = qkv[:, (heads + kv_heads) * dim :].view(tokens, kv_heads, dim).transpose(0, 1)
     expected_q, expected_k = apply_rotary_pos_emb(q, k, cos[None], sin[None])
     rotary = RotaryTables.build(cos, sin)
-    for ops in (NATIVE, TORCH):
+    for ops in (fused, TORCH):
         key_cache = torch.full((kv_heads, num_slots, dim), 7.0, dtype=dtype)
         value_cache = torch.full((kv_heads, num_slots, dim), 7.0, dtype=dtype)
         query = ops.rope_write_cache(qkv, rotary, key_cache, value_cache, slots, heads, kv_heads)
@@ -116,34 +130,34 @@ def test_rope_and_cache_write_match_transformers(dtype: torch.dtype, tokens: int
         assert bool((key_cache[:, untouched] == 7).all()) and bool((value_cache[:, untouched] == 7).all())
 
 
-def test_rope_kernel_rejects_a_slot_outside_the_cache() -> None:
+def test_rope_kernel_rejects_a_slot_outside_the_cache(kernels: native.Kernels) -> None:
     qkv, cos, sin, slots, num_slots = _rope_case(torch.float32, 4, 2, 1, 8)
     cache = torch.zeros(1, num_slots, 8)
     with pytest.raises(RuntimeError, match="outside the cache"):
-        torch.ops.batchserve.rope_write_cache(qkv, cos, sin, cache, cache.clone(), slots * 0 + num_slots, 2, 1)
+        kernels.ops.rope_write_cache(qkv, cos, sin, cache, cache.clone(), slots * 0 + num_slots, 2, 1)
 
 
 @pytest.mark.parametrize("vocab", [1, 63, 64, 65, 49157])
-def test_argmax_rows_matches_torch_with_ties_and_infinities(vocab: int) -> None:
+def test_argmax_rows_matches_torch_with_ties_and_infinities(kernels: native.Kernels, vocab: int) -> None:
     logits = _random((9, vocab), torch.float32, seed=vocab)
     logits[1] = float("-inf")  # a row with every token banned still has an answer: index 0, as torch says
     logits[2, vocab // 2 :] = logits[2].max() + 1  # a tie spanning blocks: the lowest index wins
     logits[3, -1] = 1e30  # the winner in the last, partial block
     logits[4, 0] = float("inf")
-    assert torch.equal(argmax_rows(logits), logits.argmax(dim=-1))
+    assert torch.equal(argmax_rows(logits, kernels), logits.argmax(dim=-1))
 
 
-def test_argmax_rows_of_no_rows() -> None:
-    assert argmax_rows(torch.zeros(0, 5)).shape == (0,)
+def test_argmax_rows_of_no_rows(kernels: native.Kernels) -> None:
+    assert argmax_rows(torch.zeros(0, 5), kernels).shape == (0,)
 
 
 @pytest.mark.parametrize(("vocab", "k"), [(49157, 5), (49157, 0), (7, 20), (1000, 1)])
-def test_token_logprobs_match_log_softmax_gather_and_topk(vocab: int, k: int) -> None:
+def test_token_logprobs_match_log_softmax_gather_and_topk(kernels: native.Kernels, vocab: int, k: int) -> None:
     logits = _random((6, vocab), torch.float32, seed=vocab, scale=5.0)
     logits[2, 3] = -1e30  # a very unlikely token, chosen
     logits[4] += 3e38 - logits[4].max()  # near float32's maximum: the shift by the row maximum keeps it finite
     tokens = torch.tensor([0, vocab - 1, 3, vocab // 2, 1, 2]) % vocab
-    chosen, top_ids, top_logprobs = token_logprobs(logits, tokens, k)
+    chosen, top_ids, top_logprobs = token_logprobs(logits, tokens, k, kernels)
     reference = torch.log_softmax(logits, dim=-1)
     torch.testing.assert_close(chosen, reference.gather(1, tokens[:, None])[:, 0], rtol=1e-6, atol=2e-5)
     if k == 0:
@@ -161,7 +175,9 @@ def test_token_logprobs_match_log_softmax_gather_and_topk(vocab: int, k: int) ->
 @pytest.mark.parametrize(
     ("query_dtype", "cache_dtype"), [(torch.bfloat16, torch.bfloat16), (torch.float32, torch.bfloat16)]
 )
-def test_decode_kernel_reads_a_bf16_cache(query_dtype: torch.dtype, cache_dtype: torch.dtype) -> None:
+def test_decode_kernel_reads_a_bf16_cache(
+    kernels: native.Kernels, query_dtype: torch.dtype, cache_dtype: torch.dtype
+) -> None:
     """Against the torch path in float32 on the same (bf16-rounded) values; the kernel accumulates in float32."""
     rows, heads, kv_heads, dim, block_size, max_blocks = 6, 9, 3, 64, 4, 5
     num_blocks = rows * max_blocks + 2
@@ -175,8 +191,7 @@ def test_decode_kernel_reads_a_bf16_cache(query_dtype: torch.dtype, cache_dtype:
     batch, _ = build_forward_batch(
         torch.arange(rows), torch.ones(rows, dtype=torch.long), context - 1, context, tokens, block_table, block_size
     )
-    kernel = native.load_decode_kernel()
-    assert kernel is not None
+    kernel = kernels.decode_attention
     groups = prepare(batch.groups, kv_heads, num_blocks, block_size, native_decode=True)
     got = paged_attention(query, key_cache, value_cache, groups, 0.125, decode_kernel=kernel)
     torch_groups = prepare(batch.groups, kv_heads, num_blocks, block_size, native_decode=False)
@@ -189,9 +204,11 @@ def test_decode_kernel_reads_a_bf16_cache(query_dtype: torch.dtype, cache_dtype:
 # ----- the runner: fused and unfused layers give the same model -----
 
 
-def _greedy_outputs(model: PreTrainedModel, dtype: torch.dtype, fused: bool) -> list[tuple[int, float | None]]:
-    runner = TransformersRunner(model, fused_ops=fused)
-    assert runner.ops.native == fused
+def _greedy_outputs(
+    model: PreTrainedModel, dtype: torch.dtype, fused: bool, build: native.KernelBuild
+) -> list[tuple[int, float | None]]:
+    runner = TransformersRunner(model, fused_ops=fused, kernel_build=build)
+    assert (runner.ops.kernels is not None) == fused
     engine = Engine(runner, EngineConfig(seats=4, kv_cache_tokens=256, block_size=4), dtype=dtype)
     prompts = [[5, 9, 2, 77, 31], [1, 2, 3], list(range(40, 57))]
     params = SamplingParams(max_tokens=12, temperature=0.0, logprobs=0)
@@ -204,15 +221,17 @@ def _greedy_outputs(model: PreTrainedModel, dtype: torch.dtype, fused: bool) -> 
     return [(out.token_id, out.logprob) for out in outputs]
 
 
-def test_fused_layers_decode_the_same_tokens_in_float32(tiny_llama: PreTrainedModel) -> None:
-    fused, unfused = _greedy_outputs(tiny_llama, torch.float32, True), _greedy_outputs(tiny_llama, torch.float32, False)
+def test_fused_layers_decode_the_same_tokens_in_float32(kernels: native.Kernels, tiny_llama: PreTrainedModel) -> None:
+    fused = _greedy_outputs(tiny_llama, torch.float32, True, kernels.build)
+    unfused = _greedy_outputs(tiny_llama, torch.float32, False, kernels.build)
     assert [t for t, _ in fused] == [t for t, _ in unfused]
     torch.testing.assert_close([lp for _, lp in fused], [lp for _, lp in unfused], rtol=1e-5, atol=1e-5)
 
 
 def test_fused_layers_give_the_bits_of_the_torch_path_in_bfloat16(
-    tiny_model_builder: Callable[..., PreTrainedModel],
+    kernels: native.Kernels, tiny_model_builder: Callable[..., PreTrainedModel]
 ) -> None:
     model: PreTrainedModel = copy.deepcopy(tiny_model_builder("qwen2"))  # qwen2: q/k/v biases too
     model.to(torch.bfloat16)  # type: ignore[arg-type]  # transformers types `to` loosely
-    assert _greedy_outputs(model, torch.bfloat16, True) == _greedy_outputs(model, torch.bfloat16, False)
+    fused = _greedy_outputs(model, torch.bfloat16, True, kernels.build)
+    assert fused == _greedy_outputs(model, torch.bfloat16, False, kernels.build)

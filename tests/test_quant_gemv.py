@@ -1,5 +1,6 @@
-"""The compiled weight-only matmuls (engine/csrc/quant_gemv.cpp) against an exact float64 reference, and the
-row-switched linear that picks quantised or dense weights by a step's row count."""
+"""The compiled weight-only matmuls (engine/csrc/quant_gemv.cpp) against an exact float64 reference, once per
+build of the kernels this CPU can execute, and the row-switched linear that picks quantised or dense weights by a
+step's row count."""
 
 from __future__ import annotations
 
@@ -10,14 +11,24 @@ import torch
 
 from engine import native
 from engine.compute_thread import run_on_passing_thread
-from engine.linear import Int4DotLinear, Int4Linear, Int8Linear, Linear, RowSwitchedLinear, build_linear
+from engine.linear import (
+    Int4DotLinear,
+    Int4Linear,
+    Int8Linear,
+    Linear,
+    RowSwitchedLinear,
+    build_linear,
+    pack_int4_blocks,
+)
 from engine.quantization import Int4Weight, Int8Weight
 
-needs_kernels = pytest.mark.skipif(not native.load_fused_ops(), reason="the C++ extension does not build here")
-needs_vnni = pytest.mark.skipif(
-    not (native.load_fused_ops() and native.cpu_has("avx512_vnni", "avx512bw")), reason="needs AVX-512 VNNI"
-)
 GROUP = 32
+
+
+def _dot_kernels(kernels: native.Kernels) -> native.Kernels:
+    if not kernels.has_int4_dot:
+        pytest.skip(f"the {kernels.build.name} build has no integer dot product kernel (AVX2, or AVX-512 with VNNI)")
+    return kernels
 
 
 def _int4(n: int, k: int, seed: int = 0) -> Int4Weight:
@@ -40,54 +51,57 @@ def _tolerance(dtype: torch.dtype, exact: torch.Tensor) -> torch.Tensor:
     return relative * exact.abs() + (1e-5 if dtype == torch.float32 else 1e-3)
 
 
-@needs_kernels
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("rows", [1, 3, 8, 9, 20])
-def test_int4_gemv_matches_the_dequantised_weights(dtype: torch.dtype, rows: int) -> None:
+@pytest.mark.parametrize("rows", [1, 3, 4, 5, 8, 9, 20])
+def test_int4_gemv_matches_the_dequantised_weights(kernels: native.Kernels, dtype: torch.dtype, rows: int) -> None:
     weight = _int4(192, 96)
-    linear = Int4Linear.build(weight, None, dtype, native=True)
+    linear = Int4Linear.build(weight, None, dtype, kernels)
     x = torch.randn(rows, 96, generator=torch.Generator().manual_seed(rows)).to(dtype)
     got = linear(x)
     assert got.dtype == dtype and got.shape == (rows, 192)
     exact = x.double() @ weight.dequantize(dtype).double().t()  # scales as the kernel reads them
     assert bool(((got.double() - exact).abs() <= _tolerance(dtype, exact)).all())
-    torch_kernel = Int4Linear.build(weight, None, dtype, native=False)(x)
+    torch_kernel = Int4Linear.build(weight, None, dtype)(x)
     torch.testing.assert_close(got.float(), torch_kernel.float(), rtol=2e-2, atol=2e-2)
 
 
-@needs_kernels
-def test_int4_gemv_falls_back_to_torch_for_widths_it_does_not_tile() -> None:
+def test_int4_linear_falls_back_to_torch_for_widths_the_kernel_does_not_tile(kernels: native.Kernels) -> None:
     weight = _int4(48, 64)  # 48 output rows: not a multiple of the 64-row tile
     x = torch.randn(2, 64)
-    got = torch.ops.batchserve.int4_gemv(
-        x,
-        Int4Linear.build(weight, None, torch.float32).packed,
-        GROUP,
-        Int4Linear.build(weight, None, torch.float32).scales_and_zeros,
-    )
-    assert torch.equal(got, Int4Linear.build(weight, None, torch.float32, native=False)(x))
+    linear = Int4Linear.build(weight, None, torch.float32, kernels)
+    assert linear.kernels is None
+    assert torch.equal(linear(x), Int4Linear.build(weight, None, torch.float32)(x))
+    with pytest.raises(RuntimeError, match="blocks of 64"):
+        kernels.ops.int4_gemv(x, linear.packed, GROUP, linear.scales_and_zeros)
 
 
-@needs_kernels
+def test_the_kernels_int4_layout_is_torchs_at_its_avx512_capability() -> None:
+    weight = _int4(128, 64)
+    ours = pack_int4_blocks(weight.values)
+    if torch.backends.cpu.get_cpu_capability() == "AVX512":
+        assert torch.equal(ours, torch.ops.aten._convert_weight_to_int4pack_for_cpu(weight.values.to(torch.int32), 1))
+    # Unpacked by hand: block 1, input 5, row 64 + 33 sits in byte 1's high nibble.
+    assert int(ours.view(2, 64, 32)[1, 5, 1]) >> 4 == int(weight.values[64 + 33, 5])
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("rows", [1, 5, 8, 12])
-def test_int8_gemv_matches_the_dequantised_weights(dtype: torch.dtype, rows: int) -> None:
+def test_int8_gemv_matches_the_dequantised_weights(kernels: native.Kernels, dtype: torch.dtype, rows: int) -> None:
     weight = _int8(300, 72)  # K = 72: a tail past the 16-wide vector loop
     x = torch.randn(rows, 72, generator=torch.Generator().manual_seed(rows)).to(dtype)
     # The op itself: Int8Linear hands large bfloat16 steps to torch's kernel, which crashes on K = 72 (torch 2.13).
-    got = torch.ops.batchserve.int8_gemv(x, weight.values, weight.scales.to(dtype))
+    got = kernels.ops.int8_gemv(x, weight.values, weight.scales.to(dtype))
     assert got.dtype == dtype and got.shape == (rows, 300)
     scales = weight.scales.to(dtype).double()
     exact = (x.double() @ weight.values.double().t()) * scales
     assert bool(((got.double() - exact).abs() <= _tolerance(dtype, exact)).all())
 
 
-@needs_kernels
-def test_quantised_kernels_name_a_shape_mismatch() -> None:
-    linear = Int4Linear.build(_int4(64, 64), None, torch.float32, native=True)
+def test_quantised_kernels_name_a_shape_mismatch(kernels: native.Kernels) -> None:
+    linear = Int4Linear.build(_int4(64, 64), None, torch.float32, kernels)
     with pytest.raises(RuntimeError, match="K must match"):
         linear(torch.randn(1, 32))
-    int8 = Int8Linear.build(_int8(64, 64), None, torch.float32, native=True)
+    int8 = Int8Linear.build(_int8(64, 64), None, torch.float32, kernels)
     with pytest.raises(RuntimeError, match="values must be"):
         int8(torch.randn(1, 32))
 
@@ -100,47 +114,57 @@ def _int8_exact_activations(rows: int, k: int) -> torch.Tensor:
     return x.bfloat16()  # integers up to 255 are exact in bfloat16
 
 
-@needs_vnni
-@pytest.mark.parametrize("rows", [1, 2, 8, 11])
-def test_int4_dot_is_exact_where_the_activations_quantise_exactly(rows: int) -> None:
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("rows", [1, 2, 4, 5, 8, 11])
+def test_int4_dot_is_exact_where_the_activations_quantise_exactly(
+    kernels: native.Kernels, dtype: torch.dtype, rows: int
+) -> None:
     """Activations that int8 holds exactly leave only float rounding: this pins the layout and the zero term."""
     weight = _int4(128, 96)
-    linear = build_linear(weight, None, torch.bfloat16, prepack=False, native=True, int8_activations=True)
+    linear = build_linear(weight, None, dtype, prepack=False, kernels=_dot_kernels(kernels), int8_activations=True)
     assert isinstance(linear, Int4DotLinear)
-    x = _int8_exact_activations(rows, 96)
+    x = _int8_exact_activations(rows, 96).to(dtype)
     got = linear(x)
-    exact = x.double() @ weight.dequantize(torch.bfloat16).double().t()
-    assert got.dtype == torch.bfloat16 and got.shape == (rows, 128)
-    assert bool(((got.double() - exact).abs() <= _tolerance(torch.bfloat16, exact)).all())
+    exact = x.double() @ weight.dequantize(torch.bfloat16).double().t()  # the kernel's scales are bf16
+    assert got.dtype == dtype and got.shape == (rows, 128)
+    assert bool(((got.double() - exact).abs() <= _tolerance(dtype, exact)).all())
 
 
-@needs_vnni
-def test_int4_dot_on_real_valued_activations_is_as_close_as_the_float_path() -> None:
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_int4_dot_on_real_valued_activations_is_as_close_as_the_float_path(
+    kernels: native.Kernels, dtype: torch.dtype
+) -> None:
     """Two int8 digits per activation (leading and residual) leave an error at the output's own bf16 rounding:
     no worse than torch's float kernel (a single digit was 5x worse, and +1.6 % perplexity)."""
     weight = _int4(256, 576)
-    x = torch.randn(4, 576, generator=torch.Generator().manual_seed(3)).bfloat16()
+    x = torch.randn(4, 576, generator=torch.Generator().manual_seed(3)).bfloat16().to(dtype)
     exact = x.double() @ weight.dequantize(torch.bfloat16).double().t()
 
     def relative(y: torch.Tensor) -> float:
         return ((y.double() - exact).norm() / exact.norm()).item()
 
-    float_path = relative(Int4Linear.build(weight, None, torch.bfloat16, native=False)(x))
-    assert relative(Int4DotLinear.build(weight, None)(x)) <= 1.25 * float_path
+    # The float path on bf16 activations: the reference the dot path's quality was measured against.
+    float_path = relative(Int4Linear.build(weight, None, torch.bfloat16)(x.bfloat16()))
+    assert relative(Int4DotLinear.build(weight, None, _dot_kernels(kernels))(x)) <= 1.25 * float_path
 
 
-def test_int4_dot_is_chosen_only_where_its_layout_applies() -> None:
+def test_int4_dot_is_chosen_only_where_its_layout_and_the_build_allow(kernels: native.Kernels) -> None:
     weight = _int4(48, 64)  # 48 rows: a multiple of 16
-    assert Int4DotLinear.supports(weight, torch.bfloat16)
-    assert not Int4DotLinear.supports(weight, torch.float32)  # float32 keeps float activations
+    assert Int4DotLinear.supports(weight, torch.bfloat16) and Int4DotLinear.supports(weight, torch.float32)
     assert not Int4DotLinear.supports(_int4(40, 64), torch.bfloat16)
-    plain = build_linear(weight, None, torch.bfloat16, prepack=False, native=True, int8_activations=False)
+    plain = build_linear(weight, None, torch.bfloat16, prepack=False, kernels=kernels, int8_activations=False)
     assert isinstance(plain, Int4Linear)
+    chosen = build_linear(weight, None, torch.bfloat16, prepack=False, kernels=kernels, int8_activations=True)
+    assert isinstance(chosen, Int4DotLinear if kernels.has_int4_dot else Int4Linear)
+
+
+def test_which_builds_have_integer_dot_products(kernels: native.Kernels) -> None:
+    assert kernels.has_int4_dot == (kernels.build.name in ("avx512_vnni", "avx2"))
 
 
 def test_row_switched_linear_uses_quantised_weights_up_to_its_limit_and_dense_past_it() -> None:
     weight = _int4(64, 64)
-    quantized = Int4Linear.build(weight, None, torch.float32, native=False)
+    quantized = Int4Linear.build(weight, None, torch.float32)
     dense = Linear(torch.zeros(64, 64), None)  # distinguishable: every dense output is 0
     switched = RowSwitchedLinear(quantized, dense, max_quantized_rows=4)
     small, large = torch.randn(4, 64), torch.randn(5, 64)

@@ -7,8 +7,13 @@ ninja are present the kernel must build, so a broken build fails the suite inste
 from __future__ import annotations
 
 import shutil
+from typing import Any
 
+import pytest
 from torch.utils import cpp_extension
+
+from engine import native
+from engine.cpu_features import cpu_features
 
 
 def _can_build_kernels() -> bool:
@@ -17,3 +22,25 @@ def _can_build_kernels() -> bool:
 
 CAN_BUILD_KERNELS = _can_build_kernels()
 NO_TOOLCHAIN = "no C++ compiler or ninja here: the engine runs its torch path"
+
+
+def kernel_build_params() -> list[Any]:
+    """Every build of the compiled kernels for this kind of CPU, as pytest params; those this CPU (under
+    BATCHSERVE_CPU_ISA) cannot execute are skipped with the reason."""
+    features = cpu_features()
+    runnable = native.builds_for(features)
+    builds = native.X86_BUILDS if features.is_x86 else (native.NATIVE_BUILD,)
+    reason = f"this CPU ({features.describe()}) cannot execute the %s build"
+    return [
+        pytest.param(build, id=build.name, marks=pytest.mark.skipif(build not in runnable, reason=reason % build.name))
+        for build in builds
+    ]
+
+
+def load_build(build: native.KernelBuild) -> native.Kernels:
+    """The build's kernels; skipped only where nothing could build them, a failure where the build broke."""
+    if not CAN_BUILD_KERNELS:
+        pytest.skip(NO_TOOLCHAIN)
+    kernels = native.load_kernels(build)
+    assert kernels is not None, f"a C++ compiler is present but the {build.name} kernels did not build: see the log"
+    return kernels

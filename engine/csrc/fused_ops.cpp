@@ -29,11 +29,13 @@
 #include <limits>
 #include <optional>
 
-#if defined(__AVX512F__)
+#if defined(__AVX512F__) || defined(__AVX2__)
 #include <immintrin.h>
-// torch's vectorised exp on AVX-512 CPUs (libtorch_cpu exports it): calling the same routine makes this SiLU
-// give the bits of torch's own.
+// torch's vectorised exp at its AVX-512 and AVX2 capabilities (libtorch_cpu exports both): calling the routine
+// torch calls at the same capability makes this SiLU give the bits of torch's own. The builds without either
+// match torch's DEFAULT capability, whose vectorised exp is std::exp element by element.
 extern "C" __m512 Sleef_expf16_u10(__m512);
+extern "C" __m256 Sleef_expf8_u10(__m256);
 #endif
 
 #include "scalar.h"
@@ -107,31 +109,41 @@ torch::Tensor add_rms_norm(torch::Tensor residual, const std::optional<torch::Te
 
 // ---------------------------------------------------------------------------------------------------------------
 // SiLU(gate) * up. torch computes SiLU as x / (1 + exp(-x)) with its vectorised exp over whole vector chunks
-// (32 float32 or 64 bfloat16 values per step) and std::exp on the rest of each row; this does the same.
+// (two vectors a step: 32 float32 or 64 bfloat16 values with AVX-512, 16 or 32 with AVX2) and std::exp on the
+// rest of each row; this does the same.
 
 #if defined(__AVX512F__)
-inline void silu16(const float* x, float* out) {
+constexpr int64_t kLanes = 16;
+inline void silu_lanes(const float* x, float* out) {
   const __m512 v = _mm512_loadu_ps(x);
   const __m512 e = Sleef_expf16_u10(_mm512_sub_ps(_mm512_setzero_ps(), v));
   _mm512_storeu_ps(out, _mm512_div_ps(v, _mm512_add_ps(_mm512_set1_ps(1.0f), e)));
+}
+#elif defined(__AVX2__)
+constexpr int64_t kLanes = 8;
+inline void silu_lanes(const float* x, float* out) {
+  const __m256 v = _mm256_loadu_ps(x);
+  const __m256 e = Sleef_expf8_u10(_mm256_sub_ps(_mm256_setzero_ps(), v));
+  _mm256_storeu_ps(out, _mm256_div_ps(v, _mm256_add_ps(_mm256_set1_ps(1.0f), e)));
 }
 #endif
 
 template <typename T>
 void silu_mul_rows(const T* gate_up, T* out, int64_t rows, int64_t n) {
-  constexpr int64_t kChunk = sizeof(T) == 4 ? 32 : 64;  // torch's vectorised loop step for this dtype
   at::parallel_for(0, rows, grain(2 * n), [&](int64_t begin, int64_t end) {
-    float gate[16], silu[16];
     for (int64_t r = begin; r < end; ++r) {
       const T* g = gate_up + r * 2 * n;
       const T* u = g + n;
       T* o = out + r * n;
       int64_t i = 0;
-#if defined(__AVX512F__)
-      for (const int64_t vectorised = n / kChunk * kChunk; i < vectorised; i += 16) {
-        for (int64_t l = 0; l < 16; ++l) gate[l] = widen(g[i + l]);
-        silu16(gate, silu);
-        for (int64_t l = 0; l < 16; ++l) o[i + l] = narrow<T>(round_as<T>(silu[l]) * widen(u[i + l]));
+#if defined(__AVX512F__) || defined(__AVX2__)
+      // torch's vectorised loop step for this dtype: two vectors of T (a bf16 vector holds twice the floats).
+      constexpr int64_t kChunk = 2 * kLanes * (sizeof(T) == 4 ? 1 : 2);
+      float gate[kLanes], silu[kLanes];
+      for (const int64_t vectorised = n / kChunk * kChunk; i < vectorised; i += kLanes) {
+        for (int64_t l = 0; l < kLanes; ++l) gate[l] = widen(g[i + l]);
+        silu_lanes(gate, silu);
+        for (int64_t l = 0; l < kLanes; ++l) o[i + l] = narrow<T>(round_as<T>(silu[l]) * widen(u[i + l]));
       }
 #endif
       for (; i < n; ++i) {
@@ -276,7 +288,7 @@ torch::Tensor argmax_rows(const torch::Tensor& logits) {
 
 }  // namespace
 
-TORCH_LIBRARY_FRAGMENT(batchserve, m) {
+TORCH_LIBRARY_FRAGMENT(BATCHSERVE_OPS, m) {
   m.def("add_rms_norm(Tensor(a!) residual, Tensor? delta, Tensor weight, float eps) -> Tensor");
   m.def("silu_mul(Tensor gate_up) -> Tensor");
   m.def(
@@ -285,7 +297,7 @@ TORCH_LIBRARY_FRAGMENT(batchserve, m) {
   m.def("argmax_rows(Tensor logits) -> Tensor");
 }
 
-TORCH_LIBRARY_IMPL(batchserve, CPU, m) {
+TORCH_LIBRARY_IMPL(BATCHSERVE_OPS, CPU, m) {
   m.impl("add_rms_norm", &add_rms_norm);
   m.impl("silu_mul", &silu_mul);
   m.impl("rope_write_cache", &rope_write_cache);

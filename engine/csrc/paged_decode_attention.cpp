@@ -155,10 +155,10 @@ torch::Tensor paged_decode_attention(
 
 }  // namespace
 
-TORCH_LIBRARY(batchserve, m) {
+TORCH_LIBRARY(BATCHSERVE_OPS, m) {
   m.def(
       "paged_decode_attention(Tensor query, Tensor key_cache, Tensor value_cache, Tensor block_table, "
       "Tensor context_lens, int block_size, float scale) -> Tensor");
 }
 
-TORCH_LIBRARY_IMPL(batchserve, CPU, m) { m.impl("paged_decode_attention", &paged_decode_attention); }
+TORCH_LIBRARY_IMPL(BATCHSERVE_OPS, CPU, m) { m.impl("paged_decode_attention", &paged_decode_attention); }

@@ -11,6 +11,8 @@
 #include <torch/library.h>
 #include <torch/types.h>
 
+#include "scalar.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -142,8 +144,8 @@ std::tuple<torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor> prompt_sc
 
 }  // namespace
 
-TORCH_LIBRARY_FRAGMENT(batchserve, m) {
+TORCH_LIBRARY_FRAGMENT(BATCHSERVE_OPS, m) {
   m.def("prompt_scores(Tensor logits, Tensor target, int k) -> (Tensor, Tensor, Tensor, Tensor)");
 }
 
-TORCH_LIBRARY_IMPL(batchserve, CPU, m) { m.impl("prompt_scores", &prompt_scores); }
+TORCH_LIBRARY_IMPL(BATCHSERVE_OPS, CPU, m) { m.impl("prompt_scores", &prompt_scores); }

@@ -5,21 +5,25 @@
 // with the row count as if each row were a separate pass. These kernels read each weight byte once for all
 // rows (up to kMaxRows), dequantise in registers and accumulate in float32.
 //
-//   int4_gemv: x [rows, K] (float32 or bfloat16) times torch's CPU int4 packing of W [N, K] (what
-//              aten._convert_weight_to_int4pack_for_cpu returns, N a multiple of 64), with scales_and_zeros
-//              [K / group, N, 2]: w = (q - 8) * scale + zero, as aten._weight_int4pack_mm_for_cpu reads it.
+//   int4_gemv: x [rows, K] (float32 or bfloat16) times W [N, K] in 4 bits, in the layout that torch's CPU int4
+//              packing has at its AVX-512 capability (engine.linear.pack_int4_blocks writes it whatever torch's
+//              capability, N a multiple of 64), with scales_and_zeros [K / group, N, 2]:
+//              w = (q - 8) * scale + zero, as aten._weight_int4pack_mm_for_cpu reads it.
 //   int8_gemv: x [rows, K] times W [N, K] int8 with one scale per output row, as aten._weight_int8pack_mm.
 //
 // Both return [rows, N] in x's dtype. The sums are float32 in another order than torch's kernels, so results
-// agree with them to rounding, not bit for bit. Without AVX-512 they call torch's kernels.
+// agree with them to rounding, not bit for bit. Each has an AVX-512 and an AVX2 + FMA form (the build decides,
+// engine/native.py); the scalar build calls torch's kernels.
 //
-// torch's int4 CPU packing (read from the packed bytes it produces, for N a multiple of 64): output rows come
-// in blocks of 64; a block stores, for each k, 32 bytes whose byte j holds row j in its low nibble and row
-// j + 32 in its high nibble.
+// The layout (torch's int4 CPU packing at its AVX-512 capability; at AVX2 and below torch packs otherwise):
+// output rows come in blocks of 64; a block stores, for each k, 32 bytes whose byte j holds row j in its low
+// nibble and row j + 32 in its high nibble.
 
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 #include <torch/types.h>
+
+#include "scalar.h"
 
 #include <algorithm>
 #include <cmath>
@@ -28,35 +32,79 @@
 #include <type_traits>
 #include <vector>
 
-#if defined(__AVX512F__)
+#if defined(__AVX512F__) || defined(__AVX2__)
 #include <immintrin.h>
 #endif
 
 namespace {
 
+using batchserve::widen;
+
 constexpr int64_t kBlockN = 64;  // output rows per int4 block
-constexpr int64_t kMaxRows = 8;  // activation rows per pass over the weights
-constexpr int64_t kPrefetchRows = 8;
-constexpr int64_t kPrefetchBytes = 1024;  // int4 bytes requested ahead of use (the next groups)  // int8 weight rows requested ahead of use
+constexpr int64_t kMaxRows = 8;  // activation rows per pass over the weights (int8)
+constexpr int64_t kPrefetchRows = 8;  // int8 weight rows requested ahead of use
+constexpr int64_t kPrefetchBytes = 1024;  // int4 bytes requested ahead of use (the next groups)
 
-#if defined(__AVX512F__)
-
-// Calls f(std::integral_constant<int, R>{}) for R = count in 1..kMaxRows: the kernels unroll over a compile-time
+// Calls f(std::integral_constant<int, R>{}) for R = count in 1..Max: the kernels unroll over a compile-time
 // row count, and every caller picks it the same way.
-template <typename F>
+template <int Max, typename F>
 inline void with_row_count(int64_t count, F&& f) {
   switch (count) {
     case 1: f(std::integral_constant<int, 1>{}); break;
-    case 2: f(std::integral_constant<int, 2>{}); break;
-    case 3: f(std::integral_constant<int, 3>{}); break;
-    case 4: f(std::integral_constant<int, 4>{}); break;
-    case 5: f(std::integral_constant<int, 5>{}); break;
-    case 6: f(std::integral_constant<int, 6>{}); break;
-    case 7: f(std::integral_constant<int, 7>{}); break;
-    case 8: f(std::integral_constant<int, 8>{}); break;
-    default: break;  // callers pass 1..kMaxRows
+    case 2: if constexpr (Max >= 2) f(std::integral_constant<int, 2>{}); break;
+    case 3: if constexpr (Max >= 3) f(std::integral_constant<int, 3>{}); break;
+    case 4: if constexpr (Max >= 4) f(std::integral_constant<int, 4>{}); break;
+    case 5: if constexpr (Max >= 5) f(std::integral_constant<int, 5>{}); break;
+    case 6: if constexpr (Max >= 6) f(std::integral_constant<int, 6>{}); break;
+    case 7: if constexpr (Max >= 7) f(std::integral_constant<int, 7>{}); break;
+    case 8: if constexpr (Max >= 8) f(std::integral_constant<int, 8>{}); break;
+    default: break;  // callers pass 1..Max
   }
 }
+
+// The (scale, zero) pairs of `count` output rows, split into s and z (the AVX2 kernels' epilogues; once a group).
+template <typename S>
+inline void split_pairs(const S* pairs, int64_t count, float* s, float* z) {
+  for (int64_t i = 0; i < count; ++i) {
+    s[i] = widen(pairs[2 * i]);
+    z[i] = widen(pairs[2 * i + 1]);
+  }
+}
+
+// Per row and group: two int8 digits per value, the scale that maps them back, and the exact float sum (for the
+// zero term); the integer dot product kernels below read this layout (see int4_dot_block).
+[[maybe_unused]] void quantise_activations(const float* x, int64_t rows, int64_t K, int64_t group, int8_t* xq, float* x_scales,
+                          float* x_sums) {
+  const int64_t groups = K / group;
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t g = 0; g < groups; ++g) {
+      const float* v = x + r * K + g * group;
+      float top = 0, sum = 0;
+      for (int64_t i = 0; i < group; ++i) {
+        top = std::max(top, std::fabs(v[i]));
+        sum += v[i];
+      }
+      const float scale = top / 127.0f;
+      const float inverse = scale > 0 ? 1.0f / scale : 0.0f;
+      int8_t* digits = xq + 2 * (r * K + g * group);
+      for (int64_t i = 0; i < group; i += 8) {
+        for (int64_t j = 0; j < 8; ++j) {
+          const float units = v[i + j] * inverse;  // in [-127, 127]
+          const float leading = std::nearbyint(units);
+          digits[2 * i + j] = static_cast<int8_t>(leading);
+          // The rounding error, |units - leading| <= 0.5, in 127ths: within [-64, 64].
+          digits[2 * i + 8 + j] = static_cast<int8_t>(std::nearbyint((units - leading) * 127.0f));
+        }
+      }
+      x_scales[r * groups + g] = scale / 127.0f;  // per unit of the combined 127 * leading + residual
+      x_sums[r * groups + g] = sum;
+    }
+  }
+}
+
+#if defined(__AVX512F__)
+
+constexpr int kInt4Rows = 8;  // activation rows per pass over the int4 weights
 
 inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
 
@@ -74,9 +122,6 @@ inline void store16(c10::BFloat16* p, __m512 v) {
   const __m512i rounded = _mm512_srli_epi32(_mm512_add_epi32(bits, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7FFF))), 16);
   _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm512_cvtepi32_epi16(rounded));
 }
-
-inline float widen_scalar(float v) { return v; }
-inline float widen_scalar(c10::BFloat16 v) { return static_cast<float>(v); }
 
 // The (scale, zero) pairs of 16 output rows, split into s and z.
 template <typename S>
@@ -137,14 +182,14 @@ template <typename T, typename S>
 void int4_rows(const float* x, const float* group_sums, const uint8_t* packed, const S* scales_and_zeros, T* y,
                int64_t rows, int64_t K, int64_t N, int64_t group) {
   at::parallel_for(0, N / kBlockN, 1, [&](int64_t begin, int64_t end) {
-    alignas(64) float out[kMaxRows * kBlockN];
+    alignas(64) float out[kInt4Rows * kBlockN];
     for (int64_t block = begin; block < end; ++block) {
       // Every row chunk of this block reuses its weight bytes from cache: they are read from memory once.
-      for (int64_t first = 0; first < rows; first += kMaxRows) {
-        const int64_t count = std::min(kMaxRows, rows - first);
+      for (int64_t first = 0; first < rows; first += kInt4Rows) {
+        const int64_t count = std::min<int64_t>(kInt4Rows, rows - first);
         const float* xs = x + first * K;
         const float* sums = group_sums + first * (K / group);
-        with_row_count(count, [&](auto R) {
+        with_row_count<kInt4Rows>(count, [&](auto R) {
           int4_block<decltype(R)::value, S>(packed, scales_and_zeros, xs, sums, K, N, group, block, out);
         });
         for (int64_t r = 0; r < count; ++r)
@@ -182,8 +227,8 @@ void int8_rows(const float* x, const int8_t* values, const S* scales, T* y, int6
       for (int64_t first = 0; first < rows; first += kMaxRows) {
         const int64_t count = std::min(kMaxRows, rows - first);
         const float* xs = x + first * K;
-        with_row_count(count, [&](auto R) { int8_row<decltype(R)::value>(values + n * K, xs, K, dots); });
-        const float scale = widen_scalar(scales[n]);
+        with_row_count<kMaxRows>(count, [&](auto R) { int8_row<decltype(R)::value>(values + n * K, xs, K, dots); });
+        const float scale = widen(scales[n]);
         for (int64_t r = 0; r < count; ++r) y[(first + r) * N + n] = static_cast<T>(dots[r] * scale);
       }
     }
@@ -248,36 +293,6 @@ inline void int4_dot_block(const uint8_t* packed, const c10::BFloat16* scales, c
   for (int r = 0; r < R; ++r) _mm512_storeu_ps(out + r * kDotBlock, total[r]);
 }
 
-// Per row and group: int8 values, the scale that maps them back, and the exact float sum (for the zero term).
-void quantise_activations(const float* x, int64_t rows, int64_t K, int64_t group, int8_t* xq, float* x_scales,
-                          float* x_sums) {
-  const int64_t groups = K / group;
-  for (int64_t r = 0; r < rows; ++r) {
-    for (int64_t g = 0; g < groups; ++g) {
-      const float* v = x + r * K + g * group;
-      float top = 0, sum = 0;
-      for (int64_t i = 0; i < group; ++i) {
-        top = std::max(top, std::fabs(v[i]));
-        sum += v[i];
-      }
-      const float scale = top / 127.0f;
-      const float inverse = scale > 0 ? 1.0f / scale : 0.0f;
-      int8_t* digits = xq + 2 * (r * K + g * group);
-      for (int64_t i = 0; i < group; i += 8) {
-        for (int64_t j = 0; j < 8; ++j) {
-          const float units = v[i + j] * inverse;  // in [-127, 127]
-          const float leading = std::nearbyint(units);
-          digits[2 * i + j] = static_cast<int8_t>(leading);
-          // The rounding error, |units - leading| <= 0.5, in 127ths: within [-64, 64].
-          digits[2 * i + 8 + j] = static_cast<int8_t>(std::nearbyint((units - leading) * 127.0f));
-        }
-      }
-      x_scales[r * groups + g] = scale / 127.0f;  // per unit of the combined 127 * leading + residual
-      x_sums[r * groups + g] = sum;
-    }
-  }
-}
-
 template <typename T>
 void int4_dot_rows(const float* x, const uint8_t* packed, const c10::BFloat16* scales, const c10::BFloat16* zeros,
                    T* y, int64_t rows, int64_t K, int64_t N, int64_t group) {
@@ -286,17 +301,17 @@ void int4_dot_rows(const float* x, const uint8_t* packed, const c10::BFloat16* s
   std::vector<float> x_scales(rows * groups), x_sums(rows * groups);
   quantise_activations(x, rows, K, group, xq.data(), x_scales.data(), x_sums.data());
   at::parallel_for(0, N / kDotBlock, 4, [&](int64_t begin, int64_t end) {
-    alignas(64) float out[kMaxRows * kDotBlock];
+    alignas(64) float out[kInt4Rows * kDotBlock];
     for (int64_t block = begin; block < end; ++block) {
       const uint8_t* block_bytes = packed + block * K * 8;
       const c10::BFloat16* block_scales = scales + block * groups * kDotBlock;
       const c10::BFloat16* block_zeros = zeros + block * groups * kDotBlock;
-      for (int64_t first = 0; first < rows; first += kMaxRows) {
-        const int64_t count = std::min(kMaxRows, rows - first);
+      for (int64_t first = 0; first < rows; first += kInt4Rows) {
+        const int64_t count = std::min<int64_t>(kInt4Rows, rows - first);
         const int8_t* xs = xq.data() + 2 * first * K;
         const float* sc = x_scales.data() + first * groups;
         const float* sm = x_sums.data() + first * groups;
-        with_row_count(count, [&](auto R) {
+        with_row_count<kInt4Rows>(count, [&](auto R) {
           int4_dot_block<decltype(R)::value>(block_bytes, block_scales, block_zeros, xs, sc, sm, K, group, out);
         });
         for (int64_t r = 0; r < count; ++r)
@@ -307,7 +322,285 @@ void int4_dot_rows(const float* x, const uint8_t* packed, const c10::BFloat16* s
 }
 #endif  // VNNI
 
-#endif  // __AVX512F__
+#elif defined(__AVX2__)
+// AVX2 + FMA: 8 float lanes and 16 registers. Each kernel keeps the AVX-512 one's data layout and order of
+// work, on half the lanes and fewer activation rows per pass, so that its accumulators stay in registers.
+
+constexpr int kInt4Rows = 4;
+
+inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
+
+inline __m256 load8(const c10::BFloat16* p) {
+  const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(raw), 16));
+}
+
+inline void store8(float* p, __m256 v) { _mm256_storeu_ps(p, v); }
+
+inline void store8(c10::BFloat16* p, __m256 v) {
+  // Round to nearest even, as c10::BFloat16 does (NaN is not expected from finite weights and inputs).
+  const __m256i bits = _mm256_castps_si256(v);
+  const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(bits, 16), _mm256_set1_epi32(1));
+  const __m256i rounded =
+      _mm256_srli_epi32(_mm256_add_epi32(bits, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7FFF))), 16);
+  const __m128i packed = _mm_packus_epi32(_mm256_castsi256_si128(rounded), _mm256_extracti128_si256(rounded, 1));
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(p), packed);
+}
+
+inline float sum8(__m256 v) {
+  const __m128 pair = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  const __m128 two = _mm_add_ps(pair, _mm_movehl_ps(pair, pair));
+  return _mm_cvtss_f32(_mm_add_ss(two, _mm_movehdup_ps(two)));
+}
+
+// 16 output rows (a quarter of a 64-row block of torch's packing) for R activation rows. Quarter q reads bytes
+// 16 (q % 2) .. + 15 of each k's 32, in their low nibble for q < 2 and their high one after.
+template <int R, int Quarter, typename S>
+inline void int4_quarter(const uint8_t* packed, const S* scales_and_zeros, const float* x, const float* group_sums,
+                         int64_t K, int64_t N, int64_t group, int64_t block, float* out /* [R, 16] */) {
+  constexpr int kShift = (Quarter / 2) * 4;
+  const __m256i nibble = _mm256_set1_epi32(0x0F), eight = _mm256_set1_epi32(8);
+  const int64_t groups = K / group;
+  __m256 total[R][2];
+  for (int r = 0; r < R; ++r) total[r][0] = total[r][1] = _mm256_setzero_ps();
+  for (int64_t g = 0; g < groups; ++g) {
+    __m256 acc[R][2];
+    for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
+    const uint8_t* bytes = packed + (block * K + g * group) * (kBlockN / 2) + (Quarter % 2) * 16;
+    for (int64_t k = 0; k < group; ++k, bytes += kBlockN / 2) {
+      _mm_prefetch(reinterpret_cast<const char*>(bytes) + kPrefetchBytes, _MM_HINT_T0);
+      const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(bytes));
+      const __m256i lo = _mm256_srli_epi32(_mm256_cvtepu8_epi32(raw), kShift);
+      const __m256i hi = _mm256_srli_epi32(_mm256_cvtepu8_epi32(_mm_srli_si128(raw, 8)), kShift);
+      const __m256 w0 = _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_and_si256(lo, nibble), eight));
+      const __m256 w1 = _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_and_si256(hi, nibble), eight));
+      for (int r = 0; r < R; ++r) {
+        const __m256 xk = _mm256_set1_ps(x[r * K + g * group + k]);
+        acc[r][0] = _mm256_fmadd_ps(w0, xk, acc[r][0]);
+        acc[r][1] = _mm256_fmadd_ps(w1, xk, acc[r][1]);
+      }
+    }
+    alignas(32) float s[16], z[16];
+    split_pairs(scales_and_zeros + (g * N + block * kBlockN + Quarter * 16) * 2, 16, s, z);
+    for (int h = 0; h < 2; ++h) {
+      const __m256 sv = _mm256_load_ps(s + 8 * h), zv = _mm256_load_ps(z + 8 * h);
+      for (int r = 0; r < R; ++r) {
+        total[r][h] = _mm256_fmadd_ps(sv, acc[r][h], total[r][h]);
+        total[r][h] = _mm256_fmadd_ps(zv, _mm256_set1_ps(group_sums[r * groups + g]), total[r][h]);
+      }
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int h = 0; h < 2; ++h) _mm256_storeu_ps(out + r * 16 + h * 8, total[r][h]);
+}
+
+template <typename T, typename S>
+void int4_rows(const float* x, const float* group_sums, const uint8_t* packed, const S* scales_and_zeros, T* y,
+               int64_t rows, int64_t K, int64_t N, int64_t group) {
+  at::parallel_for(0, N / kBlockN, 1, [&](int64_t begin, int64_t end) {
+    alignas(32) float out[kInt4Rows * 16];
+    for (int64_t block = begin; block < end; ++block) {
+      for (int64_t first = 0; first < rows; first += kInt4Rows) {
+        const int64_t count = std::min<int64_t>(kInt4Rows, rows - first);
+        const float* xs = x + first * K;
+        const float* sums = group_sums + first * (K / group);
+        auto quarter = [&](auto Q) {
+          with_row_count<kInt4Rows>(count, [&](auto R) {
+            int4_quarter<decltype(R)::value, decltype(Q)::value, S>(packed, scales_and_zeros, xs, sums, K, N, group,
+                                                                    block, out);
+          });
+          for (int64_t r = 0; r < count; ++r)
+            for (int h = 0; h < 2; ++h)
+              store8(y + (first + r) * N + block * kBlockN + decltype(Q)::value * 16 + h * 8,
+                     _mm256_load_ps(out + r * 16 + h * 8));
+        };
+        quarter(std::integral_constant<int, 0>{});
+        quarter(std::integral_constant<int, 1>{});
+        quarter(std::integral_constant<int, 2>{});
+        quarter(std::integral_constant<int, 3>{});
+      }
+    }
+  });
+}
+
+template <int R>
+inline void int8_row(const int8_t* w, const float* x, int64_t K, float* dots /* [R] */) {
+  __m256 acc[R];
+  for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
+  int64_t k = 0;
+  for (; k + 8 <= K; k += 8) {
+    const __m128i raw = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(w + k));
+    const __m256 wk = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(raw));
+    for (int r = 0; r < R; ++r) acc[r] = _mm256_fmadd_ps(wk, _mm256_loadu_ps(x + r * K + k), acc[r]);
+  }
+  for (int r = 0; r < R; ++r) {
+    float sum = sum8(acc[r]);
+    for (int64_t t = k; t < K; ++t) sum += static_cast<float>(w[t]) * x[r * K + t];
+    dots[r] = sum;
+  }
+}
+
+template <typename T, typename S>
+void int8_rows(const float* x, const int8_t* values, const S* scales, T* y, int64_t rows, int64_t K, int64_t N) {
+  at::parallel_for(0, N, 256, [&](int64_t begin, int64_t end) {
+    float dots[kMaxRows];
+    for (int64_t n = begin; n < end; ++n) {
+      const char* ahead = reinterpret_cast<const char*>(values + std::min(n + kPrefetchRows, N - 1) * K);
+      for (int64_t line = 0; line < K; line += 64) _mm_prefetch(ahead + line, _MM_HINT_T0);
+      for (int64_t first = 0; first < rows; first += kMaxRows) {
+        const int64_t count = std::min(kMaxRows, rows - first);
+        const float* xs = x + first * K;
+        with_row_count<kMaxRows>(count, [&](auto R) { int8_row<decltype(R)::value>(values + n * K, xs, K, dots); });
+        const float scale = widen(scales[n]);
+        for (int64_t r = 0; r < count; ++r) y[(first + r) * N + n] = static_cast<T>(dots[r] * scale);
+      }
+    }
+  });
+}
+
+// int4_dot on AVX2: the same layout and two-digit activations as the AVX-512 VNNI kernel below. Without VNNI,
+// `vpmaddubsw` multiplies the unsigned 4-bit weights by the int8 digits and adds neighbouring pairs into int16
+// (at most 2 * 15 * 127: no saturation), and `vpmaddwd` adds those pairs into the row's int32 lane, scaling the
+// leading digits' sums by 127 on the way. Where the CPU has AVX-VNNI (Intel from Alder Lake, AMD from Zen 5)
+// `vpdpbusd` does the same in one instruction; this build does not assume it.
+constexpr int64_t kDotBlock = 16;
+
+template <int R>
+inline void int4_dot_block(const uint8_t* packed, const c10::BFloat16* scales, const c10::BFloat16* zeros,
+                           const int8_t* xq, const float* x_scales, const float* x_sums, int64_t K, int64_t group,
+                           float* out /* [R, 16] */) {
+  const int64_t groups = K / group;
+  const __m256i low = _mm256_set1_epi8(0x0F);
+  const __m256i ones = _mm256_set1_epi16(1), leading_weight = _mm256_set1_epi16(127);
+  __m256 total[R][2];
+  for (int r = 0; r < R; ++r) total[r][0] = total[r][1] = _mm256_setzero_ps();
+  for (int64_t g = 0; g < groups; ++g) {
+    __m256i acc[R][2];
+    for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_si256();
+    const uint8_t* bytes = packed + g * group * 8;  // 64 bytes per 8 inputs: rows 0-7, then rows 8-15
+    for (int64_t k = 0; k < group; k += 8, bytes += 64) {
+      _mm_prefetch(reinterpret_cast<const char*>(bytes) + kPrefetchBytes, _MM_HINT_T0);
+      __m256i first[2], second[2];
+      for (int h = 0; h < 2; ++h) {
+        const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(bytes + 32 * h));
+        first[h] = _mm256_and_si256(v, low);
+        second[h] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
+      }
+      for (int r = 0; r < R; ++r) {
+        const int8_t* xs = xq + 2 * (r * K + g * group + k);  // 8 leading digits, then 8 residual digits
+        int32_t a, b, c, d;
+        std::memcpy(&a, xs, 4);
+        std::memcpy(&b, xs + 4, 4);
+        std::memcpy(&c, xs + 8, 4);
+        std::memcpy(&d, xs + 12, 4);
+        const __m256i va = _mm256_set1_epi32(a), vb = _mm256_set1_epi32(b);
+        const __m256i vc = _mm256_set1_epi32(c), vd = _mm256_set1_epi32(d);
+        for (int h = 0; h < 2; ++h) {
+          const __m256i leading =
+              _mm256_add_epi16(_mm256_maddubs_epi16(first[h], va), _mm256_maddubs_epi16(second[h], vb));
+          const __m256i residual =
+              _mm256_add_epi16(_mm256_maddubs_epi16(first[h], vc), _mm256_maddubs_epi16(second[h], vd));
+          acc[r][h] = _mm256_add_epi32(acc[r][h], _mm256_add_epi32(_mm256_madd_epi16(leading, leading_weight),
+                                                                    _mm256_madd_epi16(residual, ones)));
+        }
+      }
+    }
+    for (int h = 0; h < 2; ++h) {
+      const __m256 s = load8(scales + g * kDotBlock + 8 * h);
+      // sum_k ((q - 8) s + z) x = s sum_k q x + (z - 8 s) sum_k x
+      const __m256 z = _mm256_fnmadd_ps(_mm256_set1_ps(8.0f), s, load8(zeros + g * kDotBlock + 8 * h));
+      for (int r = 0; r < R; ++r) {
+        const __m256 dots = _mm256_mul_ps(_mm256_cvtepi32_ps(acc[r][h]), _mm256_set1_ps(x_scales[r * groups + g]));
+        total[r][h] = _mm256_fmadd_ps(s, dots, total[r][h]);
+        total[r][h] = _mm256_fmadd_ps(z, _mm256_set1_ps(x_sums[r * groups + g]), total[r][h]);
+      }
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int h = 0; h < 2; ++h) _mm256_storeu_ps(out + r * kDotBlock + 8 * h, total[r][h]);
+}
+
+template <typename T>
+void int4_dot_rows(const float* x, const uint8_t* packed, const c10::BFloat16* scales, const c10::BFloat16* zeros,
+                   T* y, int64_t rows, int64_t K, int64_t N, int64_t group) {
+  const int64_t groups = K / group;
+  std::vector<int8_t> xq(2 * rows * K);
+  std::vector<float> x_scales(rows * groups), x_sums(rows * groups);
+  quantise_activations(x, rows, K, group, xq.data(), x_scales.data(), x_sums.data());
+  at::parallel_for(0, N / kDotBlock, 4, [&](int64_t begin, int64_t end) {
+    alignas(32) float out[kInt4Rows * kDotBlock];
+    for (int64_t block = begin; block < end; ++block) {
+      const uint8_t* block_bytes = packed + block * K * 8;
+      const c10::BFloat16* block_scales = scales + block * groups * kDotBlock;
+      const c10::BFloat16* block_zeros = zeros + block * groups * kDotBlock;
+      for (int64_t first = 0; first < rows; first += kInt4Rows) {
+        const int64_t count = std::min<int64_t>(kInt4Rows, rows - first);
+        const int8_t* xs = xq.data() + 2 * first * K;
+        const float* sc = x_scales.data() + first * groups;
+        const float* sm = x_sums.data() + first * groups;
+        with_row_count<kInt4Rows>(count, [&](auto R) {
+          int4_dot_block<decltype(R)::value>(block_bytes, block_scales, block_zeros, xs, sc, sm, K, group, out);
+        });
+        for (int64_t r = 0; r < count; ++r)
+          for (int h = 0; h < 2; ++h)
+            store8(y + (first + r) * N + block * kDotBlock + 8 * h, _mm256_load_ps(out + r * kDotBlock + 8 * h));
+      }
+    }
+  });
+}
+
+#else
+// The scalar build: plain loops over the same layouts (the compiler vectorises what SSE2 allows). torch's own
+// kernels are no fallback here: their int4 packing depends on torch's capability, and their int8 kernel has
+// crashed on widths that are not a multiple of 16 (torch 2.13).
+
+constexpr int kInt4Rows = 1;
+
+template <typename T, typename S>
+void int4_rows(const float* x, const float* group_sums, const uint8_t* packed, const S* scales_and_zeros, T* y,
+               int64_t rows, int64_t K, int64_t N, int64_t group) {
+  const int64_t groups = K / group;
+  at::parallel_for(0, N / kBlockN, 1, [&](int64_t begin, int64_t end) {
+    float acc[kBlockN], total[kBlockN];
+    for (int64_t block = begin; block < end; ++block) {
+      for (int64_t r = 0; r < rows; ++r) {
+        std::fill(total, total + kBlockN, 0.0f);
+        for (int64_t g = 0; g < groups; ++g) {
+          std::fill(acc, acc + kBlockN, 0.0f);
+          const uint8_t* bytes = packed + (block * K + g * group) * (kBlockN / 2);
+          for (int64_t k = 0; k < group; ++k, bytes += kBlockN / 2) {
+            const float xk = x[r * K + g * group + k];
+            for (int64_t j = 0; j < kBlockN / 2; ++j) {
+              acc[j] += static_cast<float>((bytes[j] & 0x0F) - 8) * xk;
+              acc[j + kBlockN / 2] += static_cast<float>((bytes[j] >> 4) - 8) * xk;
+            }
+          }
+          const S* pairs = scales_and_zeros + (g * N + block * kBlockN) * 2;
+          const float sum = group_sums[r * groups + g];
+          for (int64_t j = 0; j < kBlockN; ++j) total[j] += widen(pairs[2 * j]) * acc[j] + widen(pairs[2 * j + 1]) * sum;
+        }
+        for (int64_t j = 0; j < kBlockN; ++j) y[r * N + block * kBlockN + j] = batchserve::narrow<T>(total[j]);
+      }
+    }
+  });
+}
+
+template <typename T, typename S>
+void int8_rows(const float* x, const int8_t* values, const S* scales, T* y, int64_t rows, int64_t K, int64_t N) {
+  at::parallel_for(0, N, 256, [&](int64_t begin, int64_t end) {
+    for (int64_t n = begin; n < end; ++n) {
+      const int8_t* w = values + n * K;
+      const float scale = widen(scales[n]);
+      for (int64_t r = 0; r < rows; ++r) {
+        float sum = 0;
+        for (int64_t k = 0; k < K; ++k) sum += static_cast<float>(w[k]) * x[r * K + k];
+        y[r * N + n] = batchserve::narrow<T>(sum * scale);
+      }
+    }
+  });
+}
+
+#endif  // __AVX512F__ / __AVX2__ / scalar
 
 bool float_or_bf16(const torch::Tensor& t) {
   return t.scalar_type() == torch::kFloat || t.scalar_type() == torch::kBFloat16;
@@ -319,12 +612,12 @@ torch::Tensor int4_gemv(const torch::Tensor& x, const torch::Tensor& packed, int
   TORCH_CHECK(scales_and_zeros.scalar_type() == x.scalar_type() && scales_and_zeros.dim() == 3 &&
                   scales_and_zeros.size(2) == 2,
               "scales_and_zeros must be [K / group, N, 2] in x's dtype");
-  TORCH_CHECK(packed.scalar_type() == torch::kByte && packed.dim() == 2, "packed must be torch's [N, K / 2] uint8");
+  TORCH_CHECK(packed.scalar_type() == torch::kByte && packed.dim() == 2, "packed must be [N, K / 2] uint8");
   const int64_t rows = x.size(0), K = x.size(1), N = packed.size(0);
   TORCH_CHECK(group >= 1 && K % group == 0 && packed.size(1) * 2 == K, "K must match the packing and the group");
   TORCH_CHECK(scales_and_zeros.size(0) == K / group && scales_and_zeros.size(1) == N, "scales do not match W");
-#if defined(__AVX512F__)
-  if (N % kBlockN == 0 && group % 16 == 0) {
+  TORCH_CHECK(N % kBlockN == 0 && group % 16 == 0, "int4_gemv packs output rows in blocks of 64, groups of 16k");
+  {
     const auto xf = x.to(torch::kFloat).contiguous();
     const auto sums = xf.view({rows, K / group, group}).sum(-1).contiguous();
     const auto w = packed.contiguous();
@@ -340,8 +633,6 @@ torch::Tensor int4_gemv(const torch::Tensor& x, const torch::Tensor& packed, int
     }
     return y;
   }
-#endif
-  return at::_weight_int4pack_mm_for_cpu(x.contiguous(), packed, group, scales_and_zeros);
 }
 
 torch::Tensor int8_gemv(const torch::Tensor& x, const torch::Tensor& values, const torch::Tensor& scales) {
@@ -350,7 +641,6 @@ torch::Tensor int8_gemv(const torch::Tensor& x, const torch::Tensor& values, con
               "values must be [N, K] int8");
   TORCH_CHECK(scales.scalar_type() == x.scalar_type() && scales.dim() == 1 && scales.size(0) == values.size(0),
               "scales must be [N] in x's dtype");
-#if defined(__AVX512F__)
   const int64_t rows = x.size(0), K = x.size(1), N = values.size(0);
   const auto xf = x.to(torch::kFloat).contiguous();
   const auto w = values.contiguous();
@@ -364,13 +654,16 @@ torch::Tensor int8_gemv(const torch::Tensor& x, const torch::Tensor& values, con
                             rows, K, N);
   }
   return y;
-#else
-  return at::_weight_int8pack_mm(x.contiguous(), values, scales);
-#endif
 }
 
+// The AVX-512 build has the kernel only with VNNI; the AVX2 build always has it.
+#if (defined(__AVX512F__) && defined(__AVX512VNNI__) && defined(__AVX512BW__)) || \
+    (defined(__AVX2__) && !defined(__AVX512F__))
+#define BATCHSERVE_INT4_DOT 1
+#endif
+
 bool int4_dot_available() {
-#if defined(__AVX512F__) && defined(__AVX512VNNI__) && defined(__AVX512BW__)
+#if defined(BATCHSERVE_INT4_DOT)
   return true;
 #else
   return false;
@@ -379,7 +672,7 @@ bool int4_dot_available() {
 
 torch::Tensor int4_dot(const torch::Tensor& x, const torch::Tensor& packed, int64_t group, const torch::Tensor& scales,
                        const torch::Tensor& zeros) {
-  TORCH_CHECK(int4_dot_available(), "int4_dot needs AVX-512 VNNI");
+  TORCH_CHECK(int4_dot_available(), "int4_dot needs AVX2, or AVX-512 with VNNI");
   TORCH_CHECK(x.device().is_cpu() && x.dim() == 2 && float_or_bf16(x), "x must be [rows, K] float32 or bfloat16");
   TORCH_CHECK(packed.scalar_type() == torch::kByte && packed.dim() == 2, "packed must be [N, K / 2] uint8");
   const int64_t rows = x.size(0), K = x.size(1), N = packed.size(0);
@@ -390,7 +683,7 @@ torch::Tensor int4_dot(const torch::Tensor& x, const torch::Tensor& packed, int6
                   scales.numel() == N * (K / group) && zeros.numel() == N * (K / group),
               "scales and zeros must be [N / 16, K / group, 16] bfloat16");
   auto y = torch::empty({rows, N}, x.options());
-#if defined(__AVX512F__) && defined(__AVX512VNNI__) && defined(__AVX512BW__)
+#if defined(BATCHSERVE_INT4_DOT)
   const auto xf = x.to(torch::kFloat).contiguous();
   const auto w = packed.contiguous();
   const auto s = scales.contiguous();
@@ -408,13 +701,14 @@ torch::Tensor int4_dot(const torch::Tensor& x, const torch::Tensor& packed, int6
 
 }  // namespace
 
-TORCH_LIBRARY_FRAGMENT(batchserve, m) {
+TORCH_LIBRARY_FRAGMENT(BATCHSERVE_OPS, m) {
+  m.def("int4_dot_available() -> bool", &int4_dot_available);
   m.def("int4_gemv(Tensor x, Tensor packed, int group, Tensor scales_and_zeros) -> Tensor");
   m.def("int8_gemv(Tensor x, Tensor values, Tensor scales) -> Tensor");
   m.def("int4_dot(Tensor x, Tensor packed, int group, Tensor scales, Tensor zeros) -> Tensor");
 }
 
-TORCH_LIBRARY_IMPL(batchserve, CPU, m) {
+TORCH_LIBRARY_IMPL(BATCHSERVE_OPS, CPU, m) {
   m.impl("int4_gemv", &int4_gemv);
   m.impl("int8_gemv", &int8_gemv);
   m.impl("int4_dot", &int4_dot);
