@@ -20,6 +20,7 @@ import uvicorn
 
 from api.config import API_KEY_ENV, ServerConfig
 from engine.config import DTYPES, QUANTIZATIONS
+from engine.cpu_features import CpuIsaError, cpu_features
 from scheduler.config import Mode
 
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
@@ -224,6 +225,10 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> None:
     logging.basicConfig(level=logging.INFO, format=LOG_FORMAT)
     args = build_parser().parse_args(argv)
+    try:
+        logging.getLogger("batchserve.api").info("CPU: %s", cpu_features().describe())
+    except CpuIsaError as exc:  # a bad BATCHSERVE_CPU_ISA: one line, before anything loads
+        raise SystemExit(f"batchserve: {exc}") from None
     if args.command == "serve":
         try:
             config = config_from_args(args)

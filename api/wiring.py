@@ -13,7 +13,9 @@ from transformers import PreTrainedTokenizerBase
 from api.config import RuntimeOptions
 from api.token_bytes import TokenBytes
 from engine.engine import Engine
-from engine.loader import LoadedModel, load_model
+from engine.format_probe import load_auto
+from engine.linear import DEFAULT_MAX_QUANTIZED_ROWS
+from engine.loader import LoadedModel
 from engine.model_runner import ModelRunner, TransformersRunner
 from scheduler.core import Scheduler
 from scheduler.loop import SchedulerLoop
@@ -21,7 +23,8 @@ from scheduler.stats import StepStats
 
 
 def load(options: RuntimeOptions) -> LoadedModel:
-    return load_model(options.model, device=options.device, dtype=options.dtype, quantization=options.quantization)
+    """The model in the options' format; what is `auto` is measured on this machine (engine/format_probe.py)."""
+    return load_auto(options.model, device=options.device, dtype=options.dtype, quantization=options.quantization)
 
 
 @dataclass(frozen=True)
@@ -38,12 +41,15 @@ class ModelRuntime:
 
 
 def build_runner(options: RuntimeOptions, loaded: LoadedModel) -> TransformersRunner:
+    # The row switch `auto` measured, unless the options name one other than the default.
+    measured = loaded.measured_max_quantized_rows
+    use_measured = measured is not None and options.max_quantized_rows == DEFAULT_MAX_QUANTIZED_ROWS
     return TransformersRunner(
         loaded.model,
         prepack_weights=options.cpu_kernels,
         native_attention=options.cpu_kernels,
         quantized=loaded.quantized,
-        max_quantized_rows=options.max_quantized_rows,
+        max_quantized_rows=measured if use_measured else options.max_quantized_rows,
         int8_activations=options.int8_activations,
     )
 

@@ -42,8 +42,16 @@ _NO_AMX = "-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
 # BATCHSERVE_CPU_ISA set to the same value (engine/cpu_features.py); "native" is whatever this CPU has.
 _ISA_OPTIONS = {
     "native": {"GGML_NATIVE": "ON"},
-    "avx2": {"GGML_NATIVE": "OFF", "GGML_AVX": "ON", "GGML_AVX2": "ON", "GGML_FMA": "ON", "GGML_F16C": "ON",
-             "GGML_BMI2": "ON", "GGML_AVX_VNNI": "OFF", "GGML_AVX512": "OFF"},
+    "avx2": {
+        "GGML_NATIVE": "OFF",
+        "GGML_AVX": "ON",
+        "GGML_AVX2": "ON",
+        "GGML_FMA": "ON",
+        "GGML_F16C": "ON",
+        "GGML_BMI2": "ON",
+        "GGML_AVX_VNNI": "OFF",
+        "GGML_AVX512": "OFF",
+    },
 }
 
 
@@ -185,8 +193,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     build.add_argument("--skip-convert", action="store_true")
     paths_parser = sub.add_parser("paths", help="print the cached paths as JSON")
     for command in (build, paths_parser):
-        command.add_argument("--cpu-isa", choices=sorted(_ISA_OPTIONS), default=None,
-                             help="the binary's instruction set (default: avx2 under BATCHSERVE_CPU_ISA=avx2, else native)")
+        command.add_argument(
+            "--cpu-isa",
+            choices=sorted(_ISA_OPTIONS),
+            default=None,
+            help="the binary's instruction set (default: avx2 under BATCHSERVE_CPU_ISA=avx2, else native)",
+        )
     args = parser.parse_args(argv)
     cache = default_cache(isa=args.cpu_isa)
     model = default_model_path()

@@ -27,7 +27,7 @@ CAP_VARIABLE = "BATCHSERVE_CPU_ISA"
 # Lowest first. Each level names the /proc/cpuinfo flags it adds to the one below it.
 ISA_LEVELS: dict[str, frozenset[str]] = {
     "scalar": frozenset(),
-    "avx2": frozenset({"avx", "avx2", "fma", "f16c"}),
+    "avx2": frozenset({"avx", "avx2", "fma", "f16c", "bmi1", "bmi2", "movbe"}),  # GCC's x86-64-v3
     "avx512": frozenset({"avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512cd"}),
     "avx512_vnni": frozenset({"avx512_vnni"}),
     "avx512_bf16": frozenset({"avx512_bf16"}),
@@ -35,15 +35,25 @@ ISA_LEVELS: dict[str, frozenset[str]] = {
 # Flags a level does not require but allows when the CPU has them (AMX comes with the bf16 class of CPUs;
 # AVX-VNNI, the 256-bit VNNI, with AVX2-class Intel cores from Alder Lake on).
 _EXTRAS: dict[str, frozenset[str]] = {
-    "avx2": frozenset({"avx_vnni", "bmi2"}),
+    "avx2": frozenset({"avx_vnni"}),
     "avx512_bf16": frozenset({"amx_tile", "amx_bf16", "amx_int8"}),
 }
 # The same cap in torch's and oneDNN's words (torch: aten/src/ATen/native/DispatchStub.cpp; oneDNN: its
 # ONEDNN_MAX_CPU_ISA values).
-_TORCH_CAPABILITY = {"scalar": "default", "avx2": "avx2", "avx512": "avx512", "avx512_vnni": "avx512",
-                     "avx512_bf16": "avx512"}
-_ONEDNN_ISA = {"scalar": "SSE41", "avx2": "AVX2", "avx512": "AVX512_CORE", "avx512_vnni": "AVX512_CORE_VNNI",
-               "avx512_bf16": "AVX512_CORE_AMX"}
+_TORCH_CAPABILITY = {
+    "scalar": "default",
+    "avx2": "avx2",
+    "avx512": "avx512",
+    "avx512_vnni": "avx512",
+    "avx512_bf16": "avx512",
+}
+_ONEDNN_ISA = {
+    "scalar": "SSE41",
+    "avx2": "AVX2",
+    "avx512": "AVX512_CORE",
+    "avx512_vnni": "AVX512_CORE_VNNI",
+    "avx512_bf16": "AVX512_CORE_AMX",
+}
 
 
 class CpuIsaError(ValueError):
@@ -119,7 +129,8 @@ def parse_cap(value: str | None) -> str | None:
         return None
     level = value.strip().lower()
     if level not in ISA_LEVELS:
-        raise CpuIsaError(f"{CAP_VARIABLE}={value!r} names no instruction set level; use one of {', '.join(ISA_LEVELS)}")
+        levels = ", ".join(ISA_LEVELS)
+        raise CpuIsaError(f"{CAP_VARIABLE}={value!r} names no instruction set level; use one of {levels}")
     return level
 
 

@@ -12,6 +12,7 @@ A GGUF's Q4_0/Q4_1 projections are read from the file's own blocks (engine/quant
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import importlib.metadata
 import json
@@ -64,6 +65,11 @@ class LoadedModel:
     max_model_len: int
     weight_format: WeightFormat = EXACT
     quantized: Mapping[str, QuantizedWeight] = field(default_factory=dict)  # by module name; for the runner
+    # The row count up to which the quantised weights run, where `auto` measured it (engine/format_probe.py).
+    measured_max_quantized_rows: int | None = None
+
+    def with_row_switch(self, max_quantized_rows: int | None) -> LoadedModel:
+        return dataclasses.replace(self, measured_max_quantized_rows=max_quantized_rows)
 
 
 def default_model_path() -> Path:
@@ -161,7 +167,7 @@ def load_model(
         gguf = open_gguf(source) if config.quantization in ("auto", "int4") else None
     layer_types = [kind for name, kind in gguf_projection_types(gguf).items() if name != "lm_head"] if gguf else []
     gguf_int4 = bool(layer_types) and all(kind in INT4_GGUF_TYPES for kind in layer_types)
-    weight_format = resolve(config, target, gguf_int4, _checkpoint_dtype(source) if source.is_dir() else None)
+    weight_format = resolve(config, target, gguf_int4, checkpoint_dtype(source) if source.is_dir() else None)
     quantized = _quantize(model, weight_format, gguf)
     # Module.to moves in place; mypy mis-types PreTrainedModel.to (functools.wraps on a method).
     model.to(target, dtype=weight_format.dtype)  # type: ignore[arg-type]
@@ -178,7 +184,7 @@ def load_model(
     )
 
 
-def _checkpoint_dtype(directory: Path) -> torch.dtype | None:
+def checkpoint_dtype(directory: Path) -> torch.dtype | None:
     """The dtype a checkpoint says its weights are stored in (config.json's `dtype`/`torch_dtype`)."""
     try:
         config = json.loads((directory / "config.json").read_text())

@@ -130,7 +130,7 @@ def loaded_kernels(build: KernelBuild | None = None) -> Kernels | None:
     """The kernels of `build` (default: the best this CPU allows) if loaded in this process; never builds."""
     build = build or best_build()
     try:
-        getattr(torch.ops, build.namespace).paged_decode_attention
+        _ = getattr(torch.ops, build.namespace).paged_decode_attention
     except (AttributeError, RuntimeError):
         return None
     return Kernels(build)

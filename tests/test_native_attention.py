@@ -1,4 +1,5 @@
-"""The compiled paged decode attention kernel against the torch path, and the fallback when it cannot build."""
+"""The compiled paged decode attention kernel against the torch path, once per build this CPU can execute; the
+builds' choice by CPU features, and the fallback when they cannot build."""
 
 from __future__ import annotations
 
@@ -9,24 +10,43 @@ import torch
 
 from engine import native
 from engine.attention import paged_attention, prepare
+from engine.cpu_features import features_for
 from engine.forward_batch import build_forward_batch
-from tests.toolchain import CAN_BUILD_KERNELS, NO_TOOLCHAIN
-
-KERNEL = native.load_decode_kernel()
+from tests.toolchain import CAN_BUILD_KERNELS
 
 
 @pytest.fixture
-def kernel() -> native.DecodeKernel:
-    """The built kernel; skipped only where nothing could build it, a failure where the build broke."""
-    if not CAN_BUILD_KERNELS:
-        pytest.skip(NO_TOOLCHAIN)
-    assert KERNEL is not None, "a C++ compiler is present but the kernel did not build: see the logged warning"
-    return KERNEL
+def kernel(kernels: native.Kernels) -> native.DecodeKernel:
+    return kernels.decode_attention
 
 
-def test_the_kernel_builds_wherever_a_compiler_is_present() -> None:
-    assert (KERNEL is not None) == CAN_BUILD_KERNELS
-    assert (native.load_score_kernel() is not None) == CAN_BUILD_KERNELS
+def test_the_best_build_builds_wherever_a_compiler_is_present() -> None:
+    assert (native.load_kernels() is not None) == CAN_BUILD_KERNELS
+
+
+AVX2_EPYC = frozenset({"sse4_2", "avx", "avx2", "fma", "f16c", "bmi1", "bmi2", "movbe"})
+AVX512_XEON = AVX2_EPYC | {"avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512cd", "avx512_vnni", "avx512_bf16"}
+
+
+@pytest.mark.parametrize(
+    ("flags", "cap", "expected"),
+    [
+        (AVX2_EPYC, None, ["avx2", "scalar"]),
+        (AVX512_XEON, None, ["avx512_vnni", "avx512", "avx2", "scalar"]),
+        (AVX512_XEON, "avx2", ["avx2", "scalar"]),
+        (AVX512_XEON, "avx512", ["avx512", "avx2", "scalar"]),
+        (AVX512_XEON, "scalar", ["scalar"]),
+        (frozenset({"sse4_2"}), None, ["scalar"]),
+    ],
+)
+def test_the_builds_a_cpu_can_execute(flags: frozenset[str], cap: str | None, expected: list[str]) -> None:
+    features = features_for("x86_64", flags, cap)
+    assert [build.name for build in native.builds_for(features)] == expected
+    assert native.best_build(features).name == expected[0]
+
+
+def test_off_x86_one_native_build() -> None:
+    assert native.builds_for(features_for("aarch64", frozenset({"asimd"}), None)) == (native.NATIVE_BUILD,)
 
 
 def _decode_case(rows: int, heads: int, kv_heads: int, block_size: int, seed: int):
@@ -82,17 +102,19 @@ def test_a_failed_build_falls_back_with_a_warning(monkeypatch: pytest.MonkeyPatc
     def no_compiler(**_: object) -> None:
         raise RuntimeError("no C++ compiler found")
 
-    monkeypatch.setattr(native, "_registered", lambda: None)
+    monkeypatch.setattr(native, "loaded_kernels", lambda build=None: None)
     monkeypatch.setattr(cpp_extension, "load", no_compiler)
     with caplog.at_level(logging.WARNING, logger="engine.native"):
-        assert native.load_decode_kernel() is None
+        assert native.load_kernels() is None
     assert "no C++ compiler found" in caplog.text
 
 
-def test_extension_name_changes_with_the_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
-    name = native._extension_name()
-    monkeypatch.setattr(native, "_cpu_signature", lambda: "another processor")
-    assert native._extension_name() != name
+def test_extension_name_changes_with_the_cpu_only_for_a_native_build(monkeypatch: pytest.MonkeyPatch) -> None:
+    portable, built_here = native.X86_BUILDS[-1], native.NATIVE_BUILD
+    names = native.extension_name(portable), native.extension_name(built_here)
+    monkeypatch.setattr(native, "cpu_signature", lambda: "another processor")
+    assert native.extension_name(portable) == names[0] and native.extension_name(built_here) != names[1]
+    assert len({native.extension_name(build) for build in native.X86_BUILDS}) == len(native.X86_BUILDS)
 
 
 def test_a_stale_build_lock_is_removed_and_a_fresh_one_kept(tmp_path) -> None:

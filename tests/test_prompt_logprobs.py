@@ -33,7 +33,6 @@ from tests.toolchain import CAN_BUILD_KERNELS, NO_TOOLCHAIN
 
 ARCHS = ("llama", "qwen2", "mistral")
 TOLERANCE = 1e-4
-SCORE_KERNEL = native.load_score_kernel()
 # Skipped only where nothing could build the kernels; where a compiler is present a broken build fails them.
 needs_kernel = pytest.mark.skipif(not CAN_BUILD_KERNELS, reason=NO_TOOLCHAIN)
 
@@ -184,15 +183,15 @@ def test_offline_llm_collects_the_whole_prompts_scores() -> None:
 @needs_kernel
 # k=100 is past what the kernel's own top-k takes (KERNEL_MAX_TOP_K): torch picks the alternatives.
 @pytest.mark.parametrize(("vocab", "k"), [(49152, 1), (1000, 5), (300, 20), (37, 0), (1000, 100)])
-def test_the_scoring_kernel_matches_the_torch_path_ties_included(vocab: int, k: int) -> None:
-    assert SCORE_KERNEL is not None
+def test_the_scoring_kernel_matches_the_torch_path_ties_included(kernels: native.Kernels, vocab: int, k: int) -> None:
+    score_kernel = kernels.prompt_scores
     generator = torch.Generator().manual_seed(vocab)
     logits = torch.randn(40, vocab, generator=generator) * 4
     logits[:10] = logits[:10].round()  # many exact ties
     target = torch.randint(0, vocab, (40,), generator=generator)
     index = torch.arange(40)
     expected = score_positions(logits, index, target, k, lambda rows: rows, slice_size=16)
-    got = score_positions(logits, index, target, k, lambda rows: rows, slice_size=16, kernel=SCORE_KERNEL)
+    got = score_positions(logits, index, target, k, lambda rows: rows, slice_size=16, kernel=score_kernel)
     assert torch.equal(got.ranks, expected.ranks)
     torch.testing.assert_close(got.logprobs, expected.logprobs, atol=1e-5, rtol=0)
     torch.testing.assert_close(got.top_logprobs, expected.top_logprobs, atol=1e-5, rtol=0)
@@ -206,10 +205,10 @@ def expected_logprobs_of(logits: torch.Tensor, ids: torch.Tensor) -> torch.Tenso
 
 
 @needs_kernel
-def test_the_scoring_kernel_rejects_a_target_outside_the_vocabulary() -> None:
-    assert SCORE_KERNEL is not None
+def test_the_scoring_kernel_rejects_a_target_outside_the_vocabulary(kernels: native.Kernels) -> None:
+    score_kernel = kernels.prompt_scores
     with pytest.raises(RuntimeError, match="outside the vocabulary"):
-        SCORE_KERNEL(torch.zeros(2, 10), torch.tensor([3, 10]), 1)
+        score_kernel(torch.zeros(2, 10), torch.tensor([3, 10]), 1)
 
 
 # ----- preemption: each position is delivered once -----

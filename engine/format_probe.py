@@ -1,0 +1,228 @@
+"""`auto` weight formats, measured on this machine rather than guessed from its CPU flags.
+
+At the first load on a machine, each candidate format (dtype x quantization, those `auto` leaves open) is loaded
+and its decode step timed on the real model at 1, 4, 8 and 16 rows, through the same runner and engine that
+serve. The format kept is the one whose worse ratio to the best time, at 1 row and at 16, is smallest; for a
+quantised format the row count up to which its quantised weights run (above it, the dense copy) is the largest
+measured count at which they beat the dense format of the same dtype. The choice is cached by the CPU (under
+BATCHSERVE_CPU_ISA), the kernel build, torch and the model file, beside the converted checkpoint, and logged in one
+line; later starts read it.
+
+Every candidate meets the quality bar (perplexity within 1 % of float32, docs/quantization.md): the table below
+names the measured cost of each; a format whose quality is unmeasured is never a candidate.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import statistics
+import tempfile
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+from engine.config import EngineConfig
+from engine.cpu_features import cpu_features
+from engine.engine import Engine
+from engine.linear import DEFAULT_MAX_QUANTIZED_ROWS
+from engine.loader import LoadedModel, checkpoint_dtype, file_sha256, load_model, resolve_cache_dir, resolve_device
+from engine.model_runner import TransformersRunner
+from engine.native import best_build
+from engine.sampling_params import SamplingParams
+
+logger = logging.getLogger("batchserve.loader")
+
+PROBE_VERSION = 1  # bump when what is measured changes: old choices are then measured again
+PROBE_ROWS = (1, 4, 8, 16)
+_REPEATS = 5
+_PROMPT_TOKENS = 32
+
+# Perplexity against float32 on SmolLM2-135M (benchmarks.quality, docs/quantization.md). Only these are candidates.
+MEASURED_QUALITY: Mapping[tuple[str, str], float] = {
+    ("float32", "none"): 0.0,
+    ("bfloat16", "none"): 0.11,
+    ("float32", "int4"): 0.30,
+    ("bfloat16", "int4"): 0.34,
+}
+QUALITY_BAR_PERCENT = 1.0
+
+
+@dataclass(frozen=True)
+class FormatChoice:
+    dtype: str
+    quantization: str
+    max_quantized_rows: int | None  # None: not quantised
+    step_ms: Mapping[str, Mapping[int, float]]  # per candidate label, per row count: median step time
+    reason: str
+
+    @property
+    def label(self) -> str:
+        return self.dtype if self.quantization == "none" else f"{self.quantization}/{self.dtype}"
+
+
+def candidates(dtype: str, quantization: str, gguf_int4: bool, stored_float32: bool) -> list[tuple[str, str]]:
+    """The (dtype, quantization) pairs `auto` may pick: measured quality within the bar, int4 only from a GGUF's
+    own Q4 blocks (anything else would mean requantising, whose quality is not measured), and bf16 not for a
+    checkpoint stored in float32 (`stored_float32`: its bf16 quality is not measured at load)."""
+    found = []
+    for (d, q), cost in MEASURED_QUALITY.items():
+        if cost > QUALITY_BAR_PERCENT or (q == "int4" and not gguf_int4) or (d == "bfloat16" and stored_float32):
+            continue
+        if dtype in ("auto", d) and quantization in ("auto", q):
+            found.append((d, q))
+    return found
+
+
+def _label(dtype: str, quantization: str) -> str:
+    return dtype if quantization == "none" else f"{quantization}/{dtype}"
+
+
+def choose(step_ms: Mapping[str, Mapping[int, float]], pairs: list[tuple[str, str]]) -> FormatChoice:
+    """The format whose worse ratio to the fastest, at 1 row and at 16 rows, is smallest, with its row switch."""
+    switched: dict[tuple[str, str], tuple[dict[int, float], int | None]] = {}
+    for dtype, quantization in pairs:
+        own = step_ms[_label(dtype, quantization)]
+        dense = step_ms.get(_label(dtype, "none"))
+        if quantization == "none" or dense is None:
+            limit = None if quantization == "none" else DEFAULT_MAX_QUANTIZED_ROWS  # no dense format to compare
+            switched[(dtype, quantization)] = (dict(own), limit)
+            continue
+        wins = [rows for rows in PROBE_ROWS if own[rows] <= dense[rows]]
+        limit = max(wins) if wins else 0
+        times = {rows: own[rows] if rows <= limit else dense[rows] for rows in PROBE_ROWS}
+        switched[(dtype, quantization)] = (times, limit)
+    ends = (PROBE_ROWS[0], PROBE_ROWS[-1])
+    best = {rows: min(times[rows] for times, _ in switched.values()) for rows in ends}
+
+    def worst_ratio(pair: tuple[str, str]) -> float:
+        return max(switched[pair][0][rows] / best[rows] for rows in ends)
+
+    # Ties go to the more exact format (the table's order: float32 first).
+    chosen = min(pairs, key=lambda pair: (round(worst_ratio(pair), 3), MEASURED_QUALITY[pair]))
+    times, limit = switched[chosen]
+    dtype, quantization = chosen
+    if quantization != "none" and limit == 0:
+        quantization, limit = "none", None  # the dense weights won at every size: no reason to hold int4
+    reason = ", ".join(f"{_label(*pair)} {switched[pair][0][1]:.1f}/{switched[pair][0][16]:.1f} ms" for pair in pairs)
+    return FormatChoice(dtype, quantization, limit, step_ms, f"step at 1/16 rows: {reason}")
+
+
+def time_steps(loaded: LoadedModel, rows: tuple[int, ...] = PROBE_ROWS, repeats: int = _REPEATS) -> dict[int, float]:
+    """Median decode step time (ms) of `loaded` at each row count, every step on the quantised weights (if any)."""
+    dtype = next(loaded.model.parameters()).dtype
+    runner = TransformersRunner(loaded.model, quantized=loaded.quantized, max_quantized_rows=None)
+    seats = max(rows)
+    length = _PROMPT_TOKENS + repeats + 2
+    engine = Engine(runner, EngineConfig(seats=seats, kv_cache_tokens=seats * 2 * length, block_size=16), dtype=dtype)
+    params = SamplingParams(max_tokens=length, temperature=0.0, ignore_eos=True)
+    prompt = list(range(1, _PROMPT_TOKENS + 1))
+    for seq in range(seats):
+        engine.add(seq, prompt, params)
+        engine.reserve(seq, length + repeats * len(rows))
+    engine.step([(seq, len(prompt)) for seq in range(seats)])
+    times: dict[int, float] = {}
+    with torch.inference_mode():
+        for count in rows:
+            engine.step([(seq, 1) for seq in range(count)])  # warm-up at this size
+            samples = []
+            for _ in range(repeats):
+                started = time.perf_counter()
+                engine.step([(seq, 1) for seq in range(count)])
+                samples.append((time.perf_counter() - started) * 1000)
+            times[count] = statistics.median(samples)
+    return times
+
+
+def _cache_file(source: Path, pairs: list[tuple[str, str]], device: str, cache_dir: Path | None) -> Path:
+    features = cpu_features()
+    model_key = file_sha256(source) if source.is_file() else str(source.resolve())
+    key = json.dumps(
+        [
+            PROBE_VERSION,
+            sorted(features.hardware_flags),
+            features.level,
+            best_build(features).name,
+            torch.__version__,
+            os.cpu_count(),
+            torch.get_num_threads(),
+            model_key,
+            pairs,
+            device,
+        ],
+    )
+    digest = hashlib.sha256(key.encode()).hexdigest()[:16]
+    return resolve_cache_dir(cache_dir) / "format-choice" / f"{digest}.json"
+
+
+def measured_format(
+    source: Path,
+    pairs: list[tuple[str, str]],
+    device: str = "cpu",
+    cache_dir: Path | None = None,
+    measure: Callable[[str, str], dict[int, float]] | None = None,
+) -> FormatChoice:
+    """The cached choice among `pairs` for this machine, measuring it first if there is none. `measure(dtype,
+    quantization)` times one candidate (default: load it and `time_steps`)."""
+    cached = _cache_file(source, pairs, device, cache_dir)
+    try:
+        stored = json.loads(cached.read_text())
+        choice = FormatChoice(
+            **{**stored, "step_ms": {k: {int(r): t for r, t in v.items()} for k, v in stored["step_ms"].items()}}
+        )
+        logger.info("weights: %s chosen by auto, measured here before (%s)", choice.label, cached)
+        return choice
+    except (OSError, ValueError, TypeError, KeyError):
+        pass
+
+    def load_and_time(dtype: str, quantization: str) -> dict[int, float]:
+        return time_steps(load_model(source, device, cache_dir, dtype, quantization))
+
+    measure = measure or load_and_time
+    started = time.monotonic()
+    step_ms = {_label(d, q): measure(d, q) for d, q in pairs}
+    choice = choose(step_ms, pairs)
+    cached.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.NamedTemporaryFile("w", dir=cached.parent, delete=False, suffix=".partial") as partial:
+        json.dump(asdict(choice), partial, indent=2)
+    os.replace(partial.name, cached)
+    rows = f", quantised up to {choice.max_quantized_rows} rows" if choice.max_quantized_rows else ""
+    logger.info(
+        "weights: %s chosen by auto%s, measured in %.0f s (%s; cached in %s)",
+        choice.label,
+        rows,
+        time.monotonic() - started,
+        choice.reason,
+        cached,
+    )
+    return choice
+
+
+def load_auto(
+    path: str | Path | None = None,
+    device: str = "cpu",
+    cache_dir: Path | None = None,
+    dtype: str = "auto",
+    quantization: str = "auto",
+) -> LoadedModel:
+    """`load_model`, with whatever is `auto` measured on a CPU where more than one candidate is left."""
+    loaded = load_model(path, device, cache_dir, dtype, quantization)
+    source = Path(loaded.source)
+    if "auto" not in (dtype, quantization) or resolve_device(device).type != "cpu":
+        return loaded
+    stored_float32 = source.is_dir() and checkpoint_dtype(source) in (None, torch.float32)
+    pairs = candidates(dtype, quantization, loaded.weight_format.quantization == "int4", stored_float32)
+    if len(pairs) < 2:
+        return loaded
+    choice = measured_format(source, pairs, device, cache_dir)
+    if _label(choice.dtype, choice.quantization) == loaded.weight_format.label:
+        chosen = loaded
+    else:
+        del loaded
+        chosen = load_model(source, device, cache_dir, choice.dtype, choice.quantization)
+    return chosen.with_row_switch(choice.max_quantized_rows)
