@@ -193,10 +193,10 @@ def test_the_scoring_kernel_matches_the_torch_path_ties_included(kernels: native
     expected = score_positions(logits, index, target, k, lambda rows: rows, slice_size=16)
     got = score_positions(logits, index, target, k, lambda rows: rows, slice_size=16, kernel=score_kernel)
     assert torch.equal(got.ranks, expected.ranks)
-    # The log-sum-exp over 49k logits in another order, with another exp than torch's on builds below AVX-512:
-    # logprobs near -16 differ by up to ~1e-6 of their size (a few float32 ulps).
-    torch.testing.assert_close(got.logprobs, expected.logprobs, atol=1e-5, rtol=2e-6)
-    torch.testing.assert_close(got.top_logprobs, expected.top_logprobs, atol=1e-5, rtol=2e-6)
+    # The log-sum-exp over 49k logits in another order, with another exp than torch's on builds below AVX-512: a
+    # row's normaliser (about 20) may differ by a few float32 ulps, shifting each of the row's logprobs as much.
+    torch.testing.assert_close(got.logprobs, expected.logprobs, atol=3e-5, rtol=0)
+    torch.testing.assert_close(got.top_logprobs, expected.top_logprobs, atol=3e-5, rtol=0)
     # Tied alternatives may come in either order, but each id must carry its own logprob, once.
     torch.testing.assert_close(expected_logprobs_of(logits, got.top_ids), got.top_logprobs, atol=1e-5, rtol=0)
     assert all(len(set(row)) == k for row in got.top_ids.tolist())
