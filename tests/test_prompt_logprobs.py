@@ -198,7 +198,7 @@ def test_the_scoring_kernel_matches_the_torch_path_ties_included(kernels: native
     torch.testing.assert_close(got.logprobs, expected.logprobs, atol=3e-5, rtol=0)
     torch.testing.assert_close(got.top_logprobs, expected.top_logprobs, atol=3e-5, rtol=0)
     # Tied alternatives may come in either order, but each id must carry its own logprob, once.
-    torch.testing.assert_close(expected_logprobs_of(logits, got.top_ids), got.top_logprobs, atol=1e-5, rtol=0)
+    torch.testing.assert_close(expected_logprobs_of(logits, got.top_ids), got.top_logprobs, atol=3e-5, rtol=0)
     assert all(len(set(row)) == k for row in got.top_ids.tolist())
 
 
