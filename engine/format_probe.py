@@ -1,10 +1,12 @@
 """`auto` weight formats, measured on this machine rather than guessed from its CPU flags.
 
 At the first load on a machine, each candidate format (dtype x quantization, those `auto` leaves open) is loaded
-and its decode step timed on the real model at 1, 4, 8 and 16 rows, through the same runner and engine that
-serve. The format kept is the one whose worse ratio to the best time, at 1 row and at 16, is smallest; for a
-quantised format the row count up to which its quantised weights run (above it, the dense copy) is the largest
-measured count at which they beat the dense format of the same dtype. The choice is cached by the CPU (under
+and its decode step timed on the real model at 1, 4, 8 and 16 rows, and a 128-token prefill chunk, through the
+same runner and engine that serve. The format kept is the one whose worst ratio to the best time, at 1 row, 16
+rows and the prefill chunk, is smallest; for a quantised format the row count up to which its quantised weights
+run (above it, the dense copy) is the largest measured count at which they beat the dense format of the same
+dtype. (The prefill matters: on a CPU without native bf16, a dense bf16 prefill is an order of magnitude slower
+than float32's, however fast int4 decodes.) The choice is cached by the CPU (under
 BATCHSERVE_CPU_ISA), the kernel build, torch and the model file, beside the converted checkpoint, and logged in one
 line; later starts read it.
 
@@ -39,7 +41,10 @@ from engine.sampling_params import SamplingParams
 logger = logging.getLogger("batchserve.loader")
 
 PROBE_VERSION = 1  # bump when what is measured changes: old choices are then measured again
-PROBE_ROWS = (1, 4, 8, 16)
+PROBE_ROWS = (1, 4, 8, 16)  # decode steps of this many sequences
+PREFILL_ROWS = 128  # and one sequence's prompt chunk of this many tokens
+MEASURED_ROWS = (*PROBE_ROWS, PREFILL_ROWS)
+_SCORED_ROWS = (1, 16, PREFILL_ROWS)
 _REPEATS = 5
 _PROMPT_TOKENS = 32
 
@@ -84,7 +89,8 @@ def _label(dtype: str, quantization: str) -> str:
 
 
 def choose(step_ms: Mapping[str, Mapping[int, float]], pairs: list[tuple[str, str]]) -> FormatChoice:
-    """The format whose worse ratio to the fastest, at 1 row and at 16 rows, is smallest, with its row switch."""
+    """The format whose worst ratio to the fastest, at 1 row, 16 rows and a prefill chunk, is smallest, with its
+    row switch."""
     switched: dict[tuple[str, str], tuple[dict[int, float], int | None]] = {}
     for dtype, quantization in pairs:
         own = step_ms[_label(dtype, quantization)]
@@ -93,11 +99,11 @@ def choose(step_ms: Mapping[str, Mapping[int, float]], pairs: list[tuple[str, st
             limit = None if quantization == "none" else DEFAULT_MAX_QUANTIZED_ROWS  # no dense format to compare
             switched[(dtype, quantization)] = (dict(own), limit)
             continue
-        wins = [rows for rows in PROBE_ROWS if own[rows] <= dense[rows]]
+        wins = [rows for rows in MEASURED_ROWS if own[rows] <= dense[rows]]
         limit = max(wins) if wins else 0
-        times = {rows: own[rows] if rows <= limit else dense[rows] for rows in PROBE_ROWS}
+        times = {rows: own[rows] if rows <= limit else dense[rows] for rows in MEASURED_ROWS}
         switched[(dtype, quantization)] = (times, limit)
-    ends = (PROBE_ROWS[0], PROBE_ROWS[-1])
+    ends = _SCORED_ROWS
     best = {rows: min(times[rows] for times, _ in switched.values()) for rows in ends}
 
     def worst_ratio(pair: tuple[str, str]) -> float:
@@ -113,13 +119,22 @@ def choose(step_ms: Mapping[str, Mapping[int, float]], pairs: list[tuple[str, st
     return FormatChoice(dtype, quantization, limit, step_ms, f"step at 1/16 rows: {reason}")
 
 
-def time_steps(loaded: LoadedModel, rows: tuple[int, ...] = PROBE_ROWS, repeats: int = _REPEATS) -> dict[int, float]:
-    """Median decode step time (ms) of `loaded` at each row count, every step on the quantised weights (if any)."""
+def time_steps(
+    loaded: LoadedModel,
+    rows: tuple[int, ...] = PROBE_ROWS,
+    prefill_tokens: int | None = PREFILL_ROWS,
+    repeats: int = _REPEATS,
+    max_quantized_rows: int | None = None,
+) -> dict[int, float]:
+    """Median decode step time (ms) of `loaded` at each row count, and (keyed by its size) of a prefill chunk of
+    `prefill_tokens`; quantised weights (if any) run up to `max_quantized_rows` rows (None: at every size)."""
     dtype = next(loaded.model.parameters()).dtype
-    runner = TransformersRunner(loaded.model, quantized=loaded.quantized, max_quantized_rows=None)
+    runner = TransformersRunner(loaded.model, quantized=loaded.quantized, max_quantized_rows=max_quantized_rows)
     seats = max(rows)
     length = _PROMPT_TOKENS + repeats + 2
-    engine = Engine(runner, EngineConfig(seats=seats, kv_cache_tokens=seats * 2 * length, block_size=16), dtype=dtype)
+    cache_tokens = seats * 2 * length + 2 * (prefill_tokens or 0) + 32
+    config = EngineConfig(seats=seats + 1, kv_cache_tokens=cache_tokens, block_size=16)  # + a seat for prefills
+    engine = Engine(runner, config, dtype=dtype)
     params = SamplingParams(max_tokens=length, temperature=0.0, ignore_eos=True)
     prompt = list(range(1, _PROMPT_TOKENS + 1))
     for seq in range(seats):
@@ -136,6 +151,17 @@ def time_steps(loaded: LoadedModel, rows: tuple[int, ...] = PROBE_ROWS, repeats:
                 engine.step([(seq, 1) for seq in range(count)])
                 samples.append((time.perf_counter() - started) * 1000)
             times[count] = statistics.median(samples)
+        if prefill_tokens:
+            samples = []
+            for repeat in range(repeats + 1):  # the first is a warm-up
+                seq = seats + repeat
+                engine.add(seq, list(range(1, prefill_tokens + 1)), params)
+                engine.reserve(seq, prefill_tokens + 1)
+                started = time.perf_counter()
+                engine.step([(seq, prefill_tokens)])
+                samples.append((time.perf_counter() - started) * 1000)
+                engine.remove(seq)
+            times[prefill_tokens] = statistics.median(samples[1:])
     return times
 
 

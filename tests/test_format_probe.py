@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine.format_probe import PROBE_ROWS, candidates, choose, load_auto, measured_format, time_steps
+from engine.format_probe import MEASURED_ROWS, candidates, choose, load_auto, measured_format, time_steps
 from engine.loader import load_model
 
 ALL = [("float32", "none"), ("bfloat16", "none"), ("float32", "int4"), ("bfloat16", "int4")]
@@ -25,7 +25,9 @@ def test_candidates_are_the_formats_auto_leaves_open_and_whose_quality_is_measur
 def _times(one: float, sixteen: float, crossover: int = 8) -> dict[int, float]:
     """A step time that grows from `one` to `sixteen` ms; rows past `crossover` cost a jump (a quantised kernel
     past its sweet spot)."""
-    return {rows: one + (sixteen - one) * (rows - 1) / 15 + (50.0 if rows > crossover else 0.0) for rows in PROBE_ROWS}
+    return {
+        rows: one + (sixteen - one) * (rows - 1) / 15 + (50.0 if rows > crossover else 0.0) for rows in MEASURED_ROWS
+    }
 
 
 def test_choose_takes_the_smallest_worst_ratio_and_switches_where_the_dense_copy_wins() -> None:
@@ -69,8 +71,8 @@ def test_the_choice_is_measured_once_and_then_read_from_the_cache(tmp_path: Path
 
 
 def test_time_steps_runs_real_decode_steps_at_each_row_count(tiny_checkpoint: Path) -> None:
-    times = time_steps(load_model(tiny_checkpoint), rows=(1, 3), repeats=2)
-    assert set(times) == {1, 3} and all(t > 0 for t in times.values())
+    times = time_steps(load_model(tiny_checkpoint), rows=(1, 3), prefill_tokens=20, repeats=2)
+    assert set(times) == {1, 3, 20} and all(t > 0 for t in times.values())
 
 
 def test_a_float32_checkpoint_leaves_auto_nothing_to_measure(tiny_checkpoint: Path, tmp_path: Path) -> None:
