@@ -39,12 +39,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         loaded = load_model(None, dtype=dtype, quantization=quantization)
         switch = DEFAULT_MAX_QUANTIZED_ROWS if quantization != "none" else None
         label = loaded.weight_format.label
-        rows[label] = time_steps(loaded, PROBE_ROWS, args.repeats, max_quantized_rows=switch)
+        rows[label] = time_steps(loaded, PROBE_ROWS, repeats=args.repeats, max_quantized_rows=switch)
         print(f"{label:>16}: " + "  ".join(f"{n} rows {ms:6.1f} ms" for n, ms in rows[label].items()), flush=True)
         del loaded
     auto = load_auto()
     auto_label = f"auto ({auto.weight_format.label})"
-    rows[auto_label] = time_steps(auto, PROBE_ROWS, args.repeats, auto.measured_max_quantized_rows)
+    rows[auto_label] = time_steps(
+        auto, PROBE_ROWS, repeats=args.repeats, max_quantized_rows=auto.measured_max_quantized_rows
+    )
     print(f"{auto_label:>16}: " + "  ".join(f"{n} rows {ms:6.1f} ms" for n, ms in rows[auto_label].items()))
     others = {label: times for label, times in rows.items() if label != auto_label}
     verdict = {}
@@ -60,6 +62,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "step_ms": rows,
         "auto_vs_fastest": verdict,
     }
+    args.out.mkdir(parents=True, exist_ok=True)
     print(write_json(args.out / "result.json", document))
     return 0
 

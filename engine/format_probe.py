@@ -115,8 +115,10 @@ def choose(step_ms: Mapping[str, Mapping[int, float]], pairs: list[tuple[str, st
     dtype, quantization = chosen
     if quantization != "none" and limit == 0:
         quantization, limit = "none", None  # the dense weights won at every size: no reason to hold int4
-    reason = ", ".join(f"{_label(*pair)} {switched[pair][0][1]:.1f}/{switched[pair][0][16]:.1f} ms" for pair in pairs)
-    return FormatChoice(dtype, quantization, limit, step_ms, f"step at 1/16 rows: {reason}")
+    reason = ", ".join(
+        f"{_label(*pair)} " + "/".join(f"{switched[pair][0][rows]:.1f}" for rows in ends) + " ms" for pair in pairs
+    )
+    return FormatChoice(dtype, quantization, limit, step_ms, f"ms at 1/16 rows/{PREFILL_ROWS}-token prefill: {reason}")
 
 
 def time_steps(
