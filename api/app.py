@@ -78,10 +78,12 @@ class APIKeyMiddleware:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and not _open_path(scope["path"]):
             headers = [value for name, value in scope["headers"] if name == b"authorization"]
+            source = "Authorization headers"
             if not headers and scope["path"].endswith("/v1/events"):
                 headers = [b"Bearer " + key.encode() for key in _query_keys(scope)]
+                source = "api_key query parameters"
             if len(headers) > 1:  # which one would count is ambiguous (proxies differ): refuse rather than guess
-                message = f"the request has {len(headers)} Authorization headers; send exactly one"
+                message = f"the request has {len(headers)} {source}; send exactly one"
                 duplicate = APIError(400, message, code="invalid_header")
                 await duplicate.response()(scope, receive, send)
                 return

@@ -18,6 +18,14 @@ _PARAMS: dict[InputField, str] = {
     InputField.MIN_TOKENS: "min_tokens",
     InputField.LOGPROBS: "logprobs",
     InputField.PROMPT_LOGPROBS: "prompt_logprobs",
+    InputField.TEMPERATURE: "temperature",
+    InputField.TOP_P: "top_p",
+    InputField.TOP_K: "top_k",
+    InputField.SEED: "seed",
+    InputField.PRESENCE_PENALTY: "presence_penalty",
+    InputField.FREQUENCY_PENALTY: "frequency_penalty",
+    InputField.REPETITION_PENALTY: "repetition_penalty",
+    InputField.MIN_P: "min_p",
 }
 # What the client (or the operator, through a server flag) can change, by the kind of error.
 _REMEDIES: dict[type[EngineInputError], str] = {

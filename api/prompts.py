@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from transformers import PreTrainedTokenizerBase
 
 from api.chat_template import RESERVED_TEMPLATE_OPTIONS, UnsafeTemplateError, encode_chat
 from api.config import ServerConfig
+from api.engine_fields import engine_input_error
 from api.errors import bad_request
 from api.protocol import ChatCompletionRequest, ChatMessage, CompletionRequest, _SamplingFields
 from api.service import ChoiceInput, OutputOptions
+from engine.errors import EngineInputError
 from engine.sampling_params import SamplingParams
 
 
@@ -140,7 +144,7 @@ def choice_inputs(
     for prompt in prompts:
         for i in range(request.n):
             seed = None if request.seed is None else (request.seed + i) % (2**63)
-            params = SamplingParams(
+            params = _sampling_params(
                 max_tokens=max(max_tokens, 1),
                 temperature=request.temperature,
                 top_p=request.top_p,
@@ -160,6 +164,15 @@ def choice_inputs(
             )
             inputs.append(ChoiceInput(prompt, params, output))
     return inputs
+
+
+def _sampling_params(**values: Any) -> SamplingParams:
+    """The engine's own checks are the last word on what it can run: a value the request models let through but
+    the engine refuses is a 400 naming the field, never a 500 (the same checks, not a copy of them)."""
+    try:
+        return SamplingParams(**values)
+    except EngineInputError as exc:
+        raise engine_input_error(exc) from None
 
 
 def chat_max_tokens(request: ChatCompletionRequest, prompt_len: int, max_model_len: int) -> int:

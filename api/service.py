@@ -179,8 +179,10 @@ class GenerationService:
         if outcomes.is_error(event.outcome):
             self.metrics.observe_failure()
             return ChoiceDelta(choice.index, "", error=outcomes.error(event.outcome, event.error or "internal error"))
-        reason = outcomes.finish_reason(Outcome.STOPPED if choice.stopped_by_string else event.outcome)
         tail = "" if choice.stopped_by_string or choice.output.discard_output else choice.detokenizer.flush()
+        # The flush can match a stop string too (through the U+FFFD of a character max_tokens cut in half).
+        stopped = choice.stopped_by_string or choice.detokenizer.stopped
+        reason = outcomes.finish_reason(Outcome.STOPPED if stopped else event.outcome)
         num_prompt_tokens = len(choice.prompt_token_ids)
         self.metrics.observe_request(
             event.timings, num_prompt_tokens, choice.num_output_tokens, choice.inter_token_latencies, reason

@@ -20,6 +20,14 @@ class InputField(enum.Enum):
     MIN_TOKENS = enum.auto()
     LOGPROBS = enum.auto()
     PROMPT_LOGPROBS = enum.auto()
+    TEMPERATURE = enum.auto()
+    TOP_P = enum.auto()
+    TOP_K = enum.auto()
+    SEED = enum.auto()
+    PRESENCE_PENALTY = enum.auto()
+    FREQUENCY_PENALTY = enum.auto()
+    REPETITION_PENALTY = enum.auto()
+    MIN_P = enum.auto()
 
 
 class EngineInputError(ValueError):
@@ -28,6 +36,10 @@ class EngineInputError(ValueError):
     def __init__(self, message: str, field: InputField) -> None:
         super().__init__(message)
         self.field = field
+
+
+class SamplingParamsError(EngineInputError):
+    """A SamplingParams value the engine cannot run (engine/sampling_params.py)."""
 
 
 class ContextLengthError(EngineInputError):

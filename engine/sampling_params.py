@@ -1,15 +1,18 @@
 """Per-request sampling parameters, validated once when the request is made.
 
-Only what would break the engine is checked here (values its tensors cannot hold, or that would put NaN or +inf
-into a row of logits); the OpenAI API's narrower ranges (temperature up to 2, penalties within +-2, logprobs up
-to 20) are the API's to enforce (api/protocol.py). Limits that depend on the model, such as token ids within the
-vocabulary, are checked by `Engine.validate`.
+Every refusal is a SamplingParamsError naming the field (`InputField`), which the API turns into a 400 naming its
+request parameter (api/engine_fields.py). Only what would break the engine is checked here (values its tensors
+cannot hold, or that would put NaN or +inf into a row of logits); the OpenAI API's narrower ranges (temperature
+up to 2, penalties within +-2, logprobs up to 20) are the API's to enforce (api/protocol.py). Limits that depend
+on the model, such as token ids within the vocabulary, are checked by `Engine.validate`.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+
+from engine.errors import InputField, SamplingParamsError
 
 # Temperatures below this are greedy (vLLM's _SAMPLING_EPS): dividing logits by a smaller one is numerically unsafe
 # and the distribution is all but a point mass on the top token.
@@ -45,43 +48,58 @@ class SamplingParams:
 
     def __post_init__(self) -> None:
         if self.max_tokens < 1:
-            raise ValueError(f"max_tokens must be at least 1, got {self.max_tokens}")
+            raise SamplingParamsError(f"max_tokens must be at least 1, got {self.max_tokens}", InputField.MAX_TOKENS)
         if not (self.temperature >= 0.0 and math.isfinite(self.temperature)):
-            raise ValueError(f"temperature must be a finite number >= 0, got {self.temperature}")
+            raise SamplingParamsError(
+                f"temperature must be a finite number >= 0, got {self.temperature}", InputField.TEMPERATURE
+            )
         if not 0.0 < self.top_p <= 1.0:
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+            raise SamplingParamsError(f"top_p must be in (0, 1], got {self.top_p}", InputField.TOP_P)
         if not 0 <= self.top_k <= MAX_TOP_K:
-            raise ValueError(f"top_k must be between 0 (off) and {MAX_TOP_K}, got {self.top_k}")
+            raise SamplingParamsError(
+                f"top_k must be between 0 (off) and {MAX_TOP_K}, got {self.top_k}", InputField.TOP_K
+            )
         if self.seed is not None and not 0 <= self.seed <= MAX_SEED:
-            raise ValueError(f"seed must be between 0 and {MAX_SEED}, got {self.seed}")
+            raise SamplingParamsError(f"seed must be between 0 and {MAX_SEED}, got {self.seed}", InputField.SEED)
         for name in ("logprobs", "prompt_logprobs"):
             value = getattr(self, name)
             if value is not None and value < 0:
-                raise ValueError(f"{name} must be at least 0, got {value}")
+                raise SamplingParamsError(f"{name} must be at least 0, got {value}", InputField[name.upper()])
         for name in ("presence_penalty", "frequency_penalty"):
             if not abs(getattr(self, name)) <= MAX_LOGIT_EDIT:
-                raise ValueError(f"{name} must be a number within +-{MAX_LOGIT_EDIT:g}, got {getattr(self, name)}")
+                raise SamplingParamsError(
+                    f"{name} must be a number within +-{MAX_LOGIT_EDIT:g}, got {getattr(self, name)}",
+                    InputField[name.upper()],
+                )
         object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in self.stop_token_ids))
         self._check_extensions()
 
     def _check_extensions(self) -> None:
         """vLLM's extensions: min_tokens, repetition_penalty, min_p, logit_bias, allowed_token_ids."""
         if not 0 <= self.min_tokens <= self.max_tokens:
-            raise ValueError(f"min_tokens must be between 0 and max_tokens ({self.max_tokens}), got {self.min_tokens}")
+            raise SamplingParamsError(
+                f"min_tokens must be between 0 and max_tokens ({self.max_tokens}), got {self.min_tokens}",
+                InputField.MIN_TOKENS,
+            )
         if not (self.repetition_penalty > 0.0 and math.isfinite(self.repetition_penalty)):
-            raise ValueError(f"repetition_penalty must be a finite number > 0, got {self.repetition_penalty}")
+            raise SamplingParamsError(
+                f"repetition_penalty must be a finite number > 0, got {self.repetition_penalty}",
+                InputField.REPETITION_PENALTY,
+            )
         if not 0.0 <= self.min_p <= 1.0:
-            raise ValueError(f"min_p must be between 0 and 1, got {self.min_p}")
+            raise SamplingParamsError(f"min_p must be between 0 and 1, got {self.min_p}", InputField.MIN_P)
         bias = tuple((int(t), float(v)) for t, v in self.logit_bias)
         if len({t for t, _ in bias}) != len(bias):
-            raise ValueError("logit_bias names a token id twice")
+            raise SamplingParamsError("logit_bias names a token id twice", InputField.LOGIT_BIAS)
         bad = [v for _, v in bias if not abs(v) <= MAX_LOGIT_EDIT]
         if bad:
-            raise ValueError(f"logit_bias values must be within +-{MAX_LOGIT_EDIT:g}, got {bad[0]}")
+            raise SamplingParamsError(
+                f"logit_bias values must be within +-{MAX_LOGIT_EDIT:g}, got {bad[0]}", InputField.LOGIT_BIAS
+            )
         object.__setattr__(self, "logit_bias", bias)
         if self.allowed_token_ids is not None:
             if len(self.allowed_token_ids) == 0:
-                raise ValueError("allowed_token_ids must not be empty")
+                raise SamplingParamsError("allowed_token_ids must not be empty", InputField.ALLOWED_TOKEN_IDS)
             object.__setattr__(self, "allowed_token_ids", tuple(int(t) for t in self.allowed_token_ids))
 
     @property

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import socket
 import threading
 import time
@@ -294,6 +295,33 @@ def test_stop_string_truncates_the_answer_before_it(server: RunningServer, clien
     assert choice.text == full[:index]
     assert choice.finish_reason == "stop"
     assert stopped.usage is not None and 1 <= stopped.usage.completion_tokens <= 24
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["plain", "stream"])
+def test_a_stop_string_matched_only_by_the_final_flush_ends_with_stop(server: RunningServer, stream: bool) -> None:
+    """max_tokens cuts the reply inside a multi-byte character: the final flush decodes it to U+FFFD, which a stop
+    string matches. The text is cut there and the finish reason is "stop", not "length"."""
+    # Byte-level BPE spells byte 0xE2 (the lead of a 3-byte character) as the character U+00E2.
+    lead_byte = tiny_tokenizer().convert_tokens_to_ids(chr(0xE2))
+    assert tiny_tokenizer().decode([lead_byte]) == "\ufffd"
+    body = {
+        "model": "tiny-llama",
+        "prompt": PROMPT,
+        "max_tokens": 1,
+        "allowed_token_ids": [lead_byte],
+        "stop": ["\ufffd"],
+        "stream": stream,
+    }
+    response = httpx.post(f"{server.base_url}/v1/completions", json=body, timeout=60)
+    assert response.status_code == 200, response.text
+    if stream:
+        events = [json.loads(line[6:]) for line in response.text.splitlines() if line.startswith("data: {")]
+        text = "".join(choice["text"] for event in events for choice in event["choices"])
+        reasons = [c["finish_reason"] for event in events for c in event["choices"] if c["finish_reason"]]
+    else:
+        [choice] = response.json()["choices"]
+        text, reasons = choice["text"], [choice["finish_reason"]]
+    assert text == "" and reasons == ["stop"]
 
 
 def test_chat_stop_string_truncates_the_answer_before_it(server: RunningServer, client: openai.OpenAI) -> None:

@@ -98,6 +98,15 @@ def test_two_authorization_headers_are_refused(
     assert KEY not in logs.text
 
 
+def test_two_api_key_query_parameters_are_refused_by_their_own_name(keyed: RunningServer) -> None:
+    with httpx.Client(base_url=keyed.base_url, timeout=60) as client:
+        response = client.get("/v1/events", params=[("api_key", KEY), ("api_key", KEY)])
+        assert response.status_code == 400, response.text
+        message = response.json()["error"]["message"]
+        assert "2 api_key query parameters" in message and "Authorization" not in message
+        _assert_no_key(response)
+
+
 def test_health_needs_no_key_and_unknown_routes_still_do(keyed: RunningServer) -> None:
     with httpx.Client(base_url=keyed.base_url, timeout=60) as client:
         assert client.get("/health").status_code == 200
