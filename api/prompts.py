@@ -44,6 +44,10 @@ def truncate(ids: list[int], keep: int | None, max_model_len: int) -> list[int]:
     """vLLM's truncate_prompt_tokens: keep the last `keep` tokens (-1: as many as the context holds)."""
     if keep is None:
         return ids
+    if keep == 0:  # would keep nothing: no prompt is left to answer
+        raise bad_request(
+            "truncate_prompt_tokens must be at least 1, or -1 (the context length)", "truncate_prompt_tokens"
+        )
     limit = max_model_len if keep == -1 else keep
     return ids[-limit:] if limit > 0 else ids
 
