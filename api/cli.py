@@ -222,8 +222,14 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _exit_before_serving(signum: int, frame: types.FrameType | None) -> None:
+    raise SystemExit(0)
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     logging.basicConfig(level=logging.INFO, format=LOG_FORMAT)
+    # Until the server installs its own handlers (and drains), SIGTERM means "never mind": exit quietly, with 0.
+    signal.signal(signal.SIGTERM, _exit_before_serving)
     args = build_parser().parse_args(argv)
     try:
         logging.getLogger("batchserve.api").info("CPU: %s", cpu_features().describe())

@@ -50,26 +50,32 @@ class ServerProcess:
         return False
 
 
+def start_paced(checkpoint: Path, log: Path, command: list[str], flags: list[str]) -> ServerProcess:
+    """`batchserve <command>` (serve or compare) on the paced tiny model, not waited for."""
+    port = free_port()
+    argv = [sys.executable, "-m", "tests.paced_server", command, "--model", str(checkpoint), "--port", str(port)]
+    with log.open("wb") as sink:  # a file, not a pipe: a full pipe would stall the server
+        process = subprocess.Popen(
+            [*argv, *flags, "--no-cpu-kernels"],
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+            cwd=REPO,
+            env={**os.environ, STEP_ENV: str(STEP_S), "PYTHONUNBUFFERED": "1"},
+        )
+    return ServerProcess(process, f"http://127.0.0.1:{port}", log)
+
+
 @contextlib.contextmanager
 def paced_server(checkpoint: Path, log: Path, mode: str, seats: int, grace_s: float) -> Iterator[ServerProcess]:
-    port = free_port()
     # dynamic: a bus leaves once `seats` requests wait (the timeout is out of reach), so its members are known
     seat_flags = (
         ["--max-batch-size", str(seats), "--batch-timeout-ms", "60000"]
         if mode == "dynamic"
         else ["--max-num-seqs", str(seats)]
     )
-    command = [sys.executable, "-m", "tests.paced_server", "serve", "--model", str(checkpoint), "--port", str(port)]
-    command += ["--mode", mode, *seat_flags, "--shutdown-grace-s", str(grace_s), "--no-cpu-kernels"]
-    with log.open("wb") as sink:  # a file, not a pipe: a full pipe would stall the server
-        process = subprocess.Popen(
-            command,
-            stdout=sink,
-            stderr=subprocess.STDOUT,
-            cwd=REPO,
-            env={**os.environ, STEP_ENV: str(STEP_S), "PYTHONUNBUFFERED": "1"},
-        )
-    server = ServerProcess(process, f"http://127.0.0.1:{port}", log)
+    flags = ["--mode", mode, *seat_flags, "--shutdown-grace-s", str(grace_s)]
+    server = start_paced(checkpoint, log, "serve", flags)
+    process = server.process
     try:
         wait_until(server.healthy, "the server process to become healthy", timeout_s=180)
         yield server
@@ -86,9 +92,9 @@ def completion(max_tokens: int, stream: bool) -> dict[str, Any]:
 class StreamClient(threading.Thread):
     """One streaming completion, read on its own thread: `data` fills as the server sends."""
 
-    def __init__(self, base_url: str, max_tokens: int) -> None:
+    def __init__(self, base_url: str, max_tokens: int, prefix: str = "") -> None:
         super().__init__(daemon=True)
-        self.url = f"{base_url}/v1/completions"
+        self.url = f"{base_url}{prefix}/v1/completions"
         self.body = completion(max_tokens, stream=True)
         self.data: list[str] = []  # the payload of every `data:` line, in order
         self.failure: BaseException | None = None
@@ -236,3 +242,39 @@ def test_at_the_grace_limit_streams_end_with_an_error_event_then_done_and_plain_
         assert 0 < endless_stream.tokens < ENDLESS
         assert_503(endless_plain.result())
         assert_clean_exit(server)
+
+
+# ----- `batchserve compare`: both modes in one process -----
+
+
+def test_compare_at_the_grace_limit_ends_every_modes_streams_then_exits_cleanly(
+    tiny_checkpoint: Path, tmp_path: Path
+) -> None:
+    server = start_paced(tiny_checkpoint, tmp_path / "compare.log", "compare", ["--shutdown-grace-s", "2"])
+    try:
+        wait_until(server.healthy, "the compare process to become healthy", timeout_s=180)
+        streams = {mode: StreamClient(server.base_url, ENDLESS, prefix=f"/{mode}") for mode in MODES}
+        wait_until(lambda: all(s.tokens > 0 for s in streams.values()), "both modes' streams to send tokens")
+        server.process.send_signal(signal.SIGTERM)
+        for stream in streams.values():  # an error event naming the shutdown, then [DONE]
+            chunks = stream.finish()
+            assert_shutdown_error(chunks[-1])
+            assert 0 < stream.tokens < ENDLESS
+        assert_clean_exit(server)
+    finally:
+        if server.process.poll() is None:
+            server.process.kill()
+        server.process.wait(30)
+
+
+def test_sigterm_while_compare_loads_exits_cleanly(tiny_checkpoint: Path, tmp_path: Path) -> None:
+    server = start_paced(tiny_checkpoint, tmp_path / "compare.log", "compare", ["--shutdown-grace-s", "2"])
+    try:
+        wait_until(lambda: "Uvicorn running" in server.output() or "CPU:" in server.output(), "the process to start")
+        server.process.send_signal(signal.SIGTERM)  # the model is still loading (or just loaded)
+        assert server.process.wait(120) == 0, server.output()
+        assert "Traceback" not in server.output() and CUT_OFF not in server.output(), server.output()
+    finally:
+        if server.process.poll() is None:
+            server.process.kill()
+        server.process.wait(30)
