@@ -56,6 +56,12 @@ class ServerProcess:
     def base_url(self) -> str:
         return f"http://{self.config.host}:{self.port}"
 
+    @property
+    def pid(self) -> int:
+        """The server process's id (started: inside the `with`)."""
+        assert self._proc is not None, "the server is not started"
+        return self._proc.pid
+
     def __enter__(self) -> ServerProcess:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with self.log_path.open("wb") as log:
