@@ -205,7 +205,10 @@ def run(config: BenchConfig, loaded: LoadedModel) -> dict[str, object]:
     weights = weight_matmuls(model)
     ceiling = [Linear(w, None) for w in weights]  # F.linear on the model's own weights
     runner = TransformersRunner(model, quantized=loaded.quantized, fused_ops=config.fused_ops)
-    print(f"element-wise ops: {'fused kernels' if runner.ops.native else 'torch'}", flush=True)
+    kernels = runner.kernels.build.name if runner.kernels else "none"
+    print(
+        f"element-wise ops: {'fused kernels' if runner.ops.kernels else 'torch'} (kernel build: {kernels})", flush=True
+    )
     weight_bytes = sum(map(linear_bytes, engine_linears(runner)))  # what the engine's matmuls read per step
     vocab = int(model.config.vocab_size)
     rows = []
