@@ -5,10 +5,10 @@ and its decode step timed on the real model at 1, 4, 8 and 16 rows, and a 128-to
 same runner and engine that serve. The format kept is the one whose worst ratio to the best time, at 1 row, 16
 rows and the prefill chunk, is smallest; for a quantised format the row count up to which its quantised weights
 run (above it, the dense copy) is the largest measured count at which they beat the dense format of the same
-dtype. (The prefill matters: on a CPU without native bf16, a dense bf16 prefill is an order of magnitude slower
-than float32's, however fast int4 decodes.) The choice is cached by the CPU (under
-BATCHSERVE_CPU_ISA), the kernel build, torch and the model file, beside the converted checkpoint, and logged in one
-line; later starts read it.
+dtype, and every size when that is the prefill chunk. (The prefill matters: on a CPU without native bf16, a dense
+bf16 prefill is an order of magnitude slower than float32's, however fast int4 decodes.) The choice is cached by
+the CPU (under BATCHSERVE_CPU_ISA), the kernel build, torch and the model file, beside the converted checkpoint, and
+logged in one line; later starts read it.
 
 Every candidate meets the quality bar (perplexity within 1 % of float32, docs/quantization.md): the table below
 names the measured cost of each; a format whose quality is unmeasured is never a candidate.
@@ -40,10 +40,11 @@ from engine.sampling_params import SamplingParams
 
 logger = logging.getLogger("batchserve.loader")
 
-PROBE_VERSION = 1  # bump when what is measured changes: old choices are then measured again
+PROBE_VERSION = 2  # bump when what is measured changes: old choices are then measured again
 PROBE_ROWS = (1, 4, 8, 16)  # decode steps of this many sequences
 PREFILL_ROWS = 128  # and one sequence's prompt chunk of this many tokens
 MEASURED_ROWS = (*PROBE_ROWS, PREFILL_ROWS)
+EVERY_STEP = 2**31 - 1  # a row switch past any step: the quantised weights run at every size
 _SCORED_ROWS = (1, 16, PREFILL_ROWS)
 _REPEATS = 5
 _PROMPT_TOKENS = 32
@@ -101,6 +102,10 @@ def choose(step_ms: Mapping[str, Mapping[int, float]], pairs: list[tuple[str, st
             continue
         wins = [rows for rows in MEASURED_ROWS if own[rows] <= dense[rows]]
         limit = max(wins) if wins else 0
+        if limit == MEASURED_ROWS[-1]:
+            # Winning at the largest size measured: no reason to expect the dense copy to win past it (on a CPU
+            # without native bf16 a 512-token dense bf16 prefill is many times the int4 one).
+            limit = EVERY_STEP
         times = {rows: own[rows] if rows <= limit else dense[rows] for rows in MEASURED_ROWS}
         switched[(dtype, quantization)] = (times, limit)
     ends = _SCORED_ROWS
@@ -219,7 +224,10 @@ def measured_format(
     with tempfile.NamedTemporaryFile("w", dir=cached.parent, delete=False, suffix=".partial") as partial:
         json.dump(asdict(choice), partial, indent=2)
     os.replace(partial.name, cached)
-    rows = f", quantised up to {choice.max_quantized_rows} rows" if choice.max_quantized_rows else ""
+    limit = choice.max_quantized_rows
+    rows = (
+        "" if not limit else ", quantised at every size" if limit == EVERY_STEP else f", quantised up to {limit} rows"
+    )
     logger.info(
         "weights: %s chosen by auto%s, measured in %.0f s (%s; cached in %s)",
         choice.label,

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine.format_probe import MEASURED_ROWS, candidates, choose, load_auto, measured_format, time_steps
+from engine.format_probe import EVERY_STEP, MEASURED_ROWS, candidates, choose, load_auto, measured_format, time_steps
 from engine.loader import load_model
 
 ALL = [("float32", "none"), ("bfloat16", "none"), ("float32", "int4"), ("bfloat16", "int4")]
@@ -40,6 +40,13 @@ def test_choose_takes_the_smallest_worst_ratio_and_switches_where_the_dense_copy
     choice = choose(step_ms, ALL)
     assert (choice.dtype, choice.quantization, choice.max_quantized_rows) == ("bfloat16", "int4", 8)
     assert "int4/bfloat16 7.0/" in choice.reason
+
+
+def test_winning_at_the_prefill_chunk_keeps_the_quantised_weights_at_every_size() -> None:
+    step_ms = {"bfloat16": _times(20, 190, 99), "int4/bfloat16": _times(14, 60, 99)}
+    step_ms["bfloat16"][128] = 1080.0  # dense bf16 without native bf16
+    choice = choose(step_ms, [("bfloat16", "none"), ("bfloat16", "int4")])
+    assert (choice.label, choice.max_quantized_rows) == ("int4/bfloat16", EVERY_STEP)
 
 
 def test_choose_drops_quantisation_where_the_dense_weights_win_everywhere() -> None:
