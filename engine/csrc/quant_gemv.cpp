@@ -123,6 +123,10 @@ inline void store16(c10::BFloat16* p, __m512 v) {
   _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm512_cvtepi32_epi16(rounded));
 }
 
+// 16 float32 results to 16 values of T (the int4_dot driver's epilogue).
+template <typename T>
+inline void store_row16(T* y, const float* out) { store16(y, _mm512_loadu_ps(out)); }
+
 // The (scale, zero) pairs of 16 output rows, split into s and z.
 template <typename S>
 inline void scales16(const S* pairs, __m512& s, __m512& z) {
@@ -216,24 +220,6 @@ inline void int8_row(const int8_t* w, const float* x, int64_t K, float* dots /* 
   }
 }
 
-template <typename T, typename S>
-void int8_rows(const float* x, const int8_t* values, const S* scales, T* y, int64_t rows, int64_t K, int64_t N) {
-  at::parallel_for(0, N, 256, [&](int64_t begin, int64_t end) {
-    float dots[kMaxRows];
-    for (int64_t n = begin; n < end; ++n) {
-      // One core alone does not keep enough loads in flight to use its share of the memory bandwidth.
-      const char* ahead = reinterpret_cast<const char*>(values + std::min(n + kPrefetchRows, N - 1) * K);
-      for (int64_t line = 0; line < K; line += 64) _mm_prefetch(ahead + line, _MM_HINT_T0);
-      for (int64_t first = 0; first < rows; first += kMaxRows) {
-        const int64_t count = std::min(kMaxRows, rows - first);
-        const float* xs = x + first * K;
-        with_row_count<kMaxRows>(count, [&](auto R) { int8_row<decltype(R)::value>(values + n * K, xs, K, dots); });
-        const float scale = widen(scales[n]);
-        for (int64_t r = 0; r < count; ++r) y[(first + r) * N + n] = static_cast<T>(dots[r] * scale);
-      }
-    }
-  });
-}
 
 
 #if defined(__AVX512VNNI__) && defined(__AVX512BW__)
@@ -293,33 +279,6 @@ inline void int4_dot_block(const uint8_t* packed, const c10::BFloat16* scales, c
   for (int r = 0; r < R; ++r) _mm512_storeu_ps(out + r * kDotBlock, total[r]);
 }
 
-template <typename T>
-void int4_dot_rows(const float* x, const uint8_t* packed, const c10::BFloat16* scales, const c10::BFloat16* zeros,
-                   T* y, int64_t rows, int64_t K, int64_t N, int64_t group) {
-  const int64_t groups = K / group;
-  std::vector<int8_t> xq(2 * rows * K);
-  std::vector<float> x_scales(rows * groups), x_sums(rows * groups);
-  quantise_activations(x, rows, K, group, xq.data(), x_scales.data(), x_sums.data());
-  at::parallel_for(0, N / kDotBlock, 4, [&](int64_t begin, int64_t end) {
-    alignas(64) float out[kInt4Rows * kDotBlock];
-    for (int64_t block = begin; block < end; ++block) {
-      const uint8_t* block_bytes = packed + block * K * 8;
-      const c10::BFloat16* block_scales = scales + block * groups * kDotBlock;
-      const c10::BFloat16* block_zeros = zeros + block * groups * kDotBlock;
-      for (int64_t first = 0; first < rows; first += kInt4Rows) {
-        const int64_t count = std::min<int64_t>(kInt4Rows, rows - first);
-        const int8_t* xs = xq.data() + 2 * first * K;
-        const float* sc = x_scales.data() + first * groups;
-        const float* sm = x_sums.data() + first * groups;
-        with_row_count<kInt4Rows>(count, [&](auto R) {
-          int4_dot_block<decltype(R)::value>(block_bytes, block_scales, block_zeros, xs, sc, sm, K, group, out);
-        });
-        for (int64_t r = 0; r < count; ++r)
-          store16(y + (first + r) * N + block * kDotBlock, _mm512_loadu_ps(out + r * kDotBlock));
-      }
-    }
-  });
-}
 #endif  // VNNI
 
 #elif defined(__AVX2__)
@@ -345,6 +304,13 @@ inline void store8(c10::BFloat16* p, __m256 v) {
       _mm256_srli_epi32(_mm256_add_epi32(bits, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7FFF))), 16);
   const __m128i packed = _mm_packus_epi32(_mm256_castsi256_si128(rounded), _mm256_extracti128_si256(rounded, 1));
   _mm_storeu_si128(reinterpret_cast<__m128i*>(p), packed);
+}
+
+// 16 float32 results to 16 values of T (the int4_dot driver's epilogue).
+template <typename T>
+inline void store_row16(T* y, const float* out) {
+  store8(y, _mm256_loadu_ps(out));
+  store8(y + 8, _mm256_loadu_ps(out + 8));
 }
 
 inline float sum8(__m256 v) {
@@ -440,25 +406,8 @@ inline void int8_row(const int8_t* w, const float* x, int64_t K, float* dots /* 
   }
 }
 
-template <typename T, typename S>
-void int8_rows(const float* x, const int8_t* values, const S* scales, T* y, int64_t rows, int64_t K, int64_t N) {
-  at::parallel_for(0, N, 256, [&](int64_t begin, int64_t end) {
-    float dots[kMaxRows];
-    for (int64_t n = begin; n < end; ++n) {
-      const char* ahead = reinterpret_cast<const char*>(values + std::min(n + kPrefetchRows, N - 1) * K);
-      for (int64_t line = 0; line < K; line += 64) _mm_prefetch(ahead + line, _MM_HINT_T0);
-      for (int64_t first = 0; first < rows; first += kMaxRows) {
-        const int64_t count = std::min(kMaxRows, rows - first);
-        const float* xs = x + first * K;
-        with_row_count<kMaxRows>(count, [&](auto R) { int8_row<decltype(R)::value>(values + n * K, xs, K, dots); });
-        const float scale = widen(scales[n]);
-        for (int64_t r = 0; r < count; ++r) y[(first + r) * N + n] = static_cast<T>(dots[r] * scale);
-      }
-    }
-  });
-}
 
-// int4_dot on AVX2: the same layout and two-digit activations as the AVX-512 VNNI kernel below. Without VNNI,
+// int4_dot on AVX2: the same layout and two-digit activations as the AVX-512 VNNI kernel above. Without VNNI,
 // `vpmaddubsw` multiplies the unsigned 4-bit weights by the int8 digits and adds neighbouring pairs into int16
 // (at most 2 * 15 * 127: no saturation), and `vpmaddwd` adds those pairs into the row's int32 lane, scaling the
 // leading digits' sums by 127 on the way. Where the CPU has AVX-VNNI (Intel from Alder Lake, AMD from Zen 5)
@@ -520,34 +469,6 @@ inline void int4_dot_block(const uint8_t* packed, const c10::BFloat16* scales, c
     for (int h = 0; h < 2; ++h) _mm256_storeu_ps(out + r * kDotBlock + 8 * h, total[r][h]);
 }
 
-template <typename T>
-void int4_dot_rows(const float* x, const uint8_t* packed, const c10::BFloat16* scales, const c10::BFloat16* zeros,
-                   T* y, int64_t rows, int64_t K, int64_t N, int64_t group) {
-  const int64_t groups = K / group;
-  std::vector<int8_t> xq(2 * rows * K);
-  std::vector<float> x_scales(rows * groups), x_sums(rows * groups);
-  quantise_activations(x, rows, K, group, xq.data(), x_scales.data(), x_sums.data());
-  at::parallel_for(0, N / kDotBlock, 4, [&](int64_t begin, int64_t end) {
-    alignas(32) float out[kInt4Rows * kDotBlock];
-    for (int64_t block = begin; block < end; ++block) {
-      const uint8_t* block_bytes = packed + block * K * 8;
-      const c10::BFloat16* block_scales = scales + block * groups * kDotBlock;
-      const c10::BFloat16* block_zeros = zeros + block * groups * kDotBlock;
-      for (int64_t first = 0; first < rows; first += kInt4Rows) {
-        const int64_t count = std::min<int64_t>(kInt4Rows, rows - first);
-        const int8_t* xs = xq.data() + 2 * first * K;
-        const float* sc = x_scales.data() + first * groups;
-        const float* sm = x_sums.data() + first * groups;
-        with_row_count<kInt4Rows>(count, [&](auto R) {
-          int4_dot_block<decltype(R)::value>(block_bytes, block_scales, block_zeros, xs, sc, sm, K, group, out);
-        });
-        for (int64_t r = 0; r < count; ++r)
-          for (int h = 0; h < 2; ++h)
-            store8(y + (first + r) * N + block * kDotBlock + 8 * h, _mm256_load_ps(out + r * kDotBlock + 8 * h));
-      }
-    }
-  });
-}
 
 #else
 // The scalar build: plain loops over the same layouts (the compiler vectorises what SSE2 allows). torch's own
@@ -602,6 +523,64 @@ void int8_rows(const float* x, const int8_t* values, const S* scales, T* y, int6
 
 #endif  // __AVX512F__ / __AVX2__ / scalar
 
+// The AVX-512 build has the kernel only with VNNI; the AVX2 build always has it.
+#if (defined(__AVX512F__) && defined(__AVX512VNNI__) && defined(__AVX512BW__)) || \
+    (defined(__AVX2__) && !defined(__AVX512F__))
+#define BATCHSERVE_INT4_DOT 1
+#endif
+
+#if defined(__AVX512F__) || defined(__AVX2__)
+// The drivers both vector builds share: each calls its build's int8_row, int4_dot_block and store_row16.
+
+template <typename T, typename S>
+void int8_rows(const float* x, const int8_t* values, const S* scales, T* y, int64_t rows, int64_t K, int64_t N) {
+  at::parallel_for(0, N, 256, [&](int64_t begin, int64_t end) {
+    float dots[kMaxRows];
+    for (int64_t n = begin; n < end; ++n) {
+      // One core alone does not keep enough loads in flight to use its share of the memory bandwidth.
+      const char* ahead = reinterpret_cast<const char*>(values + std::min(n + kPrefetchRows, N - 1) * K);
+      for (int64_t line = 0; line < K; line += 64) _mm_prefetch(ahead + line, _MM_HINT_T0);
+      for (int64_t first = 0; first < rows; first += kMaxRows) {
+        const int64_t count = std::min(kMaxRows, rows - first);
+        const float* xs = x + first * K;
+        with_row_count<kMaxRows>(count, [&](auto R) { int8_row<decltype(R)::value>(values + n * K, xs, K, dots); });
+        const float scale = widen(scales[n]);
+        for (int64_t r = 0; r < count; ++r) y[(first + r) * N + n] = static_cast<T>(dots[r] * scale);
+      }
+    }
+  });
+}
+
+#if defined(BATCHSERVE_INT4_DOT)
+template <typename T>
+void int4_dot_rows(const float* x, const uint8_t* packed, const c10::BFloat16* scales, const c10::BFloat16* zeros,
+                   T* y, int64_t rows, int64_t K, int64_t N, int64_t group) {
+  const int64_t groups = K / group;
+  std::vector<int8_t> xq(2 * rows * K);
+  std::vector<float> x_scales(rows * groups), x_sums(rows * groups);
+  quantise_activations(x, rows, K, group, xq.data(), x_scales.data(), x_sums.data());
+  at::parallel_for(0, N / kDotBlock, 4, [&](int64_t begin, int64_t end) {
+    alignas(64) float out[kInt4Rows * kDotBlock];
+    for (int64_t block = begin; block < end; ++block) {
+      const uint8_t* block_bytes = packed + block * K * 8;
+      const c10::BFloat16* block_scales = scales + block * groups * kDotBlock;
+      const c10::BFloat16* block_zeros = zeros + block * groups * kDotBlock;
+      for (int64_t first = 0; first < rows; first += kInt4Rows) {
+        const int64_t count = std::min<int64_t>(kInt4Rows, rows - first);
+        const int8_t* xs = xq.data() + 2 * first * K;
+        const float* sc = x_scales.data() + first * groups;
+        const float* sm = x_sums.data() + first * groups;
+        with_row_count<kInt4Rows>(count, [&](auto R) {
+          int4_dot_block<decltype(R)::value>(block_bytes, block_scales, block_zeros, xs, sc, sm, K, group, out);
+        });
+        for (int64_t r = 0; r < count; ++r) store_row16(y + (first + r) * N + block * kDotBlock, out + r * kDotBlock);
+      }
+    }
+  });
+}
+#endif
+#endif
+
 bool float_or_bf16(const torch::Tensor& t) {
   return t.scalar_type() == torch::kFloat || t.scalar_type() == torch::kBFloat16;
 }
@@ -655,12 +634,6 @@ torch::Tensor int8_gemv(const torch::Tensor& x, const torch::Tensor& values, con
   }
   return y;
 }
-
-// The AVX-512 build has the kernel only with VNNI; the AVX2 build always has it.
-#if (defined(__AVX512F__) && defined(__AVX512VNNI__) && defined(__AVX512BW__)) || \
-    (defined(__AVX2__) && !defined(__AVX512F__))
-#define BATCHSERVE_INT4_DOT 1
-#endif
 
 bool int4_dot_available() {
 #if defined(BATCHSERVE_INT4_DOT)
