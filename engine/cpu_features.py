@@ -167,9 +167,9 @@ def torch_environment(features: CpuFeatures) -> dict[str, str]:
     return {"ATEN_CPU_CAPABILITY": _TORCH_CAPABILITY[features.level], "ONEDNN_MAX_CPU_ISA": _ONEDNN_ISA[features.level]}
 
 
-def torch_capability(features: CpuFeatures) -> str:
-    """The name torch.backends.cpu.get_cpu_capability() gives for the kernels torch runs at `features.level`."""
-    return {"default": "DEFAULT", "avx2": "AVX2", "avx512": "AVX512"}[_TORCH_CAPABILITY[features.level]]
+def torch_capability(level: str) -> str:
+    """The name torch.backends.cpu.get_cpu_capability() gives for the kernels torch runs at ISA `level`."""
+    return {"default": "DEFAULT", "avx2": "AVX2", "avx512": "AVX512"}[_TORCH_CAPABILITY[level]]
 
 
 def apply_cap_to_torch() -> None:

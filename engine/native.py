@@ -108,12 +108,8 @@ class Kernels:
         when torch runs that capability (engine/csrc/fused_ops.cpp)."""
         if self.build is NATIVE_BUILD:
             return False
-        expected = torch_capability(_features_at(self.build.level))
+        expected = torch_capability(self.build.level)
         return bool(torch.backends.cpu.get_cpu_capability() == expected)
-
-
-def _features_at(level: str) -> CpuFeatures:
-    return CpuFeatures("x86_64", frozenset(), level, capped=False)
 
 
 def load_kernels(build: KernelBuild | None = None) -> Kernels | None:
