@@ -19,7 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.page_driver import (
+from benchmarks.loadgen.server_proc import LaunchConfig, ServerProcess
+from benchmarks.page.driver import (
     INSTALL_HINT,
     PageWorkload,
     RequestBox,
@@ -37,7 +38,6 @@ from benchmarks.page_driver import (
     wait_for_figure,
     wait_workload_done,
 )
-from benchmarks.server_proc import LaunchConfig, ServerProcess
 from tests.server_harness import mode_config, running_server
 
 CHROMIUM = system_chromium()

@@ -289,7 +289,7 @@ def test_api_key_guards_every_prefix_and_the_event_stream() -> None:
 
 
 def test_benchmarks_drive_either_prefix(server: CompareServer) -> None:
-    from benchmarks import serve_bench
+    from benchmarks.online import serve_bench
 
     for mode in ("dynamic", "continuous"):
         argv = ["--base-url", server.base_url, "--prefix", f"/{mode}", "--workload", "uniform", "--num-prompts", "2",
@@ -298,7 +298,7 @@ def test_benchmarks_drive_either_prefix(server: CompareServer) -> None:
 
 
 def test_compare_bench_counts_tokens_in_its_window_and_feeds_its_subscribers(server: CompareServer) -> None:
-    from benchmarks.compare_bench import Load, drive_with_subscribers
+    from benchmarks.online.compare_bench import Load, drive_with_subscribers
 
     load = Load(concurrency=2, max_tokens=4, prompt="hello world", warmup_s=0.2, duration_s=1.0)
     url = f"{server.base_url}/continuous"

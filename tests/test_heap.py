@@ -15,7 +15,7 @@ import pytest
 
 from api.config import ServerConfig
 from api.heap import frozen_after_loading
-from benchmarks import gc_pause
+from benchmarks.micro import gc_pause
 from tests.server_harness import running_server
 from tests.test_compare import compare_server
 

@@ -1,0 +1,200 @@
+"""Workload traces: what a server saw, one request a line, for the simulator to replay.
+
+    {"arrival_s": 0.0, "prompt_tokens": 57, "max_tokens": 200, "output_tokens": 200}
+
+`python -m benchmarks trace RESULT_DIR` (re)writes an earlier `benchmarks.online.ab` run's traces from its raw
+records.
+
+`arrival_s` is seconds after the run started; `output_tokens` (optional) is how many tokens the request produced:
+below `max_tokens` it replays a natural stop (EOS). A trace comes from a real run (`benchmarks.online.ab
+--export-workload`) or is synthesised from the same workload and arrival generators `benchmarks.online.ab` uses.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from benchmarks.loadgen.arrivals import ArrivalConfig, arrival_offsets
+from benchmarks.loadgen.client import RequestRecord
+from benchmarks.loadgen.run import RunResult
+from benchmarks.loadgen.workloads import WorkloadConfig, build_workload
+from benchmarks.results_io.report import read_raw_runs
+
+
+@dataclass(frozen=True)
+class TraceRequest:
+    arrival_s: float
+    prompt_tokens: int
+    max_tokens: int
+    output_tokens: int | None = None
+
+    def __post_init__(self) -> None:
+        if not (self.arrival_s >= 0 and math.isfinite(self.arrival_s)):
+            raise ValueError(f"arrival_s must be a finite number >= 0, got {self.arrival_s}")
+        if self.prompt_tokens < 1 or self.max_tokens < 1:
+            raise ValueError(f"prompt_tokens and max_tokens must be >= 1, got {self.prompt_tokens}, {self.max_tokens}")
+        if self.output_tokens is not None and not 1 <= self.output_tokens <= self.max_tokens:
+            raise ValueError(f"output_tokens must be in 1..max_tokens ({self.max_tokens}), got {self.output_tokens}")
+
+    def to_json(self) -> dict[str, float | int]:
+        row: dict[str, float | int] = {
+            "arrival_s": round(self.arrival_s, 6),
+            "prompt_tokens": self.prompt_tokens,
+            "max_tokens": self.max_tokens,
+        }
+        if self.output_tokens is not None:
+            row["output_tokens"] = self.output_tokens
+        return row
+
+
+def write_trace(requests: Iterable[TraceRequest], path: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(r.to_json()) + "\n" for r in requests))
+    return path
+
+
+def read_trace(path: Path) -> list[TraceRequest]:
+    """Requests sorted by arrival; a bad line is a ValueError naming it."""
+    requests = []
+    for line_no, line in enumerate(Path(path).read_text().splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+            output = row.get("output_tokens")
+            requests.append(
+                TraceRequest(
+                    float(row["arrival_s"]),
+                    _int(row["prompt_tokens"]),
+                    _int(row["max_tokens"]),
+                    None if output is None else _int(output),
+                )
+            )
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            raise ValueError(f"{path}:{line_no}: {exc}") from exc
+    if not requests:
+        raise ValueError(f"{path} has no requests")
+    return sorted(requests, key=lambda r: r.arrival_s)
+
+
+def _int(value: object) -> int:
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise ValueError(f"expected an integer, got {value!r}")
+    return value
+
+
+def synthesize(workload: WorkloadConfig, arrivals: ArrivalConfig) -> list[TraceRequest]:
+    """The requests `benchmarks.online.ab` would send with these flags, at the times it would send them. Prompt lengths
+    are the generator's estimate (about one token a word); every request runs to max_tokens, as with
+    --ignore-eos."""
+    specs = build_workload(workload)
+    offsets = arrival_offsets(arrivals, len(specs))
+    return [TraceRequest(t, max(1, s.prompt_tokens), s.max_tokens) for s, t in zip(specs, offsets, strict=True)]
+
+
+def _stamp(record: RequestRecord) -> float | None:
+    stamp = (record.server_timings or {}).get("arrival_time")
+    return float(stamp) if record.ok and isinstance(stamp, (int, float)) else None
+
+
+def server_arrivals(records: Sequence[RequestRecord]) -> list[float]:
+    """When each request reached the server's queue, on the run's clock (seconds after it started).
+
+    Requests sent at once do not reach the queue in the order they were sent: measured, 48 requests sent within
+    8 ms were admitted starting with the 31st. Replaying send order would seat different requests first (and
+    with long and short answers mixed, change every latency), so the server's order is the one to replay. The
+    server stamps it (`timings.arrival_time`, Unix seconds); the stamps keep their spacing and are placed so the
+    first falls at the earliest stamped request's send time. A request without a stamp (failed, or a server
+    that does not report one) keeps its send time.
+    """
+    stamps = [_stamp(r) for r in records]
+    stamped = [(r.send_time, s) for r, s in zip(records, stamps, strict=True) if s is not None]
+    if not stamped:
+        return [max(0.0, r.send_time) for r in records]
+    origin, start = min(s for _, s in stamped), min(t for t, _ in stamped)
+    return [max(0.0, r.send_time if s is None else start + (s - origin)) for r, s in zip(records, stamps, strict=True)]
+
+
+def replay_order(records: Sequence[RequestRecord]) -> list[tuple[float, RequestRecord]]:
+    """Each request with its arrival at the server (`server_arrivals`), in the order the server received them: a
+    trace's order, so the n-th record here is the n-th request of the trace and of its simulated replay."""
+    return sorted(zip(server_arrivals(records), records, strict=True), key=lambda p: (p[0], p[1].index))
+
+
+def trace_prompt_tokens(record: RequestRecord) -> int:
+    """A real request's prompt length as its trace line holds it (at least one token)."""
+    return max(1, record.counted_prompt_tokens)
+
+
+def from_records(records: Sequence[RequestRecord]) -> list[TraceRequest]:
+    """A real run as a trace: each request's arrival at the server (`server_arrivals`), the server's token counts
+    (usage) where reported, and the tokens it produced. Failed requests are kept with their asked-for lengths:
+    they arrived too."""
+    trace = []
+    for arrival, r in replay_order(records):
+        output = r.output_tokens if r.ok and 1 <= r.output_tokens <= r.max_tokens else None
+        trace.append(TraceRequest(arrival, trace_prompt_tokens(r), r.max_tokens, output))
+    return trace
+
+
+# ----- a benchmarks.online.ab run's traces, one file per run: OUT/workload/<mode>.jsonl and <mode>@<rate>.jsonl -----
+def _rate_label(rate: float) -> str:
+    return "inf" if math.isinf(rate) else f"{rate:g}"
+
+
+def export_runs(out_dir: Path, runs: Mapping[str, RunResult], sweep: Mapping[str, Sequence[RunResult]]) -> Path:
+    folder = out_dir / "workload"
+    for name, run in runs.items():
+        write_trace(from_records(run.records), folder / f"{name}.jsonl")
+    for name, sweep_runs in sweep.items():
+        for run in sweep_runs:
+            write_trace(from_records(run.records), folder / f"{name}@{_rate_label(run.request_rate)}.jsonl")
+    return folder
+
+
+@dataclass(frozen=True)
+class ExportedRuns:
+    main: dict[str, list[TraceRequest]]  # run name -> its trace
+    sweep: dict[str, dict[float, list[TraceRequest]]]  # run name -> rate -> its trace
+
+
+def read_exported(folder: Path) -> ExportedRuns:
+    """What `export_runs` wrote (give the run's --out folder or its workload/ folder)."""
+    folder = folder / "workload" if (folder / "workload").is_dir() else folder
+    files = sorted(folder.glob("*.jsonl"))
+    if not files:
+        raise ValueError(f"no workload traces (*.jsonl) in {folder}; run benchmarks.online.ab with --export-workload")
+    exported = ExportedRuns({}, {})
+    for path in files:
+        name, _, rate = path.stem.partition("@")
+        if rate:
+            exported.sweep.setdefault(name, {})[float(rate)] = read_trace(path)
+        else:
+            exported.main[name] = read_trace(path)
+    return exported
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks trace",
+        description="Write (or rewrite) the workload traces of an earlier `python -m benchmarks ab` run from its raw "
+        "records, as --export-workload would have: RESULT_DIR/workload/<run>.jsonl.",
+    )
+    parser.add_argument("result_dir", type=Path)
+    args = parser.parse_args(argv)
+    try:
+        runs, sweep = read_raw_runs(args.result_dir)
+    except ValueError as exc:
+        parser.error(str(exc))
+    print(f"wrote traces to {export_runs(args.result_dir, runs, sweep)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

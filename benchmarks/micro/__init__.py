@@ -1,0 +1,1 @@
+"""In-process engine measurements: steps, quantised kernels, scoring, memory bandwidth, quality, GC pauses."""

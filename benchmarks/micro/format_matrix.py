@@ -1,0 +1,71 @@
+"""Every `--dtype` x `--quantization` combination's decode step on this CPU, and `auto`'s measured choice beside
+them, in one run: does `auto` serve as fast as the fastest format, at 1 row, 16 rows and a 128-token prefill?
+
+    BATCHSERVE_CPU_ISA=avx2 python -m benchmarks formats --out DIR   # the AVX2 machine's paths
+    python -m benchmarks formats --out DIR                            # this CPU's own
+
+Each combination is loaded as `serve --dtype D --quantization Q` loads it and timed through the engine
+(engine.format_probe.time_steps: median of 5 decode steps per row count, 16 sequences with 32-token prompts),
+quantised formats with the default row switch as served; `auto` is loaded as `serve` loads it (measuring on its
+first start here, its choice cached) and timed with the row switch it chose. Writes DIR/result.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from collections.abc import Sequence
+from pathlib import Path
+
+from benchmarks.results_io.machine import machine_facts
+from benchmarks.results_io.report import write_json
+from engine.cpu_features import cpu_features
+from engine.format_probe import PREFILL_ROWS, PROBE_ROWS, load_auto, time_steps
+from engine.linear import DEFAULT_MAX_QUANTIZED_ROWS
+from engine.loader import load_model
+
+COMBINATIONS = [(d, q) for d in ("float32", "bfloat16") for q in ("none", "int8", "int4")]
+TOLERANCE = 1.10  # the issue's "within 10 %"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks formats", description=__doc__.split("\n")[0])
+    parser.add_argument("--out", type=Path, required=True, help="a results folder (result.json is written there)")
+    parser.add_argument("--repeats", type=int, default=5)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s")
+    rows: dict[str, dict[int, float]] = {}
+    for dtype, quantization in COMBINATIONS:
+        loaded = load_model(None, dtype=dtype, quantization=quantization)
+        switch = DEFAULT_MAX_QUANTIZED_ROWS if quantization != "none" else None
+        label = loaded.weight_format.label
+        rows[label] = time_steps(loaded, PROBE_ROWS, repeats=args.repeats, max_quantized_rows=switch)
+        print(f"{label:>16}: " + "  ".join(f"{n} rows {ms:6.1f} ms" for n, ms in rows[label].items()), flush=True)
+        del loaded
+    auto = load_auto()
+    auto_label = f"auto ({auto.weight_format.label})"
+    rows[auto_label] = time_steps(
+        auto, PROBE_ROWS, repeats=args.repeats, max_quantized_rows=auto.measured_max_quantized_rows
+    )
+    print(f"{auto_label:>16}: " + "  ".join(f"{n} rows {ms:6.1f} ms" for n, ms in rows[auto_label].items()))
+    others = {label: times for label, times in rows.items() if label != auto_label}
+    verdict = {}
+    for count in (1, 16, PREFILL_ROWS):
+        fastest = min(others, key=lambda label: others[label][count])
+        ratio = rows[auto_label][count] / others[fastest][count]
+        verdict[count] = {"fastest": fastest, "auto_over_fastest": round(ratio, 3), "within": ratio <= TOLERANCE}
+        print(f"{count} rows: auto {ratio:.2f}x the fastest ({fastest}): {'met' if ratio <= TOLERANCE else 'MISSED'}")
+    document = {
+        "machine": machine_facts(),
+        "cpu": cpu_features().describe(),
+        "auto": {"format": auto.weight_format.label, "max_quantized_rows": auto.measured_max_quantized_rows},
+        "step_ms": rows,
+        "auto_vs_fastest": verdict,
+    }
+    args.out.mkdir(parents=True, exist_ok=True)
+    print(write_json(args.out / "result.json", document))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,86 @@
+"""Each compiled kernel's speed in each build this CPU can execute, in one run: the weight-only matmuls on
+SmolLM2-135M's gate/up projection shape ([3072, 576]) and the fused SiLU * up, at 1 and 16 rows.
+
+    python -m benchmarks kernels --out DIR
+
+Median of 50 calls after 10 warm-ups, 2 threads; bf16 activations for the int4 kernels (what `auto` runs), float32
+for int8. Writes DIR/result.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import torch
+
+from benchmarks.results_io.machine import machine_facts
+from benchmarks.results_io.report import write_json
+from engine import native
+from engine.cpu_features import cpu_features
+from engine.linear import Int4DotLinear, Int4Linear, Int8Linear
+from engine.quantization import int4_from_dense, int8_from_dense
+
+ROWS = (1, 16)
+OUT_FEATURES, IN_FEATURES = 3072, 576
+
+
+def median_us(call: Callable[[], object], repeats: int = 50) -> float:
+    for _ in range(10):
+        call()
+    samples = []
+    for _ in range(repeats):
+        started = time.perf_counter()
+        call()
+        samples.append((time.perf_counter() - started) * 1e6)
+    return round(statistics.median(samples), 1)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks kernels", description=__doc__.split("\n")[0])
+    parser.add_argument("--out", type=Path, required=True)
+    args = parser.parse_args(argv)
+    torch.set_num_threads(2)
+    dense = torch.randn(OUT_FEATURES, IN_FEATURES) * 0.05
+    int4, int8 = int4_from_dense(dense), int8_from_dense(dense)
+    table: dict[str, dict[str, float]] = {}
+    for build in native.builds_for(cpu_features()):
+        kernels = native.load_kernels(build)
+        if kernels is None:
+            continue
+        times: dict[str, float] = {}
+        for rows in ROWS:
+            x16 = torch.randn(rows, IN_FEATURES).bfloat16()
+            x32 = torch.randn(rows, IN_FEATURES)
+            gemv = Int4Linear.build(int4, None, torch.bfloat16, kernels)
+            times[f"int4_gemv bf16 {rows} rows"] = median_us(functools.partial(gemv, x16))
+            if kernels.has_int4_dot:
+                dot = Int4DotLinear.build(int4, None, kernels)
+                times[f"int4_dot bf16 {rows} rows"] = median_us(functools.partial(dot, x16))
+            int8_linear = Int8Linear.build(int8, None, torch.float32, kernels)
+            times[f"int8_gemv f32 {rows} rows"] = median_us(functools.partial(int8_linear, x32))
+            gate_up = torch.randn(rows, 2 * OUT_FEATURES)
+            times[f"silu_mul f32 {rows} rows"] = median_us(functools.partial(kernels.ops.silu_mul, gate_up))
+        table[build.name] = times
+        print(build.name, "  ".join(f"{name}: {us} us" for name, us in times.items()), flush=True)
+    args.out.mkdir(parents=True, exist_ok=True)
+    print(
+        write_json(
+            args.out / "result.json",
+            {
+                "machine": machine_facts(),
+                "cpu": cpu_features().describe(),
+                "shape": [OUT_FEATURES, IN_FEATURES],
+                "median_us": table,
+            },
+        )
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,219 @@
+"""A/B driver: the same workload against batchserve in dynamic and continuous mode, plus baselines.
+
+    python -m benchmarks ab --workload mixed --num-prompts 48 --seats 8 --out benchmarks/results/mixed-8 \
+        --sweep-rates 0.5,1,2,inf
+
+Each server is started on a free port, waited on until /health is 200, measured, and stopped (SIGTERM, then
+SIGKILL after a grace period) before the next starts, so runs never share the machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import shlex
+import subprocess
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from benchmarks.loadgen.client import discover_model
+from benchmarks.loadgen.run import RunConfig, RunResult, rate_to_json, run_benchmark
+from benchmarks.loadgen.server_proc import LaunchConfig, ServerProcess, ServerStartError
+from benchmarks.loadgen.trace import export_runs
+from benchmarks.loadgen.workloads import RequestSpec, build_workload
+from benchmarks.online.serve_bench import add_load_arguments, run_config, workload_config
+from benchmarks.peers.targets import BASELINES, ServerSettings, Target, Unavailable, baseline_targets, mode_targets
+from benchmarks.results_io.report import ABOutcome, write_report
+from benchmarks.results_io.tables import format_run
+
+_DESCRIPTION = "Compare batchserve's dynamic and continuous batching on one workload."
+
+
+@dataclass(frozen=True)
+class TargetOutcome:
+    target: Target
+    command: str
+    main: RunResult | None
+    sweep: tuple[RunResult, ...]
+    error: str | None
+
+
+def parse_rates(text: str) -> tuple[float, ...]:
+    rates = tuple(float(part) for part in text.split(",") if part.strip())
+    if not rates or any(not rate > 0 for rate in rates):
+        raise ValueError(f"--sweep-rates needs positive numbers or inf, got {text!r}")
+    return rates
+
+
+def parse_baselines(text: str) -> tuple[str, ...]:
+    if text.strip().lower() == "none":
+        return ()
+    names = tuple(part.strip() for part in text.split(",") if part.strip())
+    unknown = [n for n in names if n not in BASELINES]
+    if unknown:
+        raise ValueError(f"unknown baselines {unknown}; choose from {', '.join(BASELINES)} or none")
+    return names
+
+
+# (target, base_url, model, request rate or None for the main run) -> the run's config
+ConfigFactory = Callable[[Target, str, str | None, float | None], RunConfig]
+
+
+def config_factory(args: argparse.Namespace) -> ConfigFactory:
+    """Every run shares the CLI's workload and load flags; only the server, model and rate vary."""
+
+    def make(target: Target, base_url: str, model: str | None, rate: float | None) -> RunConfig:
+        label = target.name if rate is None else f"{target.name}@{rate:g}"
+        return run_config(args, base_url, label, model, request_rate=rate, eos_policy=target.eos_policy)
+
+    return make
+
+
+def run_target(
+    target: Target,
+    specs: Sequence[RequestSpec],
+    make_config: ConfigFactory,
+    sweep_rates: Sequence[float],
+    log_path: Path,
+    launch: LaunchConfig,
+) -> TargetOutcome:
+    """Start the server, run the workload (and the sweep), stop it. Failures are returned, not raised."""
+    server = ServerProcess(dataclasses.replace(launch, argv=target.argv), log_path)
+    command = shlex.join(server.command)
+    main: RunResult | None = None
+    sweep: list[RunResult] = []
+    try:
+        if target.prepare:
+            _prepare(target.prepare, log_path)
+        with server:
+            model = asyncio.run(discover_model(server.base_url))
+            main = asyncio.run(run_benchmark(specs, make_config(target, server.base_url, model, None)))
+            print(format_run(main))
+            for rate in sweep_rates:
+                run = asyncio.run(run_benchmark(specs, make_config(target, server.base_url, model, rate)))
+                print(format_run(run))
+                sweep.append(run)
+    except (ServerStartError, RuntimeError, OSError, subprocess.CalledProcessError) as exc:
+        return TargetOutcome(target, command, main, tuple(sweep), f"{type(exc).__name__}: {exc}")
+    return TargetOutcome(target, command, main, tuple(sweep), None)
+
+
+def _prepare(command: tuple[str, ...], log_path: Path) -> None:
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    print(f"preparing: {shlex.join(command)}", file=sys.stderr)
+    with log_path.with_suffix(".prepare.log").open("wb") as log:
+        subprocess.run(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, check=True)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks ab", description=_DESCRIPTION)
+    parser.add_argument("--out", type=Path, required=True, help="folder for result.json, report.md, plots")
+    g = parser.add_argument_group("servers")
+    g.add_argument("--seats", type=int, default=8, help="dynamic max-batch-size = continuous max-num-seqs")
+    g.add_argument("--model", default=None, help="batchserve --model (default: its default model)")
+    g.add_argument("--batch-timeout-ms", type=float, default=None)
+    g.add_argument("--max-num-batched-tokens", type=int, default=None)
+    g.add_argument("--max-queue", type=int, default=None)
+    g.add_argument("--device", default=None, help="batchserve --device: cpu, cuda or auto")
+    g.add_argument("--dtype", default=None, help="batchserve --dtype: auto, float32 or bfloat16")
+    g.add_argument("--quantization", default=None, help="batchserve --quantization: auto, none, int8 or int4")
+    g.add_argument(
+        "--baselines",
+        default=",".join(BASELINES),
+        help=f"comma list of {', '.join(BASELINES)}, or none; each runs only if available",
+    )
+    g.add_argument("--sweep-rates", default=None, help="e.g. 0.5,1,2,inf: rerun both modes at each rate")
+    g.add_argument(
+        "--export-workload",
+        action="store_true",
+        help="also write each run's requests as OUT/workload/<run>.jsonl, for python -m benchmarks simulate --replay",
+    )
+    g.add_argument("--health-timeout", type=float, default=180.0, help="seconds to wait for /health")
+    g.add_argument("--stop-grace", type=float, default=15.0, help="seconds between SIGTERM and SIGKILL")
+    add_load_arguments(parser)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        specs = build_workload(workload_config(args))
+        settings = ServerSettings(
+            seats=args.seats,
+            model=args.model,
+            batch_timeout_ms=args.batch_timeout_ms,
+            max_num_batched_tokens=args.max_num_batched_tokens,
+            max_queue=args.max_queue,
+            device=args.device,
+            dtype=args.dtype,
+            quantization=args.quantization,
+        )
+        sweep_rates = parse_rates(args.sweep_rates) if args.sweep_rates else ()
+        baselines = parse_baselines(args.baselines)
+        launch = LaunchConfig(
+            argv=("set per target",), health_timeout_s=args.health_timeout, stop_grace_s=args.stop_grace
+        )
+        run_config(args, "http://127.0.0.1:1", "check", None)  # validate load flags before starting servers
+    except (ValueError, OSError) as exc:
+        parser.error(str(exc))
+    command = shlex.join([sys.executable, "-m", "benchmarks", "ab", *argv])
+    make_config = config_factory(args)
+
+    servers: dict[str, str] = {}
+    notes: dict[str, str] = {}
+    runs: dict[str, RunResult] = {}
+    sweep: dict[str, list[RunResult]] = {}
+    skipped: dict[str, str] = {}
+    for item in [*mode_targets(settings), *baseline_targets(baselines, settings)]:
+        if isinstance(item, Unavailable):
+            skipped[item.name] = item.reason
+            print(f"skipping {item.name}: {item.reason}", file=sys.stderr)
+            continue
+        is_mode = item.name in ("dynamic", "continuous")
+        outcome = run_target(
+            item,
+            specs,
+            make_config,
+            sweep_rates if is_mode else (),
+            args.out / "raw" / f"{item.name}.server.log",
+            launch,
+        )
+        servers[item.name], notes[item.name] = outcome.command, item.note
+        if outcome.main is not None:
+            runs[item.name] = outcome.main
+        if outcome.sweep:
+            sweep[item.name] = list(outcome.sweep)
+        if outcome.error is not None:
+            skipped[item.name] = f"failed: {outcome.error.splitlines()[0]} (log: raw/{item.name}.server.log)"
+            print(f"{item.name} failed: {outcome.error}", file=sys.stderr)
+
+    settings_doc = {
+        "workload": args.workload,
+        "num_prompts": args.num_prompts,
+        "seed": args.seed,
+        "seats": args.seats,
+        "request_rate": rate_to_json(args.request_rate),
+        "burstiness": args.burstiness,
+        "max_concurrency": args.max_concurrency,
+        "ignore_eos": args.ignore_eos,
+        "temperature": args.temperature,
+        "model": args.model,
+        "device": args.device,
+        "sweep_rates": [str(r) for r in sweep_rates],
+        "goodput": args.goodput,
+    }
+    ab = ABOutcome(command, settings_doc, servers, notes, runs, sweep, skipped)
+    written = write_report(ab, args.out)
+    print(f"wrote {written['report.md']} and {written['result.json']}")
+    if args.export_workload:
+        print(f"wrote workload traces to {export_runs(args.out, runs, sweep)}")
+    return 0 if {"dynamic", "continuous"} <= runs.keys() else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

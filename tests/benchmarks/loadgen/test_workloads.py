@@ -1,0 +1,81 @@
+"""Workloads: same seed, same requests; each shaped as documented."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from benchmarks.loadgen.workloads import WORKLOADS, WorkloadConfig, build_workload
+
+
+@pytest.mark.parametrize("name", [w for w in WORKLOADS if w != "jsonl"])
+def test_same_seed_reproduces_different_seed_changes(name: str) -> None:
+    a = build_workload(WorkloadConfig(name=name, num_prompts=40, seed=1))
+    assert a == build_workload(WorkloadConfig(name=name, num_prompts=40, seed=1))
+    assert a != build_workload(WorkloadConfig(name=name, num_prompts=40, seed=2))
+    assert [s.index for s in a] == list(range(40))
+    assert len({s.prompt for s in a}) == 40  # no accidental shared prefixes
+
+
+def test_mixed_is_three_quarters_short_one_quarter_long() -> None:
+    specs = build_workload(WorkloadConfig(name="mixed", num_prompts=48, seed=0))
+    short = [s for s in specs if s.kind == "short"]
+    long = [s for s in specs if s.kind == "long"]
+    assert (len(short), len(long)) == (36, 12)
+    assert all(s.max_tokens == 16 for s in short)
+    assert all(128 <= s.max_tokens <= 256 for s in long)
+    assert all(16 <= s.prompt_tokens <= 64 for s in specs)
+    assert all(len(s.prompt.split()) == s.prompt_tokens for s in specs)
+    # The long requests are spread through the run, not bunched at one end.
+    long_positions = [s.index for s in long]
+    assert min(long_positions) < 24 <= max(long_positions)
+
+
+def test_uniform_has_equal_lengths() -> None:
+    specs = build_workload(WorkloadConfig(name="uniform", num_prompts=10, input_len=32, output_len=20))
+    assert {len(s.prompt.split()) for s in specs} == {32}
+    assert {s.max_tokens for s in specs} == {20}
+
+
+def test_long_prompt_has_a_few_long_prompts_among_short_ones() -> None:
+    specs = build_workload(WorkloadConfig(name="long-prompt", num_prompts=40, seed=4))
+    long = [s for s in specs if s.kind == "long"]
+    assert len(long) == 5
+    assert all(384 <= len(s.prompt.split()) <= 768 for s in long)
+    assert all(len(s.prompt.split()) <= 64 for s in specs if s.kind == "short")
+    tiny = build_workload(WorkloadConfig(name="long-prompt", num_prompts=2))
+    assert any(s.kind == "long" for s in tiny)  # a small run still has one
+
+
+def test_jsonl_reads_prompts_and_cycles(tmp_path: Path) -> None:
+    path = tmp_path / "w.jsonl"
+    rows = [{"prompt": "hello there", "max_tokens": 5}, {"prompt": "a b c", "max_tokens": 9}]
+    path.write_text("\n".join(json.dumps(r) for r in rows) + "\n\n")
+    specs = build_workload(WorkloadConfig(name="jsonl", num_prompts=5, jsonl_path=str(path)))
+    assert [s.prompt for s in specs] == ["hello there", "a b c"] * 2 + ["hello there"]
+    assert [s.max_tokens for s in specs] == [5, 9, 5, 9, 5]
+
+
+def test_jsonl_rejects_bad_rows(tmp_path: Path) -> None:
+    path = tmp_path / "bad.jsonl"
+    path.write_text(json.dumps({"prompt": "x"}) + "\n")
+    with pytest.raises(ValueError, match="max_tokens"):
+        build_workload(WorkloadConfig(name="jsonl", num_prompts=1, jsonl_path=str(path)))
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"name": "nope"}, "workload must be one of"),
+        ({"num_prompts": 0}, "num_prompts must be >= 1"),
+        ({"name": "jsonl"}, "the jsonl workload needs jsonl_path"),
+        ({"long_fraction": 1.5}, r"long_fraction must be in \[0, 1\]"),
+        ({"long_output_min": 300, "long_output_max": 200}, "long_output range must satisfy"),
+        ({"output_len": 0}, "output_len must be >= 1"),
+    ],
+)
+def test_invalid_configs_are_rejected(kwargs: dict[str, object], match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        WorkloadConfig(**kwargs)  # type: ignore[arg-type]

@@ -1,0 +1,158 @@
+"""Report generation from a synthetic A/B outcome: markdown, JSON and PNG files."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from benchmarks.loadgen.client import RequestRecord
+from benchmarks.loadgen.prom import ScrapedMetrics
+from benchmarks.loadgen.run import RunResult
+from benchmarks.loadgen.summaries import summarize
+from benchmarks.results_io.report import ABOutcome, headline_table, ratios, read_raw_runs, write_report
+from benchmarks.results_io.tables import format_run
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def _record(i: int, send: float, ttft: float, decode: float, held: float, with_timings: bool) -> RequestRecord:
+    first = send + ttft
+    chunks = tuple(first + decode * k / 3 for k in range(4))
+    timings = {
+        "mode": "x",
+        "queue_time_ms": ttft * 400,
+        "time_to_first_token_ms": ttft * 1e3,
+        "decode_time_ms": decode * 1e3,
+        "held_time_ms": held * 1e3,
+        "e2e_time_ms": (ttft + decode + held) * 1e3,
+        "num_steps": 4,
+        "batch_id": i // 2,
+    }
+    return RequestRecord(
+        index=i,
+        kind="short",
+        max_tokens=4,
+        prompt_tokens_est=10,
+        scheduled_time=send,
+        send_time=send,
+        first_token_time=first,
+        chunk_times=chunks,
+        end_time=chunks[-1] + held,
+        output_tokens=4,
+        prompt_tokens=10,
+        usage_reported=True,
+        server_timings=timings if with_timings else None,
+        finish_reason="length",
+        text="abcd",
+        error=None,
+    )
+
+
+def synthetic_run(label: str, scale: float, held: float, rate: float = math.inf, timings: bool = True) -> RunResult:
+    records = tuple(_record(i, 0.05 * i, 0.1 * scale, 0.3 * scale, held, timings) for i in range(6))
+    duration = max(r.end_time for r in records)
+    metrics = ScrapedMetrics(
+        steps=40.0,
+        mean_batch_size=2.0 / scale,
+        held_seats=12.0 if held else 0.0,
+        prompt_tokens=60.0,
+        generation_tokens=24.0,
+        mean_ttft_ms=None,
+        mean_queue_ms=None,
+    )
+    return RunResult(label, rate, 1.0, summarize(records, duration), metrics if timings else None, records)
+
+
+@pytest.fixture
+def outcome() -> ABOutcome:
+    runs = {
+        "dynamic": synthetic_run("dynamic", scale=2.0, held=0.2),
+        "continuous": synthetic_run("continuous", scale=1.0, held=0.0),
+        "transformers": synthetic_run("transformers", scale=3.0, held=0.0, timings=False),
+    }
+    sweep = {
+        mode: [synthetic_run(f"{mode}@{r}", scale, 0.1, rate=r) for r in (1.0, 4.0, math.inf)]
+        for mode, scale in (("dynamic", 2.0), ("continuous", 1.0))
+    }
+    return ABOutcome(
+        command="python -m benchmarks ab --workload mixed --num-prompts 6 --seats 2 --out x",
+        settings={"workload": "mixed", "num_prompts": 6, "seed": 0, "seats": 2, "request_rate": "inf"},
+        servers={
+            "dynamic": "python -m api serve --mode dynamic",
+            "continuous": "python -m api serve --mode continuous",
+        },
+        notes={"dynamic": "dynamic, 2 seats"},
+        runs=runs,
+        sweep=sweep,
+        skipped={"llama-server": "llama-server not on PATH"},
+    )
+
+
+def test_write_report_writes_markdown_json_and_plots(outcome: ABOutcome, tmp_path: Path) -> None:
+    written = write_report(outcome, tmp_path)
+    for name in ("timeline.png", "ttft_cdf.png", "e2e_cdf.png", "sweep.png"):
+        data = (tmp_path / name).read_bytes()
+        assert data.startswith(PNG_MAGIC), name
+    report = (tmp_path / "report.md").read_text()
+    assert "| dynamic |" in report and "| continuous |" in report and "| transformers |" in report
+    assert "**continuous/dynamic**" in report
+    assert "llama-server not on PATH" in report
+    assert outcome.command in report
+    assert "![per-request timeline](timeline.png)" in report
+    assert "`python -m api serve --mode dynamic`" in report
+    assert "## Rate sweep" in report and "| dynamic | inf |" in report
+    assert written["report.md"] == tmp_path / "report.md"
+    # Records go to raw/ (git-ignored), summaries to result.json, which must be strict JSON.
+    document = json.loads((tmp_path / "result.json").read_text(), parse_constant=_reject)
+    assert set(document["runs"]) == {"dynamic", "continuous", "transformers"}
+    assert "records" not in document["runs"]["dynamic"]
+    assert document["sweep"]["dynamic"][2]["request_rate"] == "inf"
+    raw = RunResult.from_dict(json.loads((tmp_path / "raw" / "dynamic.json").read_text()))
+    assert raw == outcome.runs["dynamic"]
+    assert document["machine"]["cores"] >= 1  # a measured result names its machine
+    # Everything under raw/ reads back as it was written (the traces of an earlier run are rebuilt from it).
+    runs, sweep = read_raw_runs(tmp_path)
+    assert runs == dict(outcome.runs)
+    assert sweep == {name: sorted(r, key=lambda run: run.request_rate) for name, r in outcome.sweep.items()}
+
+
+def _reject(constant: str) -> None:
+    raise AssertionError(f"non-standard JSON constant {constant}")
+
+
+def test_ratios_are_continuous_over_dynamic(outcome: ABOutcome) -> None:
+    r = ratios(outcome.runs)
+    dyn, cont = outcome.runs["dynamic"].summary, outcome.runs["continuous"].summary
+    assert r["output tok/s"] == pytest.approx(cont.output_throughput / dyn.output_throughput)
+    assert r["mean batch size"] == pytest.approx(2.0)  # 2.0 / (2.0 / 2.0)
+    assert r["held seats"] == pytest.approx(0.0)
+    assert r["TTFT p50 ms"] == pytest.approx(0.5)
+
+
+def test_headline_without_both_modes_has_no_ratio_row(outcome: ABOutcome) -> None:
+    only = {"dynamic": outcome.runs["dynamic"]}
+    assert ratios(only) == {}
+    assert "continuous/dynamic" not in headline_table(only)
+    assert "n/a" in headline_table({"transformers": outcome.runs["transformers"]})  # no /metrics
+
+
+def test_report_with_nothing_run_still_writes(tmp_path: Path) -> None:
+    empty = ABOutcome("cmd", {}, {}, {}, {}, {}, {"dynamic": "`python -m api` is not available"})
+    written = write_report(empty, tmp_path)
+    assert "_No server ran._" in written["report.md"].read_text()
+    assert not (tmp_path / "timeline.png").exists()
+
+
+def test_text_table_lists_latencies_and_server_metrics(outcome: ABOutcome) -> None:
+    text = format_run(outcome.runs["dynamic"])
+    for line in (
+        "Successful requests:",
+        "Time to First Token",
+        "P99 (ms):",
+        "Mean batch size",
+        "Held seat-steps",
+    ):
+        assert line in text

@@ -1,0 +1,112 @@
+"""The profiler's transient probe (benchmarks.sim.profiling.steps), on an engine whose step times follow a known rule
+and a clock it moves.
+
+The real engine's decode steps run slower for a few steps after a step on the dense copy (the quantised weights
+coming back into the caches); `measure_after_large` must report that extra position by position, against the
+decode steps from `AFTER_LARGE_SETTLED` on, as a median over its prefills.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import pytest
+
+from benchmarks.sim.profiling.steps import (
+    AFTER_LARGE_SETTLED,
+    AFTER_LARGE_STEPS,
+    PREFILL_PROBE_TOKENS,
+    after_large_probe_tokens,
+    measure_after_large,
+)
+from engine.sampling_params import SamplingParams
+
+SWITCH_TOKENS = 10
+DECODE_S = 0.001  # a 1-row small step, settled
+PREFILL_S = 0.010  # a large step, whatever it holds
+# The k-th small step after a large one costs this much more: a transient, a step faster than settled (reported
+# as 0), and two slow steps past the reported positions but before the reference.
+EXTRA_S = (0.005, 0.004, 0.003, 0.002, 0.001, 0.0005, 0.0002, -0.0003, 0.0003, 0.0003)
+DRIFT_S = 0.0001  # from AFTER_LARGE_SETTLED on, each step 0.1 ms more: the reference's median is its middle
+OUTLIER_S = 0.050  # every step after the second prefill: a median over three prefills ignores it
+
+
+class TimedEngine:
+    """Keeps the engine's per-sequence counts and checks as the real one does, and advances `now` by each step's
+    cost under the rules above."""
+
+    def __init__(self, kv_cache_tokens: int = 4096) -> None:
+        self.now = 0.0
+        self.kv_cache_tokens = kv_cache_tokens
+        self.pending: dict[int, int] = {}
+        self._computed: dict[int, int] = {}
+        self._reserved: dict[int, int] = {}
+        self._since_large = 1 << 20
+        self._large_steps = 0
+
+    def clock(self) -> float:
+        return self.now
+
+    def add(self, seq_id: int, prompt: Sequence[int], params: SamplingParams) -> None:
+        assert seq_id not in self.pending
+        self.pending[seq_id], self._computed[seq_id], self._reserved[seq_id] = len(prompt), 0, 0
+
+    def reserve(self, seq_id: int, total_tokens: int) -> bool:
+        others = sum(tokens for other, tokens in self._reserved.items() if other != seq_id)
+        if others + total_tokens > self.kv_cache_tokens:
+            return False
+        self._reserved[seq_id] = max(self._reserved[seq_id], total_tokens)
+        return True
+
+    def num_pending(self, seq_id: int) -> int:
+        return self.pending[seq_id]
+
+    def num_computed(self, seq_id: int) -> int:
+        return self._computed[seq_id]
+
+    def remove(self, seq_id: int) -> None:  # as the engine's: a sequence that is gone already is a no-op
+        for table in (self.pending, self._computed, self._reserved):
+            table.pop(seq_id, None)
+
+    def step(self, schedule: Sequence[tuple[int, int]]) -> None:
+        for seq_id, count in schedule:
+            assert 1 <= count <= self.pending[seq_id]
+            assert self._computed[seq_id] + count <= self._reserved[seq_id], "stepped past its reservation"
+        if sum(count for _, count in schedule) > SWITCH_TOKENS:
+            self.now += PREFILL_S
+            self._since_large, self._large_steps = 0, self._large_steps + 1
+        else:
+            k = self._since_large
+            extra = EXTRA_S[k] if k < len(EXTRA_S) else DRIFT_S * (k - AFTER_LARGE_SETTLED)
+            self.now += DECODE_S * len(schedule) + extra + (OUTLIER_S if self._large_steps == 3 else 0.0)
+            self._since_large += 1
+        for seq_id, count in schedule:
+            self._computed[seq_id] += count
+            self.pending[seq_id] -= count
+            if self.pending[seq_id] == 0:  # sampled: one new token pending
+                self.pending[seq_id] = 1
+
+
+def test_measure_after_large_reports_each_positions_median_extra_over_the_settled_steps() -> None:
+    engine = TimedEngine()
+    extra = measure_after_large(engine, vocab=1000, first_id=100, repeats=3, clock=engine.clock)  # type: ignore[arg-type]
+    assert len(extra) == AFTER_LARGE_STEPS == len(EXTRA_S) - 2 and len(EXTRA_S) == AFTER_LARGE_SETTLED
+    # The reference is positions 10-17, whose settled costs rise by 0.1 ms a step: median 0.35 ms above DECODE_S.
+    reference = DRIFT_S * (AFTER_LARGE_STEPS - 1) / 2
+    expected = [max(0.0, e - reference) for e in EXTRA_S[:AFTER_LARGE_STEPS]]
+    assert list(extra) == pytest.approx(expected, abs=1e-12)
+    assert extra[AFTER_LARGE_STEPS - 1] == 0.0  # faster than the reference: clamped
+    assert engine.pending == {}  # its decoder and every prefill are gone
+
+
+def test_measure_after_large_fits_in_the_tokens_it_asks_for_and_cleans_up_when_it_fails() -> None:
+    repeats = 2
+    needed = after_large_probe_tokens(repeats) + PREFILL_PROBE_TOKENS + 1
+    exact = TimedEngine(needed)  # the decoder and one prefill beside it, to the token
+    assert len(measure_after_large(exact, 1000, 0, repeats, exact.clock)) == AFTER_LARGE_STEPS  # type: ignore[arg-type]
+    short = TimedEngine(needed - PREFILL_PROBE_TOKENS)  # the decoder fits, a prefill beside it does not
+    with pytest.raises(ValueError, match="too small"):
+        measure_after_large(short, 1000, 0, repeats, short.clock)  # type: ignore[arg-type]
+    assert short.pending == {}
+    with pytest.raises(ValueError, match="at least one"):
+        measure_after_large(TimedEngine(), 1000, 0, 0)  # type: ignore[arg-type]
