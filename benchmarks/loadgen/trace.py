@@ -2,20 +2,16 @@
 
     {"arrival_s": 0.0, "prompt_tokens": 57, "max_tokens": 200, "output_tokens": 200}
 
-`python -m benchmarks trace RESULT_DIR` (re)writes an earlier `benchmarks.online.ab` run's traces from its raw
-records.
-
 `arrival_s` is seconds after the run started; `output_tokens` (optional) is how many tokens the request produced:
-below `max_tokens` it replays a natural stop (EOS). A trace comes from a real run (`benchmarks.online.ab
---export-workload`) or is synthesised from the same workload and arrival generators `benchmarks.online.ab` uses.
+below `max_tokens` it replays a natural stop (EOS). A trace comes from a real run (`python -m benchmarks ab
+--export-workload`, or `python -m benchmarks trace` afterwards) or is synthesised from the same workload and arrival
+generators the A/B command uses.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
-import sys
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,7 +20,6 @@ from benchmarks.loadgen.arrivals import ArrivalConfig, arrival_offsets
 from benchmarks.loadgen.client import RequestRecord
 from benchmarks.loadgen.run import RunResult
 from benchmarks.loadgen.workloads import WorkloadConfig, build_workload
-from benchmarks.results_io.report import read_raw_runs
 
 
 @dataclass(frozen=True)
@@ -178,23 +173,3 @@ def read_exported(folder: Path) -> ExportedRuns:
         else:
             exported.main[name] = read_trace(path)
     return exported
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m benchmarks trace",
-        description="Write (or rewrite) the workload traces of an earlier `python -m benchmarks ab` run from its raw "
-        "records, as --export-workload would have: RESULT_DIR/workload/<run>.jsonl.",
-    )
-    parser.add_argument("result_dir", type=Path)
-    args = parser.parse_args(argv)
-    try:
-        runs, sweep = read_raw_runs(args.result_dir)
-    except ValueError as exc:
-        parser.error(str(exc))
-    print(f"wrote traces to {export_runs(args.result_dir, runs, sweep)}")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -305,8 +305,10 @@ def _targets(rows: list[Row]) -> dict[str, object]:
     return targets
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks engine", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--model", default=None, help="checkpoint dir or .gguf (default: SmolLM2-135M-Instruct)")
     parser.add_argument("--batch-sizes", default="1,8,32,64")
     parser.add_argument("--decode-steps", type=int, default=32)
@@ -317,7 +319,7 @@ def main() -> None:
     )
     parser.add_argument("--dtype", default="float32", choices=DTYPES, help="as `serve --dtype`")
     parser.add_argument("--quantization", default="none", choices=QUANTIZATIONS, help="as `serve --quantization`")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     config = BenchConfig(
         batch_sizes=tuple(int(b) for b in args.batch_sizes.split(",")),
         decode_steps=args.decode_steps,
@@ -336,7 +338,3 @@ def main() -> None:
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(result, indent=2))
-
-
-if __name__ == "__main__":
-    main()

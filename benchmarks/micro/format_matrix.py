@@ -65,7 +65,3 @@ def main(argv: Sequence[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     print(write_json(args.out / "result.json", document))
     return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -80,7 +80,3 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
     )
     return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

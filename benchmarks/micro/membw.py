@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
@@ -63,7 +62,3 @@ def main(argv: Sequence[str] | None = None) -> int:
         document = {"machine": machine_facts(), "threads": args.threads, "reads": [asdict(r) for r in rows]}
         args.out.write_text(json.dumps(document, indent=2) + "\n")
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

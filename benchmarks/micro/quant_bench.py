@@ -193,8 +193,10 @@ def run(
     return result
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks quant", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--batch-sizes", default="1,32,256")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--threads", type=int, default=2)
@@ -202,7 +204,7 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=0, help="time only this many layers, scaled (0: all)")
     parser.add_argument("--formats", default="", help="comma-separated formats to run (default: all)")
     parser.add_argument("--out", type=Path, default=None, help="write the result as JSON here")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     only = [name for name in args.formats.split(",") if name]
     batch_sizes = [int(b) for b in args.batch_sizes.split(",")]
@@ -210,7 +212,3 @@ def main() -> None:
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(result, indent=2))
-
-
-if __name__ == "__main__":
-    main()

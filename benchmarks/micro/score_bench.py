@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -132,15 +133,17 @@ def run(config: ScoreBenchConfig, loaded: LoadedModel) -> dict[str, object]:
     }
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks score", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--model", default=None, help="checkpoint dir or .gguf (default: SmolLM2-135M-Instruct)")
     parser.add_argument("--batch-sizes", default="1,16")
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--top-k", type=int, default=1, help="prompt_logprobs: alternatives per position")
     parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="write the result as JSON here")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     config = ScoreBenchConfig(
@@ -154,7 +157,3 @@ def main() -> None:
         )
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2))
-
-
-if __name__ == "__main__":
-    main()

@@ -213,7 +213,3 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.export_workload:
         print(f"wrote workload traces to {export_runs(args.out, runs, sweep)}")
     return 0 if {"dynamic", "continuous"} <= runs.keys() else 1
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -217,7 +217,3 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.out.write_text(json.dumps(result, indent=2) + "\n")
         print(f"wrote {args.out}")
     return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -267,7 +267,3 @@ def main(argv: Sequence[str] | None = None) -> int:
     (args.out / "result.json").write_text(json.dumps(document, indent=2) + "\n")
     print(f"wrote {args.out / 'report.md'} and {args.out / 'result.json'}")
     return 0 if not any(r.error for r in results) else 1
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

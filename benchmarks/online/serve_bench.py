@@ -158,7 +158,3 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(str(exc))
     command = shlex.join([sys.executable, "-m", "benchmarks", "serve", *argv])
     return asyncio.run(_main(args, specs, config, command))
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

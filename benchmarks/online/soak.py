@@ -221,7 +221,3 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, required=True)
     return asyncio.run(soak(parser.parse_args(argv)))
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -72,7 +72,3 @@ def main(argv: list[str] | None = None) -> None:
         finally:
             driver.quit()
     print(f"saved {path}")
-
-
-if __name__ == "__main__":
-    main()

@@ -57,7 +57,3 @@ def main(argv: Sequence[str] | None = None) -> int:
     out = export(args.gguf, args.out_dir or default_export_dir(args.gguf))
     print(out)
     return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

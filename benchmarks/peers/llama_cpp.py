@@ -210,7 +210,3 @@ def main(argv: Sequence[str] | None = None) -> int:
     paths = {"server": cache.server, "f32": cache.f32_gguf(model), "q4_1": model}
     print(json.dumps({name: str(path) for name, path in paths.items()}, indent=2))
     return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -239,7 +239,3 @@ def main(argv: Sequence[str] | None = None) -> int:
         }
         args.out.write_text(json.dumps(doc, indent=2))
     return 0 if results and not skipped else 1
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -364,7 +364,3 @@ def _settings_doc(args: argparse.Namespace, cost: CostModel, settings: dict[str,
         "router": args.router,
         "sweep_rates": [str(r) for r in (parse_rates(args.sweep_rates) if args.sweep_rates else ())],
     }
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -41,7 +41,11 @@ def write_random_checkpoint(config_name: str, tokenizer_dir: Path, dtype: torch.
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks random-checkpoint",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("--config", choices=sorted(BUILTIN_CONFIGS), required=True)
     parser.add_argument("--tokenizer", type=Path, required=True, help="a directory holding a tokenizer to reuse")
     parser.add_argument("--dtype", choices=sorted(DTYPES), default="bfloat16")
@@ -49,7 +53,3 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
     write_random_checkpoint(args.config, args.tokenizer, DTYPES[args.dtype], args.out, args.seed)
-
-
-if __name__ == "__main__":
-    main()

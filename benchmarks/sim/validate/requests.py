@@ -213,12 +213,12 @@ def render(pairs: Sequence[RequestPair], name: str, left_out: int = 0) -> str:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m benchmarks sim-requests",
-        description="A real benchmarks.online.ab run and its simulated replay, request by request.",
+        description="A real `python -m benchmarks ab` run and its simulated replay, request by request.",
         allow_abbrev=False,
     )
-    parser.add_argument("measured", type=Path, help="the python -m benchmarks ab --out folder (with raw/)")
+    parser.add_argument("measured", type=Path, help="the `python -m benchmarks ab` --out folder (with raw/)")
     parser.add_argument(
-        "simulated", type=Path, help="the python -m benchmarks simulate --replay ... --out folder (with raw/)"
+        "simulated", type=Path, help="the `python -m benchmarks simulate --replay ...` --out folder (with raw/)"
     )
     parser.add_argument("--run", required=True, help="a run's name: continuous, dynamic, or continuous@1 in a sweep")
     return parser
@@ -237,7 +237,3 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     sys.stdout.write(render(pairs, args.run, left_out=len(measured.records) - len(pairs)))
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -20,7 +20,7 @@ from benchmarks.sim.cost.model import (
     load_request_overhead,
 )
 from benchmarks.sim.cost.served import load_served_extras, served_extra
-from benchmarks.sim.profiling import steps as profile
+from benchmarks.sim.profiling import cli as fit_cost
 from benchmarks.sim.profiling.engine_replay import AloneReplay
 from benchmarks.sim.profiling.served_probe import LOAD_PROBE_MAX_TOKENS, ServedLoad, serve_argv, split, split_busy
 from benchmarks.sim.profiling.steps import AFTER_LARGE_STEPS
@@ -116,7 +116,7 @@ def test_profile_measures_a_served_server_and_the_simulator_reads_it(tiny_checkp
     grid = ["--batch-sizes", "1,2,4", "--prefill-tokens", "0,8", "--contexts", "16", "--repeats", "1"]
     probes = ["--cold-repeats", "1", "--after-large-repeats", "1", "--served-probes", "2", "--served-gap-s", "0.3"]
     load = ["--served-load-requests", "6", "--served-load-seats", "3", "--served-load-modes", "continuous,dynamic"]
-    assert profile.main([*argv, *grid, *probes, *load]) == 0
+    assert fit_cost.main([*argv, *grid, *probes, *load]) == 0
     document = json.loads(out.read_text())
     served = document["served"]
     assert served["count"] == 2 and served["prompt_tokens"] > 0

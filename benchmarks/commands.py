@@ -1,0 +1,83 @@
+"""The table behind `python -m benchmarks <command>`: each command's module and what it measures.
+
+Kept apart from the modules themselves so that listing the commands imports none of them (no torch, no
+matplotlib); `benchmarks/__main__.py` imports a command's module only to run it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Command:
+    name: str
+    module: str  # exposes main(argv: list[str] | None = None) -> int | None
+    summary: str
+
+
+COMMANDS: tuple[Command, ...] = (
+    # against live servers
+    Command("serve", "benchmarks.online.serve_bench", "one workload against a running OpenAI-compatible server"),
+    Command("ab", "benchmarks.online.ab", "dynamic vs continuous batching (and baselines) on the same workload"),
+    Command("ray", "benchmarks.online.ray_bench", "what Ray Serve's proxy costs against a plain server"),
+    Command("compare", "benchmarks.online.compare_bench", "fairness and event-stream cost of `batchserve compare`"),
+    Command(
+        "soak",
+        "benchmarks.online.soak",
+        "a long soak of a real server: memory, descriptors, threads and gauges under mixed load",
+    ),
+    # peers
+    Command("llama-build", "benchmarks.peers.llama_cpp", "build llama-server and the f32 GGUF it is compared on"),
+    Command(
+        "llama-probe",
+        "benchmarks.peers.llama_probe",
+        "decode speed at batch 1 and N: batchserve against llama-server on the same weights",
+    ),
+    Command("hf-export", "benchmarks.peers.hf_export", "export a GGUF model to a folder `transformers serve` loads"),
+    # in-process engine measurements
+    Command(
+        "engine",
+        "benchmarks.micro.engine_bench",
+        "engine throughput by batch size against its ceiling and transformers generate()",
+    ),
+    Command(
+        "quant",
+        "benchmarks.micro.quant_bench",
+        "each weight format's decode-step matmuls, and the LM head options' quality",
+    ),
+    Command(
+        "score", "benchmarks.micro.score_bench", "prompt scoring: prefill tokens/s with and without prompt logprobs"
+    ),
+    Command("membw", "benchmarks.micro.membw", "this machine's memory bandwidth by buffer size"),
+    Command(
+        "quality", "benchmarks.micro.quality", "perplexity and greedy agreement of each weight format against float32"
+    ),
+    Command(
+        "gc",
+        "benchmarks.micro.gc_pause",
+        "how long one full GC stops a loaded server, before and after its heap is frozen",
+    ),
+    Command(
+        "formats",
+        "benchmarks.micro.format_matrix",
+        "every --dtype x --quantization decode step on this CPU, beside auto's choice",
+    ),
+    Command("kernels", "benchmarks.micro.kernel_builds", "each quantised kernel in each build this CPU runs"),
+    # the simulator
+    Command("simulate", "benchmarks.sim.cli", "simulated A/B runs: sweep, replay of real traces, max rate"),
+    Command("fit-cost", "benchmarks.sim.profiling.cli", "measure this machine's step costs and fit cost.json"),
+    Command(
+        "sim-requests", "benchmarks.sim.validate.requests", "a real run and its simulated replay, request by request"
+    ),
+    Command("trace", "benchmarks.sim.validate.export", "(re)write an ab run's workload traces from its raw records"),
+    Command(
+        "random-checkpoint",
+        "benchmarks.sim.profiling.random_checkpoint",
+        "random weights of a known shape, to time where real weights can't go",
+    ),
+    # the comparison page
+    Command("screenshot", "benchmarks.page.screenshot", "the README's screenshot: `batchserve compare` in a browser"),
+)
+
+BY_NAME: dict[str, Command] = {c.name: c for c in COMMANDS}
