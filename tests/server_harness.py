@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -18,6 +17,7 @@ from transformers import PreTrainedTokenizerFast
 from api.app import create_app
 from api.config import ServerConfig
 from api.server import uvicorn_config
+from benchmarks.loadgen.server_proc import free_port
 from engine.loader import LoadedModel, load_model
 from tests.conftest import build_tiny_causal_lm, train_byte_level_tokenizer
 
@@ -53,12 +53,6 @@ def tiny_loaded_model(arch: str = "llama", seed: int = 0) -> LoadedModel:
 def real_loaded_model() -> LoadedModel:
     """SmolLM2-135M-Instruct (converted once, then from the cache); shared by the slow tests of a session."""
     return load_model()
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import json
 import statistics
 import time
 from collections.abc import Callable, Sequence
@@ -28,7 +27,8 @@ from typing import Any
 
 import torch
 
-from benchmarks.results_io.machine import machine_facts
+from benchmarks.micro.rows import add_row
+from benchmarks.results_io.report import write_json
 from engine.config import DTYPES, QUANTIZATIONS, EngineConfig
 from engine.engine import Engine
 from engine.linear import AnyLinear, Int4DotLinear, Int4Linear, Int8Linear, Linear, RowSwitchedLinear
@@ -171,8 +171,7 @@ def engine_seconds(
     prefill_times, decode_times = [], []
     for attempt in range(repeats + 1):  # the first attempt is a warm-up
         for seq_id, prompt in enumerate(prompts):
-            engine.add(seq_id, prompt, params)
-            engine.reserve(seq_id, len(prompt) + steps + 1)
+            add_row(engine, seq_id, prompt, params, len(prompt) + steps + 1, "the KV cache is too small for the batch")
         prefill_plan = [(i, len(p)) for i, p in enumerate(prompts)]
         decode_plan = [(i, 1) for i in range(batch)]
         prefill = _timed(functools.partial(engine.step, prefill_plan))
@@ -259,7 +258,6 @@ def run(config: BenchConfig, loaded: LoadedModel) -> dict[str, object]:
         )
     return {
         "config": asdict(config),
-        "machine": machine_facts(),
         "threads": torch.get_num_threads(),
         "weight_bytes": weight_bytes,
         "engine": [asdict(r) for r in rows],
@@ -336,5 +334,4 @@ def main(argv: Sequence[str] | None = None) -> None:
             f"{'met' if target['met'] else 'NOT met'}; {target['vs_own_matmuls']:.3f} against the engine's own matmuls"
         )
     if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(result, indent=2))
+        write_json(args.out, result)

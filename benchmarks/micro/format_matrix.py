@@ -17,7 +17,6 @@ import logging
 from collections.abc import Sequence
 from pathlib import Path
 
-from benchmarks.results_io.machine import machine_facts
 from benchmarks.results_io.report import write_json
 from engine.cpu_features import cpu_features
 from engine.format_probe import PREFILL_ROWS, PROBE_ROWS, load_auto, time_steps
@@ -56,7 +55,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         verdict[count] = {"fastest": fastest, "auto_over_fastest": round(ratio, 3), "within": ratio <= TOLERANCE}
         print(f"{count} rows: auto {ratio:.2f}x the fastest ({fastest}): {'met' if ratio <= TOLERANCE else 'MISSED'}")
     document = {
-        "machine": machine_facts(),
         "cpu": cpu_features().describe(),
         "auto": {"format": auto.weight_format.label, "max_quantized_rows": auto.measured_max_quantized_rows},
         "step_ms": rows,

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import json
 import statistics
 import sys
 import time
@@ -23,7 +22,7 @@ from pathlib import Path
 
 from api.app import build_runtime, default_loader
 from api.cli import add_config_flags, config_from_args
-from benchmarks.results_io.machine import machine_facts
+from benchmarks.results_io.report import write_json
 from engine.compute_thread import run_on_passing_thread
 
 
@@ -73,12 +72,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.out is not None:
         document = {
             "command": " ".join([sys.executable, "-m", "benchmarks", "gc", *given]),
-            "machine": machine_facts(),
             "model": runtime.model_name,
             "tracked_before_loading": baseline,
             "as_loaded": asdict(before),
             "heap_frozen": asdict(after),
         }
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(document, indent=2) + "\n")
+        write_json(args.out, document)
     return 0

@@ -18,7 +18,6 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.results_io.machine import machine_facts
 from benchmarks.results_io.report import write_json
 from engine import native
 from engine.cpu_features import cpu_features
@@ -72,7 +71,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         write_json(
             args.out / "result.json",
             {
-                "machine": machine_facts(),
                 "cpu": cpu_features().describe(),
                 "shape": [OUT_FEATURES, IN_FEATURES],
                 "median_us": table,

@@ -11,7 +11,6 @@ gives that token's floor: bytes / bandwidth. Each result file records its machin
 from __future__ import annotations
 
 import argparse
-import json
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
@@ -19,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.results_io.machine import machine_facts
+from benchmarks.results_io.report import write_json
 
 
 @dataclass(frozen=True)
@@ -58,7 +57,5 @@ def main(argv: Sequence[str] | None = None) -> int:
     for row in rows:
         print(f"{row.size_mb:6d} MB: {row.gb_s:6.1f} GB/s ({row.best_ms:.2f} ms a pass)")
     if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        document = {"machine": machine_facts(), "threads": args.threads, "reads": [asdict(r) for r in rows]}
-        args.out.write_text(json.dumps(document, indent=2) + "\n")
+        write_json(args.out, {"threads": args.threads, "reads": [asdict(r) for r in rows]})
     return 0

@@ -17,7 +17,6 @@ The baseline is `float32/none` on the same file: for a GGUF that is its weights 
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import statistics
 from collections.abc import Sequence
@@ -25,6 +24,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from api.offline import LLM
+from benchmarks.results_io.report import write_json
 from engine.sampling_params import SamplingParams
 
 DEFAULT_OUT = Path("benchmarks/results/quality.json")
@@ -221,6 +221,5 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = parser.parse_args(argv)
     settings = [Setting.parse(s) for s in args.settings.split(",") if s]
     report = run(args.model, settings, args.texts, args.prompts, args.max_tokens, args.chunk)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=2) + "\n")
+    write_json(args.out, report)
     print(f"wrote {args.out}")

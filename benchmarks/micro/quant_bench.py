@@ -19,7 +19,6 @@ change in perplexity.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -29,6 +28,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from benchmarks.results_io.report import write_json
 from engine.linear import AnyLinear, build_linear
 from engine.loader import LoadedModel, default_model_path, load_model
 from engine.quantization import (
@@ -210,5 +210,4 @@ def main(argv: Sequence[str] | None = None) -> None:
     batch_sizes = [int(b) for b in args.batch_sizes.split(",")]
     result = run(batch_sizes, args.repeats, args.quality_tokens, args.layers, only)
     if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(result, indent=2))
+        write_json(args.out, result)

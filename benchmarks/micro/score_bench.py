@@ -16,7 +16,6 @@ slower thread, which a busy machine delays at random.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
@@ -25,6 +24,8 @@ from pathlib import Path
 import torch
 
 from benchmarks.micro.engine_bench import BenchConfig, _timed, mixed_prompts
+from benchmarks.micro.rows import add_row
+from benchmarks.results_io.report import write_json
 from engine.config import EngineConfig
 from engine.engine import Engine
 from engine.loader import LoadedModel, load_model
@@ -65,8 +66,7 @@ def prefill_seconds(engine: Engine, prompts: list[list[int]], prompt_logprobs: i
     """One step prefilling every prompt whole (and sampling each one's first token)."""
     params = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True, prompt_logprobs=prompt_logprobs)
     for seq_id, prompt in enumerate(prompts):
-        engine.add(seq_id, prompt, params)
-        assert engine.reserve(seq_id, len(prompt) + 1)
+        add_row(engine, seq_id, prompt, params, len(prompt) + 1, "the KV cache is too small for the prompts")
     plan = [(seq_id, len(prompt)) for seq_id, prompt in enumerate(prompts)]
     seconds = _timed(lambda: engine.step(plan))
     for seq_id in range(len(prompts)):
@@ -155,5 +155,4 @@ def main(argv: Sequence[str] | None = None) -> None:
         print(
             f"target {name}: {target['value']:.3f} (want {target['target']}) -> {'met' if target['met'] else 'NOT met'}"
         )
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2))
+    write_json(args.out, result)

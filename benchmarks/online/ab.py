@@ -20,11 +20,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from benchmarks.loadgen.client import discover_model
+from benchmarks.loadgen.flags import add_load_arguments, add_seats_argument, parse_rates, run_config, workload_config
 from benchmarks.loadgen.run import RunConfig, RunResult, rate_to_json, run_benchmark
 from benchmarks.loadgen.server_proc import LaunchConfig, ServerProcess, ServerStartError
 from benchmarks.loadgen.trace import export_runs
 from benchmarks.loadgen.workloads import RequestSpec, build_workload
-from benchmarks.online.serve_bench import add_load_arguments, run_config, workload_config
 from benchmarks.peers.targets import BASELINES, ServerSettings, Target, Unavailable, baseline_targets, mode_targets
 from benchmarks.results_io.report import ABOutcome, write_report
 from benchmarks.results_io.tables import format_run
@@ -39,13 +39,6 @@ class TargetOutcome:
     main: RunResult | None
     sweep: tuple[RunResult, ...]
     error: str | None
-
-
-def parse_rates(text: str) -> tuple[float, ...]:
-    rates = tuple(float(part) for part in text.split(",") if part.strip())
-    if not rates or any(not rate > 0 for rate in rates):
-        raise ValueError(f"--sweep-rates needs positive numbers or inf, got {text!r}")
-    return rates
 
 
 def parse_baselines(text: str) -> tuple[str, ...]:
@@ -112,7 +105,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m benchmarks ab", description=_DESCRIPTION)
     parser.add_argument("--out", type=Path, required=True, help="folder for result.json, report.md, plots")
     g = parser.add_argument_group("servers")
-    g.add_argument("--seats", type=int, default=8, help="dynamic max-batch-size = continuous max-num-seqs")
+    add_seats_argument(g)
     g.add_argument("--model", default=None, help="batchserve --model (default: its default model)")
     g.add_argument("--batch-timeout-ms", type=float, default=None)
     g.add_argument("--max-num-batched-tokens", type=int, default=None)

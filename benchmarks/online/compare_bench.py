@@ -28,8 +28,10 @@ from typing import Any
 
 import httpx
 
+from benchmarks.loadgen.flags import add_seats_argument
 from benchmarks.loadgen.server_proc import LaunchConfig, ServerProcess
 from benchmarks.loadgen.sse import DONE, SSEParser
+from benchmarks.results_io.report import write_json
 
 SUBSCRIBERS = 4
 DEFAULT_PROMPT = "Write a short story about a lighthouse keeper who finds a message in a bottle. " * 2
@@ -173,7 +175,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--base-url", default=None, help="a running server (compare for fairness; serve for "
                         "overhead); default: start one on a free port")  # fmt: skip
     parser.add_argument("--model", default=None, help="batchserve --model (default: its default model)")
-    parser.add_argument("--seats", type=int, default=8)
+    add_seats_argument(parser)
     parser.add_argument("--concurrency", type=int, default=8, help="clients per mode")
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--prompt", default=DEFAULT_PROMPT, help="every request's prompt")
@@ -213,7 +215,6 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"{mode:>10}: with {SUBSCRIBERS} subscribers / without = {measured['median_ratio']:.3f} "
                   f"(median of {ratios}; goal >= 0.95)")  # fmt: skip
     if args.out is not None:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(result, indent=2) + "\n")
+        write_json(args.out, result)
         print(f"wrote {args.out}")
     return 0

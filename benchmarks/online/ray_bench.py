@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import math
 import os
 import shlex
@@ -29,10 +28,11 @@ from pathlib import Path
 
 from benchmarks.loadgen.arrivals import ArrivalConfig
 from benchmarks.loadgen.client import ClientConfig, EosPolicy, discover_model
+from benchmarks.loadgen.flags import add_seats_argument
 from benchmarks.loadgen.run import RunConfig, RunResult, run_benchmark
 from benchmarks.loadgen.server_proc import LaunchConfig, ServerProcess, ServerStartError
 from benchmarks.loadgen.workloads import WorkloadConfig, build_workload
-from benchmarks.results_io.machine import machine_facts
+from benchmarks.results_io.report import write_json
 from benchmarks.results_io.tables import format_run
 
 MODES = ("dynamic", "continuous")
@@ -198,7 +198,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m benchmarks ray", description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True, help="folder for result.json, report.md and logs")
     parser.add_argument("--model", default=None, help="batchserve --model (default: its default model)")
-    parser.add_argument("--seats", type=int, default=8, help="seats per replica (and of the plain server)")
+    add_seats_argument(parser, help="seats per replica (and of the plain server)")
     parser.add_argument("--num-prompts", type=int, default=48, help="saturated run: all sent at once")
     parser.add_argument("--light-prompts", type=int, default=24, help="light run: requests at --light-rate")
     parser.add_argument("--light-rate", type=float, default=0.5, help="req/s of the light run (Poisson)")
@@ -243,7 +243,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     document = {
         "command": shlex.join([sys.executable, "-m", "benchmarks", "ray", *argv]),
-        "machine": machine_facts(),
         # Settings that change the measured path without showing in the command (Ray's ingress, OpenMP's waits);
         # OMP_NUM_THREADS is each setup's own.
         "environment": {
@@ -264,6 +263,6 @@ def main(argv: Sequence[str] | None = None) -> int:
             for r in results
         ],
     }
-    (args.out / "result.json").write_text(json.dumps(document, indent=2) + "\n")
+    write_json(args.out / "result.json", document)
     print(f"wrote {args.out / 'report.md'} and {args.out / 'result.json'}")
     return 0 if not any(r.error for r in results) else 1

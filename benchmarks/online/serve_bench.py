@@ -11,101 +11,19 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
-import json
 import shlex
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from benchmarks.loadgen.arrivals import ArrivalConfig
-from benchmarks.loadgen.client import ClientConfig, EosPolicy, discover_model
+from benchmarks.loadgen.client import discover_model
+from benchmarks.loadgen.flags import add_load_arguments, run_config, workload_config
 from benchmarks.loadgen.run import RunConfig, run_benchmark
-from benchmarks.loadgen.summaries import SLO
-from benchmarks.loadgen.workloads import WORKLOADS, RequestSpec, WorkloadConfig, build_workload
+from benchmarks.loadgen.workloads import RequestSpec, build_workload
+from benchmarks.results_io.report import write_json
 from benchmarks.results_io.tables import format_run
 
 _DESCRIPTION = "Run one workload against a running OpenAI-compatible server."
-_W = WorkloadConfig()
-_A = ArrivalConfig()
-
-
-def add_load_arguments(parser: argparse.ArgumentParser) -> None:
-    """Workload, arrival and client flags shared with benchmarks.online.ab."""
-    g = parser.add_argument_group("workload")
-    g.add_argument("--workload", choices=WORKLOADS, default=_W.name)
-    g.add_argument("--num-prompts", type=int, default=_W.num_prompts)
-    g.add_argument("--seed", type=int, default=_W.seed, help="seeds the prompts, the arrivals and sampling")
-    g.add_argument("--jsonl-path", default=None, help="for --workload jsonl: lines of {prompt, max_tokens}")
-    g.add_argument("--input-len", type=int, default=_W.input_len, help="uniform: prompt words")
-    g.add_argument("--output-len", type=int, default=_W.output_len, help="uniform: max_tokens")
-    g = parser.add_argument_group("load")
-    g.add_argument("--request-rate", type=float, default=_A.request_rate, help="req/s; inf sends all at once")
-    g.add_argument("--burstiness", type=float, default=_A.burstiness, help="gamma shape; 1.0 is Poisson")
-    g.add_argument("--max-concurrency", type=int, default=None)
-    g.add_argument("--temperature", type=float, default=0.0)
-    g.add_argument(
-        "--ignore-eos",
-        action=argparse.BooleanOptionalAction,
-        default=True,
-        help="generate exactly max_tokens (off: natural stopping)",
-    )
-    g.add_argument(
-        "--eos-field",
-        choices=("ignore_eos", "generation_config"),
-        default="ignore_eos",
-        help="how --ignore-eos is asked: ignore_eos (vLLM, batchserve, llama-server) or a generation_config "
-        "with min_new_tokens (transformers serve, which rejects unknown fields)",
-    )
-    g.add_argument("--goodput", nargs="+", default=[], metavar="NAME:MS", help="SLOs: ttft:500 e2e:10000")
-    g.add_argument("--warmup", type=int, default=1, help="warm-up requests, excluded from results")
-    g.add_argument("--request-timeout", type=float, default=600.0, help="seconds per request")
-    g.add_argument("--no-progress", action="store_true")
-
-
-def workload_config(args: argparse.Namespace) -> WorkloadConfig:
-    return WorkloadConfig(
-        name=args.workload,
-        num_prompts=args.num_prompts,
-        seed=args.seed,
-        jsonl_path=args.jsonl_path,
-        input_len=args.input_len,
-        output_len=args.output_len,
-    )
-
-
-def run_config(
-    args: argparse.Namespace,
-    base_url: str,
-    label: str,
-    model: str | None,
-    request_rate: float | None = None,
-    eos_policy: EosPolicy | None = None,
-) -> RunConfig:
-    if not args.ignore_eos:
-        eos_policy = EosPolicy.NATURAL
-    elif eos_policy is None:
-        eos_policy = EosPolicy.IGNORE_EOS if args.eos_field == "ignore_eos" else EosPolicy.HF_MIN_NEW_TOKENS
-    return RunConfig(
-        label=label,
-        client=ClientConfig(
-            base_url=base_url,
-            model=model,
-            temperature=args.temperature,
-            seed=args.seed,
-            eos_policy=eos_policy,
-            max_concurrency=args.max_concurrency,
-            request_timeout_s=args.request_timeout,
-            show_progress=not args.no_progress,
-            progress_label=label,
-        ),
-        arrivals=ArrivalConfig(
-            request_rate=args.request_rate if request_rate is None else request_rate,
-            burstiness=args.burstiness,
-            seed=args.seed,
-        ),
-        slo=SLO.parse(args.goodput),
-        warmup_requests=args.warmup,
-    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -139,7 +57,7 @@ async def _main(args: argparse.Namespace, specs: list[RequestSpec], config: RunC
             "ignore_eos": args.ignore_eos,
             "result": result.to_dict(),
         }
-        args.out.write_text(json.dumps(document, indent=2) + "\n")
+        write_json(args.out, document)
         print(f"wrote {args.out}")
     return 0 if result.summary.completed else 1
 

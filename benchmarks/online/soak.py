@@ -28,8 +28,8 @@ from pathlib import Path
 
 import httpx
 
+from benchmarks.loadgen.flags import add_seats_argument
 from benchmarks.loadgen.server_proc import LaunchConfig, ServerProcess
-from benchmarks.results_io.machine import machine_facts
 from benchmarks.results_io.report import write_json
 
 MODES = ("dynamic", "continuous")
@@ -199,7 +199,6 @@ async def soak(args: argparse.Namespace) -> int:
                 read_gauges((await client.get("/metrics")).text),
             )
     result = {
-        "machine": machine_facts(),
         "minutes": args.minutes,
         "clients": args.clients,
         "counts": asdict(counts),
@@ -216,7 +215,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks soak", description=__doc__.split("\n")[0])
     parser.add_argument("--minutes", type=float, default=30.0)
     parser.add_argument("--clients", type=int, default=12)
-    parser.add_argument("--seats", type=int, default=8, help="each mode's seats")
+    add_seats_argument(parser, help="each mode's seats")
     parser.add_argument("--every-s", type=float, default=10.0)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, required=True)

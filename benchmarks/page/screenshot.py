@@ -13,6 +13,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from benchmarks.loadgen.flags import add_seats_argument
 from benchmarks.loadgen.server_proc import LaunchConfig, ServerProcess
 from benchmarks.page.driver import (
     INSTALL_HINT,
@@ -33,7 +34,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m benchmarks screenshot", description=__doc__.split("\n")[0])
     parser.add_argument("--out", type=Path, default=Path("docs/img/compare.png"))
     parser.add_argument("--model", default=None, help="checkpoint directory or .gguf (default: the server's)")
-    parser.add_argument("--seats", type=int, default=8)
+    add_seats_argument(parser)
     parser.add_argument("--batch-timeout-ms", type=float, default=200.0)
     parser.add_argument("--workload", default="hostage", choices=("hostage", "mixed", "uniform"))
     parser.add_argument("--count", type=int, default=6, help="requests per mode")

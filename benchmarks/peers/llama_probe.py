@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import shlex
 import statistics
 import sys
@@ -37,7 +36,7 @@ from benchmarks.loadgen.client import ClientConfig, RequestRecord, discover_mode
 from benchmarks.loadgen.server_proc import LaunchConfig, ServerProcess, ServerStartError
 from benchmarks.loadgen.workloads import RequestSpec, make_prompt
 from benchmarks.peers.targets import ServerSettings, Target, Unavailable, baseline_targets, batchserve_target
-from benchmarks.results_io.machine import machine_facts
+from benchmarks.results_io.report import write_json
 
 SERVERS = ("batchserve", "llama-f32", "llama-q4_1", "llama-server")
 
@@ -230,12 +229,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     for name, reason in skipped.items():
         print(f"not run: {name}: {reason}")
     if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
         doc = {
             "config": asdict(config),
-            "machine": machine_facts(),
             "results": [asdict(r) for r in results],
             "skipped": skipped,
         }
-        args.out.write_text(json.dumps(doc, indent=2))
+        write_json(args.out, doc)
     return 0 if results and not skipped else 1

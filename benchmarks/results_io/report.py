@@ -11,7 +11,6 @@ from typing import Any
 
 from benchmarks.loadgen.run import RunResult, rate_to_json
 from benchmarks.results_io.machine import machine_facts
-from benchmarks.results_io.plots import plot_cdf, plot_sweep, plot_timelines
 
 _SWEEP_PREFIX = "sweep-"  # raw/<prefix><run name>-<rate>.json; main runs are raw/<run name>.json
 
@@ -157,6 +156,8 @@ def result_document(outcome: ABOutcome) -> dict[str, Any]:
 
 def write_report(outcome: ABOutcome, out_dir: Path) -> dict[str, Path]:
     """Writes everything; returns name -> path of each file written."""
+    from benchmarks.results_io.plots import plot_cdf, plot_sweep, plot_timelines  # matplotlib: only to draw
+
     out_dir.mkdir(parents=True, exist_ok=True)
     written = write_raw_runs(outcome, out_dir)
     plots: dict[str, Path] = {}
@@ -167,9 +168,7 @@ def write_report(outcome: ABOutcome, out_dir: Path) -> dict[str, Path]:
     if outcome.sweep:
         plots["rate sweep"] = plot_sweep(outcome.sweep, out_dir / "sweep.png")
     written.update({path.stem: path for path in plots.values()})
-    # The machine that measured it; a simulated result (sim_report) has a cost model instead.
-    document = {"machine": machine_facts(), **result_document(outcome)}
-    written["result.json"] = write_json(out_dir / "result.json", document)
+    written["result.json"] = write_json(out_dir / "result.json", result_document(outcome))
     report = out_dir / "report.md"
     report.write_text(render_markdown(outcome, plots))
     written["report.md"] = report
@@ -183,11 +182,11 @@ def write_raw_runs(outcome: ABOutcome, out_dir: Path) -> dict[str, Path]:
     raw_dir.mkdir(parents=True, exist_ok=True)
     written: dict[str, Path] = {}
     for name, run in outcome.runs.items():
-        written[f"raw/{name}"] = write_json(raw_dir / f"{name}.json", run.to_dict())
+        written[f"raw/{name}"] = write_json(raw_dir / f"{name}.json", run.to_dict(), with_machine=False)
     for name, runs in outcome.sweep.items():
         for run in runs:
             path = raw_dir / f"{_SWEEP_PREFIX}{name}-{_rate(run.request_rate)}.json"
-            written[f"raw/{path.stem}"] = write_json(path, run.to_dict())
+            written[f"raw/{path.stem}"] = write_json(path, run.to_dict(), with_machine=False)
     return written
 
 
@@ -209,8 +208,14 @@ def read_raw_runs(out_dir: Path) -> tuple[dict[str, RunResult], dict[str, list[R
     return runs, sweep
 
 
-def write_json(path: Path, document: Any) -> Path:
-    """`document` as strict, indented JSON (NaN and infinity refused): every result file's format."""
+def write_json(path: Path, document: Any, *, with_machine: bool = True) -> Path:
+    """`document` as strict, indented JSON (NaN and infinity refused): every result file's format, written by every
+    command. A result (a mapping) records the machine that measured it: `machine_facts()` goes in unless the document
+    has its own `machine` or `with_machine` is off (per-request records; a simulated run, which has a cost model
+    instead)."""
+    if with_machine and isinstance(document, Mapping) and "machine" not in document:
+        document = {"machine": machine_facts(), **document}
+    path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(document, indent=2, allow_nan=False) + "\n")
     return path
 

@@ -25,10 +25,10 @@ from typing import Any
 
 from api.config import DEFAULT_MAX_MODEL_LEN
 from benchmarks.loadgen.arrivals import ArrivalConfig
+from benchmarks.loadgen.flags import add_seats_argument, parse_rates
 from benchmarks.loadgen.run import RunResult, rate_to_json
 from benchmarks.loadgen.trace import TraceRequest, read_exported, read_trace, synthesize
 from benchmarks.loadgen.workloads import WORKLOADS, WorkloadConfig
-from benchmarks.online.ab import parse_rates
 from benchmarks.results_io.report import ABOutcome
 from benchmarks.results_io.tables import format_run
 from benchmarks.sim.cluster import ROUTERS
@@ -60,7 +60,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--out", type=Path, default=None, help="folder for result.json, report.md, plots")
     parser.add_argument("--mode", choices=("dynamic", "continuous", "both"), default="both")
     g = parser.add_argument_group("policy (serve's flags and defaults)")
-    g.add_argument("--seats", type=int, default=8, help="dynamic max-batch-size = continuous max-num-seqs")
+    add_seats_argument(g)
     g.add_argument("--max-batch-size", type=int, default=None, help="dynamic seats (default: --seats)")
     g.add_argument("--batch-timeout-ms", type=float, default=_S.batch_timeout_ms)
     g.add_argument("--max-num-seqs", type=int, default=None, help="continuous seats (default: --seats)")

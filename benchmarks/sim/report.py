@@ -12,13 +12,14 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.loadgen.run import RunResult
-from benchmarks.results_io.plots import plot_cdf, plot_sweep, plot_timelines
 from benchmarks.results_io.report import ABOutcome, render_markdown, result_document, write_json, write_raw_runs
 
 TIMELINE_REQUESTS = 200
 
 
 def write_sim_report(outcome: ABOutcome, out_dir: Path, cost_label: str) -> dict[str, Path]:
+    from benchmarks.results_io.plots import plot_cdf, plot_sweep, plot_timelines  # matplotlib: only to draw
+
     out_dir.mkdir(parents=True, exist_ok=True)
     written = write_raw_runs(outcome, out_dir)  # the sweep's runs too: `benchmarks.sim.validate.requests` pairs them
     plots: dict[str, Path] = {}
@@ -31,7 +32,7 @@ def write_sim_report(outcome: ABOutcome, out_dir: Path, cost_label: str) -> dict
         plots["rate sweep"] = plot_sweep(outcome.sweep, out_dir / "sweep.png")
     written.update({path.stem: path for path in plots.values()})
     document: dict[str, Any] = {"simulated": True, "cost_model": cost_label, **result_document(outcome)}
-    written["result.json"] = write_json(out_dir / "result.json", document)
+    written["result.json"] = write_json(out_dir / "result.json", document, with_machine=False)
     banner = (
         f"> **SIMULATED** with `benchmarks.sim.cli`: the real scheduler and policies on a virtual clock; step "
         f"times from the {cost_label}. Latencies are server-side (arrival to token), without HTTP or "

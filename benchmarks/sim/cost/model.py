@@ -44,6 +44,8 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from benchmarks.results_io.report import write_json
+
 COLD_AFTER_S = 0.2  # idle this long and the next step is cold (measured: +0 ms after 50 ms idle, +2.4 ms after 0.2 s)
 
 
@@ -421,7 +423,7 @@ def save_fitted(report: FitReport, path: Path, extra: Mapping[str, Any]) -> None
         },
         **extra,
     }
-    path.write_text(json.dumps(document, indent=2) + "\n")
+    write_json(path, document)
 
 
 def load_fitted(path: Path) -> FittedCostModel | SwitchedCostModel:

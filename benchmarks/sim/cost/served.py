@@ -20,12 +20,14 @@ import math
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from benchmarks.sim.cost.model import CostModel, StepShape, served_section
-from benchmarks.sim.profiling.engine_replay import AloneReplay
-from benchmarks.sim.profiling.served_probe import ServedLoad
 from scheduler.config import Mode
+
+if TYPE_CHECKING:  # what the profiler measured; reading cost.json (the simulator) needs neither, nor a server
+    from benchmarks.sim.profiling.engine_replay import AloneReplay
+    from benchmarks.sim.profiling.served_probe import ServedLoad
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import torch
 
+from benchmarks.micro.rows import add_row
 from benchmarks.sim.cost.model import (
     CostModel,
     FittedCostModel,
@@ -108,9 +109,8 @@ def measure(engine: Engine, grid: Grid, vocab: int) -> list[Point]:
         next_id += rows
         params = SamplingParams(max_tokens=extra, temperature=0.0, ignore_eos=True)  # never reached
         for seq_id in decoders:
-            engine.add(seq_id, _prompt(context, vocab, seq_id), params)
-            if not engine.reserve(seq_id, context + extra):
-                raise ValueError(f"the KV cache cannot hold {rows} sequences of {context + extra} tokens")
+            too_small = f"the KV cache cannot hold {rows} sequences of {context + extra} tokens"
+            add_row(engine, seq_id, _prompt(context, vocab, seq_id), params, context + extra, too_small)
             _prefill(engine, seq_id)
         for batch in grid.batch_sizes:
             for prefill in grid.prefill_tokens:
@@ -122,9 +122,8 @@ def measure(engine: Engine, grid: Grid, vocab: int) -> list[Point]:
                     if prefill:
                         fresh, next_id = next_id, next_id + 1
                         prefill_params = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True)
-                        engine.add(fresh, _prompt(prefill, vocab, fresh), prefill_params)
-                        if not engine.reserve(fresh, prefill + 1):
-                            raise ValueError("the KV cache is too small for the grid; lower --batch-sizes")
+                        too_small = "the KV cache is too small for the grid; lower --batch-sizes"
+                        add_row(engine, fresh, _prompt(prefill, vocab, fresh), prefill_params, prefill + 1, too_small)
                         schedule.append((fresh, prefill))
                     shape = step_shape(engine, schedule)
                     start = time.perf_counter()
@@ -162,9 +161,9 @@ COLD_IDLE_S = 1.0  # well past COLD_AFTER_S, as between requests at light load
 
 def _add_decoder(engine: Engine, vocab: int, seq_id: int, prompt_tokens: int, max_tokens: int, probe: str) -> None:
     """A probe's decoding sequence: its prompt prefilled (all but the token its first decode samples from)."""
-    engine.add(seq_id, _prompt(prompt_tokens, vocab, seq_id), SamplingParams(max_tokens=max_tokens, ignore_eos=True))
-    if not engine.reserve(seq_id, prompt_tokens + max_tokens):
-        raise ValueError(f"the KV cache is too small for the {probe}")
+    params = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
+    prompt = _prompt(prompt_tokens, vocab, seq_id)
+    add_row(engine, seq_id, prompt, params, prompt_tokens + max_tokens, f"the KV cache is too small for the {probe}")
     _prefill(engine, seq_id)
 
 
@@ -173,10 +172,9 @@ def _timed_prefill(
 ) -> float:
     """Seconds of one `PREFILL_PROBE_TOKENS`-token prefill step (more tokens than the switch: the dense copy);
     the sequence is gone again afterwards, whatever happened."""
-    engine.add(seq_id, _prompt(PREFILL_PROBE_TOKENS, vocab, seq_id), SamplingParams(max_tokens=1, ignore_eos=True))
+    prompt, params = _prompt(PREFILL_PROBE_TOKENS, vocab, seq_id), SamplingParams(max_tokens=1, ignore_eos=True)
+    add_row(engine, seq_id, prompt, params, PREFILL_PROBE_TOKENS + 1, f"the KV cache is too small for the {probe}")
     try:
-        if not engine.reserve(seq_id, PREFILL_PROBE_TOKENS + 1):
-            raise ValueError(f"the KV cache is too small for the {probe}")
         start = clock()
         engine.step([(seq_id, PREFILL_PROBE_TOKENS)])
         return clock() - start

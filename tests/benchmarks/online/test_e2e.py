@@ -21,6 +21,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 
 from benchmarks.loadgen.arrivals import ArrivalConfig
 from benchmarks.loadgen.client import ClientConfig, EosPolicy
+from benchmarks.loadgen.flags import workload_config
 from benchmarks.loadgen.run import RunConfig, RunResult, run_benchmark
 from benchmarks.loadgen.server_proc import LaunchConfig
 from benchmarks.loadgen.summaries import SLO
@@ -352,7 +353,7 @@ def test_ab_driver_starts_measures_and_stops_a_server_process(tmp_path: Path) ->
     )
     outcome = ab.run_target(
         target,
-        build_workload(serve_bench.workload_config(args)),
+        build_workload(workload_config(args)),
         ab.config_factory(args),
         (1000.0, float("inf")),
         tmp_path / "raw" / "dynamic.server.log",

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks.loadgen.client import EosPolicy
+from benchmarks.loadgen.flags import parse_rates
 from benchmarks.loadgen.server_proc import LaunchConfig, free_port
 from benchmarks.online import ab
 from benchmarks.peers import targets
@@ -64,9 +65,9 @@ def test_launch_config_fills_host_and_port() -> None:
 
 
 def test_rate_and_baseline_lists() -> None:
-    assert ab.parse_rates("0.5,1,2,inf") == (0.5, 1.0, 2.0, math.inf)
+    assert parse_rates("0.5,1,2,inf") == (0.5, 1.0, 2.0, math.inf)
     with pytest.raises(ValueError, match="--sweep-rates needs positive numbers"):
-        ab.parse_rates("1,0")
+        parse_rates("1,0")
     assert ab.parse_baselines("none") == ()
     assert ab.parse_baselines("nobatch, llama-server") == ("nobatch", "llama-server")
     with pytest.raises(ValueError, match=r"unknown baselines \['vllm'\]"):
