@@ -78,7 +78,7 @@ def mixed_prompts(count: int, config: BenchConfig, vocab: int) -> list[list[int]
     return [torch.randint(100, vocab - 1, (n,), generator=generator).tolist() for n in lengths]
 
 
-def _timed(fn: Callable[[], object]) -> float:
+def timed(fn: Callable[[], object]) -> float:
     start = time.perf_counter()
     fn()
     return time.perf_counter() - start
@@ -92,7 +92,7 @@ def _repeat(engine: Engine, plan: list[tuple[int, int]], steps: int) -> None:
 def _best(fn: Callable[[], object], repeats: int) -> float:
     """Median of `repeats` timed runs after one untimed warm-up."""
     fn()
-    return statistics.median(_timed(fn) for _ in range(repeats))
+    return statistics.median(timed(fn) for _ in range(repeats))
 
 
 def weight_matmuls(model: Any) -> list[torch.Tensor]:
@@ -174,8 +174,8 @@ def engine_seconds(
             add_row(engine, seq_id, prompt, params, len(prompt) + steps + 1, "the KV cache is too small for the batch")
         prefill_plan = [(i, len(p)) for i, p in enumerate(prompts)]
         decode_plan = [(i, 1) for i in range(batch)]
-        prefill = _timed(functools.partial(engine.step, prefill_plan))
-        decode = _timed(functools.partial(_repeat, engine, decode_plan, steps)) / steps
+        prefill = timed(functools.partial(engine.step, prefill_plan))
+        decode = timed(functools.partial(_repeat, engine, decode_plan, steps)) / steps
         for seq_id in range(batch):
             engine.remove(seq_id)
         if attempt:
@@ -194,8 +194,8 @@ def generate_seconds(loaded: LoadedModel, prompts: list[list[int]], steps: int) 
     mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
     kwargs = dict(attention_mask=mask, do_sample=False, pad_token_id=pad, eos_token_id=None)
     model.generate(ids, max_new_tokens=2, min_new_tokens=2, **kwargs)  # warm-up
-    prefill = _timed(lambda: model.generate(ids, max_new_tokens=1, min_new_tokens=1, **kwargs))
-    total = _timed(lambda: model.generate(ids, max_new_tokens=steps + 1, min_new_tokens=steps + 1, **kwargs))
+    prefill = timed(lambda: model.generate(ids, max_new_tokens=1, min_new_tokens=1, **kwargs))
+    total = timed(lambda: model.generate(ids, max_new_tokens=steps + 1, min_new_tokens=steps + 1, **kwargs))
     return prefill, (total - prefill) / steps
 
 

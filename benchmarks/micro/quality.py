@@ -24,10 +24,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from api.offline import LLM
+from benchmarks.results_io.machine import dated_result_dir
 from benchmarks.results_io.report import write_json
 from engine.sampling_params import SamplingParams
 
-DEFAULT_OUT = Path("benchmarks/results/quality.json")
 DEFAULT_TEXTS = Path(__file__).resolve().parents[3] / "shared" / "reference"
 BASELINE = "float32/none"
 PPL_TOLERANCE = 0.01  # the issue's bar: within 1% of float32's perplexity
@@ -217,9 +217,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--prompts", type=int, default=16)
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--chunk", type=int, default=512)
-    parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    parser.add_argument(
+        "--out", type=Path, default=None, help="default: benchmarks/results/quality/<YYYY-MM-DD>-<machine>/result.json"
+    )
     args = parser.parse_args(argv)
+    out: Path = args.out or dated_result_dir("quality") / "result.json"
     settings = [Setting.parse(s) for s in args.settings.split(",") if s]
     report = run(args.model, settings, args.texts, args.prompts, args.max_tokens, args.chunk)
-    write_json(args.out, report)
-    print(f"wrote {args.out}")
+    write_json(out, report)
+    print(f"wrote {out}")

@@ -23,8 +23,9 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.micro.engine_bench import BenchConfig, _timed, mixed_prompts
+from benchmarks.micro.engine_bench import BenchConfig, mixed_prompts, timed
 from benchmarks.micro.rows import add_row
+from benchmarks.results_io.machine import dated_result_dir
 from benchmarks.results_io.report import write_json
 from engine.config import EngineConfig
 from engine.engine import Engine
@@ -32,7 +33,6 @@ from engine.loader import LoadedModel, load_model
 from engine.model_runner import TransformersRunner
 from engine.sampling_params import SamplingParams
 
-DEFAULT_OUT = Path("benchmarks/results/score.json")
 TARGET_RATIO = 0.7  # scoring keeps at least this share of plain prefill throughput
 
 
@@ -68,7 +68,7 @@ def prefill_seconds(engine: Engine, prompts: list[list[int]], prompt_logprobs: i
     for seq_id, prompt in enumerate(prompts):
         add_row(engine, seq_id, prompt, params, len(prompt) + 1, "the KV cache is too small for the prompts")
     plan = [(seq_id, len(prompt)) for seq_id, prompt in enumerate(prompts)]
-    seconds = _timed(lambda: engine.step(plan))
+    seconds = timed(lambda: engine.step(plan))
     for seq_id in range(len(prompts)):
         engine.remove(seq_id)
     return seconds
@@ -142,8 +142,14 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--top-k", type=int, default=1, help="prompt_logprobs: alternatives per position")
     parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
-    parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="write the result as JSON here")
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="write the result as JSON here (default: benchmarks/results/score/<YYYY-MM-DD>-<machine>/result.json)",
+    )
     args = parser.parse_args(argv)
+    out: Path = args.out or dated_result_dir("score") / "result.json"
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     config = ScoreBenchConfig(
@@ -155,4 +161,4 @@ def main(argv: Sequence[str] | None = None) -> None:
         print(
             f"target {name}: {target['value']:.3f} (want {target['target']}) -> {'met' if target['met'] else 'NOT met'}"
         )
-    write_json(args.out, result)
+    write_json(out, result)

@@ -139,10 +139,6 @@ def wait_workload_done(driver: WebDriver, timeout_s: float) -> None:
     )
 
 
-def workload_note(driver: WebDriver) -> str:
-    return str(driver.find_element(By.ID, "workload-note").text)
-
-
 def request_boxes(driver: WebDriver, mode: str) -> list[RequestBox]:
     rows = driver.execute_script(
         "return [...document.querySelectorAll(`li.request[data-mode='${arguments[0]}']`)]"

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import platform
+from datetime import date
 from pathlib import Path
 from typing import Any
 
@@ -34,3 +35,18 @@ def machine_facts(cpuinfo: Path = Path("/proc/cpuinfo")) -> dict[str, Any]:
         "arch": platform.machine(),
         "kernel_flags": [flag for flag in KERNEL_FLAGS if flag in flags],
     }
+
+
+def machine_label(facts: dict[str, Any] | None = None) -> str:
+    """A short name for the machine in result folder names: the CPU family (`xeon`, `epyc`, ...), else the arch."""
+    facts = machine_facts() if facts is None else facts
+    cpu = str(facts.get("cpu") or "").lower()
+    for family in ("xeon", "epyc", "ryzen", "core", "graviton", "neoverse", "apple"):
+        if family in cpu:
+            return family
+    return str(facts.get("arch") or "unknown").lower()
+
+
+def dated_result_dir(experiment: str, root: Path = Path("benchmarks/results")) -> Path:
+    """Where a new run of `experiment` goes by default: `<root>/<experiment>/<YYYY-MM-DD>-<machine>/`."""
+    return root / experiment / f"{date.today().isoformat()}-{machine_label()}"

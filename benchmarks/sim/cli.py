@@ -32,16 +32,9 @@ from benchmarks.loadgen.workloads import WORKLOADS, WorkloadConfig
 from benchmarks.results_io.report import ABOutcome
 from benchmarks.results_io.tables import format_run
 from benchmarks.sim.cluster import ROUTERS
-from benchmarks.sim.cost.model import (
-    GPUS,
-    BusyArrival,
-    CostModel,
-    RooflineCostModel,
-    load_busy_arrival,
-    load_fitted,
-    load_model_shape,
-    load_request_overhead,
-)
+from benchmarks.sim.cost.files import BusyArrival, load_busy_arrival, load_fitted, load_request_overhead
+from benchmarks.sim.cost.model import CostModel
+from benchmarks.sim.cost.roofline import GPUS, RooflineCostModel, load_model_shape
 from benchmarks.sim.cost.served import load_served_extras, served_load_modes, with_served_extra
 from benchmarks.sim.report import write_sim_report
 from benchmarks.sim.run import SimSettings, simulate_trace
@@ -70,7 +63,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--max-model-len", type=int, default=DEFAULT_MAX_MODEL_LEN)
     g.add_argument("--kv-cache-tokens", type=int, default=None, help="default: seats x max-model-len (GPU: capped)")
     g = parser.add_argument_group("cost model (one of)")
-    g.add_argument("--cost-model", type=Path, default=None, help="cost.json from benchmarks.sim.profiling.steps")
+    g.add_argument("--cost-model", type=Path, default=None, help="cost.json from `python -m benchmarks fit-cost`")
     g.add_argument("--gpu", choices=sorted(GPUS), default=None, help="roofline projection for this GPU")
     g.add_argument("--model-config", default="llama-3-8b", help="with --gpu: config dir or built-in llama-3-8b")
     g.add_argument("--step-overhead-ms", type=float, default=1.0, help="with --gpu: fixed cost per step")

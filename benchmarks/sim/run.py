@@ -14,7 +14,8 @@ from benchmarks.loadgen.run import RunResult
 from benchmarks.loadgen.summaries import SLO, summarize
 from benchmarks.loadgen.trace import TraceRequest
 from benchmarks.sim.cluster import Arrival, Replica, RequestTrace, StepTally, make_router, replay
-from benchmarks.sim.cost.model import BusyArrival, CostModel
+from benchmarks.sim.cost.files import BusyArrival
+from benchmarks.sim.cost.model import CostModel
 from benchmarks.sim.engine import SimEngine, VirtualClock
 from engine.config import EngineConfig
 from engine.sampling_params import SamplingParams

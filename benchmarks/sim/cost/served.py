@@ -22,7 +22,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from benchmarks.sim.cost.model import CostModel, StepShape, served_section
+from benchmarks.sim.cost.files import served_section
+from benchmarks.sim.cost.model import CostModel, StepShape
 from scheduler.config import Mode
 
 if TYPE_CHECKING:  # what the profiler measured; reading cost.json (the simulator) needs neither, nor a server
@@ -92,7 +93,7 @@ def load_served_extras(path: Path) -> dict[str, ServedStepExtra]:
     try:
         return {mode: ServedStepExtra(**entry["extra"]) for mode, entry in loads.items()}
     except (KeyError, TypeError) as exc:
-        raise ValueError(f"{path}: served.load is not what benchmarks.sim.profiling.steps writes: {exc}") from exc
+        raise ValueError(f"{path}: served.load is not what `python -m benchmarks fit-cost` writes: {exc}") from exc
 
 
 def served_load_modes(text: str) -> tuple[str, ...]:

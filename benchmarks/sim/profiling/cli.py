@@ -42,11 +42,8 @@ from api.cli import add_config_flags, config_from_args
 from api.config import RuntimeOptions
 from api.wiring import build_model_runtime, load
 from benchmarks.results_io.machine import machine_facts
-from benchmarks.sim.cost.model import (
-    FittedCostModel,
-    fit_cost_model,
-    save_fitted,
-)
+from benchmarks.sim.cost.files import save_fitted
+from benchmarks.sim.cost.model import FittedCostModel, fit_cost_model
 from benchmarks.sim.cost.served import (
     served_load_json,
     served_load_modes,

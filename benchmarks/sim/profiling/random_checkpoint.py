@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 from transformers import AutoTokenizer, GenerationConfig, LlamaConfig, LlamaForCausalLM
 
-from benchmarks.sim.cost.model import BUILTIN_CONFIGS
+from benchmarks.sim.cost.roofline import BUILTIN_CONFIGS
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 

@@ -45,7 +45,7 @@ from benchmarks.loadgen.client import ClientConfig, RequestRecord, run_load
 from benchmarks.loadgen.server_proc import LaunchConfig, ServerProcess
 from benchmarks.loadgen.trace import TraceRequest, from_records
 from benchmarks.loadgen.workloads import RequestSpec, make_prompt
-from benchmarks.sim.cost.model import BusyArrival
+from benchmarks.sim.cost.files import BusyArrival
 
 PROBE_PROMPT_WORDS = 30  # about 40 tokens: a short prompt of the mixed workload
 PROBE_MAX_TOKENS = 16

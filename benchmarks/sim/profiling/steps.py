@@ -14,13 +14,7 @@ from pathlib import Path
 import torch
 
 from benchmarks.micro.rows import add_row
-from benchmarks.sim.cost.model import (
-    CostModel,
-    FittedCostModel,
-    StepShape,
-    SwitchedCostModel,
-    chunk_attention_pairs,
-)
+from benchmarks.sim.cost.model import CostModel, FittedCostModel, StepShape, SwitchedCostModel, chunk_attention_pairs
 from benchmarks.sim.cost.served import (
     ServedStepExtra,
     served_extra,

@@ -33,15 +33,8 @@ from benchmarks.loadgen.trace import (
 )
 from benchmarks.sim import cli as simulate
 from benchmarks.sim.cluster import Arrival, Replica, StepTally, make_router, replay
-from benchmarks.sim.cost.model import (
-    COLD_AFTER_S,
-    BusyArrival,
-    FittedCostModel,
-    StepShape,
-    fit_cost_model,
-    load_busy_arrival,
-    save_fitted,
-)
+from benchmarks.sim.cost.files import BusyArrival, load_busy_arrival, save_fitted
+from benchmarks.sim.cost.model import COLD_AFTER_S, FittedCostModel, StepShape, fit_cost_model
 from benchmarks.sim.engine import SimEngine, VirtualClock
 from benchmarks.sim.profiling.steps import step_shape
 from benchmarks.sim.run import SimSettings, simulate_trace

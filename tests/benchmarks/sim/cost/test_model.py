@@ -11,20 +11,16 @@ import numpy as np
 import pytest
 from transformers import LlamaConfig
 
+from benchmarks.sim.cost.files import load_fitted, save_fitted
 from benchmarks.sim.cost.model import (
-    BUILTIN_CONFIGS,
     COLD_AFTER_S,
-    GPUS,
     FittedCostModel,
-    RooflineCostModel,
     StepShape,
     SwitchedCostModel,
     chunk_attention_pairs,
     fit_cost_model,
-    load_fitted,
-    load_model_shape,
-    save_fitted,
 )
+from benchmarks.sim.cost.roofline import BUILTIN_CONFIGS, GPUS, RooflineCostModel, load_model_shape
 
 TRUE = FittedCostModel(
     const_s=0.012,

@@ -10,7 +10,8 @@ import pytest
 
 from benchmarks.loadgen.trace import TraceRequest
 from benchmarks.sim import cli as simulate
-from benchmarks.sim.cost.model import StepShape, chunk_attention_pairs, fit_cost_model, save_fitted
+from benchmarks.sim.cost.files import save_fitted
+from benchmarks.sim.cost.model import StepShape, chunk_attention_pairs, fit_cost_model
 from benchmarks.sim.cost.served import (
     ServedCostModel,
     ServedStepExtra,

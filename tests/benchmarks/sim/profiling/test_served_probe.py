@@ -10,15 +10,8 @@ from pathlib import Path
 import pytest
 
 from benchmarks.loadgen.client import RequestRecord
-from benchmarks.sim.cost.model import (
-    BusyArrival,
-    FittedCostModel,
-    StepShape,
-    chunk_attention_pairs,
-    load_busy_arrival,
-    load_fitted,
-    load_request_overhead,
-)
+from benchmarks.sim.cost.files import BusyArrival, load_busy_arrival, load_fitted, load_request_overhead
+from benchmarks.sim.cost.model import FittedCostModel, StepShape, chunk_attention_pairs
 from benchmarks.sim.cost.served import load_served_extras, served_extra
 from benchmarks.sim.profiling import cli as fit_cost
 from benchmarks.sim.profiling.engine_replay import AloneReplay
