@@ -213,76 +213,98 @@ def find_max_rate(
     return low
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    try:
-        cost, gpu_tokens = cost_model_from(args)
-        # a profile's served probe measured what a request pays outside the steps; a GPU projection has none
-        if args.request_overhead_ms is not None:
-            overhead = args.request_overhead_ms / 1e3
-        else:
-            overhead = load_request_overhead(args.cost_model) if args.cost_model is not None else 0.0
-        configs = scheduler_configs(args)
-        extras = load_served_extras(args.cost_model) if args.cost_model is not None and args.served_load else {}
-        charged = served_load_modes(args.served_load_modes)
-        if args.served_load and args.cost_model is not None and (unmeasured := set(charged) - set(extras)):
-            print(f"note: {args.cost_model} has no load probe of {sorted(unmeasured)}: not charged", file=sys.stderr)
-        extras = {mode: extra for mode, extra in extras.items() if mode in charged}
-        busy = (
-            load_busy_arrival(args.cost_model) if args.cost_model is not None and args.busy_arrival else BusyArrival()
+def simulation_settings(args: argparse.Namespace) -> tuple[CostModel, dict[str, SimSettings]]:
+    """The cost model and each mode's simulated servers, as the flags ask; ValueError or OSError when they can't."""
+    cost, gpu_tokens = cost_model_from(args)
+    # a profile's served probe measured what a request pays outside the steps; a GPU projection has none
+    if args.request_overhead_ms is not None:
+        overhead = args.request_overhead_ms / 1e3
+    else:
+        overhead = load_request_overhead(args.cost_model) if args.cost_model is not None else 0.0
+    extras = load_served_extras(args.cost_model) if args.cost_model is not None and args.served_load else {}
+    charged = served_load_modes(args.served_load_modes)
+    if args.served_load and args.cost_model is not None and (unmeasured := set(charged) - set(extras)):
+        print(f"note: {args.cost_model} has no load probe of {sorted(unmeasured)}: not charged", file=sys.stderr)
+    extras = {mode: extra for mode, extra in extras.items() if mode in charged}
+    busy = load_busy_arrival(args.cost_model) if args.cost_model is not None and args.busy_arrival else BusyArrival()
+    settings = {
+        c.mode.value: SimSettings(
+            c,
+            engine_config(args, c, gpu_tokens),
+            with_served_extra(cost, extras, c.mode.value),
+            args.replicas,
+            args.router,
+            request_overhead_s=overhead,
+            busy_arrival=busy,
         )
-        settings = {
-            c.mode.value: SimSettings(
-                c,
-                engine_config(args, c, gpu_tokens),
-                with_served_extra(cost, extras, c.mode.value),
-                args.replicas,
-                args.router,
-                request_overhead_s=overhead,
-                busy_arrival=busy,
-            )
-            for c in configs
-        }
-        sweep_rates = parse_rates(args.sweep_rates) if args.sweep_rates else ()
-        if (sweep_rates or args.find_max_rate) and (is_trace_file(args.workload) or args.replay is not None):
-            raise ValueError("a trace file fixes arrival times: --sweep-rates and --find-max-rate need a generator")
-        if not is_trace_file(args.workload) and args.workload not in WORKLOADS:
-            raise ValueError(f"--workload must be one of {WORKLOADS[:-1]} or a .jsonl trace, got {args.workload!r}")
-        if not is_trace_file(args.workload):
-            trace_for(args, args.request_rate)  # validate the workload flags before simulating
-    except (ValueError, OSError) as exc:
-        parser.error(str(exc))
+        for c in scheduler_configs(args)
+    }
+    return cost, settings
+
+
+def check_workload(args: argparse.Namespace, sweep_rates: Sequence[float]) -> None:
+    """ValueError unless the workload flags name a generator or a trace, and fit the other flags."""
+    if (sweep_rates or args.find_max_rate) and (is_trace_file(args.workload) or args.replay is not None):
+        raise ValueError("a trace file fixes arrival times: --sweep-rates and --find-max-rate need a generator")
+    if not is_trace_file(args.workload) and args.workload not in WORKLOADS:
+        raise ValueError(f"--workload must be one of {WORKLOADS[:-1]} or a .jsonl trace, got {args.workload!r}")
+    if not is_trace_file(args.workload):
+        trace_for(args, args.request_rate)  # validate the workload flags before simulating
+
+
+def cost_labels(settings: dict[str, SimSettings]) -> dict[str, str]:
+    """Each mode's cost model as the report names it, with what the served probe adds to every request."""
+    first = next(iter(settings.values()))
+    overhead, busy = first.request_overhead_s, first.busy_arrival
     suffix = f"; {1e3 * overhead:.1f} ms a request outside the steps (served probe)" if overhead else ""
     if busy != BusyArrival():
         suffix += (
             f"; arriving mid-step: +{1e3 * busy.stall_s:.1f} ms to the step, +{1e3 * busy.outside_s:.1f} ms outside"
         )
-    labels = {mode: s.cost.label + suffix for mode, s in settings.items()}
+    return {mode: s.cost.label + suffix for mode, s in settings.items()}
+
+
+def sweep(
+    args: argparse.Namespace, settings: dict[str, SimSettings], sweep_rates: Sequence[float]
+) -> tuple[dict[str, RunResult], dict[str, list[RunResult]]]:
+    """Each mode at --request-rate, then at each of --sweep-rates, on the generated workload (or the trace file)."""
+    runs: dict[str, RunResult] = {}
+    swept: dict[str, list[RunResult]] = {}
+    for mode, mode_settings in settings.items():
+        runs[mode] = run_one(args, mode_settings, args.request_rate, mode)
+        for rate in sweep_rates:
+            swept.setdefault(mode, []).append(run_one(args, mode_settings, rate, f"{mode}@{rate:g}"))
+    return runs, swept
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        cost, settings = simulation_settings(args)
+        sweep_rates = parse_rates(args.sweep_rates) if args.sweep_rates else ()
+        check_workload(args, sweep_rates)
+    except (ValueError, OSError) as exc:
+        parser.error(str(exc))
+    labels = cost_labels(settings)
     distinct = sorted(set(labels.values()))  # one per mode where a load probe's charge differs
-    label = " | ".join(distinct)
     print("\n".join(distinct), file=sys.stderr)
 
     if args.find_max_rate:
-        return _print_max_rates(args, settings)
-
+        return print_max_rates(args, settings)
     if args.replay is not None:
-        runs, sweep = _replay_exported(args, settings)
+        runs, swept = replay(args, settings)
         if args.compare_with is None and (args.replay / "result.json").is_file():
             args.compare_with = args.replay / "result.json"
     else:
-        runs, sweep = {}, {}
-        for mode, mode_settings in settings.items():
-            runs[mode] = run_one(args, mode_settings, args.request_rate, mode)
-            for rate in sweep_rates:
-                sweep.setdefault(mode, []).append(run_one(args, mode_settings, rate, f"{mode}@{rate:g}"))
+        runs, swept = sweep(args, settings, sweep_rates)
     for run in runs.values():
         print(format_run(run))
     if args.compare_with is not None:
         real = json.loads(args.compare_with.read_text())
         print(f"validation against {args.compare_with} (error: simulated vs measured)")
-        print(validation_table(real, runs, sweep))
+        print(validation_table(real, runs, swept))
     if args.out is not None:
         outcome = ABOutcome(
             shlex.join([sys.executable, "-m", "benchmarks", "simulate", *argv]),
@@ -290,32 +312,32 @@ def main(argv: Sequence[str] | None = None) -> int:
             {mode: f"simulated: {s.scheduler}" for mode, s in settings.items()},
             labels,
             runs,
-            sweep,
+            swept,
         )
-        written = write_sim_report(outcome, args.out, label)
+        written = write_sim_report(outcome, args.out, " | ".join(distinct))
         print(f"wrote {written['report.md']} and {written['result.json']}")
     return 0
 
 
-def _replay_exported(
+def replay(
     args: argparse.Namespace, settings: dict[str, SimSettings]
 ) -> tuple[dict[str, RunResult], dict[str, list[RunResult]]]:
-    """Each mode's exported traces (main run and sweep), replayed in that mode."""
+    """--replay: each mode's exported traces (main run and sweep), replayed in that mode."""
     exported = read_exported(args.replay)
     runs: dict[str, RunResult] = {}
-    sweep: dict[str, list[RunResult]] = {}
+    swept: dict[str, list[RunResult]] = {}
     for mode, mode_settings in settings.items():
         if mode in exported.main:
             runs[mode] = _timed(exported.main[mode], mode_settings, mode, args.request_rate, args.burstiness)
         for rate, trace in sorted(exported.sweep.get(mode, {}).items()):
             run = _timed(trace, mode_settings, f"{mode}@{rate:g}", rate, args.burstiness)
-            sweep.setdefault(mode, []).append(run)
-    if not runs and not sweep:
+            swept.setdefault(mode, []).append(run)
+    if not runs and not swept:
         raise SystemExit(f"{args.replay} has no trace for {', '.join(settings)}")
-    return runs, sweep
+    return runs, swept
 
 
-def _print_max_rates(args: argparse.Namespace, settings: dict[str, SimSettings]) -> int:
+def print_max_rates(args: argparse.Namespace, settings: dict[str, SimSettings]) -> int:
     print(f"| mode | replicas | router | max req/s with TTFT p99 < {args.ttft_p99_ms:g} ms | output tok/s there |")
     print("|---|---|---|---|---|")
     for mode, mode_settings in settings.items():

@@ -33,8 +33,9 @@ import platform
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -43,14 +44,17 @@ from api.config import RuntimeOptions
 from api.wiring import build_model_runtime, load
 from benchmarks.results_io.machine import machine_facts
 from benchmarks.sim.cost.files import save_fitted
-from benchmarks.sim.cost.model import FittedCostModel, fit_cost_model
+from benchmarks.sim.cost.model import CostModel, FitReport, FittedCostModel, fit_cost_model
 from benchmarks.sim.cost.served import (
+    ServedStepExtra,
     served_load_json,
     served_load_modes,
     with_served_extra,
 )
+from benchmarks.sim.profiling.engine_replay import AloneReplay
 from benchmarks.sim.profiling.served_probe import (
     LOAD_PROBE_ROW_TOKENS,
+    ServedLoad,
     ServedProbe,
     probe,
     serve_argv,
@@ -60,6 +64,7 @@ from benchmarks.sim.profiling.steps import (
     PREFILL_PROBE_TOKENS,
     ColdSteps,
     Grid,
+    Point,
     after_large_probe_tokens,
     load_policy,
     measure,
@@ -70,6 +75,7 @@ from benchmarks.sim.profiling.steps import (
     served_cold_steps,
     with_cold_steps,
 )
+from engine.engine import Engine
 from engine.linear import RowSwitchedLinear
 from engine.model_runner import TransformersRunner
 from scheduler.config import Mode, SchedulerConfig
@@ -151,61 +157,60 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    try:
-        grid = Grid(args.batch_sizes, args.prefill_tokens, args.contexts, args.repeats)
-        modes = served_load_modes(args.served_load_modes)
-        if args.served_load_requests > 0 and not 1 <= args.served_load_seats < rows_for(grid):
-            raise ValueError(f"--served-load-seats must be 1 to {rows_for(grid) - 1} (max of --batch-sizes)")
-    except ValueError as exc:
-        parser.error(str(exc))
+Load = tuple[ServedLoad, AloneReplay, ServedStepExtra]  # a load probe: the burst served, replayed alone, the extra
+
+
+@dataclass(frozen=True)
+class EngineSteps:
+    """What the engine alone measured: the grid's points, the cold steps, the after-prefill transient."""
+
+    points: list[Point]
+    cold: ColdSteps
+    after_large: tuple[float, ...]
+
+
+def row_tokens(grid: Grid) -> int:
+    """A grid sequence's whole length: its context and every decode step `measure` takes at it."""
+    return max(grid.contexts) + grid.steps_per_context + 4
+
+
+def engine_options(served: RuntimeOptions, grid: Grid, load_seats: int, after_large_repeats: int) -> RuntimeOptions:
+    """serve's options for the profile's own engine: continuous, the grid's rows, a KV cache that holds every probe."""
     rows = rows_for(grid)
-    load_modes = modes if args.served_load_requests > 0 else ()
-    load_seats = args.served_load_seats if load_modes else 0
-    per_row = max(grid.contexts) + grid.steps_per_context + 4  # a sequence's whole length (measure's)
-    try:
-        served = config_from_args(args).runtime_options()
-    except ValueError as exc:
-        parser.error(str(exc))
-    options = dataclasses.replace(
+    return dataclasses.replace(
         served,
         scheduler=SchedulerConfig(mode=Mode.CONTINUOUS, max_num_seqs=rows),
         kv_cache_tokens=max(
-            rows * (max(per_row, max(grid.prefill_tokens) + 1) + 16),  # + a block of rounding
+            rows * (max(row_tokens(grid), max(grid.prefill_tokens) + 1) + 16),  # + a block of rounding
             load_seats * LOAD_PROBE_ROW_TOKENS,  # the load probe's replay: every seat's whole request
-            after_large_probe_tokens(args.after_large_repeats) + PREFILL_PROBE_TOKENS + 32,  # two blocks' rounding
+            after_large_probe_tokens(after_large_repeats) + PREFILL_PROBE_TOKENS + 32,  # two blocks' rounding
         ),
     )
-    loaded = load(options)
-    runtime = build_model_runtime(options, loaded)
-    engine = runtime.engine
-    if per_row > engine.max_model_len:
-        parser.error(f"contexts plus {grid.steps_per_context} decode steps exceed max-model-len {engine.max_model_len}")
-    if args.after_large_repeats > 0 and after_large_probe_tokens(args.after_large_repeats) > engine.max_model_len:
-        parser.error(f"--after-large-repeats {args.after_large_repeats} needs a longer max-model-len")
-    vocab = int(loaded.model.config.vocab_size)
-    started = time.perf_counter()
+
+
+def measure_engine(engine: Engine, grid: Grid, vocab: int, cold_repeats: int, after_large_repeats: int) -> EngineSteps:
     with torch.inference_mode():
         points = measure(engine, grid, vocab)
-        cold = measure_cold(engine, vocab, 10**6, args.cold_repeats) if args.cold_repeats > 0 else ColdSteps(0.0, 0.0)
+        cold = measure_cold(engine, vocab, 10**6, cold_repeats) if cold_repeats > 0 else ColdSteps(0.0, 0.0)
         after_large = (
-            measure_after_large(engine, vocab, 2 * 10**6, args.after_large_repeats)
-            if args.after_large_repeats > 0
-            else ()
+            measure_after_large(engine, vocab, 2 * 10**6, after_large_repeats) if after_large_repeats > 0 else ()
         )
-    source = (
-        f"{runtime.model_name} on {platform.machine()}"
-        + f", {torch.get_num_threads()} torch threads, {engine_flags(served)}"
-    )
-    # An engine that switches weights by step size (quantised ones up to max_quantized_rows) gets one fit per regime.
+    return EngineSteps(points, cold, after_large)
+
+
+def fit(engine: Engine, points: Sequence[Point], source: str) -> FitReport:
+    """The step-cost fit; an engine that switches weights by step size (quantised ones up to max_quantized_rows)
+    gets one fit per regime."""
     runner = engine.runner
     first = runner.layer_linears(runner.layers[0])[0] if isinstance(runner, TransformersRunner) else None
     switch = first.max_quantized_rows if isinstance(first, RowSwitchedLinear) else None
-    report = fit_cost_model([p.shape for p in points], [p.seconds for p in points], source, switch_tokens=switch)
-    served_probe: ServedProbe | None = None
-    engine_cold = cold
+    return fit_cost_model([p.shape for p in points], [p.seconds for p in points], source, switch_tokens=switch)
+
+
+def measure_served(
+    engine: Engine, vocab: int, args: argparse.Namespace, served: RuntimeOptions, load_modes: Sequence[str]
+) -> tuple[dict[str, Load], ServedProbe | None]:
+    """Through real servers started with the engine's flags: the load probe of each mode, then the lone requests."""
     flags = serve_argv(args, skip=NOT_ENGINE_FLAGS)
     loads = {
         mode: measure_served_load(
@@ -218,19 +223,31 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         for mode in load_modes
     }
-    extras = {mode: extra for mode, (*_, extra) in loads.items()}
-    if args.served_probes > 0:
-        served_probe = probe(flags, args.served_probes, args.served_gap_s, args.out.with_suffix(".serve.log"))
-        cold = served_cold_steps(with_served_extra(report.model, extras, "continuous"), cold, served_probe)
-    report = dataclasses.replace(report, model=with_cold_steps(report.model, cold))
-    extra = {
-        "command": " ".join([sys.executable, "-m", "benchmarks", "fit-cost", *(argv or sys.argv[1:])]),
+    if args.served_probes <= 0:
+        return loads, None
+    return loads, probe(flags, args.served_probes, args.served_gap_s, args.out.with_suffix(".serve.log"))
+
+
+def cost_document(
+    command: str,
+    args: argparse.Namespace,
+    served: RuntimeOptions,
+    grid: Grid,
+    seconds: float,
+    engine_steps: EngineSteps,
+    model: CostModel,
+    loads: dict[str, Load],
+    served_probe: ServedProbe | None,
+) -> dict[str, Any]:
+    """cost.json beside the fit: how it was measured, on what, and every measured point."""
+    return {
+        "command": command,
         "machine": {**machine_facts(), "torch_threads": torch.get_num_threads(), "torch": torch.__version__},
         "engine": engine_flags(served),
         "grid": asdict(grid),
-        "profile_seconds": time.perf_counter() - started,
-        "engine_cold_ms": {"decode": 1e3 * engine_cold.decode_s, "prefill": 1e3 * engine_cold.prefill_s},
-        "engine_after_large_ms": [1e3 * t for t in after_large],
+        "profile_seconds": seconds,
+        "engine_cold_ms": {"decode": 1e3 * engine_steps.cold.decode_s, "prefill": 1e3 * engine_steps.cold.prefill_s},
+        "engine_after_large_ms": [1e3 * t for t in engine_steps.after_large],
         "served": {
             **({} if served_probe is None else {**asdict(served_probe), "gap_s": args.served_gap_s}),
             "load": {mode: served_load_json(*measured) for mode, measured in loads.items()},
@@ -242,12 +259,21 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "context": p.context,
                 "shape": asdict(p.shape),
                 "measured_ms": 1e3 * p.seconds,
-                "fitted_ms": 1e3 * report.model.step_time(p.shape),
+                "fitted_ms": 1e3 * model.step_time(p.shape),
             }
-            for p in points
+            for p in engine_steps.points
         ],
     }
-    save_fitted(report, args.out, extra)
+
+
+def print_summary(
+    report: FitReport,
+    engine_steps: EngineSteps,
+    cold: ColdSteps,
+    loads: dict[str, Load],
+    served_probe: ServedProbe | None,
+    out: Path,
+) -> None:
     regimes = (
         [("", report.model)]
         if isinstance(report.model, FittedCostModel)
@@ -259,12 +285,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             f" + {1e3 * m.per_token_over_knee_s:.4f} ms/token over {m.knee_tokens} + {1e3 * m.per_seq_s:.4f} ms/seq"
             f" + {1e3 * m.per_attention_mpair_s:.3f} ms per M attention pairs"
         )
+    engine_cold = engine_steps.cold
     print(
         f"cold step (after {COLD_IDLE_S:g} s idle, engine alone): decode +{1e3 * engine_cold.decode_s:.2f} ms,"
         f" prefill +{1e3 * engine_cold.prefill_s:.2f} ms"
     )
-    if after_large:
-        shown = " ".join(f"+{1e3 * t:.2f}" for t in after_large)
+    if engine_steps.after_large:
+        shown = " ".join(f"+{1e3 * t:.2f}" for t in engine_steps.after_large)
         print(f"1-row decode after a {PREFILL_PROBE_TOKENS}-token prefill, by step: {shown} ms (diagnostic)")
     for mode, (burst, alone, over) in loads.items():
         print(
@@ -283,6 +310,47 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
     print(
         f"fit error: mean {100 * report.mean_abs_pct_error:.1f}%, max {100 * report.max_abs_pct_error:.1f}%,"
-        f" R^2 {report.r_squared:.4f}; wrote {args.out}"
+        f" R^2 {report.r_squared:.4f}; wrote {out}"
     )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        grid = Grid(args.batch_sizes, args.prefill_tokens, args.contexts, args.repeats)
+        modes = served_load_modes(args.served_load_modes)
+        if args.served_load_requests > 0 and not 1 <= args.served_load_seats < rows_for(grid):
+            raise ValueError(f"--served-load-seats must be 1 to {rows_for(grid) - 1} (max of --batch-sizes)")
+        served = config_from_args(args).runtime_options()
+    except ValueError as exc:
+        parser.error(str(exc))
+    load_modes = modes if args.served_load_requests > 0 else ()
+    options = engine_options(served, grid, args.served_load_seats if load_modes else 0, args.after_large_repeats)
+    loaded = load(options)
+    runtime = build_model_runtime(options, loaded)
+    engine = runtime.engine
+    if row_tokens(grid) > engine.max_model_len:
+        parser.error(f"contexts plus {grid.steps_per_context} decode steps exceed max-model-len {engine.max_model_len}")
+    if args.after_large_repeats > 0 and after_large_probe_tokens(args.after_large_repeats) > engine.max_model_len:
+        parser.error(f"--after-large-repeats {args.after_large_repeats} needs a longer max-model-len")
+    vocab = int(loaded.model.config.vocab_size)
+    started = time.perf_counter()
+    engine_steps = measure_engine(engine, grid, vocab, args.cold_repeats, args.after_large_repeats)
+    source = (
+        f"{runtime.model_name} on {platform.machine()}"
+        + f", {torch.get_num_threads()} torch threads, {engine_flags(served)}"
+    )
+    report = fit(engine, engine_steps.points, source)
+    loads, served_probe = measure_served(engine, vocab, args, served, load_modes)
+    cold = engine_steps.cold
+    if served_probe is not None:
+        extras = {mode: extra for mode, (*_, extra) in loads.items()}
+        cold = served_cold_steps(with_served_extra(report.model, extras, "continuous"), cold, served_probe)
+    report = dataclasses.replace(report, model=with_cold_steps(report.model, cold))
+    command = " ".join([sys.executable, "-m", "benchmarks", "fit-cost", *(argv or sys.argv[1:])])
+    seconds = time.perf_counter() - started
+    document = cost_document(command, args, served, grid, seconds, engine_steps, report.model, loads, served_probe)
+    save_fitted(report, args.out, document)
+    print_summary(report, engine_steps, cold, loads, served_probe, args.out)
     return 0
