@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# The CUDA check, run once on a lent GPU machine (README: "On a GPU"). It proves the CUDA path and measures the
+# The CUDA check, run once on a lent GPU machine (docs/gpu.md). It proves the CUDA path and measures the
 # step cost the simulator's roofline projects:
 #   1. tests/test_cuda.py: batched greedy parity with generate() on the GPU, both policies;
-#   2. benchmarks.sim.profiling.steps on random-weight checkpoints of two shapes (the weights' values do not change a step's
-#      cost, and the real weights do not fit the transfer), fitted like the CPU's cost.json;
-#   3. benchmarks.online.ab, dynamic against continuous on the GPU, mixed workload, exact lengths.
+#   2. `python -m benchmarks fit-cost` on random-weight checkpoints of two shapes (the weights' values do not change a
+#      step's cost, and the real weights do not fit the transfer), fitted like the CPU's cost.json;
+#   3. `python -m benchmarks ab`, dynamic against continuous on the GPU, mixed workload, exact lengths.
 # Needs torch with CUDA and transformers on the machine, the rest as wheels in .whl/ (carried), and a tokenizer
 # folder in .gpu/tokenizer (carried). Results go to $OUT.
 set -uo pipefail
