@@ -26,7 +26,7 @@ from engine.logits_processors import (
 from engine.outputs import FinishReason
 from engine.sampler import RowSampling, sample
 from engine.sampling_params import MAX_LOGIT_EDIT, SamplingParams
-from tests.test_engine import Driver, hf_greedy, hf_log_softmax, make_engine, random_prompt, run_alone
+from tests.engine.test_engine import Driver, hf_greedy, hf_log_softmax, make_engine, random_prompt, run_alone
 
 INF = float("inf")
 VOCAB = 12

@@ -20,7 +20,7 @@ from api.offline import LLM
 from engine.sampling_params import SamplingParams
 from scheduler.request import Outcome
 from tests.conftest import TINY_VOCAB_SIZE, train_byte_level_tokenizer
-from tests.test_engine import ARCHS, GREEDY, Driver, make_engine, random_prompt
+from tests.engine.test_engine import ARCHS, GREEDY, Driver, make_engine, random_prompt
 
 pytestmark = [
     pytest.mark.cuda,
