@@ -1,4 +1,4 @@
-"""The scheduler: owns the waiting queue and the request lifecycle, and runs one step at a time.
+"""The scheduler: takes requests in, asks its policy what runs, has `Lifecycle` carry it out, one step at a time.
 
 Everything here runs on the engine loop thread except `submit`, `abort`, `stop_request`, `close`, `begin_drain`
 and `shutdown`, which only append to a locked inbox or set a flag under its lock. `step()` is synchronous and
