@@ -21,6 +21,7 @@ class EngineConfig:
     device: str = "cpu"
     max_stop_token_ids: int = 16
     max_logit_bias: int = 300  # logit_bias entries per request (OpenAI's limit); sizes a per-row tensor
+    enable_prefix_caching: bool = True  # full blocks of computed prompts are kept for sequences with that prefix
 
     def __post_init__(self) -> None:
         for name in ("seats", "kv_cache_tokens", "block_size", "max_stop_token_ids", "max_logit_bias"):

@@ -140,7 +140,8 @@ def time_steps(
     seats = max(rows)
     length = _PROMPT_TOKENS + repeats + 2
     cache_tokens = seats * 2 * length + 2 * (prefill_tokens or 0) + 32
-    config = EngineConfig(seats=seats + 1, kv_cache_tokens=cache_tokens, block_size=16)  # + a seat for prefills
+    # + a seat for prefills; no prefix caching: the same prompts are timed again and must be computed each time
+    config = EngineConfig(seats=seats + 1, kv_cache_tokens=cache_tokens, block_size=16, enable_prefix_caching=False)
     engine = Engine(runner, config, dtype=dtype)
     params = SamplingParams(max_tokens=length, temperature=0.0, ignore_eos=True)
     prompt = list(range(1, _PROMPT_TOKENS + 1))

@@ -232,9 +232,10 @@ def test_whole_prompt_prefill_in_one_step_matches_hf(
 # ----- preemption -----
 
 
+@pytest.mark.parametrize("caching", [True, False], ids=["prefix-caching", "no-prefix-caching"])
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])
 def test_release_cache_then_recompute_continues_exactly_as_without_preemption(
-    arch: str, tiny_model_builder: Callable[..., PreTrainedModel]
+    arch: str, caching: bool, tiny_model_builder: Callable[..., PreTrainedModel]
 ) -> None:
     model = tiny_model_builder(arch)
     vocab = model.config.vocab_size
@@ -243,7 +244,7 @@ def test_release_cache_then_recompute_continues_exactly_as_without_preemption(
     seeded = SamplingParams(max_tokens=20, temperature=1.0, top_p=0.9, top_k=20, seed=11)
     unpreempted_random = [t.token_id for t in run_alone(model, sampled_prompt, seeded)]
 
-    engine = make_engine(model, seats=4, kv_cache_tokens=128)
+    engine = make_engine(model, seats=4, kv_cache_tokens=128, enable_prefix_caching=caching)
     driver = Driver(engine, token_budget=12, max_chunk=5)
     driver.add(0, greedy_prompt, greedy)
     driver.add(1, sampled_prompt, seeded)
@@ -257,7 +258,10 @@ def test_release_cache_then_recompute_continues_exactly_as_without_preemption(
         driver.preempt(s)
         assert engine.allocator.num_free == free_before + blocks_before
         assert engine.reserved_tokens(s) == 0
-        assert engine.num_pending(s) == len(prompt) + len(driver.outputs[s])  # prompt and outputs are recomputed
+        # Prompt and outputs are recomputed, but for the full blocks of them still in the prefix cache.
+        known = len(prompt) + len(driver.outputs[s])
+        cached = (known - 1) // engine.block_size * engine.block_size if caching else 0
+        assert (engine.num_computed(s), engine.num_pending(s)) == (cached, known - cached)
     # While they wait, another sequence joins and takes (some of) the freed blocks.
     driver.add(3, random_prompt(14, 399, vocab), greedy)
     for _ in range(4):
