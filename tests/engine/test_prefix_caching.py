@@ -8,8 +8,13 @@ from collections.abc import Callable
 import pytest
 from transformers import PreTrainedModel
 
+from engine.config import EngineConfig
+from engine.engine import Engine
+from engine.model_runner import TransformersRunner
 from engine.sampling_params import SamplingParams
 from tests.engine.test_engine import GREEDY, Driver, hf_greedy, make_engine, random_prompt
+from tests.reference_models import generate_exactly
+from tests.server_harness import real_loaded_model
 
 ARCHS = ["llama", "qwen2"]
 
@@ -108,3 +113,43 @@ def test_evicting_cached_blocks_under_pressure_keeps_every_answer_exact(tiny_lla
         assert driver.tokens(i) == hf_greedy(tiny_llama, prompt, 6)
     assert hits[:3] == [0, 0, 0] and sum(hits[3:]) > 0
     assert driver.engine.cache_usage == 0.0
+
+
+@pytest.mark.slow
+def test_real_model_conversation_is_the_same_with_caching_on_and_off() -> None:
+    """SmolLM2-135M float32: three turns re-sending the history, then a preempted and resumed turn; greedy
+    answers equal generate()'s for each prompt alone, whether the prefix is read from the cache or computed."""
+    loaded = real_loaded_model()
+    tokenizer = loaded.tokenizer
+    system = tokenizer("You are a helpful assistant who answers briefly. " * 6)["input_ids"]
+    questions = ["What is the capital of France?", " And of Italy?", " Which one is larger?"]
+    greedy = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
+    runner = TransformersRunner(loaded.model)
+    engines = {
+        caching: Engine(
+            runner,
+            EngineConfig(seats=2, kv_cache_tokens=2048, enable_prefix_caching=caching),
+            loaded.eos_token_ids,
+            loaded.max_model_len,
+        )
+        for caching in (True, False)
+    }
+    history = list(system)
+    for turn, question in enumerate(questions):
+        history += tokenizer(question, add_special_tokens=False)["input_ids"]
+        answers = {}
+        for caching, engine in engines.items():
+            driver = Driver(engine, token_budget=64, max_chunk=64)
+            driver.add(turn, history, greedy)
+            if turn == 2:  # preempted after its prefill and a few tokens, then resumed
+                for _ in range(4):
+                    driver.step()
+                driver.preempt(turn)
+                driver.resume(turn)
+            driver.run()
+            answers[caching] = driver.tokens(turn)
+        reference = generate_exactly(loaded.model, history, 12)
+        assert answers[True] == answers[False] == reference, f"turn {turn}"
+        history += reference
+    assert engines[True].prefix_cache.hits > len(system)
+    assert engines[False].prefix_cache.hits == 0
