@@ -129,13 +129,13 @@ class _Server(uvicorn.Server):
 
 
 def serve(config: ServerConfig, compare: bool = False) -> None:
-    """`compare`: both modes side by side on one port (api/compare.py); else `config.mode` alone."""
-    from api.app import create_app
-    from api.compare import create_compare_app, drain_all
-    from api.drain import drain
-    from api.server import uvicorn_config
+    """`compare`: both modes side by side on one port (api/live/compare.py); else `config.mode` alone."""
+    from api.endpoints.app import create_app
+    from api.live.compare import create_compare_app, drain_all
+    from api.process.drain import drain
+    from api.process.server import uvicorn_config
 
-    # this process is the server's alone: its heap is frozen after loading (api.heap)
+    # this process is the server's alone: its heap is frozen after loading (api.runtime.heap)
     app = create_compare_app(config, freeze_heap=True) if compare else create_app(config, freeze_heap=True)
     uv_config = uvicorn_config(  # connection timeouts and cap, HTTP/2 refusal, throttled accept errors
         app,
@@ -166,7 +166,7 @@ def serve(config: ServerConfig, compare: bool = False) -> None:
 
 
 def generate(args: argparse.Namespace) -> None:
-    from api.offline import LLM
+    from api.runtime.offline import LLM
     from engine.sampling_params import SamplingParams
 
     llm = LLM(
@@ -241,7 +241,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         except ValueError as exc:
             raise SystemExit(f"batchserve: {exc}") from None
         if args.replicas > 1:  # only then is Ray imported: the single server never loads it
-            from api.ray_serve import ScaleOut, serve_replicas
+            from api.scale_out.ray_serve import ScaleOut, serve_replicas
 
             serve_replicas(config, ScaleOut(args.replicas, float(max(1, (os.cpu_count() or 1) // args.replicas))))
         elif args.replicas < 1:

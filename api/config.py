@@ -162,7 +162,7 @@ class ServerConfig:
         )
 
     def runtime_options(self) -> RuntimeOptions:
-        """What `api.wiring` needs to load and run the model; the HTTP limits stay here."""
+        """What `api.runtime.build` needs to load and run the model; the HTTP limits stay here."""
         return RuntimeOptions(
             scheduler=self.scheduler_config(),
             model=self.model,

@@ -15,9 +15,9 @@ import openai
 import uvicorn
 from transformers import PreTrainedTokenizerFast
 
-from api.app import create_app
 from api.config import ServerConfig
-from api.server import uvicorn_config
+from api.endpoints.app import create_app
+from api.process.server import uvicorn_config
 from engine.loader import LoadedModel, load_model
 from tests.conftest import build_tiny_causal_lm, train_byte_level_tokenizer
 
