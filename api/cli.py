@@ -5,77 +5,22 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import dataclasses
 import gc
 import logging
-import os
 import signal
 import sys
 import threading
 import types
-from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
-from typing import Any, Union, get_args, get_origin, get_type_hints
+from collections.abc import Awaitable, Callable, Iterator, Sequence
+from typing import Any
 
 import uvicorn
 
-from api.config import API_KEY_ENV, ServerConfig
+from api.config import ServerConfig
+from api.flags import LOG_FORMAT, REPLICAS_HELP, add_config_flags, config_from_args
 from engine.config import DTYPES, QUANTIZATIONS
 from engine.cpu_features import CpuIsaError, cpu_features
 from scheduler.config import Mode
-
-LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
-
-
-def _base_type(annotation: Any) -> type:
-    if get_origin(annotation) in (Union, types.UnionType):
-        annotation = next(a for a in get_args(annotation) if a is not type(None))
-    if get_origin(annotation) is tuple:
-        return tuple
-    return annotation  # type: ignore[no-any-return]
-
-
-def add_config_flags(parser: argparse.ArgumentParser, skip: Sequence[str] = ()) -> None:
-    """One flag per ServerConfig field, with its help text and default."""
-    hints = get_type_hints(ServerConfig)
-    for f in dataclasses.fields(ServerConfig):
-        if f.name in skip:
-            continue
-        kind = _base_type(hints[f.name])
-        flag = "--" + f.name.replace("_", "-")
-        help_text = f.metadata["help"]
-        if "(default:" not in help_text:  # some fields describe their default themselves
-            help_text = f"{help_text} (default: {f.default})"
-        if kind is tuple:
-            parser.add_argument(flag, nargs="*", default=f.default, help=help_text)
-        elif kind is bool:
-            parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=f.default, help=help_text)
-        else:
-            parser.add_argument(flag, type=kind, default=f.default, choices=f.metadata.get("choices"), help=help_text)
-
-
-def flags_argv(values: Mapping[str, Any]) -> list[str]:
-    """The inverse of add_config_flags: `name=value` pairs (typed, or strings as `serve run` passes them) as flags;
-    a None value is left out, so the flag keeps its default."""
-    argv: list[str] = []
-    for key, value in values.items():
-        flag = "--" + str(key).replace("_", "-")
-        if isinstance(value, bool) or str(value).lower() in ("true", "false"):
-            on = value if isinstance(value, bool) else str(value).lower() == "true"
-            argv.append(flag if on else "--no-" + flag[2:])
-        elif isinstance(value, list | tuple):
-            argv += [flag, *map(str, value)]
-        elif value is not None:
-            argv += [flag, str(value)]
-    return argv
-
-
-def config_from_args(args: argparse.Namespace) -> ServerConfig:
-    values = {f.name: getattr(args, f.name) for f in dataclasses.fields(ServerConfig) if hasattr(args, f.name)}
-    values["cors_origins"] = tuple(values.get("cors_origins") or ())
-    if values.get("api_key") is None:
-        values["api_key"] = os.environ.get(API_KEY_ENV) or None
-    return ServerConfig(**values)
-
 
 # Once the drain is over every request has its answer or its error: this bounds writing them to slow clients.
 _WRITE_OUT_S = 5
@@ -201,8 +146,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--replicas",
         type=int,
         default=1,
-        help="Replicas behind one endpoint; above 1 starts a local Ray Serve (pip install -e '.[ray]'; see "
-        "docs/scale_out.md), each replica with these flags and the machine's CPUs / N threads (default: 1, no Ray)",
+        help=REPLICAS_HELP,
     )
     compare = commands.add_parser(
         "compare", help="Serve both modes side by side on one port, with the live page", allow_abbrev=False
@@ -243,7 +187,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         if args.replicas > 1:  # only then is Ray imported: the single server never loads it
             from api.scale_out.ray_serve import ScaleOut, serve_replicas
 
-            serve_replicas(config, ScaleOut(args.replicas, float(max(1, (os.cpu_count() or 1) // args.replicas))))
+            serve_replicas(config, ScaleOut.on_this_machine(args.replicas))
         elif args.replicas < 1:
             raise SystemExit(f"batchserve: --replicas must be at least 1, got {args.replicas}")
         else:

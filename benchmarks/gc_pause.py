@@ -21,8 +21,8 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from api.cli import add_config_flags, config_from_args
 from api.endpoints.app import build_runtime, default_loader
+from api.flags import add_config_flags, config_from_args
 from benchmarks.machine import machine_facts
 from engine.compute_thread import run_on_passing_thread
 

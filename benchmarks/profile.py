@@ -38,8 +38,8 @@ from pathlib import Path
 
 import torch
 
-from api.cli import add_config_flags, config_from_args
 from api.config import RuntimeOptions
+from api.flags import add_config_flags, config_from_args
 from api.runtime.build import build_model_runtime, load
 from benchmarks.cost_model import (
     CostModel,

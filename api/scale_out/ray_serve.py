@@ -31,9 +31,9 @@ import ray
 from ray import serve
 from ray.serve.handle import DeploymentHandle
 
-from api.cli import LOG_FORMAT, add_config_flags, config_from_args, flags_argv
 from api.config import ServerConfig
 from api.endpoints.state import Phase
+from api.flags import LOG_FORMAT, add_config_flags, config_from_args, flags_argv
 from api.scale_out.replica_asgi import HEARTBEAT_S, ReplicaApp, ReplicaReport, report_of
 
 logger = logging.getLogger("batchserve.api")
@@ -75,6 +75,13 @@ class ScaleOut:
             raise ValueError(f"replicas must be at least 1, got {self.replicas}")
         if self.cpus_per_replica < 0 or self.gpus_per_replica < 0:
             raise ValueError("cpus_per_replica and gpus_per_replica must be >= 0")
+
+    @classmethod
+    def on_this_machine(cls, replicas: int, cpus_per_replica: float | None = None, gpus: float = 0.0) -> ScaleOut:
+        """`cpus_per_replica` None: the machine's CPUs shared evenly (at least one each)."""
+        if cpus_per_replica is None:
+            cpus_per_replica = float(max(1, (os.cpu_count() or 1) // max(1, replicas)))
+        return cls(replicas, cpus_per_replica, gpus)
 
     @property
     def torch_threads(self) -> int:
@@ -211,10 +218,7 @@ def _scale_flags(parser: argparse.ArgumentParser) -> None:
 
 
 def scale_from_args(args: argparse.Namespace) -> ScaleOut:
-    cpus = args.cpus_per_replica
-    if cpus is None:
-        cpus = float(max(1, (os.cpu_count() or 1) // max(1, args.replicas)))
-    return ScaleOut(args.replicas, cpus, args.gpus_per_replica)
+    return ScaleOut.on_this_machine(args.replicas, args.cpus_per_replica, args.gpus_per_replica)
 
 
 def parse(argv: Sequence[str]) -> tuple[ServerConfig, ScaleOut]:

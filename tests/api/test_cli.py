@@ -15,9 +15,10 @@ from pathlib import Path
 import httpx
 import pytest
 
-from api.cli import build_parser, config_from_args, main
+from api.cli import build_parser, main
 from api.config import API_KEY_ENV, ServerConfig
 from api.endpoints.app import build_runtime
+from api.flags import config_from_args
 from engine.linear import Linear, onednn_available
 from engine.model_runner import TransformersRunner
 from tests.api.endpoints.test_api import PROMPT, wait_until
