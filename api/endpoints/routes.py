@@ -16,11 +16,11 @@ from starlette.responses import JSONResponse, Response
 
 from api.config import ServerConfig
 from api.endpoints import responses
+from api.endpoints.deltas import ChoiceInput
 from api.endpoints.errors import APIError, bad_request
 from api.endpoints.formatting import ChatFormatter, CompletionFormatter
 from api.endpoints.protocol import ChatCompletionRequest, CompletionRequest, parse_request, refusal
 from api.endpoints.responses import ResponseShape
-from api.endpoints.service import ChoiceInput
 from api.endpoints.state import Phase, Runtime
 from api.text.prompts import (
     chat_echo_text,

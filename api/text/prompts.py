@@ -7,10 +7,10 @@ from typing import Any
 from transformers import PreTrainedTokenizerBase
 
 from api.config import ServerConfig
+from api.endpoints.deltas import ChoiceInput, OutputOptions
 from api.endpoints.engine_fields import engine_input_error
 from api.endpoints.errors import bad_request
 from api.endpoints.protocol import ChatCompletionRequest, ChatMessage, CompletionRequest, _SamplingFields
-from api.endpoints.service import ChoiceInput, OutputOptions
 from api.text.chat_template import RESERVED_TEMPLATE_OPTIONS, UnsafeTemplateError, encode_chat
 from engine.errors import EngineInputError
 from engine.sampling_params import SamplingParams

@@ -13,10 +13,10 @@ from hypothesis import strategies as st
 from pydantic import BaseModel
 from sse_starlette import ServerSentEvent
 
+from api.endpoints.deltas import TokenLogprob
 from api.endpoints.errors import APIError
 from api.endpoints.formatting import ChatFormatter, CompletionFormatter, ResponseFormatter
 from api.endpoints.protocol import INT64_MAX, MAX_ID, ChatCompletionRequest, CompletionRequest, parse_request
-from api.endpoints.service import TokenLogprob
 from tests.server_harness import tiny_tokenizer
 
 MODELS: list[type[BaseModel]] = [CompletionRequest, ChatCompletionRequest]
