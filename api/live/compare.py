@@ -14,14 +14,9 @@ import dataclasses
 import logging
 import threading
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 
-from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client.metrics_core import Metric
 from starlette.applications import Starlette
-from starlette.exceptions import HTTPException
-from starlette.middleware import Middleware
-from starlette.middleware.cors import CORSMiddleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Mount, Route
@@ -30,6 +25,7 @@ from api.config import ServerConfig
 from api.endpoints import app as serve_app
 from api.endpoints.errors import APIError
 from api.endpoints.metrics import ServerMetrics
+from api.endpoints.middleware import EXCEPTION_HANDLERS, middleware_stack
 from api.endpoints.service import GenerationService
 from api.endpoints.state import Phase, Runtime
 from api.live import page, stream_routes
@@ -37,17 +33,13 @@ from api.live.hub import EventHub
 from api.process.drain import drain
 from api.runtime.build import build_model_runtime, build_runner
 from api.runtime.heap import frozen_after_loading
+from api.scale_out.merge_metrics import LabelledMerge, exposition
 from scheduler.config import Mode
 from scheduler.fair_share import FairShareLoop
 
 logger = logging.getLogger("batchserve.api")
 
 MODES = (Mode.DYNAMIC.value, Mode.CONTINUOUS.value)
-_HANDLERS = {
-    APIError: serve_app._api_error,
-    HTTPException: serve_app._http_error,
-    Exception: serve_app._internal_error,
-}
 
 
 def mode_config(config: ServerConfig, mode: str) -> ServerConfig:
@@ -61,7 +53,7 @@ def _mode_app(config: ServerConfig) -> Starlette:
             *serve_app.openai_routes(),
             Route("/v1/events", stream_routes.events, methods=["GET"]),
         ],
-        exception_handlers=_HANDLERS,
+        exception_handlers=EXCEPTION_HANDLERS,
     )
     app.state.config = config
     app.state.phase = Phase.LOADING
@@ -87,17 +79,6 @@ def create_compare_app(
         yield
         await drain_all(app)
 
-    middleware = []
-    if config.cors_origins:
-        middleware.append(
-            Middleware(
-                CORSMiddleware, allow_origins=list(config.cors_origins), allow_methods=["GET", "POST"],
-                allow_headers=["*"],
-            )
-        )  # fmt: skip
-    middleware.append(Middleware(serve_app.InternalErrorMiddleware))
-    if config.api_key:
-        middleware.append(Middleware(serve_app.APIKeyMiddleware, api_key=config.api_key))
     app = Starlette(
         routes=[
             Route("/health", health, methods=["GET"]),
@@ -108,8 +89,8 @@ def create_compare_app(
             Route("/static/{name}", page.static_file, methods=["GET"]),
             *(Mount(f"/{mode}", app=mode_app) for mode, mode_app in mode_apps.items()),
         ],
-        middleware=middleware,
-        exception_handlers=_HANDLERS,
+        middleware=middleware_stack(config),
+        exception_handlers=EXCEPTION_HANDLERS,
         lifespan=lifespan,
     )
     app.state.config = config
@@ -198,27 +179,10 @@ async def health(request: Request) -> Response:
     return JSONResponse({"status": status, "modes": states}, status_code=503, headers=retry)
 
 
-class _BothModes:
-    """Both modes' registries as one: each metric family once, with every mode's series (labelled by mode).
-    `/{mode}/metrics` shows one mode's alone, as `serve` does."""
-
-    def __init__(self, registries: list[CollectorRegistry]) -> None:
-        self.registries = registries
-
-    def collect(self) -> Iterator[Metric]:
-        families: dict[str, Metric] = {}
-        for registry in self.registries:
-            for family in registry.collect():
-                merged = families.get(family.name)
-                if merged is None:
-                    merged = families[family.name] = Metric(family.name, family.documentation, family.type, family.unit)
-                merged.samples.extend(family.samples)
-        yield from families.values()
-
-
 async def metrics(request: Request) -> Response:
     if request.app.state.phase is not Phase.READY:
         raise APIError(503, "the model is still loading; retry shortly", headers={"Retry-After": "5"})
-    registries = [m.state.runtime.metrics.registry for m in request.app.state.mode_apps.values()]
-    body = generate_latest(_BothModes(registries))
+    # each family once, with both modes' series (already labelled `mode`); `/{mode}/metrics` shows one mode's alone
+    sources = ((mode, m.state.runtime.metrics.registry.collect()) for mode, m in request.app.state.mode_apps.items())
+    body = exposition(LabelledMerge(sources, "mode"))
     return Response(body, media_type="text/plain; version=0.0.4; charset=utf-8")

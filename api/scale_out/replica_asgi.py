@@ -15,14 +15,13 @@ import time
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 
-from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.metrics_core import Metric
 from prometheus_client.parser import text_string_to_metric_families
-from prometheus_client.samples import Sample
 from starlette.applications import Starlette
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from api.endpoints.state import Phase
+from api.scale_out.merge_metrics import LabelledMerge, exposition
 
 logger = logging.getLogger("batchserve.api")
 
@@ -54,34 +53,13 @@ def report_of(app: Starlette, replica: str, pid: int) -> ReplicaReport | None:
     return ReplicaReport(replica, pid, app.state.runtime.metrics.render(), time.time())
 
 
-class _LabelledReplicas:
-    """A Prometheus collector of several replicas' exposition texts, each sample labelled with its replica."""
-
-    def __init__(self, reports: Iterable[ReplicaReport]) -> None:
-        self._reports = list(reports)
-
-    def collect(self) -> Iterable[Metric]:
-        families: dict[str, Metric] = {}
-        for report in self._reports:
-            for family in text_string_to_metric_families(report.metrics.decode()):
-                merged = families.get(family.name)
-                if merged is None:
-                    merged = families[family.name] = Metric(family.name, family.documentation, family.type)
-                merged.samples.extend(
-                    Sample(s.name, {**s.labels, "replica": report.replica}, s.value, s.timestamp, s.exemplar)
-                    for s in family.samples
-                )
-        ready = Metric("batchserve:replicas_ready", "Replicas that reported ready in the last seconds", "gauge")
-        ready.add_sample("batchserve:replicas_ready", {}, float(len(self._reports)))
-        yield ready
-        yield from families.values()
-
-
 def merge_metrics(reports: Iterable[ReplicaReport]) -> bytes:
     """One exposition text of every replica's series with a `replica` label; totals are `sum without (replica)`."""
-    registry = CollectorRegistry(auto_describe=False)
-    registry.register(_LabelledReplicas(reports))  # type: ignore[arg-type]  # a duck-typed collector
-    return generate_latest(registry)
+    reports = list(reports)
+    ready = Metric("batchserve:replicas_ready", "Replicas that reported ready in the last seconds", "gauge")
+    ready.add_sample("batchserve:replicas_ready", {}, float(len(reports)))
+    sources = ((r.replica, text_string_to_metric_families(r.metrics.decode())) for r in reports)
+    return exposition(LabelledMerge(sources, "replica", leading=[ready]))
 
 
 PeerReports = Callable[[], Awaitable[list[ReplicaReport]]]

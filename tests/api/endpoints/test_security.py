@@ -9,7 +9,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-import api.endpoints.app
+import api.endpoints.middleware
 from api.config import ServerConfig
 from tests.server_harness import RunningServer, running_server
 
@@ -153,7 +153,7 @@ def test_the_key_is_compared_with_compare_digest(keyed: RunningServer, monkeypat
         calls.append((a, b))
         return real(a, b)
 
-    monkeypatch.setattr(api.endpoints.app.hmac, "compare_digest", recording)
+    monkeypatch.setattr(api.endpoints.middleware.hmac, "compare_digest", recording)
     with httpx.Client(base_url=keyed.base_url, timeout=60) as client:
         assert client.get("/v1/models", headers={"Authorization": f"Bearer {KEY}"}).status_code == 200
         assert client.get("/v1/models", headers={"Authorization": "Bearer nope"}).status_code == 401
