@@ -76,6 +76,7 @@ class _Server(uvicorn.Server):
 def serve(config: ServerConfig, compare: bool = False) -> None:
     """`compare`: both modes side by side on one port (api/live/compare.py); else `config.mode` alone."""
     from api.endpoints.app import create_app
+    from api.endpoints.state import Phase, ServerState
     from api.live.compare import create_compare_app, drain_all
     from api.process.drain import drain
     from api.process.server import uvicorn_config
@@ -88,12 +89,15 @@ def serve(config: ServerConfig, compare: bool = False) -> None:
         log_level="warning",
         timeout_graceful_shutdown=_WRITE_OUT_S,  # after the drain (below), which gives the grace period
     )
-    server = _Server(uv_config, (lambda: drain_all(app)) if compare else (lambda: drain(app, config.shutdown_grace_s)))
+    state = ServerState.of(app)
+    server = _Server(
+        uv_config, (lambda: drain_all(state)) if compare else (lambda: drain(state, config.shutdown_grace_s))
+    )
 
     def announce() -> None:
-        app.state.ready.wait()
-        if app.state.phase.value == "ready":
-            runtime = app.state.runtime
+        state.ready.wait()
+        if state.phase is Phase.READY:
+            runtime = state.loaded()
             print(
                 f"batchserve ready on http://{config.host}:{config.port} "
                 f"mode={'dynamic+continuous' if compare else config.mode} "
@@ -106,7 +110,7 @@ def serve(config: ServerConfig, compare: bool = False) -> None:
 
     threading.Thread(target=announce, daemon=True).start()
     server.run()
-    if app.state.phase.value == "failed":
+    if state.phase is Phase.FAILED:
         raise SystemExit("batchserve: the model could not be loaded")
 
 

@@ -1,56 +1,28 @@
-"""The Starlette application: routes, auth, errors, and the model's lifecycle (load, serve, drain)."""
+"""The Starlette application of `batchserve serve`: one mode's API, the event stream and the page, behind the
+middleware; the model loads in the background (api/endpoints/loading.py) and drains at shutdown."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
-import threading
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 
 from starlette.applications import Starlette
 from starlette.routing import Route
 
 from api.config import ServerConfig
 from api.endpoints import routes
-from api.endpoints.metrics import ServerMetrics
+from api.endpoints.loading import ModelLoader, build_runtime, default_loader, load_in_background
 from api.endpoints.middleware import EXCEPTION_HANDLERS, middleware_stack
-from api.endpoints.service import GenerationService
-from api.endpoints.state import Phase, Runtime
+from api.endpoints.state import Phase, Runtime, ServerState
 from api.live import page, stream_routes
 from api.live.hub import EventHub
 from api.process.drain import drain
-from api.runtime.build import build_model_runtime, load
-from api.runtime.heap import frozen_after_loading
-from engine.loader import LoadedModel
-
-logger = logging.getLogger("batchserve.api")
-
-ModelLoader = Callable[[ServerConfig], LoadedModel]
 
 
-def default_loader(config: ServerConfig) -> LoadedModel:
-    return load(config.runtime_options())
-
-
-def build_runtime(config: ServerConfig, loaded: LoadedModel) -> Runtime:
-    """The model's runtime (see `api.runtime.build`) with the server's metrics and generation service."""
-    options = config.runtime_options()
-    metrics = ServerMetrics(config.mode, options.model_name(loaded.source))
-    model = build_model_runtime(options, loaded, on_step=metrics.observe_step)
-    counts = model.scheduler.counts  # a snapshot published by the loop thread: safe to read from this one
-    metrics.bind_gauges(
-        running=lambda: counts().running,
-        waiting=lambda: counts().waiting,
-        cache_usage=lambda: counts().cache_usage,
-    )
-    service = GenerationService(model.loop, model.tokenizer, metrics, config.request_timeout_s)
-    return Runtime.serving(model, service, metrics)
-
-
-def event_routes_for_serve() -> list[Route]:
-    """The event stream, the modes and the page (`batchserve compare` mounts its own; see api/live/compare.py)."""
+def live_routes() -> list[Route]:
+    """The event stream, the modes and the page: at the root of `serve` and of `compare` (api/live/compare.py)."""
     return [
         Route("/v1/events", stream_routes.events, methods=["GET"]),
         Route("/v1/compare/modes", stream_routes.compare_modes, methods=["GET"]),
@@ -73,47 +45,25 @@ def openai_routes() -> list[Route]:
 def create_app(config: ServerConfig, loader: ModelLoader = default_loader, freeze_heap: bool = False) -> Starlette:
     """The server's app. `freeze_heap`: the app owns its process, whose heap is frozen after loading
     (api.runtime.heap)."""
+    state = ServerState(config, event_modes=(config.mode,), mode_entries=(stream_routes.mode_entry(config, ""),))
+
+    def publish(runtime: Runtime) -> None:
+        state.hub().add_source(stream_routes.mode_source(config, runtime))
+        state.runtime = runtime
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        app.state.phase = Phase.LOADING
-        app.state.events = EventHub(asyncio.get_running_loop(), time.monotonic(), time.monotonic)
-        thread = threading.Thread(
-            target=_load, args=(app, config, loader, freeze_heap), name="batchserve-loader", daemon=True
-        )
-        thread.start()
+        state.phase = Phase.LOADING
+        state.events = EventHub(asyncio.get_running_loop(), time.monotonic(), time.monotonic)
+        build = lambda: build_runtime(config, loader(config))  # noqa: E731
+        load_in_background([state], freeze_heap, build, lambda runtime: runtime.loop.start(), publish)
         yield
-        await drain(app, config.shutdown_grace_s)  # at once if the server already drained on a signal
+        await drain(state, config.shutdown_grace_s)  # at once if the server already drained on a signal
 
     app = Starlette(
-        routes=[
-            *openai_routes(),
-            *event_routes_for_serve(),
-        ],
+        routes=[*openai_routes(), *live_routes()],
         middleware=middleware_stack(config),
         exception_handlers=EXCEPTION_HANDLERS,
         lifespan=lifespan,
     )
-    app.state.config = config
-    app.state.phase = Phase.LOADING
-    app.state.ready = threading.Event()
-    app.state.replica = None  # set by api.scale_out.ray_serve: the replica's name in every response's timings
-    app.state.event_modes = (config.mode,)
-    app.state.mode_entries = (stream_routes.mode_entry(config, ""),)
-    return app
-
-
-def _load(app: Starlette, config: ServerConfig, loader: ModelLoader, freeze_heap: bool) -> None:
-    try:
-        with frozen_after_loading(freeze_heap):
-            runtime = build_runtime(config, loader(config))
-        runtime.loop.start()
-    except Exception:
-        logger.exception("failed to load the model")
-        app.state.phase = Phase.FAILED
-        app.state.ready.set()
-        return
-    app.state.events.add_source(stream_routes.mode_source(config, runtime))
-    app.state.runtime = runtime
-    app.state.phase = Phase.READY
-    app.state.ready.set()
+    return state.attach(app)

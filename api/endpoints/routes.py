@@ -21,7 +21,7 @@ from api.endpoints.errors import APIError, bad_request
 from api.endpoints.formatting import ChatFormatter, CompletionFormatter
 from api.endpoints.protocol import ChatCompletionRequest, CompletionRequest, parse_request, refusal
 from api.endpoints.responses import ResponseShape
-from api.endpoints.state import Phase, Runtime
+from api.endpoints.state import Phase, Runtime, ServerState
 from api.text.prompts import (
     chat_echo_text,
     chat_max_tokens,
@@ -37,15 +37,15 @@ logger = logging.getLogger("batchserve.api")
 
 
 def _runtime(request: Request) -> Runtime:
-    phase: Phase = request.app.state.phase
+    state = ServerState.of(request.app)
+    phase = state.phase
     if phase is Phase.LOADING:
         raise APIError(503, "the model is still loading; retry shortly", headers={"Retry-After": "5"})
     if phase is Phase.DRAINING:
         raise APIError(503, "the server is shutting down; retry shortly", headers={"Retry-After": "5"})
     if phase is not Phase.READY:
         raise APIError(503, f"the server is not serving ({phase.value})")
-    runtime: Runtime = request.app.state.runtime
-    return runtime
+    return state.loaded()
 
 
 async def _read_json_body(request: Request, limit: int) -> bytes:
@@ -117,7 +117,7 @@ class _Accepted(Generic[_Request]):
 
 async def _accept(request: Request, model: type[_Request]) -> _Accepted[_Request]:
     """What both endpoints do first: readiness, body, schema, model name and the server's request limits."""
-    config: ServerConfig = request.app.state.config
+    config = ServerState.of(request.app).config
     runtime = _runtime(request)
     body = parse_request(model, await _read_json_body(request, config.max_body_bytes))
     _check_model(body.model, runtime)
@@ -184,7 +184,7 @@ async def _respond(
     request: Request, accepted: _Accepted[_Request], inputs: list[ChoiceInput], shape: ResponseShape
 ) -> Response:
     config, service, body = accepted.config, accepted.runtime.service, accepted.body
-    shape = dataclasses.replace(shape, replica=request.app.state.replica, arrival_time=accepted.arrival_time)
+    shape = dataclasses.replace(shape, replica=ServerState.of(request.app).replica, arrival_time=accepted.arrival_time)
     if len(inputs) > config.max_queue:  # it could never be queued whole: a retry would never help, so not a 429
         raise bad_request(
             f"this request asks for {len(inputs)} sequences (prompts x n), more than the server's whole queue "
@@ -227,11 +227,11 @@ async def models(request: Request) -> Response:
 
 
 async def health(request: Request) -> Response:
-    phase: Phase = request.app.state.phase
-    if phase is Phase.READY and request.app.state.runtime.loop.alive:
-        return JSONResponse({"status": "ok", "mode": request.app.state.config.mode})
-    retry = {"Retry-After": "5"} if phase in (Phase.LOADING, Phase.DRAINING) else None
-    return JSONResponse({"status": phase.value}, status_code=503, headers=retry)
+    state = ServerState.of(request.app)
+    if state.serving:
+        return JSONResponse({"status": "ok", "mode": state.config.mode})
+    retry = {"Retry-After": "5"} if state.phase in (Phase.LOADING, Phase.DRAINING) else None
+    return JSONResponse({"status": state.phase.value}, status_code=503, headers=retry)
 
 
 async def metrics(request: Request) -> Response:

@@ -13,8 +13,8 @@ from starlette.types import Receive, Scope, Send
 
 from api.config import ServerConfig
 from api.endpoints.errors import APIError, bad_request
-from api.endpoints.state import Phase, Runtime
-from api.live.hub import EventHub, ModeSource, Subscriber
+from api.endpoints.state import Phase, Runtime, ServerState
+from api.live.hub import ModeSource, Subscriber
 from scheduler.config import Mode
 
 _PING_S = 10
@@ -59,7 +59,7 @@ def event_params(query: QueryParams) -> bool:
 
 
 def _ready(request: Request) -> None:
-    phase: Phase = request.app.state.phase
+    phase = ServerState.of(request.app).phase
     if phase is Phase.LOADING:
         raise APIError(503, "the model is still loading; retry shortly", headers={"Retry-After": "5"})
     if phase is not Phase.READY:
@@ -69,8 +69,9 @@ def _ready(request: Request) -> None:
 async def events(request: Request) -> Response:
     include_text = event_params(request.query_params)
     _ready(request)
-    hub: EventHub = request.app.state.events
-    subscriber = hub.subscribe(tuple(request.app.state.event_modes), include_text)
+    state = ServerState.of(request.app)
+    hub = state.hub()
+    subscriber = hub.subscribe(state.event_modes, include_text)
     if subscriber is None:
         raise APIError(
             503, f"the server has {hub.max_subscribers} event subscribers already; retry later",
@@ -110,11 +111,12 @@ class _Disconnectable:
 
 async def compare_modes(request: Request) -> Response:
     """Which modes this server serves, under which prefix, and the page's bounds."""
-    config: ServerConfig = request.app.state.config
+    state = ServerState.of(request.app)
+    config = state.config
     return JSONResponse(
         {
             "object": "list",
-            "data": list(request.app.state.mode_entries),
+            "data": list(state.mode_entries),
             "max_prompts": config.max_prompts,
             "max_rate": PAGE_MAX_RATE,
             "max_tokens": PAGE_MAX_TOKENS,

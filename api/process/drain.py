@@ -10,9 +10,7 @@ import asyncio
 import logging
 import time
 
-from starlette.applications import Starlette
-
-from api.endpoints.state import Phase, Runtime
+from api.endpoints.state import Phase, Runtime, ServerState
 
 logger = logging.getLogger("batchserve.api")
 
@@ -21,19 +19,19 @@ _POLL_S = 0.05
 _STEP_WAIT_S = 10.0
 
 
-def begin_drain(app: Starlette) -> None:
+def begin_drain(state: ServerState) -> None:
     """Stop taking requests: /health and new requests get 503, requests never started get 503 now, and in dynamic
     mode finished answers are no longer held for their batch. Running requests go on."""
-    if app.state.phase is Phase.READY:
-        app.state.phase = Phase.DRAINING
-        app.state.runtime.loop.begin_drain()
+    if state.phase is Phase.READY:
+        state.phase = Phase.DRAINING
+        state.loaded().loop.begin_drain()
 
 
-async def drain(app: Starlette, grace_s: float) -> None:
+async def drain(state: ServerState, grace_s: float) -> None:
     """Drain, wait until no request is left or `grace_s` passed, end what is left with SHUTDOWN (an error event
     then [DONE] on a stream, a 503 otherwise), then stop the engine loop. Idempotent."""
-    runtime: Runtime | None = getattr(app.state, "runtime", None)
-    begin_drain(app)
+    runtime = state.runtime
+    begin_drain(state)
     if runtime is None:
         return
     await _until_idle(runtime, time.monotonic() + grace_s)

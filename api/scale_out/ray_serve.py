@@ -32,7 +32,7 @@ from ray import serve
 from ray.serve.handle import DeploymentHandle
 
 from api.config import ServerConfig
-from api.endpoints.state import Phase
+from api.endpoints.state import Phase, ServerState
 from api.flags import LOG_FORMAT, add_config_flags, config_from_args, flags_argv
 from api.scale_out.replica_asgi import HEARTBEAT_S, ReplicaApp, ReplicaReport, report_of
 
@@ -144,7 +144,7 @@ class BatchserveReplica:
         self._directory = directory
         self._name = serve.get_replica_context().replica_id.unique_id
         self._app = create_app(config, freeze_heap=True)  # a replica's process is its own
-        self._app.state.replica = self._name
+        ServerState.of(self._app).replica = self._name
         self._heartbeat: asyncio.Task[None] | None = None
         user_thread = os.environ.get(REPLICA_THREAD_ENV, "1") == "1"  # Ray's own default, where unset
         logger.info(
@@ -174,9 +174,9 @@ class BatchserveReplica:
 
     def check_health(self) -> None:
         """Ray calls this periodically; raising makes it replace the replica."""
-        phase = self._app.state.phase
-        if phase is Phase.FAILED or (phase is Phase.READY and not self._app.state.runtime.loop.alive):
-            raise RuntimeError(f"replica {self._name} is not serving ({phase.value})")
+        state = ServerState.of(self._app)
+        if state.phase is Phase.FAILED or (state.phase is Phase.READY and not state.serving):
+            raise RuntimeError(f"replica {self._name} is not serving ({state.phase.value})")
 
 
 def replica_actor_options(scale: ScaleOut) -> dict[str, Any]:

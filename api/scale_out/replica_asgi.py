@@ -20,7 +20,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from starlette.applications import Starlette
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from api.endpoints.state import Phase
+from api.endpoints.state import Phase, ServerState
 from api.scale_out.merge_metrics import LabelledMerge, exposition
 
 logger = logging.getLogger("batchserve.api")
@@ -48,9 +48,10 @@ class ReplicaReport:
 
 def report_of(app: Starlette, replica: str, pid: int) -> ReplicaReport | None:
     """This replica's report, or None while it is not serving (loading, draining, its loop dead)."""
-    if app.state.phase is not Phase.READY or not app.state.runtime.loop.alive:
+    state = ServerState.of(app)
+    if not state.serving:
         return None
-    return ReplicaReport(replica, pid, app.state.runtime.metrics.render(), time.time())
+    return ReplicaReport(replica, pid, state.loaded().metrics.render(), time.time())
 
 
 def merge_metrics(reports: Iterable[ReplicaReport]) -> bytes:
@@ -129,8 +130,9 @@ class ReplicaApp:
 
         async def send_when_ready(message: Message) -> None:
             if message["type"] == "lifespan.startup.complete":
-                await asyncio.to_thread(self.app.state.ready.wait)
-                if self.app.state.phase is not Phase.READY:
+                state = ServerState.of(self.app)
+                await asyncio.to_thread(state.ready.wait)
+                if state.phase is not Phase.READY:
                     message = {"type": "lifespan.startup.failed", "message": "the model could not be loaded"}
             await send(message)
 

@@ -17,7 +17,7 @@ import pytest
 
 from api.cli import build_parser, main
 from api.config import API_KEY_ENV, ServerConfig
-from api.endpoints.app import build_runtime
+from api.endpoints.loading import build_runtime
 from api.flags import config_from_args
 from engine.linear import Linear, onednn_available
 from engine.model_runner import TransformersRunner

@@ -24,6 +24,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from api.config import ServerConfig
 from api.endpoints.app import create_app
+from api.endpoints.state import ServerState
 from engine.loader import LoadedModel
 from tests.server_harness import (
     RunningServer,
@@ -47,7 +48,7 @@ def model_name(server: RunningServer) -> str:
 
 
 def server_mode(server: RunningServer) -> str:
-    return str(server.app.state.config.mode)  # type: ignore[attr-defined]
+    return str(ServerState.of(server.app).config.mode)  # type: ignore[arg-type]
 
 
 def metric_samples(base_url: str, headers: dict[str, str] | None = None) -> dict[str, list[tuple[dict, float]]]:
@@ -81,7 +82,7 @@ def wait_until(predicate: Callable[[], bool], what: str, timeout_s: float = 30.0
 
 def seats_all_free(server: RunningServer) -> bool:
     runtime = server.runtime
-    seats = server.app.state.config.seats  # type: ignore[attr-defined]
+    seats = ServerState.of(server.app).config.seats  # type: ignore[arg-type]
     return (
         runtime.engine.num_free_seats == seats
         and runtime.scheduler.counts().running == 0
@@ -760,7 +761,7 @@ def test_metrics_use_vllm_names_with_a_mode_label(server: RunningServer, client:
 
 @pytest.mark.parametrize("device", ["auto", "cuda"])
 def test_the_engine_serves_on_the_device_the_model_was_loaded_on_whatever_the_flag_says(device: str) -> None:
-    from api.endpoints.app import build_runtime
+    from api.endpoints.loading import build_runtime
 
     # The tiny model is on the CPU. Where CUDA is present both flags name another device; where it is not,
     # "cuda" does: either way an engine that followed the flag instead of the model would fail here.

@@ -17,8 +17,8 @@ import pytest
 import uvicorn
 
 from api.config import ServerConfig
+from api.endpoints.state import ServerState
 from api.live.compare import create_compare_app
-from api.live.hub import EventHub
 from api.process.server import uvicorn_config
 from tests.server_harness import _wait_healthy, free_port, tiny_loaded_model
 
@@ -199,7 +199,7 @@ def _wait_for(condition: Any, timeout_s: float = 60.0) -> None:
 def test_a_subscriber_that_never_reads_is_lagged_then_disconnected_while_serving_goes_on(
     server: CompareServer,
 ) -> None:
-    hub: EventHub = server.app.state.events
+    hub = ServerState.of(server.app).hub()
     disconnected = hub.disconnected
 
     async def subscribe() -> Any:
@@ -223,7 +223,7 @@ def test_a_subscriber_that_never_reads_is_lagged_then_disconnected_while_serving
 
 
 def test_a_disconnected_subscriber_sees_its_stream_closed(server: CompareServer) -> None:
-    hub: EventHub = server.app.state.events
+    hub = ServerState.of(server.app).hub()
     before = list(hub.subscribers)
     with httpx.stream("GET", f"{server.base_url}/dynamic/v1/events", timeout=30) as response:
         lines = response.iter_lines()
@@ -236,7 +236,7 @@ def test_a_disconnected_subscriber_sees_its_stream_closed(server: CompareServer)
 
 
 def test_lagged_subscriber_gets_a_summary_then_a_fresh_hello(server: CompareServer) -> None:
-    hub: EventHub = server.app.state.events
+    hub = ServerState.of(server.app).hub()
 
     async def run() -> list[str]:
         subscriber = hub.subscribe(("continuous",), include_text=False)

@@ -14,6 +14,7 @@ import httpx
 import pytest
 
 from api.config import ServerConfig
+from api.endpoints.state import ServerState
 from api.runtime.heap import frozen_after_loading
 from benchmarks import gc_pause
 from tests.api.live.test_compare import compare_server
@@ -90,7 +91,7 @@ def test_a_server_freezes_its_loaded_runtime_only_when_it_owns_the_process(
 
 def test_compare_freezes_both_modes_runtimes_when_it_owns_the_process(restore_heap: None) -> None:
     with compare_server(freeze_heap=True) as server:
-        runtimes = [mode_app.state.runtime for mode_app in server.app.state.mode_apps.values()]
+        runtimes = [mode.runtime for mode in ServerState.of(server.app).modes.values()]
         assert len(runtimes) == 2 and _tracked(runtimes) == [False, False]
         answer = httpx.post(f"{server.base_url}/continuous/v1/completions", json={"prompt": "hi", "max_tokens": 2})
         assert answer.status_code == 200
