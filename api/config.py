@@ -11,8 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from engine.config import DTYPES, QUANTIZATIONS, EngineConfig, LoadConfig
-from engine.linear import DEFAULT_MAX_QUANTIZED_ROWS
+from engine.config import DEFAULT_MAX_QUANTIZED_ROWS, DTYPES, QUANTIZATIONS, EngineConfig, LoadConfig
 from scheduler.config import Mode, SchedulerConfig
 
 API_KEY_ENV = "BATCHSERVE_API_KEY"

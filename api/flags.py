@@ -92,6 +92,15 @@ def _cell(text: str) -> str:
     return text.replace("|", "\\|").replace("\n", " ")
 
 
+def _default(value: object) -> str:
+    """As the command line takes it: a bool is on or off, None and () are unset (the help says what that means)."""
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    if value is None or value == ():
+        return "unset"
+    return f"`{value}`"
+
+
 def markdown_table() -> str:
     """Every `batchserve serve` flag as a markdown table (flag, default, help), in the order `--help` lists them."""
     hints = get_type_hints(ServerConfig)
@@ -103,7 +112,7 @@ def markdown_table() -> str:
             flag = f"`{_flag(f.name)}` / `--no-{f.name.replace('_', '-')}`"
         choices = f.metadata.get("choices")
         text = f.metadata["help"] + (f" (one of: {', '.join(choices)})" if choices else "")
-        rows.append(f"| {flag} | `{f.default!r}` | {_cell(text)} |")
+        rows.append(f"| {flag} | {_default(f.default)} | {_cell(text)} |")
     rows.append(f"| `--replicas` | `1` | {_cell(REPLICAS_HELP)} |")
     return "\n".join(rows) + "\n"
 

@@ -12,9 +12,9 @@ from transformers import PreTrainedTokenizerBase
 
 from api.config import RuntimeOptions
 from api.text.token_bytes import TokenBytes
+from engine.config import DEFAULT_MAX_QUANTIZED_ROWS
 from engine.engine import Engine
 from engine.format_probe import load_auto
-from engine.linear import DEFAULT_MAX_QUANTIZED_ROWS
 from engine.loader import LoadedModel
 from engine.model_runner import ModelRunner, TransformersRunner
 from scheduler.core import Scheduler
