@@ -62,7 +62,7 @@ class ResponseFormat(_Lenient):
     type: str
 
 
-class _SamplingFields(_Lenient):
+class SamplingFields(_Lenient):
     """Fields both endpoints share: sampling, stopping, streaming and vLLM's extensions."""
 
     model: str | None = None
@@ -123,7 +123,7 @@ class _SamplingFields(_Lenient):
         return self.stream_options is not None and self.stream_options.continuous_usage_stats
 
 
-class CompletionRequest(_SamplingFields):
+class CompletionRequest(SamplingFields):
     prompt: str | list[str] | TokenIds | list[TokenIds]
     max_tokens: int = Field(16, ge=0, le=INT64_MAX)  # 0 with echo scores the prompt alone
     logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
@@ -150,7 +150,7 @@ class ChatMessage(_Lenient):
         return self.content if isinstance(self.content, str) else "".join(p.text or "" for p in self.content)
 
 
-class ChatCompletionRequest(_SamplingFields):
+class ChatCompletionRequest(SamplingFields):
     messages: list[ChatMessage] = Field(min_length=1)
     max_tokens: int | None = Field(None, ge=0, le=INT64_MAX)
     max_completion_tokens: int | None = Field(None, ge=0, le=INT64_MAX)
@@ -182,7 +182,7 @@ def _unsupported(param: str, what: str) -> APIError:
     return bad_request(f"{what} is not supported by this server", param=param)
 
 
-def refusal(request: _SamplingFields) -> APIError | None:
+def refusal(request: SamplingFields) -> APIError | None:
     """The first field whose value would change the answer in a way this server does not build."""
     if request.best_of is not None and request.best_of != request.n:
         return _unsupported("best_of", f"'best_of' other than n ({request.best_of} with n={request.n})")

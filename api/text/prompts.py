@@ -10,7 +10,7 @@ from api.config import ServerConfig
 from api.endpoints.deltas import ChoiceInput, OutputOptions
 from api.endpoints.engine_fields import engine_input_error
 from api.endpoints.errors import bad_request
-from api.endpoints.protocol import ChatCompletionRequest, ChatMessage, CompletionRequest, _SamplingFields
+from api.endpoints.protocol import ChatCompletionRequest, ChatMessage, CompletionRequest, SamplingFields
 from api.text.chat_template import RESERVED_TEMPLATE_OPTIONS, UnsafeTemplateError, encode_chat
 from engine.errors import EngineInputError
 from engine.sampling_params import SamplingParams
@@ -101,7 +101,7 @@ def chat_echo_text(request: ChatCompletionRequest) -> str | None:
     return request.messages[-1].text()
 
 
-def check_common_limits(request: _SamplingFields, config: ServerConfig) -> None:
+def check_common_limits(request: SamplingFields, config: ServerConfig) -> None:
     if request.n > config.max_n:
         raise bad_request(f"n must be at most {config.max_n}", param="n")
     stops = request.stop_strings()
@@ -111,7 +111,7 @@ def check_common_limits(request: _SamplingFields, config: ServerConfig) -> None:
         raise bad_request("stop strings must be 1 to 256 characters long", param="stop")
 
 
-def _logit_bias(request: _SamplingFields) -> tuple[tuple[int, float], ...]:
+def _logit_bias(request: SamplingFields) -> tuple[tuple[int, float], ...]:
     pairs = []
     for key, bias in (request.logit_bias or {}).items():
         if not key.isdigit():
@@ -121,7 +121,7 @@ def _logit_bias(request: _SamplingFields) -> tuple[tuple[int, float], ...]:
 
 
 def choice_inputs(
-    request: _SamplingFields,
+    request: SamplingFields,
     prompts: list[list[int]],
     max_tokens: int,
     logprobs: int | None,
