@@ -19,9 +19,9 @@ from pathlib import Path
 
 from benchmarks.machine import machine_facts
 from benchmarks.report import write_json
+from engine.config import DEFAULT_MAX_QUANTIZED_ROWS
 from engine.cpu_features import cpu_features
 from engine.format_probe import PREFILL_ROWS, PROBE_ROWS, load_auto, time_steps
-from engine.linear import DEFAULT_MAX_QUANTIZED_ROWS
 from engine.loader import load_model
 
 COMBINATIONS = [(d, q) for d in ("float32", "bfloat16") for q in ("none", "int8", "int4")]

@@ -24,7 +24,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from api.offline import LLM
+from api.runtime.offline import LLM
 from engine.sampling_params import SamplingParams
 
 DEFAULT_OUT = Path("benchmarks/results/quality.json")

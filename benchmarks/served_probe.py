@@ -39,8 +39,8 @@ from typing import Any
 import httpx
 import numpy as np
 
-from api.cli import flags_argv
 from api.config import ServerConfig
+from api.flags import flags_argv
 from benchmarks.client import ClientConfig, RequestRecord, run_load
 from benchmarks.cost_model import BusyArrival
 from benchmarks.server_proc import LaunchConfig, ServerProcess

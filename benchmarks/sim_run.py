@@ -7,7 +7,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from api.formatting import timings_json
+from api.endpoints.timings import timings_json
 from benchmarks.client import RequestRecord
 from benchmarks.cost_model import BusyArrival, CostModel
 from benchmarks.prom import ServerMetrics

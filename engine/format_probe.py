@@ -29,10 +29,9 @@ from pathlib import Path
 
 import torch
 
-from engine.config import EngineConfig
+from engine.config import DEFAULT_MAX_QUANTIZED_ROWS, EngineConfig
 from engine.cpu_features import cpu_features
 from engine.engine import Engine
-from engine.linear import DEFAULT_MAX_QUANTIZED_ROWS
 from engine.loader import LoadedModel, checkpoint_dtype, file_sha256, load_model, resolve_cache_dir, resolve_device
 from engine.model_runner import TransformersRunner
 from engine.native import best_build

@@ -197,11 +197,6 @@ class Int8Linear:
 
 QuantizedLinear = Int4Linear | Int4DotLinear | Int8Linear
 
-# Steps of more rows than this run the dense copy (RowSwitchedLinear). Measured (SmolLM2, int4 + bf16, 2 cores,
-# int4 through VNNI dot products): decode steps cost the same at 10-12 rows (int4 24.2 ms against dense 32.8 at
-# 8 rows, 37.0 against 36.1 at 12, 44.4 against 39.5 at 16).
-DEFAULT_MAX_QUANTIZED_ROWS = 10
-
 
 @dataclass(frozen=True)
 class RowSwitchedLinear:

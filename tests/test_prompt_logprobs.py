@@ -14,8 +14,8 @@ import pytest
 import torch
 from transformers import PreTrainedModel
 
-from api.offline import LLM
-from api.protocol import MAX_LOGPROBS
+from api.endpoints.protocol import MAX_LOGPROBS
+from api.runtime.offline import LLM
 from engine import native
 from engine.config import EngineConfig
 from engine.engine import Engine

@@ -25,7 +25,7 @@ import pytest
 import torch
 
 from api.config import ServerConfig
-from api.service import Generation
+from api.endpoints.service import Generation
 from scheduler.request import FinishEvent, RequestEvent, SequenceRequest
 from tests.server_harness import RunningServer, running_server
 

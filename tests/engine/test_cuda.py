@@ -16,7 +16,7 @@ import pytest
 import torch
 from transformers import PreTrainedModel
 
-from api.offline import LLM
+from api.runtime.offline import LLM
 from engine.sampling_params import SamplingParams
 from scheduler.request import Outcome
 from tests.conftest import TINY_VOCAB_SIZE, train_byte_level_tokenizer

@@ -13,9 +13,10 @@ import torch.nn.functional as F
 from gguf import GGMLQuantizationType, GGUFWriter
 from gguf.quants import dequantize, quantize
 
-from api.cli import build_parser, config_from_args
+from api.cli import build_parser
 from api.config import ServerConfig
-from api.offline import LLM
+from api.flags import config_from_args
+from api.runtime.offline import LLM
 from engine.config import LoadConfig
 from engine.linear import Int4Linear, Int8Linear, Linear, build_linear
 from engine.loader import LoadedModel, load_model

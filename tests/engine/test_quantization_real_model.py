@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 import torch
 
-from api.offline import LLM
+from api.runtime.offline import LLM
 from engine.loader import LoadedModel, load_model
 from engine.quantization import Int4Weight, Int8Weight
 from engine.sampling_params import SamplingParams

@@ -7,7 +7,7 @@ import functools
 
 import pytest
 
-from api.offline import LLM
+from api.runtime.offline import LLM
 from engine.config import EngineConfig
 from engine.engine import Engine
 from engine.loader import LoadedModel
