@@ -5,77 +5,22 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import dataclasses
 import gc
 import logging
-import os
 import signal
 import sys
 import threading
 import types
-from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
-from typing import Any, Union, get_args, get_origin, get_type_hints
+from collections.abc import Awaitable, Callable, Iterator, Sequence
+from typing import Any
 
 import uvicorn
 
-from api.config import API_KEY_ENV, ServerConfig
+from api.config import ServerConfig
+from api.flags import LOG_FORMAT, REPLICAS_HELP, add_config_flags, config_from_args
 from engine.config import DTYPES, QUANTIZATIONS
 from engine.cpu_features import CpuIsaError, cpu_features
 from scheduler.config import Mode
-
-LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
-
-
-def _base_type(annotation: Any) -> type:
-    if get_origin(annotation) in (Union, types.UnionType):
-        annotation = next(a for a in get_args(annotation) if a is not type(None))
-    if get_origin(annotation) is tuple:
-        return tuple
-    return annotation  # type: ignore[no-any-return]
-
-
-def add_config_flags(parser: argparse.ArgumentParser, skip: Sequence[str] = ()) -> None:
-    """One flag per ServerConfig field, with its help text and default."""
-    hints = get_type_hints(ServerConfig)
-    for f in dataclasses.fields(ServerConfig):
-        if f.name in skip:
-            continue
-        kind = _base_type(hints[f.name])
-        flag = "--" + f.name.replace("_", "-")
-        help_text = f.metadata["help"]
-        if "(default:" not in help_text:  # some fields describe their default themselves
-            help_text = f"{help_text} (default: {f.default})"
-        if kind is tuple:
-            parser.add_argument(flag, nargs="*", default=f.default, help=help_text)
-        elif kind is bool:
-            parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=f.default, help=help_text)
-        else:
-            parser.add_argument(flag, type=kind, default=f.default, choices=f.metadata.get("choices"), help=help_text)
-
-
-def flags_argv(values: Mapping[str, Any]) -> list[str]:
-    """The inverse of add_config_flags: `name=value` pairs (typed, or strings as `serve run` passes them) as flags;
-    a None value is left out, so the flag keeps its default."""
-    argv: list[str] = []
-    for key, value in values.items():
-        flag = "--" + str(key).replace("_", "-")
-        if isinstance(value, bool) or str(value).lower() in ("true", "false"):
-            on = value if isinstance(value, bool) else str(value).lower() == "true"
-            argv.append(flag if on else "--no-" + flag[2:])
-        elif isinstance(value, list | tuple):
-            argv += [flag, *map(str, value)]
-        elif value is not None:
-            argv += [flag, str(value)]
-    return argv
-
-
-def config_from_args(args: argparse.Namespace) -> ServerConfig:
-    values = {f.name: getattr(args, f.name) for f in dataclasses.fields(ServerConfig) if hasattr(args, f.name)}
-    values["cors_origins"] = tuple(values.get("cors_origins") or ())
-    if values.get("api_key") is None:
-        values["api_key"] = os.environ.get(API_KEY_ENV) or None
-    return ServerConfig(**values)
-
 
 # Once the drain is over every request has its answer or its error: this bounds writing them to slow clients.
 _WRITE_OUT_S = 5
@@ -129,13 +74,14 @@ class _Server(uvicorn.Server):
 
 
 def serve(config: ServerConfig, compare: bool = False) -> None:
-    """`compare`: both modes side by side on one port (api/compare.py); else `config.mode` alone."""
-    from api.app import create_app
-    from api.compare import create_compare_app, drain_all
-    from api.drain import drain
-    from api.server import uvicorn_config
+    """`compare`: both modes side by side on one port (api/live/compare.py); else `config.mode` alone."""
+    from api.endpoints.app import create_app
+    from api.endpoints.state import Phase, ServerState
+    from api.live.compare import create_compare_app, drain_all
+    from api.process.drain import drain
+    from api.process.server import uvicorn_config
 
-    # this process is the server's alone: its heap is frozen after loading (api.heap)
+    # this process is the server's alone: its heap is frozen after loading (api.runtime.heap)
     app = create_compare_app(config, freeze_heap=True) if compare else create_app(config, freeze_heap=True)
     uv_config = uvicorn_config(  # connection timeouts and cap, HTTP/2 refusal, throttled accept errors
         app,
@@ -143,12 +89,15 @@ def serve(config: ServerConfig, compare: bool = False) -> None:
         log_level="warning",
         timeout_graceful_shutdown=_WRITE_OUT_S,  # after the drain (below), which gives the grace period
     )
-    server = _Server(uv_config, (lambda: drain_all(app)) if compare else (lambda: drain(app, config.shutdown_grace_s)))
+    state = ServerState.of(app)
+    server = _Server(
+        uv_config, (lambda: drain_all(state)) if compare else (lambda: drain(state, config.shutdown_grace_s))
+    )
 
     def announce() -> None:
-        app.state.ready.wait()
-        if app.state.phase.value == "ready":
-            runtime = app.state.runtime
+        state.ready.wait()
+        if state.phase is Phase.READY:
+            runtime = state.loaded()
             print(
                 f"batchserve ready on http://{config.host}:{config.port} "
                 f"mode={'dynamic+continuous' if compare else config.mode} "
@@ -161,12 +110,12 @@ def serve(config: ServerConfig, compare: bool = False) -> None:
 
     threading.Thread(target=announce, daemon=True).start()
     server.run()
-    if app.state.phase.value == "failed":
+    if state.phase is Phase.FAILED:
         raise SystemExit("batchserve: the model could not be loaded")
 
 
 def generate(args: argparse.Namespace) -> None:
-    from api.offline import LLM
+    from api.runtime.offline import LLM
     from engine.sampling_params import SamplingParams
 
     llm = LLM(
@@ -201,8 +150,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--replicas",
         type=int,
         default=1,
-        help="Replicas behind one endpoint; above 1 starts a local Ray Serve (pip install -e '.[ray]'; see "
-        "docs/scale_out.md), each replica with these flags and the machine's CPUs / N threads (default: 1, no Ray)",
+        help=REPLICAS_HELP,
     )
     compare = commands.add_parser(
         "compare", help="Serve both modes side by side on one port, with the live page", allow_abbrev=False
@@ -241,9 +189,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         except ValueError as exc:
             raise SystemExit(f"batchserve: {exc}") from None
         if args.replicas > 1:  # only then is Ray imported: the single server never loads it
-            from api.ray_serve import ScaleOut, serve_replicas
+            from api.scale_out.ray_serve import ScaleOut, serve_replicas
 
-            serve_replicas(config, ScaleOut(args.replicas, float(max(1, (os.cpu_count() or 1) // args.replicas))))
+            serve_replicas(config, ScaleOut.on_this_machine(args.replicas))
         elif args.replicas < 1:
             raise SystemExit(f"batchserve: --replicas must be at least 1, got {args.replicas}")
         else:

@@ -11,8 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from engine.config import DTYPES, QUANTIZATIONS, EngineConfig, LoadConfig
-from engine.linear import DEFAULT_MAX_QUANTIZED_ROWS
+from engine.config import DEFAULT_MAX_QUANTIZED_ROWS, DTYPES, QUANTIZATIONS, EngineConfig, LoadConfig
 from scheduler.config import Mode, SchedulerConfig
 
 API_KEY_ENV = "BATCHSERVE_API_KEY"
@@ -162,7 +161,7 @@ class ServerConfig:
         )
 
     def runtime_options(self) -> RuntimeOptions:
-        """What `api.wiring` needs to load and run the model; the HTTP limits stay here."""
+        """What `api.runtime.build` needs to load and run the model; the HTTP limits stay here."""
         return RuntimeOptions(
             scheduler=self.scheduler_config(),
             model=self.model,

@@ -12,12 +12,14 @@ from collections.abc import Sequence
 
 import torch
 
+from engine.block_pool import BlockPool, PrefixMatch
 from engine.config import EngineConfig
 from engine.errors import CacheCapacityError, ContextLengthError, EngineInputError, InputField
 from engine.forward_batch import PromptScoring, build_forward_batch, move_batch
-from engine.kv_cache import BlockAllocator, PagedKVCache
+from engine.kv_cache import PagedKVCache
 from engine.model_runner import ModelRunner
 from engine.outputs import PromptLogprobs, StepOutput
+from engine.prefix_cache import NO_MATCH, PrefixCache
 from engine.prompt_scoring import PromptScores
 from engine.rows import SequenceRows
 from engine.sampling_params import SamplingParams
@@ -39,11 +41,14 @@ class Engine:
         self.max_model_len = min(limits) if limits else config.kv_cache_tokens
         self.block_size = config.block_size
         self.device = torch.device(config.device)
-        self.allocator = BlockAllocator(config.num_blocks)
+        self.allocator = BlockPool(config.num_blocks)
+        self.prefix_cache = PrefixCache(self.allocator, config.block_size, config.enable_prefix_caching)
         self.cache = PagedKVCache(runner.kv_cache_shape(config.num_blocks, config.block_size), dtype, self.device)
         self.eos_token_ids = torch.tensor(sorted(set(eos_token_ids)), dtype=torch.long)
         self.rows = SequenceRows(config, self.max_model_len, runner.vocab_size)
         self._blocks_of: dict[int, list[int]] = {}  # each sequence's cache blocks, in order
+        self._salt_of: dict[int, str | None] = {}
+        self._registered = torch.zeros(config.seats, dtype=torch.long)  # per row: blocks in the prefix cache
 
     # ----- capacity -----
     @property
@@ -63,11 +68,27 @@ class Engine:
 
     def num_pending(self, seq_id: int) -> int:
         """Known tokens of the sequence not yet in the cache (the prompt before prefill, then 1 per step)."""
-        row = self.rows.row(seq_id)
-        return int(self.rows.seq_len[row] - self.rows.num_computed[row])
+        return int(self.rows.seq_len[self.rows.row(seq_id)]) - self.num_computed(seq_id)
 
     def num_computed(self, seq_id: int) -> int:
-        return int(self.rows.num_computed[self.rows.row(seq_id)])
+        """Tokens of the sequence in the cache. One that holds no cache yet (fresh or preempted) will start from
+        the cached prefix of its known tokens when `reserve` gives it cache: that is counted already."""
+        if self._blocks_of[seq_id]:
+            return int(self.rows.num_computed[self.rows.row(seq_id)])
+        return len(self._cached_prefix(seq_id).blocks) * self.block_size
+
+    def num_cached(self, prompt_token_ids: Sequence[int], params: SamplingParams, cache_salt: str | None) -> int:
+        """Prompt tokens a new sequence would find in the prefix cache now; changes nothing."""
+        match = self.prefix_cache.lookup(prompt_token_ids, cache_salt, params.prompt_logprobs is None)
+        return len(match.blocks) * self.block_size
+
+    def _cached_prefix(self, seq_id: int) -> PrefixMatch:
+        row = self.rows.row(seq_id)
+        reads = int(self.rows.prompt_top_k[row]) < 0  # prompt logprobs need every position computed
+        if not (self.prefix_cache.enabled and reads):
+            return NO_MATCH
+        known = self.rows.token_buffer[row, : int(self.rows.seq_len[row])].tolist()
+        return self.prefix_cache.lookup(known, self._salt_of[seq_id], reads)
 
     # ----- sequence lifecycle -----
     def validate(self, prompt_token_ids: Sequence[int], params: SamplingParams) -> None:
@@ -131,26 +152,54 @@ class Engine:
                 InputField.MIN_TOKENS,
             )
 
-    def add(self, seq_id: int, prompt_token_ids: Sequence[int], params: SamplingParams) -> None:
-        """Register a sequence in a free row. Its cache is reserved separately with `reserve`."""
+    def add(
+        self, seq_id: int, prompt_token_ids: Sequence[int], params: SamplingParams, cache_salt: str | None = None
+    ) -> None:
+        """Register a sequence in a free row. Its cache is reserved separately with `reserve`; only sequences with
+        the same `cache_salt` share cached blocks."""
         self.validate(prompt_token_ids, params)
         self.rows.seat(seq_id, prompt_token_ids, params)
         self._blocks_of[seq_id] = []
+        self._salt_of[seq_id] = cache_salt
 
     def reserve(self, seq_id: int, total_tokens: int) -> bool:
-        """Make the sequence's cache hold `total_tokens` positions; all or nothing. False if blocks ran out."""
+        """Make the sequence's cache hold `total_tokens` positions; all or nothing. False if blocks ran out.
+        A sequence that holds no cache first takes the cached blocks of its prefix (see `num_computed`)."""
         blocks = self._blocks_of[seq_id]
+        if not blocks:
+            return self._start_cache(seq_id, total_tokens)
         missing = self._blocks_for(min(total_tokens, self.max_model_len)) - len(blocks)
         if missing <= 0:
             return True
         new = self.allocator.allocate(missing)
         if new is None:
             return False
+        self._append_blocks(seq_id, new)
+        return True
+
+    def _start_cache(self, seq_id: int, total_tokens: int) -> bool:
+        match = self._cached_prefix(seq_id)
+        self.allocator.acquire(match.blocks)  # first: allocating must not evict the blocks we are about to read
+        missing = self._blocks_for(min(total_tokens, self.max_model_len)) - len(match.blocks)
+        new = self.allocator.allocate(missing) if missing > 0 else []
+        if new is None:
+            self.allocator.free(match.blocks)
+            return False
+        row = self.rows.row(seq_id)
+        self._append_blocks(seq_id, [*match.blocks, *new])
+        cached_tokens = len(match.blocks) * self.block_size
+        self.rows.num_computed[row] = cached_tokens
+        self._registered[row] = len(match.blocks)
+        self.prefix_cache.start(seq_id, self._salt_of[seq_id], match, int(self.rows.seq_len[row]))
+        return True
+
+    def _append_blocks(self, seq_id: int, new: list[int]) -> None:
+        blocks = self._blocks_of[seq_id]
+        missing = len(new)
         row = self.rows.row(seq_id)
         self.rows.block_table[row, len(blocks) : len(blocks) + missing] = torch.tensor(new, dtype=torch.long)
         blocks.extend(new)
         self.rows.num_blocks[row] = len(blocks)
-        return True
 
     def reserved_tokens(self, seq_id: int) -> int:
         return len(self._blocks_of[seq_id]) * self.block_size
@@ -159,14 +208,20 @@ class Engine:
         """Free the sequence's cache and mark it for recomputation (preemption); its tokens are kept."""
         self.allocator.free(self._blocks_of[seq_id])
         self._blocks_of[seq_id] = []
+        self.prefix_cache.end(seq_id)
         row = self.rows.row(seq_id)
         self.rows.num_computed[row] = 0
         self.rows.num_blocks[row] = 0
+        self._registered[row] = 0
 
     def remove(self, seq_id: int) -> None:
         """Forget the sequence and free its row and cache. Unknown ids are ignored (idempotent)."""
-        if self.rows.release(seq_id) is not None:
+        row = self.rows.release(seq_id)
+        if row is not None:
             self.allocator.free(self._blocks_of.pop(seq_id))
+            del self._salt_of[seq_id]
+            self.prefix_cache.end(seq_id)
+            self._registered[row] = 0
 
     # ----- the step -----
     def step(self, schedule: Sequence[tuple[int, int]]) -> StepOutput:
@@ -193,10 +248,28 @@ class Engine:
         )
         result = self.runner.forward(move_batch(batch, self.device), self.cache)
         state.num_computed[rows] += counts
+        self._register_full_blocks(seq_ids, rows)
         prompt_logprobs = self._record_prompt_scores(seq_ids, rows, batch.scoring, result.prompt_scores)
         sampled_ids = [s for s, m in zip(seq_ids, samples.tolist(), strict=True) if m]
         outputs = sample_and_record(state, rows[samples], result.logits, sampled_ids, self.eos_token_ids)
         return StepOutput(outputs, len(seq_ids), batch.num_tokens, prompt_logprobs)
+
+    def _register_full_blocks(self, seq_ids: list[int], rows: torch.Tensor) -> None:
+        """Put the blocks this step filled into the prefix cache. Only rows that crossed a block boundary are
+        visited: after prefill, one in `block_size` decode steps."""
+        if not self.prefix_cache.enabled:
+            return
+        full = self.rows.num_computed[rows] // self.block_size
+        due = (full > self._registered[rows]).nonzero().flatten().tolist()
+        if not due:
+            return
+        size = self.block_size
+        for index in due:
+            seq_id, row, num_full = seq_ids[index], int(rows[index]), int(full[index])
+            first = int(self._registered[row])
+            new_tokens = self.rows.token_buffer[row, first * size : num_full * size].tolist()
+            blocks = self._blocks_of[seq_id]
+            self._registered[row] = self.prefix_cache.register(seq_id, blocks, new_tokens, num_full)
 
     def _record_prompt_scores(
         self, seq_ids: list[int], rows: torch.Tensor, scoring: PromptScoring | None, scores: PromptScores | None

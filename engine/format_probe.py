@@ -29,10 +29,9 @@ from pathlib import Path
 
 import torch
 
-from engine.config import EngineConfig
+from engine.config import DEFAULT_MAX_QUANTIZED_ROWS, EngineConfig
 from engine.cpu_features import cpu_features
 from engine.engine import Engine
-from engine.linear import DEFAULT_MAX_QUANTIZED_ROWS
 from engine.loader import LoadedModel, checkpoint_dtype, file_sha256, load_model, resolve_cache_dir, resolve_device
 from engine.model_runner import TransformersRunner
 from engine.native import best_build
@@ -140,7 +139,8 @@ def time_steps(
     seats = max(rows)
     length = _PROMPT_TOKENS + repeats + 2
     cache_tokens = seats * 2 * length + 2 * (prefill_tokens or 0) + 32
-    config = EngineConfig(seats=seats + 1, kv_cache_tokens=cache_tokens, block_size=16)  # + a seat for prefills
+    # + a seat for prefills; no prefix caching: the same prompts are timed again and must be computed each time
+    config = EngineConfig(seats=seats + 1, kv_cache_tokens=cache_tokens, block_size=16, enable_prefix_caching=False)
     engine = Engine(runner, config, dtype=dtype)
     params = SamplingParams(max_tokens=length, temperature=0.0, ignore_eos=True)
     prompt = list(range(1, _PROMPT_TOKENS + 1))

@@ -59,10 +59,6 @@ class Linear:
         return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
 
 
-def _device_dtype_ok(device: torch.device, dtype: torch.dtype) -> bool:
-    return device.type == "cpu" and dtype in (torch.float32, torch.bfloat16)
-
-
 INT4_BLOCK_ROWS = 64  # output rows per block of the kernels' int4_gemv layout
 
 
@@ -201,11 +197,6 @@ class Int8Linear:
 
 QuantizedLinear = Int4Linear | Int4DotLinear | Int8Linear
 
-# Steps of more rows than this run the dense copy (RowSwitchedLinear). Measured (SmolLM2, int4 + bf16, 2 cores,
-# int4 through VNNI dot products): decode steps cost the same at 10-12 rows (int4 24.2 ms against dense 32.8 at
-# 8 rows, 37.0 against 36.1 at 12, 44.4 against 39.5 at 16).
-DEFAULT_MAX_QUANTIZED_ROWS = 10
-
 
 @dataclass(frozen=True)
 class RowSwitchedLinear:
@@ -231,14 +222,6 @@ class RowSwitchedLinear:
 
 AnyLinear = Linear | Int4Linear | Int4DotLinear | Int8Linear | RowSwitchedLinear
 
-
-def quantized_kernels_available(device: torch.device, dtype: torch.dtype) -> bool:
-    """torch's weight-only int4/int8 CPU kernels for activations of this dtype."""
-    return (
-        _device_dtype_ok(device, dtype)
-        and hasattr(torch.ops.aten, "_weight_int4pack_mm_for_cpu")
-        and hasattr(torch.ops.aten, "_weight_int8pack_mm")
-    )
 
 
 def build_linear(

@@ -19,11 +19,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.attention import PreparedGroup, paged_attention, prepare
+from engine.config import DEFAULT_MAX_QUANTIZED_ROWS
 from engine.forward_batch import ForwardBatch
 from engine.fused import ElementwiseOps, RotaryTables
 from engine.kv_cache import KVCacheShape, PagedKVCache
 from engine.linear import (
-    DEFAULT_MAX_QUANTIZED_ROWS,
     AnyLinear,
     Int4DotLinear,
     Int4Linear,

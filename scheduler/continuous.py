@@ -36,7 +36,8 @@ class ContinuousPolicy(Policy):
             request = ctx.waiting[0]
             count = min(ctx.pending_tokens(request), budget)
             # A preempted request comes back with its whole length reserved, so it is never preempted again.
-            if not ctx.admit(request, request.max_total_tokens if request.num_preemptions else count):
+            total = request.max_total_tokens if request.num_preemptions else ctx.computed_tokens(request) + count
+            if not ctx.admit(request, total):
                 break  # first come, first served: nobody overtakes the head of the queue
             plan.append((request, count))
             budget -= count

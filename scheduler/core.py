@@ -1,4 +1,4 @@
-"""The scheduler: owns the waiting queue and the request lifecycle, and runs one step at a time.
+"""The scheduler: takes requests in, asks its policy what runs, has `Lifecycle` carry it out, one step at a time.
 
 Everything here runs on the engine loop thread except `submit`, `abort`, `stop_request`, `close`, `begin_drain`
 and `shutdown`, which only append to a locked inbox or set a flag under its lock. `step()` is synchronous and
@@ -68,7 +68,7 @@ class Scheduler:
         self._seq_ids = itertools.count()
         self._closed = False
         self._counts = SchedulerCounts(config.seats, 0, 0, 0, 0, engine.cache_usage, False)
-        self.events = EventFeed()  # records only while a listener is enabled (api/events.py)
+        self.events = EventFeed()  # records only while a listener is enabled (api/live/hub.py)
         self._num_steps = 0
         # (request, when) while `_finish` runs: a request its policy releases at once (continuous batching) is
         # released at the instant it finished, not a clock reading later: it was held for no time.

@@ -1,4 +1,4 @@
-"""SequenceRequest-level ("bus") batching: a batch leaves when full or when its oldest request timed out, then runs as
+"""Request-level ("bus") batching: a batch leaves when full or when its oldest request timed out, then runs as
 one unit. Nobody joins until every member finished, and each member's completion is released only then."""
 
 from __future__ import annotations

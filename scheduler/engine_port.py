@@ -9,8 +9,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol
 
+from engine.block_pool import BlockPool
 from engine.config import EngineConfig
-from engine.kv_cache import BlockAllocator
 from engine.outputs import StepOutput
 from engine.sampling_params import SamplingParams
 
@@ -20,7 +20,7 @@ class SchedulerEngine(Protocol):
     def config(self) -> EngineConfig: ...
 
     @property
-    def allocator(self) -> BlockAllocator: ...
+    def allocator(self) -> BlockPool: ...
 
     @property
     def block_size(self) -> int: ...
@@ -39,9 +39,13 @@ class SchedulerEngine(Protocol):
 
     def num_computed(self, seq_id: int) -> int: ...
 
+    def num_cached(self, prompt_token_ids: Sequence[int], params: SamplingParams, cache_salt: str | None) -> int: ...
+
     def reserved_tokens(self, seq_id: int) -> int: ...
 
-    def add(self, seq_id: int, prompt_token_ids: Sequence[int], params: SamplingParams) -> None: ...
+    def add(
+        self, seq_id: int, prompt_token_ids: Sequence[int], params: SamplingParams, cache_salt: str | None = None
+    ) -> None: ...
 
     def reserve(self, seq_id: int, total_tokens: int) -> bool: ...
 

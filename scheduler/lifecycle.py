@@ -53,12 +53,17 @@ class Lifecycle:
         return sum(1 for r in self._running if r.status is RequestStatus.FINISHED)
 
     def pending_tokens(self, request: SequenceRequest) -> int:
-        if not self.engine.has_sequence(request.seq_id):
-            return len(request.prompt_token_ids)  # not in the engine yet: its whole prompt
+        if not self.engine.has_sequence(request.seq_id):  # not in the engine yet: its prompt past the cached prefix
+            return len(request.prompt_token_ids) - self._cached_prompt_tokens(request)
         return self.engine.num_pending(request.seq_id)
 
     def computed_tokens(self, request: SequenceRequest) -> int:
-        return self.engine.num_computed(request.seq_id) if self.engine.has_sequence(request.seq_id) else 0
+        if not self.engine.has_sequence(request.seq_id):
+            return self._cached_prompt_tokens(request)
+        return self.engine.num_computed(request.seq_id)
+
+    def _cached_prompt_tokens(self, request: SequenceRequest) -> int:
+        return self.engine.num_cached(request.prompt_token_ids, request.params, request.cache_salt)
 
     def reserved_tokens(self, request: SequenceRequest) -> int:
         return self.engine.reserved_tokens(request.seq_id) if self.engine.has_sequence(request.seq_id) else 0
@@ -72,11 +77,13 @@ class Lifecycle:
         if added:
             if self.engine.num_free_seats == 0:
                 return False
-            self.engine.add(request.seq_id, request.prompt_token_ids, request.params)
+            self.engine.add(request.seq_id, request.prompt_token_ids, request.params, request.cache_salt)
         if not self.engine.reserve(request.seq_id, total_tokens):
             if added:
                 self.engine.remove(request.seq_id)  # undo: a fresh request keeps no row while it waits
             return False
+        if added:
+            request.num_cached_tokens = self.engine.num_computed(request.seq_id)
         self._waiting.remove(request)
         request.status = RequestStatus.RUNNING
         request.seat = heapq.heappop(self._free_seat_numbers)

@@ -46,7 +46,8 @@ class PolicyContext(Protocol):
         after a preemption, its prompt plus the tokens it produced."""
 
     def computed_tokens(self, request: SequenceRequest) -> int:
-        """Tokens of the sequence already in its cache."""
+        """Tokens of the sequence already in its cache; for a waiting one, what it will find in the prefix cache
+        when admitted (`pending_tokens` excludes them: cache hits cost no step budget)."""
 
     def reserved_tokens(self, request: SequenceRequest) -> int:
         """Tokens its reserved cache can hold."""

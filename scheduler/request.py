@@ -30,6 +30,7 @@ class RequestTimings:
     num_steps: int
     num_preemptions: int
     batch_id: int | None
+    num_cached_tokens: int = 0  # prompt tokens found in the prefix cache, not computed
 
     @property
     def queue_time(self) -> float:
@@ -127,6 +128,8 @@ class SequenceRequest:
     batch_id: int | None = None
     output_token_ids: list[int] = field(default_factory=list)  # as sampled (the event stream's text)
     seat: int | None = None  # its lane in the event stream (scheduler/events.py): 0..seats-1, the last one held
+    cache_salt: str | None = None  # only requests with the same salt share prefix-cache blocks
+    num_cached_tokens: int = 0  # prompt tokens found in the prefix cache when it was first admitted
 
     @property
     def max_total_tokens(self) -> int:
@@ -143,4 +146,5 @@ class SequenceRequest:
             num_steps=self.num_steps,
             num_preemptions=self.num_preemptions,
             batch_id=self.batch_id,
+            num_cached_tokens=self.num_cached_tokens,
         )

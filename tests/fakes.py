@@ -239,6 +239,7 @@ class Harness:
         max_tokens: int = 4,
         request_id: str | None = None,
         arrival: float | None = None,
+        cache_salt: str | None = None,
         **params: object,
     ) -> Stream:
         """Submit a greedy request; an int prompt means that many (distinct per request) in-vocab tokens.
@@ -250,7 +251,8 @@ class Harness:
             prompt = [1 + (self._ids * 5 + i) % (self.runner.vocab_size - 1) for i in range(prompt)]
         params.setdefault("temperature", 0.0)
         stream = Stream(request_id, list(prompt), max_tokens, _harness=self)
-        request = SequenceRequest(request_id, list(prompt), SamplingParams(max_tokens=max_tokens, **params), stream)  # type: ignore[arg-type]
+        params_ = SamplingParams(max_tokens=max_tokens, **params)  # type: ignore[arg-type]
+        request = SequenceRequest(request_id, list(prompt), params_, stream, cache_salt=cache_salt)
         stream.request = request
         self.scheduler.submit(request, arrival)
         self.streams[request_id] = stream
@@ -305,6 +307,7 @@ def build(
     runner: ScriptedRunner | None = None,
     clock: FakeClock | Callable[[], float] | None = None,
     step_time: float = 1.0,
+    enable_prefix_caching: bool = True,
     **scheduler: object,
 ) -> Harness:
     """Engine + Scheduler for `mode` with `seats` seats (max_batch_size or max_num_seqs) and engine rows.
@@ -329,6 +332,7 @@ def build(
         kv_cache_tokens=kv_cache_tokens,
         block_size=block_size,
         max_model_len=max_model_len,
+        enable_prefix_caching=enable_prefix_caching,
     )
     engine = Engine(runner, engine_config, eos_token_ids=eos_token_ids)
     return Harness(engine, Scheduler(engine, config, clock=clock), runner, clock)

@@ -14,9 +14,10 @@ import openai
 import uvicorn
 from transformers import PreTrainedTokenizerFast
 
-from api.app import create_app
 from api.config import ServerConfig
-from api.server import uvicorn_config
+from api.endpoints.app import create_app
+from api.endpoints.state import ServerState
+from api.process.server import uvicorn_config
 from benchmarks.loadgen.server_proc import free_port
 from engine.loader import LoadedModel, load_model
 from tests.conftest import build_tiny_causal_lm, train_byte_level_tokenizer
@@ -63,7 +64,7 @@ class RunningServer:
 
     @property
     def runtime(self):  # type: ignore[no-untyped-def]
-        return self.app.state.runtime  # type: ignore[attr-defined]
+        return ServerState.of(self.app).runtime  # type: ignore[arg-type]
 
 
 @contextlib.contextmanager

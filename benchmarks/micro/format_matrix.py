@@ -18,9 +18,9 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from benchmarks.results_io.report import write_json
+from engine.config import DEFAULT_MAX_QUANTIZED_ROWS
 from engine.cpu_features import cpu_features
 from engine.format_probe import PREFILL_ROWS, PROBE_ROWS, load_auto, time_steps
-from engine.linear import DEFAULT_MAX_QUANTIZED_ROWS
 from engine.loader import load_model
 
 COMBINATIONS = [(d, q) for d in ("float32", "bfloat16") for q in ("none", "int8", "int4")]

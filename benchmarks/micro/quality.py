@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from api.offline import LLM
+from api.runtime.offline import LLM
 from benchmarks.results_io.machine import dated_result_dir
 from benchmarks.results_io.report import write_json
 from engine.sampling_params import SamplingParams

@@ -3,8 +3,8 @@ behind the proxy, in both batching modes, at light load (TTFT p50) and at satura
 
     python -m benchmarks ray --out benchmarks/results/scale-out --num-prompts 48 --light-prompts 24
 
-Each server is started on a free port (`python -m api serve`, or `python -m api.ray_serve --replicas N` with its
-own local Ray instance), waited on until /health is 200, measured, and stopped before the next one starts.
+Each server is started on a free port (`python -m api serve`, or `python -m api.scale_out.ray_serve --replicas N` with
+its own local Ray instance), waited on until /health is 200, measured, and stopped before the next one starts.
 `--rounds N` runs the setups in turn N times (plain, proxy, plain, proxy, ...): each proxy run is compared with
 the plain run of its own round, and the verdict takes the median over rounds, since this machine's speed drifts
 by more than the targets within minutes. On
@@ -52,7 +52,7 @@ class Setup:
         if self.replicas == 0:
             argv = [sys.executable, "-m", "api", "serve"]
         else:
-            argv = [sys.executable, "-m", "api.ray_serve", "--replicas", str(self.replicas)]
+            argv = [sys.executable, "-m", "api.scale_out.ray_serve", "--replicas", str(self.replicas)]
             argv += ["--cpus-per-replica", str(self.threads)]
         argv += ["--mode", mode, "--host", "{host}", "--port", "{port}"]
         argv += ["--max-batch-size", str(seats), "--max-num-seqs", str(seats)]

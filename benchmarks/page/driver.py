@@ -2,7 +2,7 @@
 what its panes show. Used by the browser test and by `python -m benchmarks screenshot`.
 
 The browser is the operating system's (Debian: `apt-get install -y chromium chromium-driver`), never a download.
-What the page shows is read from the stable ids and data attributes it sets for tools (api/static/app.js).
+What the page shows is read from the stable ids and data attributes it sets for tools (api/live/static/app.js).
 """
 
 from __future__ import annotations

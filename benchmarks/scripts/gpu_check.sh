@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The CUDA check, run once on a lent GPU machine (docs/gpu.md). It proves the CUDA path and measures the
 # step cost the simulator's roofline projects:
-#   1. tests/test_cuda.py: batched greedy parity with generate() on the GPU, both policies;
+#   1. tests/engine/test_cuda.py: batched greedy parity with generate() on the GPU, both policies;
 #   2. `python -m benchmarks fit-cost` on random-weight checkpoints of two shapes (the weights' values do not change a
 #      step's cost, and the real weights do not fit the transfer), fitted like the CPU's cost.json;
 #   3. `python -m benchmarks ab`, dynamic against continuous on the GPU, mixed workload, exact lengths.
@@ -19,7 +19,7 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$OUT
 python3 -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)" \
   | tee -a "$OUT/gpu.txt"
 
-timeout 150 python3 -m pytest -q -p no:cacheprovider -o filterwarnings= -m cuda tests/test_cuda.py 2>&1 \
+timeout 150 python3 -m pytest -q -p no:cacheprovider -o filterwarnings= -m cuda tests/engine/test_cuda.py 2>&1 \
   | tee "$OUT/pytest-cuda.txt" | tail -5
 
 for shape in smollm2-135m llama-3.2-1b; do

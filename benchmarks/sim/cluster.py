@@ -50,7 +50,7 @@ class RequestTrace:
 
 @dataclass(slots=True)
 class StepTally:
-    """What the server's /metrics would count over the run (see api/metrics.py)."""
+    """What the server's /metrics would count over the run (see api/endpoints/metrics.py)."""
 
     steps: int = 0
     seqs: int = 0

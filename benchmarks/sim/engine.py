@@ -109,7 +109,13 @@ class SimEngine:
                 InputField.MAX_TOKENS,
             )
 
-    def add(self, seq_id: int, prompt_token_ids: Sequence[int], params: SamplingParams) -> None:
+    def num_cached(self, prompt_token_ids: Sequence[int], params: SamplingParams, cache_salt: str | None) -> int:
+        """No prefix cache is simulated: every prompt token is computed, as with the engine's caching off."""
+        return 0
+
+    def add(
+        self, seq_id: int, prompt_token_ids: Sequence[int], params: SamplingParams, cache_salt: str | None = None
+    ) -> None:
         if seq_id in self._seqs:
             raise ValueError(f"sequence {seq_id} is already in the engine")
         if len(self._seqs) >= self.config.seats:

@@ -7,7 +7,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from api.formatting import timings_json
+from api.endpoints.timings import timings_json
 from benchmarks.loadgen.client import RequestRecord
 from benchmarks.loadgen.prom import ScrapedMetrics
 from benchmarks.loadgen.run import RunResult

@@ -8,8 +8,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
 JOBS = ("online", "peers", "micro", "sim", "page")  # each a subpackage of commands for one kind of question
 SHARED = ("loadgen", "results_io")  # any job may use these
@@ -76,13 +74,6 @@ def test_subpackage_inits_import_nothing() -> None:
             assert _imports(init) == [], init
 
 
-# api/endpoints/timings.py (pure: no transformers) comes from the api lane's half of issue 28; before that lands,
-# the simulator still reaches timings_json through api.formatting, which imports transformers.
-@pytest.mark.xfail(
-    not (BENCHMARKS.parent / "api" / "endpoints" / "timings.py").is_file(),
-    reason="api.endpoints.timings not merged yet",
-    strict=True,
-)
 def test_the_simulator_runs_without_the_ab_command_matplotlib_or_transformers() -> None:
     code = (
         "import sys, benchmarks.sim.cli; "

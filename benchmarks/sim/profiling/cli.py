@@ -3,7 +3,7 @@
     python -m benchmarks fit-cost --out cost.json [serve flags: --model PATH ...] [--batch-sizes 1,2,4,8,16,32,64] \
         [--prefill-tokens 0,32,128,512] [--contexts 32,256,1024] [--repeats 3]
 
-The engine is built exactly as `serve` builds it (`api.wiring.build_model_runtime` with serve's model, device,
+The engine is built exactly as `serve` builds it (`api.runtime.build.build_model_runtime` with serve's model, device,
 max-model-len and cpu-kernels flags). For each context length, `max(batch sizes)` sequences are prefilled to that
 length (untimed); then each grid point times one `Engine.step`: the first B of them decoding one token each,
 plus, for P > 0, a fresh P-token prompt prefilled in the same step, as continuous batching mixes them. Each point
@@ -39,9 +39,9 @@ from typing import Any
 
 import torch
 
-from api.cli import add_config_flags, config_from_args
 from api.config import RuntimeOptions
-from api.wiring import build_model_runtime, load
+from api.flags import add_config_flags, config_from_args
+from api.runtime.build import build_model_runtime, load
 from benchmarks.results_io.machine import machine_facts
 from benchmarks.sim.cost.files import save_fitted
 from benchmarks.sim.cost.model import CostModel, FitReport, FittedCostModel, fit_cost_model

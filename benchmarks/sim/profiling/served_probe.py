@@ -39,8 +39,8 @@ from typing import Any
 import httpx
 import numpy as np
 
-from api.cli import flags_argv
 from api.config import ServerConfig
+from api.flags import flags_argv
 from benchmarks.loadgen.client import ClientConfig, RequestRecord, run_load
 from benchmarks.loadgen.server_proc import LaunchConfig, ServerProcess
 from benchmarks.loadgen.trace import TraceRequest, from_records

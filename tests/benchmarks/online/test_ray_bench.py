@@ -19,8 +19,8 @@ def test_every_setup_has_a_plain_baseline_with_its_threads() -> None:
 def test_replica_setups_pass_their_threads_and_plain_ones_need_no_ray() -> None:
     by_name = {s.name: s for s in SETUPS}
     replica = by_name["proxy-1x1"].argv("continuous", 8, None)
-    assert "api.ray_serve" in replica and replica[replica.index("--cpus-per-replica") + 1] == "1"
-    assert "api.ray_serve" not in by_name["plain-1"].argv("continuous", 8, None)
+    assert "api.scale_out.ray_serve" in replica and replica[replica.index("--cpus-per-replica") + 1] == "1"
+    assert "api.scale_out.ray_serve" not in by_name["plain-1"].argv("continuous", 8, None)
 
 
 def test_the_issue_s_three_setups_are_the_default() -> None:

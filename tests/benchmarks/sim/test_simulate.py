@@ -232,8 +232,12 @@ def test_simulated_engine_makes_the_real_engines_decisions_with_natural_stops(
 
 
 def test_simulated_engine_makes_the_real_engines_decisions_under_preemption(tiny_llama: PreTrainedModel) -> None:
-    # Six 16-token blocks for four seats: growing sequences run out of cache and the newest is preempted.
-    engine_config = EngineConfig(seats=4, kv_cache_tokens=96, block_size=16, max_model_len=128)
+    # Six 16-token blocks for four seats: growing sequences run out of cache and the newest is preempted. The
+    # simulator models no prefix cache, so the real engine runs without one (with it, a preempted request would
+    # find its own blocks again and recompute fewer tokens).
+    engine_config = EngineConfig(
+        seats=4, kv_cache_tokens=96, block_size=16, max_model_len=128, enable_prefix_caching=False
+    )
     config = SchedulerConfig(mode=Mode.CONTINUOUS, max_num_seqs=4, max_num_batched_tokens=32)
     reqs = [r for r in requests(2, 12, 30, 40, 0.01) if len(r.prompt) + r.max_tokens <= 96]
     real = assert_same_decisions(tiny_llama, engine_config, config, reqs)

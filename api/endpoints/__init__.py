@@ -1,0 +1,1 @@
+"""The OpenAI-compatible HTTP surface: the app, its routes, request and response shapes, metrics."""

@@ -1,0 +1,69 @@
+"""The Starlette application of `batchserve serve`: one mode's API, the event stream and the page, behind the
+middleware; the model loads in the background (api/endpoints/loading.py) and drains at shutdown."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator
+
+from starlette.applications import Starlette
+from starlette.routing import Route
+
+from api.config import ServerConfig
+from api.endpoints import routes
+from api.endpoints.loading import ModelLoader, build_runtime, default_loader, load_in_background
+from api.endpoints.middleware import EXCEPTION_HANDLERS, middleware_stack
+from api.endpoints.state import Phase, Runtime, ServerState
+from api.live import page, stream_routes
+from api.live.hub import EventHub
+from api.process.drain import drain
+
+
+def live_routes() -> list[Route]:
+    """The event stream, the modes and the page: at the root of `serve` and of `compare` (api/live/compare.py)."""
+    return [
+        Route("/v1/events", stream_routes.events, methods=["GET"]),
+        Route("/v1/compare/modes", stream_routes.compare_modes, methods=["GET"]),
+        Route("/", page.index, methods=["GET"]),
+        Route("/static/{name}", page.static_file, methods=["GET"]),
+    ]
+
+
+def openai_routes() -> list[Route]:
+    """One mode's API: what `serve` answers at its root, and `compare` under each mode's prefix."""
+    return [
+        Route("/v1/completions", routes.completions, methods=["POST"]),
+        Route("/v1/chat/completions", routes.chat_completions, methods=["POST"]),
+        Route("/v1/models", routes.models, methods=["GET"]),
+        Route("/health", routes.health, methods=["GET"]),
+        Route("/metrics", routes.metrics, methods=["GET"]),
+    ]
+
+
+def create_app(config: ServerConfig, loader: ModelLoader = default_loader, freeze_heap: bool = False) -> Starlette:
+    """The server's app. `freeze_heap`: the app owns its process, whose heap is frozen after loading
+    (api.runtime.heap)."""
+    state = ServerState(config, event_modes=(config.mode,), mode_entries=(stream_routes.mode_entry(config, ""),))
+
+    def publish(runtime: Runtime) -> None:
+        state.hub().add_source(stream_routes.mode_source(config, runtime))
+        state.runtime = runtime
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        state.phase = Phase.LOADING
+        state.events = EventHub(asyncio.get_running_loop(), time.monotonic(), time.monotonic)
+        build = lambda: build_runtime(config, loader(config))  # noqa: E731
+        load_in_background([state], freeze_heap, build, lambda runtime: runtime.loop.start(), publish)
+        yield
+        await drain(state, config.shutdown_grace_s)  # at once if the server already drained on a signal
+
+    app = Starlette(
+        routes=[*openai_routes(), *live_routes()],
+        middleware=middleware_stack(config),
+        exception_handlers=EXCEPTION_HANDLERS,
+        lifespan=lifespan,
+    )
+    return state.attach(app)

@@ -1,0 +1,55 @@
+"""What the generation service hands the formatters: a choice's input and its output deltas. Plain data, so the
+response formatters need neither the service nor the scheduler loop behind it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from api.endpoints.errors import APIError
+from engine.sampling_params import SamplingParams
+from scheduler.request import RequestTimings
+
+
+@dataclass(frozen=True)
+class OutputOptions:
+    """How a choice's tokens become text: stop strings and vLLM's detokenisation options."""
+
+    stop: tuple[str, ...] = ()
+    skip_special_tokens: bool = True
+    spaces_between_special_tokens: bool = True  # only slow tokenizers space special tokens; as vLLM, else a no-op
+    include_stop_str_in_output: bool = False
+    min_tokens: int = 0  # stop strings are matched only from this many output tokens on
+    discard_output: bool = False  # max_tokens 0: the one token the engine samples is not part of the answer
+
+
+@dataclass(frozen=True)
+class ChoiceInput:
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    output: OutputOptions = OutputOptions()
+
+
+@dataclass(frozen=True)
+class TokenLogprob:
+    """A token's logprob with the best alternatives; `logprob` None for a prompt's first token.
+    `rank` (1 = most likely) is known for prompt tokens."""
+
+    token_id: int
+    logprob: float | None
+    top: tuple[tuple[int, float], ...]
+    rank: int | None = None
+
+
+@dataclass(frozen=True)
+class ChoiceDelta:
+    """New output of one choice: text, the tokens behind it, and its end when it is released."""
+
+    index: int
+    text: str
+    logprobs: tuple[TokenLogprob, ...] = ()
+    prompt_logprobs: tuple[TokenLogprob, ...] = ()  # the whole prompt's, on the choice's first delta
+    finish_reason: str | None = None
+    timings: RequestTimings | None = None
+    num_prompt_tokens: int = 0
+    num_output_tokens: int = 0
+    error: APIError | None = None  # the choice failed: what to answer instead (see api.endpoints.outcomes)

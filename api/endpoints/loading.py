@@ -1,0 +1,85 @@
+"""Loading the model behind an app: the runtime with the server's metrics and generation service, built on a
+background thread so the app answers (503, loading) meanwhile. Shared by `serve`'s app and `compare`'s."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Sequence
+from typing import TypeVar
+
+from api.config import ServerConfig
+from api.endpoints.metrics import ServerMetrics
+from api.endpoints.service import GenerationService
+from api.endpoints.state import Phase, Runtime, ServerState
+from api.runtime.build import ModelRuntime, build_model_runtime, load
+from api.runtime.heap import frozen_after_loading
+from engine.loader import LoadedModel
+from engine.model_runner import ModelRunner
+
+logger = logging.getLogger("batchserve.api")
+
+ModelLoader = Callable[[ServerConfig], LoadedModel]
+_Built = TypeVar("_Built")
+
+
+def default_loader(config: ServerConfig) -> LoadedModel:
+    return load(config.runtime_options())
+
+
+def metered_model(
+    config: ServerConfig, loaded: LoadedModel, runner: ModelRunner | None = None
+) -> tuple[ModelRuntime, ServerMetrics]:
+    """The model's runtime (see `api.runtime.build`) and the metrics its steps feed; `runner`: one shared with
+    another mode's runtime (one copy of the weights)."""
+    options = config.runtime_options()
+    metrics = ServerMetrics(config.mode, options.model_name(loaded.source))
+    model = build_model_runtime(options, loaded, on_step=metrics.observe_step, runner=runner)
+    counts = model.scheduler.counts  # a snapshot published by the loop thread: safe to read from any thread
+    metrics.bind_gauges(
+        running=lambda: counts().running,
+        waiting=lambda: counts().waiting,
+        cache_usage=lambda: counts().cache_usage,
+    )
+    return model, metrics
+
+
+def serving_runtime(config: ServerConfig, model: ModelRuntime, metrics: ServerMetrics) -> Runtime:
+    """`model` with the generation service over its loop, as the routes use it."""
+    service = GenerationService(model.loop, model.tokenizer, metrics, config.request_timeout_s)
+    return Runtime.serving(model, service, metrics)
+
+
+def build_runtime(config: ServerConfig, loaded: LoadedModel) -> Runtime:
+    """`serve`'s runtime: the model under its own scheduler loop, with the server's metrics and service."""
+    return serving_runtime(config, *metered_model(config, loaded))
+
+
+def load_in_background(
+    states: Sequence[ServerState],
+    freeze_heap: bool,
+    build: Callable[[], _Built],
+    start: Callable[[_Built], None],
+    publish: Callable[[_Built], None],
+) -> None:
+    """On a thread of its own: `build` (the heap frozen after it when the app owns its process, see
+    api.runtime.heap), `start` its loop, `publish` it to the states; then every state is READY, or FAILED if any
+    step raised, and the first state's `ready` is set."""
+
+    def run() -> None:
+        try:
+            with frozen_after_loading(freeze_heap):
+                built = build()
+            start(built)
+        except Exception:
+            logger.exception("failed to load the model")
+            for state in states:
+                state.phase = Phase.FAILED
+            states[0].ready.set()
+            return
+        publish(built)
+        for state in states:
+            state.phase = Phase.READY
+        states[0].ready.set()
+
+    threading.Thread(target=run, name="batchserve-loader", daemon=True).start()

@@ -1,0 +1,239 @@
+"""HTTP handlers: completions, chat completions, models, health and metrics."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import time
+from collections.abc import Awaitable
+from dataclasses import dataclass
+from typing import Generic, TypeVar
+
+from sse_starlette import EventSourceResponse
+from starlette.requests import ClientDisconnect, Request
+from starlette.responses import JSONResponse, Response
+
+from api.config import ServerConfig
+from api.endpoints import responses
+from api.endpoints.deltas import ChoiceInput
+from api.endpoints.errors import APIError, bad_request
+from api.endpoints.formatting import ChatFormatter, CompletionFormatter
+from api.endpoints.protocol import ChatCompletionRequest, CompletionRequest, parse_request, refusal
+from api.endpoints.responses import ResponseShape
+from api.endpoints.state import Phase, Runtime, ServerState
+from api.text.prompts import (
+    chat_echo_text,
+    chat_max_tokens,
+    chat_prompt,
+    check_common_limits,
+    choice_inputs,
+    completion_prompts,
+)
+
+_T = TypeVar("_T")
+_Request = TypeVar("_Request", CompletionRequest, ChatCompletionRequest)
+logger = logging.getLogger("batchserve.api")
+
+
+def _runtime(request: Request) -> Runtime:
+    state = ServerState.of(request.app)
+    phase = state.phase
+    if phase is Phase.LOADING:
+        raise APIError(503, "the model is still loading; retry shortly", headers={"Retry-After": "5"})
+    if phase is Phase.DRAINING:
+        raise APIError(503, "the server is shutting down; retry shortly", headers={"Retry-After": "5"})
+    if phase is not Phase.READY:
+        raise APIError(503, f"the server is not serving ({phase.value})")
+    return state.loaded()
+
+
+async def _read_json_body(request: Request, limit: int) -> bytes:
+    content_type = request.headers.get("content-type", "")
+    if content_type.split(";")[0].strip().lower() != "application/json":
+        raise bad_request("the request body must be JSON with Content-Type: application/json")
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise APIError(413, f"the request body exceeds the limit of {limit} bytes")
+    body = bytearray()
+    try:
+        async for chunk in request.stream():
+            body.extend(chunk)
+            if len(body) > limit:
+                raise APIError(413, f"the request body exceeds the limit of {limit} bytes")
+    except ClientDisconnect:
+        # The client left mid-upload, or the connection layer closed it (a malformed chunk, a read timeout) and
+        # answered already: an ordinary event, not a fault. The 400 goes nowhere; it only ends the handler.
+        logger.info("%s %s: the connection closed before the whole body arrived", request.method, request.url.path)
+        raise bad_request("the request body was not received in full") from None
+    return bytes(body)
+
+
+def _check_model(requested: str | None, runtime: Runtime) -> None:
+    if requested is not None and requested != runtime.model_name:
+        raise APIError(
+            404,
+            f"the model '{requested}' does not exist; this server serves '{runtime.model_name}'",
+            param="model",
+            code="model_not_found",
+        )
+
+
+async def _until_disconnect(request: Request, work: Awaitable[_T]) -> _T | None:
+    """Run `work`, cancelling it if the client disconnects first (which aborts its sequences)."""
+    task = asyncio.ensure_future(work)
+
+    async def disconnected() -> None:
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+
+    watcher = asyncio.ensure_future(disconnected())
+    try:
+        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watcher.cancel()
+    if not task.done():
+        task.cancel()
+        return None
+    return task.result()
+
+
+@dataclass(frozen=True)
+class _Accepted(Generic[_Request]):
+    """A request that passed the checks every endpoint makes, and when it came in on the scheduler's clock."""
+
+    config: ServerConfig
+    runtime: Runtime
+    body: _Request
+    arrival: float  # its place in the queue
+    arrival_time: float  # the same instant in Unix seconds, reported in `timings` (as vLLM's metrics do)
+
+    def public_id(self, prefix: str) -> str:
+        """The response's id: the client's request_id where given (vLLM), else a fresh one."""
+        if self.body.request_id is not None:
+            return f"{prefix}-{self.body.request_id}"
+        return self.runtime.service.new_request_id(prefix)
+
+
+async def _accept(request: Request, model: type[_Request]) -> _Accepted[_Request]:
+    """What both endpoints do first: readiness, body, schema, model name and the server's request limits."""
+    config = ServerState.of(request.app).config
+    runtime = _runtime(request)
+    body = parse_request(model, await _read_json_body(request, config.max_body_bytes))
+    _check_model(body.model, runtime)
+    refused = refusal(body)
+    if refused is not None:
+        raise refused
+    check_common_limits(body, config)
+    ignored = body.ignored_fields()
+    if ignored:  # as vLLM: fields this server does not use are ignored, not refused (names only, never values)
+        names = ", ".join(repr(name[:40]) for name in ignored[:10])
+        logger.info("%s %s: ignoring fields this server does not use: %s", request.method, request.url.path, names)
+    # After the upload, before tokenising.
+    return _Accepted(config, runtime, body, runtime.service.now(), time.time())
+
+
+def _prompt_scores_wanted(*wanted: int | None) -> int | None:
+    present = [k for k in wanted if k is not None]
+    return max(present) if present else None
+
+
+async def completions(request: Request) -> Response:
+    accepted = await _accept(request, CompletionRequest)
+    body, runtime = accepted.body, accepted.runtime
+    # Tokenising a large prompt takes a while: off the event loop, so other streams keep flowing.
+    prompts = await asyncio.to_thread(
+        completion_prompts, body, runtime.tokenizer, accepted.config, runtime.max_model_len
+    )
+    echo_logprobs = body.echo and body.logprobs is not None
+    prompt_k = _prompt_scores_wanted(body.prompt_logprobs, body.logprobs if echo_logprobs else None)
+    inputs = choice_inputs(body, prompts, body.max_tokens, body.logprobs, prompt_k)
+    formatter = CompletionFormatter(
+        accepted.public_id("cmpl"), runtime.model_name, runtime.tokenizer, body.return_tokens_as_token_ids
+    )
+    echo_texts = [str(runtime.tokenizer.decode(p)) for p in prompts] if body.echo else None
+    shape = ResponseShape(
+        formatter, body.n, echo_texts, body.logprobs, echo_logprobs, body.prompt_logprobs, body.include_usage,
+        body.continuous_usage,
+    )  # fmt: skip
+    return await _respond(request, accepted, inputs, shape)
+
+
+async def chat_completions(request: Request) -> Response:
+    accepted = await _accept(request, ChatCompletionRequest)
+    body, runtime = accepted.body, accepted.runtime
+    if body.top_logprobs is not None and not body.logprobs:
+        raise bad_request("top_logprobs requires logprobs to be true", param="top_logprobs")
+    prompt = await asyncio.to_thread(chat_prompt, body, runtime.tokenizer, runtime.max_model_len)
+    max_tokens = chat_max_tokens(body, len(prompt), runtime.max_model_len)
+    logprobs = (body.top_logprobs or 0) if body.logprobs else None
+    inputs = choice_inputs(body, [prompt], max_tokens, logprobs, body.prompt_logprobs)
+    formatter = ChatFormatter(
+        accepted.public_id("chatcmpl"), runtime.model_name, runtime.tokenizer, body.return_tokens_as_token_ids,
+        runtime.token_bytes,
+    )  # fmt: skip
+    echo = chat_echo_text(body)
+    shape = ResponseShape(
+        formatter, body.n, None if echo is None else [echo], logprobs, False, body.prompt_logprobs,
+        body.include_usage, body.continuous_usage,
+    )  # fmt: skip
+    return await _respond(request, accepted, inputs, shape)
+
+
+async def _respond(
+    request: Request, accepted: _Accepted[_Request], inputs: list[ChoiceInput], shape: ResponseShape
+) -> Response:
+    config, service, body = accepted.config, accepted.runtime.service, accepted.body
+    shape = dataclasses.replace(shape, replica=ServerState.of(request.app).replica, arrival_time=accepted.arrival_time)
+    if len(inputs) > config.max_queue:  # it could never be queued whole: a retry would never help, so not a 429
+        raise bad_request(
+            f"this request asks for {len(inputs)} sequences (prompts x n), more than the server's whole queue "
+            f"of {config.max_queue}; send fewer prompts or a smaller n",
+            param="n",
+        )
+    # Internal ids stay unique whatever the client calls its request, and start with the response's id.
+    public_id = shape.formatter.request_id
+    internal_id = public_id if body.request_id is None else service.new_request_id(public_id)
+    generation = service.start(inputs, internal_id, accepted.arrival)  # 400/429/503 before any byte
+    if body.stream:
+        # On shutdown sse-starlette cancels open streams at once unless given a grace period: let them finish
+        # within the server's (the lifespan's drain aborts whatever still runs after it).
+        return EventSourceResponse(
+            responses.stream(generation, shape),
+            sep="\n",
+            ping=15,
+            headers={"Cache-Control": "no-cache"},
+            shutdown_grace_period=config.shutdown_grace_s,
+        )
+    try:
+        result = await _until_disconnect(request, responses.collect(generation, shape))
+    finally:
+        generation.close()
+    if result is None:
+        return Response(status_code=499)  # the client is gone; nobody reads this
+    return JSONResponse(result)
+
+
+async def models(request: Request) -> Response:
+    runtime = _runtime(request)
+    card = {
+        "id": runtime.model_name,
+        "object": "model",
+        "created": 0,
+        "owned_by": "batchserve",
+        "max_model_len": runtime.max_model_len,
+    }
+    return JSONResponse({"object": "list", "data": [card]})
+
+
+async def health(request: Request) -> Response:
+    state = ServerState.of(request.app)
+    if state.serving:
+        return JSONResponse({"status": "ok", "mode": state.config.mode})
+    retry = {"Retry-After": "5"} if state.phase in (Phase.LOADING, Phase.DRAINING) else None
+    return JSONResponse({"status": state.phase.value}, status_code=503, headers=retry)
+
+
+async def metrics(request: Request) -> Response:
+    runtime = _runtime(request)
+    return Response(runtime.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")

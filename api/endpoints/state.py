@@ -1,0 +1,81 @@
+"""What an app's modules read off it, typed: its phase, its config and, once loaded, its runtime (`ServerState`)."""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import threading
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from api.config import ServerConfig
+from api.endpoints.metrics import ServerMetrics
+from api.endpoints.service import GenerationService
+from api.runtime.build import ModelRuntime
+
+if TYPE_CHECKING:
+    from starlette.applications import Starlette
+
+    from api.live.hub import EventHub
+
+
+class Phase(enum.Enum):
+    LOADING = "loading"
+    READY = "ready"
+    DRAINING = "draining"
+    FAILED = "failed"
+
+
+@dataclass(frozen=True)
+class Runtime(ModelRuntime):
+    """The model's runtime plus what only the HTTP server has: the generation service and the metrics."""
+
+    service: GenerationService
+    metrics: ServerMetrics
+
+    @classmethod
+    def serving(cls, model: ModelRuntime, service: GenerationService, metrics: ServerMetrics) -> Runtime:
+        shared = {f.name: getattr(model, f.name) for f in dataclasses.fields(ModelRuntime)}
+        return cls(**shared, service=service, metrics=metrics)
+
+
+@dataclass(eq=False)
+class ServerState:
+    """One app's state (`app.state.server`; read it with `ServerState.of(app)`). Written by the loader thread
+    (runtime, then phase) and the drain (phase); read by the routes on the event loop."""
+
+    config: ServerConfig
+    event_modes: tuple[str, ...]  # the modes this app's /v1/events streams
+    mode_entries: tuple[dict[str, Any], ...]  # /v1/compare/modes: each mode's prefix and settings
+    phase: Phase = Phase.LOADING
+    ready: threading.Event = field(default_factory=threading.Event)  # set once loading succeeded or failed
+    runtime: Runtime | None = None  # set before the phase turns READY
+    events: EventHub | None = None  # the event stream's hub, made when the app starts
+    replica: str | None = None  # set by api.scale_out.ray_serve: the replica's name in every response's timings
+    modes: dict[str, ServerState] = field(default_factory=dict)  # `batchserve compare`'s root: each mode's app
+
+    @staticmethod
+    def of(app: Starlette) -> ServerState:
+        state: ServerState = app.state.server
+        return state
+
+    def attach(self, app: Starlette) -> Starlette:
+        app.state.server = self
+        return app
+
+    def loaded(self) -> Runtime:
+        """The runtime; only once the model has loaded (phase READY or later)."""
+        if self.runtime is None:
+            raise RuntimeError(f"the model is not loaded ({self.phase.value})")
+        return self.runtime
+
+    def hub(self) -> EventHub:
+        """The event stream's hub; only once the app has started."""
+        if self.events is None:
+            raise RuntimeError("the app has not started")
+        return self.events
+
+    @property
+    def serving(self) -> bool:
+        """READY, with its engine loop still running."""
+        return self.phase is Phase.READY and self.loaded().loop.alive

@@ -1,0 +1,139 @@
+"""`batchserve compare`: both batching modes side by side on one port, over one copy of the model's weights.
+
+Each mode is a full `serve` app (its own engine and KV cache, scheduler, seats, metrics and generation service)
+mounted at `/{mode}`, so its OpenAI API is `/{mode}/v1/...`. The root answers `/health` and `/metrics` for both,
+the combined event stream `/v1/events`, `/v1/compare/modes` and the page. One `FairShareLoop` thread steps both
+schedulers, least busy first, so each mode gets an equal share of the machine (docs/design.md).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+import time
+from collections.abc import AsyncIterator
+
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Mount, Route
+
+from api.config import ServerConfig
+from api.endpoints import app as serve_app
+from api.endpoints.errors import APIError
+from api.endpoints.loading import ModelLoader, default_loader, load_in_background, metered_model, serving_runtime
+from api.endpoints.middleware import EXCEPTION_HANDLERS, middleware_stack
+from api.endpoints.state import Phase, Runtime, ServerState
+from api.live import stream_routes
+from api.live.hub import EventHub
+from api.process.drain import drain
+from api.runtime.build import build_runner
+from api.scale_out.merge_metrics import LabelledMerge, exposition
+from scheduler.config import Mode
+from scheduler.fair_share import FairShareLoop
+
+logger = logging.getLogger("batchserve.api")
+
+MODES = (Mode.DYNAMIC.value, Mode.CONTINUOUS.value)
+
+
+def mode_config(config: ServerConfig, mode: str) -> ServerConfig:
+    return dataclasses.replace(config, mode=mode)
+
+
+def _mode_app(config: ServerConfig) -> tuple[Starlette, ServerState]:
+    """One mode's API, as `serve` has it; mounted under its prefix, started by the root's lifespan."""
+    app = Starlette(
+        routes=[*serve_app.openai_routes(), Route("/v1/events", stream_routes.events, methods=["GET"])],
+        exception_handlers=EXCEPTION_HANDLERS,
+    )
+    entry = stream_routes.mode_entry(config, f"/{config.mode}")
+    state = ServerState(config, event_modes=(config.mode,), mode_entries=(entry,))
+    return state.attach(app), state
+
+
+def create_compare_app(
+    config: ServerConfig, loader: ModelLoader = default_loader, freeze_heap: bool = False
+) -> Starlette:
+    mode_apps = {mode: _mode_app(mode_config(config, mode)) for mode in MODES}
+    modes = {mode: mode_state for mode, (_, mode_state) in mode_apps.items()}
+    entries = tuple(e for mode_state in modes.values() for e in mode_state.mode_entries)
+    state = ServerState(config, event_modes=MODES, mode_entries=entries, modes=modes)
+
+    def publish(built: tuple[FairShareLoop, dict[str, Runtime]]) -> None:
+        _, runtimes = built
+        for mode, mode_state in modes.items():
+            state.hub().add_source(stream_routes.mode_source(mode_state.config, runtimes[mode]))
+            mode_state.runtime = runtimes[mode]
+        state.runtime = runtimes[MODES[1]]  # what `serve`'s announcement reads: the model's name
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        hub = EventHub(asyncio.get_running_loop(), time.monotonic(), time.monotonic)
+        for target in (state, *modes.values()):
+            target.events = hub
+        build = lambda: _build_runtimes(modes, config, loader)  # noqa: E731
+        load_in_background([state, *modes.values()], freeze_heap, build, lambda built: built[0].start(), publish)
+        yield
+        await drain_all(state)
+
+    app = Starlette(
+        routes=[
+            Route("/health", health, methods=["GET"]),
+            Route("/metrics", metrics, methods=["GET"]),
+            *serve_app.live_routes(),
+            *(Mount(f"/{mode}", app=mode_app) for mode, (mode_app, _) in mode_apps.items()),
+        ],
+        middleware=middleware_stack(config),
+        exception_handlers=EXCEPTION_HANDLERS,
+        lifespan=lifespan,
+    )
+    return state.attach(app)
+
+
+def _build_runtimes(
+    modes: dict[str, ServerState], config: ServerConfig, loader: ModelLoader
+) -> tuple[FairShareLoop, dict[str, Runtime]]:
+    """Load the model once; build one runner (one copy of the weights) and, per mode, its own engine and cache,
+    behind one fair-share loop (not started)."""
+    loaded = loader(config)
+    runner = build_runner(config.runtime_options(), loaded)
+    models = {mode: metered_model(mode_state.config, loaded, runner) for mode, mode_state in modes.items()}
+    fair = FairShareLoop([model.scheduler for model, _ in models.values()])
+    runtimes = {
+        mode: serving_runtime(
+            modes[mode].config, dataclasses.replace(model, loop=fair.handle(model.scheduler)), mode_metrics
+        )
+        for mode, (model, mode_metrics) in models.items()
+    }
+    return fair, runtimes
+
+
+async def drain_all(state: ServerState) -> None:
+    """Drain both modes at once (SIGTERM or the end of the lifespan); idempotent."""
+    if state.phase is Phase.READY:
+        state.phase = Phase.DRAINING
+    await asyncio.gather(*(drain(m, state.config.shutdown_grace_s) for m in state.modes.values()))
+
+
+async def health(request: Request) -> Response:
+    """200 when both modes serve; otherwise 503 with each mode's state."""
+    state = ServerState.of(request.app)
+    states = {mode: "ok" if m.serving else m.phase.value for mode, m in state.modes.items()}
+    if all(mode_state == "ok" for mode_state in states.values()):
+        return JSONResponse({"status": "ok", "modes": states})
+    retry = {"Retry-After": "5"} if state.phase in (Phase.LOADING, Phase.DRAINING) else None
+    status = state.phase.value if state.phase is not Phase.READY else "degraded"
+    return JSONResponse({"status": status, "modes": states}, status_code=503, headers=retry)
+
+
+async def metrics(request: Request) -> Response:
+    state = ServerState.of(request.app)
+    if state.phase is not Phase.READY:
+        raise APIError(503, "the model is still loading; retry shortly", headers={"Retry-After": "5"})
+    # each family once, with both modes' series (already labelled `mode`); `/{mode}/metrics` shows one mode's alone
+    sources = ((mode, m.loaded().metrics.registry.collect()) for mode, m in state.modes.items())
+    body = exposition(LabelledMerge(sources, "mode"))
+    return Response(body, media_type="text/plain; version=0.0.4; charset=utf-8")

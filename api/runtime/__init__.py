@@ -1,0 +1,1 @@
+"""A loaded model under a scheduler loop: build it, run it offline, freeze the heap after loading; no HTTP."""

@@ -1,0 +1,84 @@
+"""Load a model and run it: runner, engine, scheduler and loop thread, for the HTTP app and the offline `LLM` alike.
+
+Nothing here knows about HTTP: the app adds its service and metrics on top (see `api.endpoints.app.build_runtime`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from transformers import PreTrainedTokenizerBase
+
+from api.config import RuntimeOptions
+from api.text.token_bytes import TokenBytes
+from engine.config import DEFAULT_MAX_QUANTIZED_ROWS
+from engine.engine import Engine
+from engine.format_probe import load_auto
+from engine.loader import LoadedModel
+from engine.model_runner import ModelRunner, TransformersRunner
+from scheduler.core import Scheduler
+from scheduler.loop import SchedulerLoop
+from scheduler.stats import StepStats
+
+
+def load(options: RuntimeOptions) -> LoadedModel:
+    """The model in the options' format; what is `auto` is measured on this machine (engine/format_probe.py)."""
+    return load_auto(options.model, device=options.device, dtype=options.dtype, quantization=options.quantization)
+
+
+@dataclass(frozen=True)
+class ModelRuntime:
+    """A loaded model served by one scheduler on its loop thread (not started yet: call `loop.start()`)."""
+
+    engine: Engine
+    scheduler: Scheduler
+    loop: SchedulerLoop
+    tokenizer: PreTrainedTokenizerBase
+    model_name: str
+    max_model_len: int
+    token_bytes: TokenBytes  # the tokenizer's byte lookup, built once (chat logprobs' `bytes`)
+
+
+def build_runner(options: RuntimeOptions, loaded: LoadedModel) -> TransformersRunner:
+    # The row switch `auto` measured, unless the options name one other than the default.
+    measured = loaded.measured_max_quantized_rows
+    use_measured = measured is not None and options.max_quantized_rows == DEFAULT_MAX_QUANTIZED_ROWS
+    return TransformersRunner(
+        loaded.model,
+        prepack_weights=options.cpu_kernels,
+        native_attention=options.cpu_kernels,
+        quantized=loaded.quantized,
+        max_quantized_rows=measured if use_measured else options.max_quantized_rows,
+        int8_activations=options.int8_activations,
+    )
+
+
+def build_model_runtime(
+    options: RuntimeOptions,
+    loaded: LoadedModel,
+    on_step: Callable[[StepStats], None] | None = None,
+    runner: ModelRunner | None = None,
+) -> ModelRuntime:
+    """`on_step`: called on the loop thread after each step (the server's metrics). `runner`: one shared with another
+    engine (`batchserve compare`: one copy of the weights, stepped by one thread); default: a new one."""
+    parameter = next(loaded.model.parameters())
+    device = str(parameter.device)
+    runner = runner if runner is not None else build_runner(options, loaded)
+    engine = Engine(
+        runner,
+        options.engine_config(loaded.max_model_len, device),
+        loaded.eos_token_ids,
+        loaded.max_model_len,
+        dtype=parameter.dtype,  # the KV cache in the activations' dtype (the loader cast the model to it)
+    )
+    scheduler = Scheduler(engine, options.scheduler, on_step=on_step)
+    return ModelRuntime(
+        engine,
+        scheduler,
+        SchedulerLoop(scheduler),
+        loaded.tokenizer,
+        options.model_name(loaded.source),
+        engine.max_model_len,
+        TokenBytes(loaded.tokenizer),
+    )

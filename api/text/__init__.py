@@ -1,0 +1,1 @@
+"""Text in and out of the model: chat templates, prompts, incremental detokenizing, token bytes."""

@@ -1,0 +1,144 @@
+"""KV cache blocks with reference counts, and the prefix cache that keeps full blocks findable after use.
+
+A full block (block_size computed tokens) can be registered under a key chained from its parent block's key and
+its own token ids, so a later sequence whose prompt starts with the same tokens attaches the block instead of
+computing it again. A block is shared by reference count; when its last user leaves, a registered block is not
+freed but parked, least recently released first, and only evicted when an allocation finds no plain free block.
+
+The key is a Python hash, so two different prefixes may collide. A hit therefore also compares what the key
+stands for: the block's own token ids, and its parent's identity (block id and the generation of that id, bumped
+each time the id is handed out again). By induction a matched chain holds exactly the tokens asked for, and a
+sequence never reads a block computed for other tokens.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+# Who a block follows: the previous block (id, generation), or for a sequence's first block its cache salt.
+Parent = tuple[int, int] | tuple[str, str | None]
+
+
+def root(salt: str | None) -> Parent:
+    return ("salt", salt)
+
+
+def block_key(parent_key: int | None, salt: str | None, tokens: tuple[int, ...]) -> int:
+    return hash((salt, tokens)) if parent_key is None else hash((parent_key, tokens))
+
+
+@dataclass(frozen=True, slots=True)
+class CachedBlock:
+    key: int
+    parent: Parent
+    tokens: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class PrefixMatch:
+    """The cached blocks a token sequence starts with, and the key chain to extend when more blocks fill."""
+
+    blocks: tuple[int, ...]
+    keys: tuple[int, ...]
+
+
+class BlockPool:
+    """Hands out block ids, all or nothing, so a failed request never holds a partial reservation."""
+
+    def __init__(self, num_blocks: int) -> None:
+        self.num_blocks = num_blocks
+        # Popping from the end hands out low ids first, which keeps a lightly loaded cache compact.
+        self._free: list[int] = list(range(num_blocks - 1, -1, -1))
+        self._parked: OrderedDict[int, None] = OrderedDict()  # registered, unused: least recently released first
+        self._refs = [0] * num_blocks
+        self._generation = [0] * num_blocks
+        self._cached: dict[int, CachedBlock] = {}  # block id -> what it holds
+        self._by_key: dict[int, int] = {}  # key -> block id
+
+    # ----- counts -----
+    @property
+    def num_free(self) -> int:
+        """Blocks an allocation may take: never-registered free ones and parked cached ones."""
+        return len(self._free) + len(self._parked)
+
+    @property
+    def num_used(self) -> int:
+        return self.num_blocks - self.num_free
+
+    @property
+    def num_cached_free(self) -> int:
+        """Parked blocks: free to take, but still holding a cached prefix."""
+        return len(self._parked)
+
+    # ----- allocation -----
+    def allocate(self, count: int) -> list[int] | None:
+        if count > self.num_free:
+            return None
+        taken = [self._free.pop() for _ in range(min(count, len(self._free)))]
+        while len(taken) < count:
+            block, _ = self._parked.popitem(last=False)
+            self._forget(block)
+            taken.append(block)
+        for block in taken:
+            self._refs[block] = 1
+            self._generation[block] += 1
+        return taken
+
+    def acquire(self, blocks: Sequence[int]) -> None:
+        """Share cached blocks: one more reference each (a parked block is in use again)."""
+        for block in blocks:
+            if self._refs[block] == 0:
+                del self._parked[block]
+            self._refs[block] += 1
+
+    def free(self, blocks: Sequence[int]) -> None:
+        """Drop one reference to each block. The tail goes first, so a sequence's later (less shared) blocks are
+        evicted before its prefix."""
+        for block in reversed(blocks):
+            self._refs[block] -= 1
+            if self._refs[block] == 0:
+                if block in self._cached:
+                    self._parked[block] = None
+                else:
+                    self._free.append(block)
+
+    # ----- the prefix cache -----
+    def identity(self, block: int) -> Parent:
+        return (block, self._generation[block])
+
+    def register(self, block: int, parent: Parent, key: int, tokens: tuple[int, ...]) -> Parent | None:
+        """Make a full, computed block findable, and return who the sequence's next block follows. If another
+        block already holds this prefix, this one stays private and the chain goes on through the holder (both
+        hold the same values); None if the key names other tokens (a collision: register no further)."""
+        holder = self._by_key.get(key)
+        if holder is None:
+            self._cached[block] = CachedBlock(key, parent, tokens)
+            self._by_key[key] = block
+            return self.identity(block)
+        cached = self._cached[holder]
+        return self.identity(holder) if cached.parent == parent and cached.tokens == tokens else None
+
+    def match(self, token_ids: Sequence[int], block_size: int, salt: str | None, max_blocks: int) -> PrefixMatch:
+        """The longest run of cached blocks, at most `max_blocks`, that `token_ids` starts with."""
+        blocks: list[int] = []
+        keys: list[int] = []
+        parent, parent_key = root(salt), None
+        for index in range(max_blocks):
+            tokens = tuple(token_ids[index * block_size : (index + 1) * block_size])
+            key = block_key(parent_key, salt, tokens)
+            block = self._by_key.get(key)
+            if block is None:
+                break
+            cached = self._cached[block]
+            if cached.parent != parent or cached.tokens != tokens:
+                break  # a hash collision: the key names other tokens
+            blocks.append(block)
+            keys.append(key)
+            parent, parent_key = self.identity(block), key
+        return PrefixMatch(tuple(blocks), tuple(keys))
+
+    def _forget(self, block: int) -> None:
+        cached = self._cached.pop(block)
+        del self._by_key[cached.key]

@@ -1,0 +1,273 @@
+"""Property tests of the protocol edge: request parsing never fails any other way than a named 400, and the SSE
+framing of the server's chunks round-trips arbitrary text."""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from pydantic import BaseModel
+from sse_starlette import ServerSentEvent
+
+from api.endpoints.deltas import TokenLogprob
+from api.endpoints.errors import APIError
+from api.endpoints.formatting import ChatFormatter, CompletionFormatter, ResponseFormatter
+from api.endpoints.protocol import INT64_MAX, MAX_ID, ChatCompletionRequest, CompletionRequest, parse_request
+from tests.server_harness import tiny_tokenizer
+
+MODELS: list[type[BaseModel]] = [CompletionRequest, ChatCompletionRequest]
+FUZZ = settings(max_examples=500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+_scalars = (
+    st.none()
+    | st.booleans()
+    | st.integers(min_value=-(2**70), max_value=2**70)
+    | st.sampled_from([0, 1, -1, 2, 5, 6, 2**31, 2**63, 2**64])
+    | st.floats(allow_nan=True, allow_infinity=True)
+    | st.text(max_size=20)
+)
+_json = st.recursive(
+    _scalars,
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
+    max_leaves=12,
+)
+_message = st.fixed_dictionaries(
+    {},
+    optional={
+        "role": st.sampled_from(["user", "system", "assistant", "developer", "tool", ""]) | _json,
+        "content": st.text(max_size=20)
+        | st.lists(
+            st.fixed_dictionaries(
+                {"type": st.sampled_from(["text", "image_url"]) | _json}, optional={"text": st.text() | _json}
+            ),
+            max_size=2,
+        )
+        | _json,
+        "name": _json,
+    },
+)
+_prompt = (
+    st.text(max_size=30)
+    | st.lists(st.integers(-5, 2**40), max_size=5)
+    | st.lists(st.lists(st.integers(-5, 400), max_size=3), max_size=3)
+    | st.lists(st.text(max_size=5), max_size=3)
+    | _json
+)
+_FIELD_VALUES = {
+    "model": _json,
+    "prompt": _prompt,
+    "messages": st.lists(_message, max_size=3) | _json,
+    "max_tokens": _json,
+    "max_completion_tokens": _json,
+    "temperature": _json,
+    "top_p": _json,
+    "top_k": _json,
+    "seed": _json,
+    "n": _json,
+    "stop": st.text(max_size=5) | st.lists(st.text(max_size=5), max_size=6) | _json,
+    "stop_token_ids": st.lists(st.integers(-3, 2**64), max_size=3) | _json,
+    "presence_penalty": _json,
+    "frequency_penalty": _json,
+    "logprobs": _json,
+    "top_logprobs": _json,
+    "echo": _json,
+    "stream": _json,
+    "stream_options": st.fixed_dictionaries(
+        {}, optional={"include_usage": _json, "continuous_usage_stats": _json, "x": _json}
+    )
+    | _json,
+    "ignore_eos": _json,
+    "best_of": _json,
+    "tools": _json,
+    "tool_choice": _json,
+    "response_format": st.fixed_dictionaries({}, optional={"type": _json}) | _json,
+    "user": _json,
+    "unknown": _json,
+    "min_tokens": _json,
+    "min_p": _json,
+    "repetition_penalty": _json,
+    "logit_bias": st.dictionaries(st.text(max_size=6) | st.integers(0, 400).map(str), _json, max_size=3) | _json,
+    "allowed_token_ids": st.lists(st.integers(-3, 2**64), max_size=3) | _json,
+    "prompt_logprobs": _json,
+    "truncate_prompt_tokens": _json,
+    "skip_special_tokens": _json,
+    "include_stop_str_in_output": _json,
+    "add_generation_prompt": _json,
+    "continue_final_message": _json,
+    "chat_template_kwargs": _json,
+    "request_id": _json,
+    "priority": _json,
+    "suffix": _json,
+}
+_BASES: dict[type[BaseModel], dict[str, object]] = {
+    CompletionRequest: {"prompt": "hello"},
+    ChatCompletionRequest: {"messages": [{"role": "user", "content": "hello"}]},
+}
+
+
+def _bodies(model: type[BaseModel]) -> st.SearchStrategy[bytes]:
+    """A valid request with one or two fields replaced (so validation goes deep), objects of random known
+    fields, any JSON, and bytes that are mostly not JSON."""
+    overlay = st.lists(st.sampled_from(sorted(_FIELD_VALUES)), min_size=1, max_size=2, unique=True).flatmap(
+        lambda keys: st.fixed_dictionaries({k: _FIELD_VALUES[k] for k in keys})
+    )
+    return st.one_of(
+        overlay.map(lambda fields: json.dumps({**_BASES[model], **fields}).encode()),
+        st.fixed_dictionaries({}, optional=_FIELD_VALUES).map(lambda d: json.dumps(d).encode()),
+        _json.map(lambda v: json.dumps(v).encode()),
+        st.binary(max_size=64),
+        st.text(max_size=64).map(lambda t: t.encode("utf-8", "surrogatepass")),
+    )
+
+
+def _assert_storable(request: BaseModel) -> None:
+    """What parses can be handed on: finite floats, integers the engine's int64 rows can hold."""
+    for name in type(request).model_fields:  # unknown fields are ignored, never handed on
+        value = getattr(request, name)
+        if isinstance(value, float):
+            assert math.isfinite(value), name
+        elif isinstance(value, int) and not isinstance(value, bool):
+            assert abs(value) <= INT64_MAX, name
+    # A chat request's "prompt" is an unknown field: kept aside by extra="allow", never handed on.
+    prompt = request.prompt if "prompt" in type(request).model_fields else None  # type: ignore[attr-defined]
+    ids_fields = (prompt, request.stop_token_ids, request.allowed_token_ids)  # type: ignore[attr-defined]
+    for ids in ids_fields:
+        if isinstance(ids, list):
+            flat = [i for item in ids for i in (item if isinstance(item, list) else [item])]
+            assert all(0 <= i <= MAX_ID for i in flat if isinstance(i, int))
+
+
+def _loads_or_none(body: bytes) -> object:
+    try:
+        return json.loads(body)
+    except ValueError:
+        return None
+
+
+@pytest.mark.parametrize("model", MODELS, ids=lambda m: m.__name__)
+@FUZZ
+@given(data=st.data())
+def test_any_body_parses_or_is_a_named_400(model: type[BaseModel], data: st.DataObject) -> None:
+    body = data.draw(_bodies(model), label="body")
+    try:
+        request = parse_request(model, body)
+    except APIError as exc:
+        assert exc.status == 400
+        assert exc.message and (exc.param is None or f"'{exc.param}" in exc.message)  # names what is wrong
+        if isinstance(_loads_or_none(body), dict):
+            assert exc.param is not None  # a JSON object's problem is always one of its fields
+        assert "Traceback" not in exc.message
+        json.dumps(exc.body())  # the error body is serialisable
+    else:
+        assert isinstance(request, model)
+        _assert_storable(request)
+        for bias in (request.logit_bias or {}).values():  # type: ignore[attr-defined]
+            assert math.isfinite(bias) and -100 <= bias <= 100
+
+
+def _integer_fields(model: type[BaseModel]) -> list[str]:
+    return [name for name, field in model.model_fields.items() if "int" in str(field.annotation)]
+
+
+@pytest.mark.parametrize("model", MODELS, ids=lambda m: m.__name__)
+@pytest.mark.parametrize("value", [INT64_MAX + 1, -INT64_MAX - 2, 2**70])
+def test_every_integer_field_past_int64_is_a_named_400(model: type[BaseModel], value: int) -> None:
+    """The sweep the fuzzer found by luck once (min_tokens = 2**63 parsed): every integer field, every model."""
+    fields = _integer_fields(model)
+    assert {"max_tokens", "min_tokens", "n", "seed", "priority"} <= set(fields)
+    for name in fields:
+        body = json.dumps({**_BASES[model], name: value}).encode()
+        with pytest.raises(APIError) as caught:
+            parse_request(model, body)
+        assert caught.value.status == 400 and caught.value.param == name, name
+
+
+# ----- SSE framing -----
+_FORMATTER: dict[bool, ResponseFormatter] = {
+    False: CompletionFormatter("cmpl-fuzz", "tiny", tiny_tokenizer()),
+    True: ChatFormatter("cmpl-fuzz", "tiny", tiny_tokenizer()),
+}
+_any_text = st.text(st.characters(min_codepoint=0, max_codepoint=0x10FFFF, exclude_categories=()), max_size=40)
+_tricky = st.sampled_from(
+    [
+        "\n",
+        "\r",
+        "\r\n",
+        "\n\n",
+        "data: x",
+        "\x00",
+        "\u2028",
+        "\u2029",
+        "\x85",
+        "\ufeff",
+        "\ud800",
+        "[DONE]",
+        '"',
+        "\\",
+        "é",
+        "😀",
+        "\x1b[31m",
+    ]
+)
+_texts = st.lists(_tricky | _any_text, max_size=5).map("".join)
+_LINE_BREAK = re.compile(r"\r\n|\r|\n")
+
+
+def _frame(data: str) -> bytes:
+    return ServerSentEvent(data=data, sep="\n").encode()
+
+
+def _parse_sse(stream: bytes) -> list[str]:
+    """A WHATWG-style event-stream parser: `data` lines joined by newlines, an event per blank line."""
+    events: list[str] = []
+    data: list[str] = []
+    for line in _LINE_BREAK.split(stream.decode("utf-8")):
+        if not line:
+            if data:
+                events.append("\n".join(data))
+            data = []
+        elif line.startswith("data:"):
+            value = line[5:]
+            data.append(value[1:] if value.startswith(" ") else value)
+    return events
+
+
+def _strict_loads(payload: str) -> object:
+    def refuse(constant: str) -> object:
+        raise ValueError(f"{constant} is not JSON")
+
+    return json.loads(payload, parse_constant=refuse)
+
+
+@FUZZ
+@given(
+    texts=st.lists(_texts, min_size=1, max_size=4),
+    chat=st.booleans(),
+    logprob=st.floats(max_value=0.0, allow_nan=False, allow_infinity=False),
+)
+def test_chunks_frame_as_one_data_line_and_round_trip(texts: list[str], chat: bool, logprob: float) -> None:
+    formatter = _FORMATTER[chat]
+    payloads = []
+    for i, text in enumerate(texts):
+        entries = [TokenLogprob(5, logprob, ((5, logprob), (6, logprob - 1.0)))]
+        lp = formatter.logprobs(entries, 0, 2)
+        chunk = formatter.chunk([formatter.stream_choice(i, text, None, lp)])
+        payloads.append(json.dumps(chunk))
+    payloads.append(json.dumps(APIError(500, "generation failed: " + texts[0]).body()))
+    payloads.append("[DONE]")
+
+    frames = [_frame(p) for p in payloads]
+    for payload, frame in zip(payloads, frames, strict=True):
+        assert frame == b"data: " + payload.encode("utf-8") + b"\n\n"
+        assert not _LINE_BREAK.search(payload)  # one data line per event, whatever the text held
+    events = _parse_sse(b"".join(frames))
+    assert events == payloads
+    for i, text in enumerate(texts):
+        choice = _strict_loads(events[i])["choices"][0]  # type: ignore[index]
+        assert (choice["delta"]["content"] if chat else choice["text"]) == text
+    assert _strict_loads(events[-2])["error"]["message"] == "generation failed: " + texts[0]  # type: ignore[index]
+    assert events[-1] == "[DONE]"

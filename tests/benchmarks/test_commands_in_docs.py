@@ -1,0 +1,67 @@
+"""Every `python -m benchmarks ...` command line in the README and the current docs still parses: its command exists
+and answers `--help`. (docs/notes/ is historical and exempt.)"""
+
+from __future__ import annotations
+
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+INVOCATION = "python -m benchmarks"
+
+
+def documents() -> list[Path]:
+    docs = [ROOT / "README.md", ROOT / "benchmarks" / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+    return [doc for doc in docs if doc.exists()]
+
+
+def command_prefixes(text: str) -> set[tuple[str, ...]]:
+    """The words after the invocation up to the first option (the command and any sub-command or positional)."""
+    text = re.sub(r"\\\n\s*", " ", text)  # shell line continuations
+    prefixes = set()
+    for match in re.finditer(re.escape(INVOCATION) + r"((?: +[^\s`|;&<>()]+)*)", text):
+        try:
+            words = shlex.split(match.group(1))
+        except ValueError:
+            words = match.group(1).split()
+        prefix = []
+        for word in words:
+            if word.startswith("-") or not re.fullmatch(r"[\w./:=-]+", word):
+                break
+            prefix.append(word)
+        if prefix:
+            prefixes.add(tuple(prefix))
+    return prefixes
+
+
+DOCUMENTED = sorted(set().union(*(command_prefixes(doc.read_text()) for doc in documents())))
+
+
+def run(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "benchmarks", *args], cwd=ROOT, capture_output=True, text=True, timeout=300
+    )
+
+
+def test_the_docs_name_benchmark_commands() -> None:
+    assert {prefix[0] for prefix in DOCUMENTED} >= {"ab", "simulate", "fit-cost", "llama-probe"}
+
+
+def test_help_lists_every_documented_command() -> None:
+    listing = run("--help")
+    assert listing.returncode == 0, listing.stderr
+    names = {prefix[0] for prefix in DOCUMENTED}
+    missing = sorted(name for name in names if not re.search(rf"(?<![\w-]){re.escape(name)}(?![\w-])", listing.stdout))
+    assert missing == []
+
+
+@pytest.mark.parametrize("prefix", DOCUMENTED, ids=" ".join)
+def test_documented_command_answers_help(prefix: tuple[str, ...]) -> None:
+    result = run(*prefix, "--help")
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "usage:" in result.stdout

@@ -1,0 +1,106 @@
+"""The block pool: reference counts, parked cached blocks evicted least recently released first, and prefix
+matches that are exact even when keys collide."""
+
+from __future__ import annotations
+
+import pytest
+
+import engine.block_pool
+import engine.prefix_cache
+from engine.block_pool import BlockPool, block_key, root
+from engine.prefix_cache import PrefixCache
+
+SIZE = 2
+
+
+def fill(cache: PrefixCache, seq_id: int, tokens: list[int], salt: str | None = None) -> list[int]:
+    """A sequence that computed `tokens` (whole blocks) in fresh blocks and registered them."""
+    blocks = cache.pool.allocate(len(tokens) // SIZE)
+    assert blocks is not None
+    cache.start(seq_id, salt, engine.prefix_cache.NO_MATCH, len(tokens))
+    cache.register(seq_id, blocks, tokens, len(blocks))
+    return blocks
+
+
+def test_all_or_nothing_allocation_and_counts() -> None:
+    pool = BlockPool(4)
+    assert pool.allocate(5) is None and pool.num_free == 4
+    taken = pool.allocate(3)
+    assert taken == [0, 1, 2] and (pool.num_used, pool.num_free) == (3, 1)
+    pool.free(taken)
+    assert (pool.num_used, pool.num_free, pool.num_cached_free) == (0, 4, 0)
+
+
+def test_released_cached_blocks_park_and_are_evicted_tail_first_only_when_needed() -> None:
+    cache = PrefixCache(BlockPool(4), SIZE, enabled=True)
+    blocks = fill(cache, 0, [1, 2, 3, 4, 5, 6])  # three full blocks
+    cache.pool.free(blocks)
+    assert (cache.pool.num_free, cache.pool.num_cached_free) == (4, 3)
+    assert cache.lookup([1, 2, 3, 4, 5, 6, 7], None, reads=True).blocks == tuple(blocks)
+    cache.pool.allocate(1)  # the never-used block goes first: nothing is evicted
+    assert cache.pool.num_cached_free == 3
+    cache.pool.allocate(1)  # now the sequence's last block is evicted, its prefix stays
+    assert cache.lookup([1, 2, 3, 4, 5, 6, 7], None, reads=True).blocks == tuple(blocks[:2])
+
+
+def test_shared_blocks_are_counted_once_per_user() -> None:
+    cache = PrefixCache(BlockPool(4), SIZE, enabled=True)
+    blocks = fill(cache, 0, [1, 2, 3, 4])
+    cache.pool.acquire(blocks)  # a second sequence shares them
+    cache.pool.free(blocks)  # the first leaves
+    assert (cache.pool.num_used, cache.pool.num_cached_free) == (2, 0)
+    cache.pool.free(blocks)
+    assert (cache.pool.num_used, cache.pool.num_cached_free) == (0, 2)
+
+
+def test_the_last_token_is_always_computed() -> None:
+    cache = PrefixCache(BlockPool(4), SIZE, enabled=True)
+    fill(cache, 0, [1, 2, 3, 4])
+    assert len(cache.lookup([1, 2, 3, 4], None, reads=True).blocks) == 1  # the second block holds the last token
+    assert len(cache.lookup([1, 2, 3, 4, 9], None, reads=True).blocks) == 2
+
+
+def test_salts_never_share_and_readers_that_do_not_read_find_nothing() -> None:
+    cache = PrefixCache(BlockPool(8), SIZE, enabled=True)
+    fill(cache, 0, [1, 2, 3, 4], salt="alice")
+    assert cache.lookup([1, 2, 3, 4, 5], "bob", reads=True).blocks == ()
+    assert cache.lookup([1, 2, 3, 4, 5], None, reads=True).blocks == ()
+    assert len(cache.lookup([1, 2, 3, 4, 5], "alice", reads=True).blocks) == 2
+    assert cache.lookup([1, 2, 3, 4, 5], "alice", reads=False).blocks == ()
+    assert PrefixCache(cache.pool, SIZE, enabled=False).lookup([1, 2, 3, 4, 5], "alice", reads=True).blocks == ()
+
+
+def test_a_colliding_key_never_hands_out_other_tokens(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every key the same: only the token and parent comparison stands between a sequence and wrong values."""
+    monkeypatch.setattr(engine.block_pool, "block_key", lambda *_: 7)
+    monkeypatch.setattr(engine.prefix_cache, "block_key", lambda *_: 7)
+    cache = PrefixCache(BlockPool(8), SIZE, enabled=True)
+    first = fill(cache, 0, [1, 2, 3, 4])
+    fill(cache, 1, [5, 6, 7, 8])  # collides with the first at its first block: stays private
+    assert cache.lookup([1, 2, 9], None, reads=True).blocks == (first[0],)
+    assert cache.lookup([5, 6, 7, 8, 9], None, reads=True).blocks == ()
+    # The first chain's second block has the same key as its first, but a different parent and tokens.
+    assert cache.lookup([1, 2, 3, 4, 9], None, reads=True).blocks == (first[0],)
+
+
+def test_a_reused_block_id_orphans_the_children_of_what_it_held() -> None:
+    """A child names its parent by block id and generation: once the parent's id is handed out again, the child
+    is unreachable, even when the new parent holds the same tokens (its values may come from elsewhere)."""
+    cache = PrefixCache(BlockPool(3), SIZE, enabled=True)
+    parent, child = fill(cache, 0, [1, 2, 3, 4])
+    cache.pool.free([parent])  # parked first: evicted first
+    cache.pool.free([child])
+    assert cache.pool.allocate(1) == [2] and cache.pool.allocate(1) == [parent]  # the parent's id, reused
+    assert cache.lookup([1, 2, 3, 4, 5], None, reads=True).blocks == ()
+    cache.start(1, None, engine.prefix_cache.NO_MATCH, 2)
+    cache.register(1, [parent], [1, 2], 1)
+    assert cache.lookup([1, 2, 3, 4, 5], None, reads=True).blocks == (parent,)  # not the stale child
+    assert block_key(None, None, (1, 2)) != block_key(block_key(None, None, (1, 2)), None, (1, 2))
+    assert root("s") == ("salt", "s")
+
+
+def test_identical_prefixes_filled_at_once_chain_through_the_first_holder() -> None:
+    cache = PrefixCache(BlockPool(8), SIZE, enabled=True)
+    first = fill(cache, 0, [1, 2, 3, 4])
+    second = fill(cache, 1, [1, 2, 3, 4, 5, 6])  # computed concurrently: its first two blocks stay private
+    assert cache.lookup([1, 2, 3, 4, 5, 6, 7], None, reads=True).blocks == (first[0], first[1], second[2])

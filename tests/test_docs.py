@@ -1,0 +1,49 @@
+"""The docs stay readable and true to the tree: sizes, relative links that resolve, and a results folder that holds
+what the docs cite and says which doc cites each entry."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "benchmarks" / "results"
+README_MAX_BYTES = 12_000
+DOC_MAX_BYTES = 25_000
+RESULTS_MAX_TRACKED_BYTES = 8_000_000
+MARKDOWN = sorted([ROOT / "README.md", *(ROOT / "docs").rglob("*.md"), *(ROOT / "benchmarks").rglob("README.md")])
+
+
+def test_readme_is_a_landing_page() -> None:
+    assert (ROOT / "README.md").stat().st_size <= README_MAX_BYTES
+
+
+@pytest.mark.parametrize("doc", sorted((ROOT / "docs").rglob("*.md")), ids=lambda path: path.name)
+def test_each_doc_stays_short(doc: Path) -> None:
+    assert doc.stat().st_size <= DOC_MAX_BYTES
+
+
+@pytest.mark.parametrize("doc", MARKDOWN, ids=lambda path: str(path.relative_to(ROOT)))
+def test_relative_links_resolve(doc: Path) -> None:
+    targets = re.findall(r"\]\(([^)\s]+)\)", doc.read_text())
+    local = [target.split("#")[0] for target in targets if not re.match(r"[a-z]+:|#", target)]
+    assert [target for target in local if target and not (doc.parent / target).exists()] == []
+
+
+def test_results_readme_maps_every_entry() -> None:
+    index = (RESULTS / "README.md").read_text()
+    entries = sorted(path.name for path in RESULTS.iterdir() if path.name != "README.md")
+    assert [name for name in entries if f"`{name}" not in index] == []
+
+
+@pytest.mark.skipif(not (ROOT / ".git").exists() or shutil.which("git") is None, reason="needs the git checkout")
+def test_results_tree_stays_small() -> None:
+    tracked = subprocess.run(
+        ["git", "ls-files", "-z", "benchmarks/results"], cwd=ROOT, capture_output=True, text=True, check=True
+    ).stdout.split("\0")
+    sizes = [(ROOT / name).stat().st_size for name in tracked if name and (ROOT / name).exists()]
+    assert sizes and sum(sizes) <= RESULTS_MAX_TRACKED_BYTES
