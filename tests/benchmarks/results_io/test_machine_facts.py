@@ -1,8 +1,14 @@
-"""Every result file names its machine: the facts come from /proc/cpuinfo's first processor."""
+"""Every result file names its machine: the facts come from /proc/cpuinfo's first processor, the one JSON writer
+adds them, and new result folders are named by date and machine."""
 
+import json
+from datetime import date
 from pathlib import Path
 
-from benchmarks.results_io.machine import machine_facts
+import pytest
+
+from benchmarks.results_io.machine import dated_result_dir, machine_facts, machine_label
+from benchmarks.results_io.report import write_json
 
 CPUINFO = """processor\t: 0
 vendor_id\t: AuthenticAMD
@@ -30,3 +36,25 @@ def test_missing_cpuinfo_gives_no_flags_rather_than_failing(tmp_path: Path) -> N
     facts = machine_facts(tmp_path / "absent")
     assert facts["kernel_flags"] == []
     assert facts["cache"] is None
+
+
+def test_result_folders_are_named_by_experiment_date_and_machine_family(tmp_path: Path) -> None:
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text(CPUINFO)
+    assert machine_label(machine_facts(cpuinfo)) == "epyc"
+    assert machine_label({"cpu": None, "arch": "aarch64"}) == "aarch64"
+    folder = dated_result_dir("quality", tmp_path)
+    assert folder.parent == tmp_path / "quality"
+    assert folder.name == f"{date.today().isoformat()}-{machine_label()}"
+
+
+def test_write_json_records_the_machine_in_results_but_not_in_raw_records(tmp_path: Path) -> None:
+    result = json.loads(write_json(tmp_path / "deep" / "result.json", {"value": 1}).read_text())
+    assert result == {"machine": machine_facts(), "value": 1}
+    own = json.loads(write_json(tmp_path / "own.json", {"machine": {"cpu": "x"}}).read_text())
+    assert own == {"machine": {"cpu": "x"}}
+    raw = json.loads(write_json(tmp_path / "raw.json", {"records": []}, with_machine=False).read_text())
+    assert raw == {"records": []}
+    assert json.loads(write_json(tmp_path / "list.json", [1, 2]).read_text()) == [1, 2]
+    with pytest.raises(ValueError):
+        write_json(tmp_path / "nan.json", {"x": float("nan")})
