@@ -6,7 +6,7 @@ computes nothing: it advances the sequences' counters exactly as `engine.engine.
 finishes by the same rules (a natural stop at a replayed output length, else max_tokens or the context window),
 and moves a `VirtualClock` forward by the cost model's time for the step.
 
-Cache blocks come from the engine's own `BlockAllocator`, so admission and preemption see the same free counts.
+Cache blocks come from the engine's own `BlockPool`, so admission and preemption see the same free counts.
 """
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from benchmarks.sim.cost.model import CostModel, StepShape
+from engine.block_pool import BlockPool
 from engine.config import EngineConfig
 from engine.errors import CacheCapacityError, ContextLengthError, EngineInputError, InputField
-from engine.kv_cache import BlockAllocator
 from engine.outputs import FinishReason, StepOutput, TokenOutput
 from engine.sampling_params import SamplingParams
 
@@ -61,7 +61,7 @@ class SimEngine:
         limits = [v for v in (config.max_model_len, model_max_len) if v is not None]
         self.max_model_len = min(limits) if limits else config.kv_cache_tokens
         self.block_size = config.block_size
-        self.allocator = BlockAllocator(config.num_blocks)
+        self.allocator = BlockPool(config.num_blocks)  # nothing registered: a plain allocator, as with caching off
         self._seqs: dict[int, _Sequence] = {}
         self._stop_after: dict[int, int] = {}  # seq_id -> replayed output length, until the sequence is added
         self._last_step_end = -math.inf  # the first step is cold, as a fresh server's is
