@@ -35,6 +35,7 @@ class RuntimeOptions:
     # defaults are the measured choice, the others are for benchmarks.quality and experiments.
     max_quantized_rows: int | None = DEFAULT_MAX_QUANTIZED_ROWS
     int8_activations: bool = True
+    enable_prefix_caching: bool = True
 
     def __post_init__(self) -> None:
         LoadConfig(self.dtype, self.quantization)  # raises ValueError naming the bad value
@@ -59,6 +60,7 @@ class RuntimeOptions:
             kv_cache_tokens=self.kv_cache_tokens or seats * max_len,
             max_model_len=max_len,
             device=device,
+            enable_prefix_caching=self.enable_prefix_caching,
         )
 
 
@@ -85,6 +87,11 @@ class ServerConfig:
         DEFAULT_MAX_MODEL_LEN, "Prompt plus completion tokens of one sequence (model maximum if unset)"
     )
     kv_cache_tokens: int | None = _opt(None, "KV cache size in tokens (default: seats x max_model_len)")
+    enable_prefix_caching: bool = _opt(
+        True,
+        "Keep the KV cache of computed prompt blocks and reuse it for prompts that start the same way "
+        "(requests share blocks only with the same cache_salt)",
+    )
     api_key: str | None = field(  # repr=False: a logged or printed config must not show the key
         default=None,
         repr=False,
@@ -168,6 +175,7 @@ class ServerConfig:
             device=self.device,
             max_model_len=self.max_model_len,
             kv_cache_tokens=self.kv_cache_tokens,
+            enable_prefix_caching=self.enable_prefix_caching,
             cpu_kernels=self.cpu_kernels,
             served_model_name=self.served_model_name,
             dtype=self.dtype,

@@ -246,9 +246,12 @@ class Scheduler:
         running, held = len(lifecycle.running), lifecycle.held_seats
         preempted = sum(1 for r in lifecycle.waiting if r.scheduled is not None)
         usage = self.engine.cache_usage
+        cached_free = self.engine.allocator.num_cached_free / self.engine.allocator.num_blocks
         with self._lock:  # under the lock, so that a submission's own update is never lost
             pending = bool(self._inbox) or bool(self._requests)
-            counts = SchedulerCounts(self.config.seats, running, held, self._num_queued, preempted, usage, pending)
+            counts = SchedulerCounts(
+                self.config.seats, running, held, self._num_queued, preempted, usage, pending, cached_free
+            )
             self._counts = counts
 
     def _mark_scheduled(self, request: SequenceRequest, now: float) -> None:
