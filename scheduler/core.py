@@ -33,6 +33,7 @@ from scheduler.request import (
     SequenceRequest,
     TokenEvent,
 )
+from scheduler.static import StaticPolicy
 from scheduler.stats import SchedulerCounts, StepStats
 
 logger = logging.getLogger("batchserve.scheduler")
@@ -43,8 +44,12 @@ def make_policy(engine: SchedulerEngine, config: SchedulerConfig) -> Policy:
         raise ValueError(
             f"the engine has {engine.config.seats} seats but the {config.mode.value} policy needs {config.seats}"
         )
-    policy_class = DynamicPolicy if config.mode is Mode.DYNAMIC else ContinuousPolicy
-    return policy_class(config)
+    policies: dict[Mode, type[Policy]] = {
+        Mode.DYNAMIC: DynamicPolicy,
+        Mode.CONTINUOUS: ContinuousPolicy,
+        Mode.STATIC: StaticPolicy,
+    }
+    return policies[config.mode](config)
 
 
 class Scheduler:
@@ -59,6 +64,7 @@ class Scheduler:
         self.config = config
         self.policy = make_policy(engine, config)
         self.clock = clock
+        self.policy.start(clock())
         self.on_step = on_step
         self.lifecycle = Lifecycle(engine, config.seats, self._on_released)
         self._requests: dict[str, SequenceRequest] = {}  # every request not yet released, by id
