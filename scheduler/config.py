@@ -9,14 +9,16 @@ from dataclasses import dataclass
 class Mode(enum.Enum):
     DYNAMIC = "dynamic"  # request-level batching: the batch leaves full or on timeout and runs as one unit
     CONTINUOUS = "continuous"  # iteration-level batching: sequences join and leave at every step
+    STATIC = "static"  # a batch leaves full, or at the ticks of a fixed clock, and runs as one unit
 
 
 @dataclass(frozen=True)
 class SchedulerConfig:
     mode: Mode = Mode.CONTINUOUS
-    # dynamic
+    # dynamic and static
     max_batch_size: int = 8
-    batch_timeout_ms: float = 50.0
+    batch_timeout_ms: float = 50.0  # dynamic
+    batch_window_ms: float = 100.0  # static: the period of the clock whose ticks a partial batch leaves at
     # continuous
     max_num_seqs: int = 8
     max_num_batched_tokens: int = 512
@@ -32,10 +34,12 @@ class SchedulerConfig:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.batch_timeout_ms < 0:
             raise ValueError(f"batch_timeout_ms must be >= 0, got {self.batch_timeout_ms}")
+        if not self.batch_window_ms > 0:
+            raise ValueError(f"batch_window_ms must be > 0, got {self.batch_window_ms}")
         if self.queue_timeout_s is not None and self.queue_timeout_s <= 0:
             raise ValueError(f"queue_timeout_s must be > 0, got {self.queue_timeout_s}")
 
     @property
     def seats(self) -> int:
         """Sequences that can run at once in this mode: the engine rows it needs."""
-        return self.max_batch_size if self.mode is Mode.DYNAMIC else self.max_num_seqs
+        return self.max_num_seqs if self.mode is Mode.CONTINUOUS else self.max_batch_size

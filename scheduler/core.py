@@ -33,6 +33,7 @@ from scheduler.request import (
     SequenceRequest,
     TokenEvent,
 )
+from scheduler.static import StaticPolicy
 from scheduler.stats import SchedulerCounts, StepStats
 
 logger = logging.getLogger("batchserve.scheduler")
@@ -43,8 +44,12 @@ def make_policy(engine: SchedulerEngine, config: SchedulerConfig) -> Policy:
         raise ValueError(
             f"the engine has {engine.config.seats} seats but the {config.mode.value} policy needs {config.seats}"
         )
-    policy_class = DynamicPolicy if config.mode is Mode.DYNAMIC else ContinuousPolicy
-    return policy_class(config)
+    policies: dict[Mode, type[Policy]] = {
+        Mode.DYNAMIC: DynamicPolicy,
+        Mode.CONTINUOUS: ContinuousPolicy,
+        Mode.STATIC: StaticPolicy,
+    }
+    return policies[config.mode](config)
 
 
 class Scheduler:
@@ -59,6 +64,7 @@ class Scheduler:
         self.config = config
         self.policy = make_policy(engine, config)
         self.clock = clock
+        self.policy.start(clock())
         self.on_step = on_step
         self.lifecycle = Lifecycle(engine, config.seats, self._on_released)
         self._requests: dict[str, SequenceRequest] = {}  # every request not yet released, by id
@@ -246,9 +252,12 @@ class Scheduler:
         running, held = len(lifecycle.running), lifecycle.held_seats
         preempted = sum(1 for r in lifecycle.waiting if r.scheduled is not None)
         usage = self.engine.cache_usage
+        cached_free = self.engine.allocator.num_cached_free / self.engine.allocator.num_blocks
         with self._lock:  # under the lock, so that a submission's own update is never lost
             pending = bool(self._inbox) or bool(self._requests)
-            counts = SchedulerCounts(self.config.seats, running, held, self._num_queued, preempted, usage, pending)
+            counts = SchedulerCounts(
+                self.config.seats, running, held, self._num_queued, preempted, usage, pending, cached_free
+            )
             self._counts = counts
 
     def _mark_scheduled(self, request: SequenceRequest, now: float) -> None:

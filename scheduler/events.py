@@ -156,7 +156,7 @@ def request_point(
         seat, token_ids = None, request.prompt_token_ids
         details = {"prompt_tokens": len(request.prompt_token_ids), "max_tokens": request.params.max_tokens}
     elif kind is PointKind.ADMITTED:
-        details = {"queue_ms": (now - request.arrival) * 1000.0}
+        details = {"queue_ms": (now - request.arrival) * 1000.0, "cached_tokens": request.num_cached_tokens}
     elif kind is PointKind.FIRST_TOKEN:
         details = {"ttft_ms": (now - request.arrival) * 1000.0}
     elif kind is PointKind.FINISHED:

@@ -83,6 +83,9 @@ class Policy(abc.ABC):
         """`request` just finished. If it still holds a seat (it ran to its end), release it now or later; one that
         ended early or never had a seat was released already."""
 
+    def start(self, now: float) -> None:  # noqa: B027 (a hook: only a policy with a clock of its own overrides it)
+        """The scheduler starts, at `now` on its clock."""
+
     def begin_drain(self, ctx: PolicyContext) -> None:  # noqa: B027 (a hook: only a policy that holds overrides it)
         """The server is draining: nothing new will be admitted. Release the finished requests held so far; from
         now on a request that finishes is released at once."""

@@ -31,8 +31,9 @@ class SchedulerCounts:
     held_seats: int  # of those, finished and held
     queued: int  # submitted and never started, including submissions not yet taken from the inbox
     preempted: int  # started, preempted, waiting to resume
-    cache_usage: float  # 0..1
+    cache_usage: float  # 0..1: blocks in use
     pending_work: bool  # a request not yet released, or a command not yet applied
+    cache_cached_free: float = 0.0  # 0..1: blocks free to take but still holding a cached prefix
 
     @property
     def waiting(self) -> int:

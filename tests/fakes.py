@@ -324,7 +324,7 @@ def build(
     elif runner.clock is None:
         runner.clock = fake
     scheduler.setdefault("batch_timeout_ms", 0.0)
-    seat_key = "max_batch_size" if mode is Mode.DYNAMIC else "max_num_seqs"
+    seat_key = "max_num_seqs" if mode is Mode.CONTINUOUS else "max_batch_size"
     scheduler.setdefault(seat_key, seats)
     config = SchedulerConfig(mode=mode, **scheduler)  # type: ignore[arg-type]
     engine_config = EngineConfig(

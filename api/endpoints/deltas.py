@@ -27,6 +27,7 @@ class ChoiceInput:
     prompt_token_ids: list[int]
     params: SamplingParams
     output: OutputOptions = OutputOptions()
+    cache_salt: str | None = None  # only requests with the same salt share prefix-cache blocks
 
 
 @dataclass(frozen=True)

@@ -22,6 +22,7 @@ class UsageTally:
     """Usage and the timings of the choice released last, accumulated over a request's choices."""
 
     prompt_tokens: int = 0
+    cached_tokens: int = 0  # of the prompt tokens, those read from the prefix cache
     completion_tokens: int = 0
     last_timings: RequestTimings | None = None
     num_choices: int = 0
@@ -33,6 +34,7 @@ class UsageTally:
         if prompt_index not in self.prompts_counted:  # n choices of one prompt share its tokens
             self.prompts_counted.add(prompt_index)
             self.prompt_tokens += delta.num_prompt_tokens
+            self.cached_tokens += delta.timings.num_cached_tokens if delta.timings is not None else 0
         self.completion_tokens += delta.num_output_tokens
         self.num_choices += 1
         if delta.timings is not None and (
@@ -40,9 +42,14 @@ class UsageTally:
         ):
             self.last_timings = delta.timings
 
-    def usage(self) -> dict[str, int]:
+    def usage(self) -> dict[str, object]:
         total = self.prompt_tokens + self.completion_tokens
-        return {"prompt_tokens": self.prompt_tokens, "completion_tokens": self.completion_tokens, "total_tokens": total}
+        return {
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": self.completion_tokens,
+            "total_tokens": total,
+            "prompt_tokens_details": {"cached_tokens": self.cached_tokens},
+        }
 
     def timings(self) -> dict[str, object] | None:
         return timings_json(self.last_timings, self.num_choices, self.replica, self.arrival_time)

@@ -40,6 +40,7 @@ def metered_model(
         running=lambda: counts().running,
         waiting=lambda: counts().waiting,
         cache_usage=lambda: counts().cache_usage,
+        cache_cached_free=lambda: counts().cache_cached_free,
     )
     return model, metrics
 

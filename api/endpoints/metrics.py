@@ -70,7 +70,17 @@ class ServerMetrics:
         self.steps = counter("batchserve:steps", "Engine steps")
         self.running = Gauge("vllm:num_requests_running", "Requests running", names, registry=self.registry)
         self.waiting = Gauge("vllm:num_requests_waiting", "Requests waiting", names, registry=self.registry)
-        self.cache_usage = Gauge("vllm:kv_cache_usage_perc", "KV cache usage (0..1)", names, registry=self.registry)
+        self.cache_usage = Gauge(
+            "vllm:kv_cache_usage_perc", "KV cache blocks in use (0..1)", names, registry=self.registry
+        )
+        self.cache_cached_free = Gauge(
+            "batchserve:kv_cache_cached_free_perc",
+            "KV cache blocks free to take but still holding a cached prefix (0..1)",
+            names,
+            registry=self.registry,
+        )
+        self.prefix_queries = counter("vllm:prefix_cache_queries", "Prompt tokens looked up in the prefix cache")
+        self.prefix_hits = counter("vllm:prefix_cache_hits", "Prompt tokens found in the prefix cache")
         # Create every labelled series now, so scrapes see zeros instead of missing series.
         for metric in (
             self.ttft,
@@ -80,6 +90,8 @@ class ServerMetrics:
             self.held,
             self.prompt_tokens,
             self.generation_tokens,
+            self.prefix_queries,
+            self.prefix_hits,
             self.failures,
             self.batch_size,
             self.step_tokens,
@@ -89,12 +101,17 @@ class ServerMetrics:
             metric.labels(**self._labels)
 
     def bind_gauges(
-        self, running: Callable[[], float], waiting: Callable[[], float], cache_usage: Callable[[], float]
+        self,
+        running: Callable[[], float],
+        waiting: Callable[[], float],
+        cache_usage: Callable[[], float],
+        cache_cached_free: Callable[[], float] = lambda: 0.0,
     ) -> None:
         """Gauges read live state at scrape time, so they are right between steps too."""
         self.running.labels(**self._labels).set_function(running)
         self.waiting.labels(**self._labels).set_function(waiting)
         self.cache_usage.labels(**self._labels).set_function(cache_usage)
+        self.cache_cached_free.labels(**self._labels).set_function(cache_cached_free)
 
     def observe_step(self, stats: StepStats) -> None:
         labels = self._labels
@@ -122,6 +139,8 @@ class ServerMetrics:
         self.queue.labels(**labels).observe(timings.queue_time)
         self.held.labels(**labels).observe(timings.held_time)
         self.prompt_tokens.labels(**labels).inc(num_prompt_tokens)
+        self.prefix_queries.labels(**labels).inc(num_prompt_tokens)
+        self.prefix_hits.labels(**labels).inc(timings.num_cached_tokens)
         self.generation_tokens.labels(**labels).inc(num_output_tokens)
         self.success.labels(**labels, finished_reason=finish_reason).inc()
 

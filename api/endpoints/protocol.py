@@ -98,6 +98,7 @@ class SamplingFields(_Lenient):
     user: str | None = None
     request_id: str | None = Field(None, max_length=256)
     priority: int = Field(0, ge=-INT64_MAX - 1, le=INT64_MAX)
+    cache_salt: str | None = Field(None, min_length=1, max_length=1024)  # vLLM's: prefix-cache sharing group
     use_beam_search: bool = False
     length_penalty: float = Field(1.0, allow_inf_nan=False)  # beam search only: a no-op otherwise, as in vLLM
     response_format: ResponseFormat | None = None

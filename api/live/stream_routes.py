@@ -30,6 +30,8 @@ def mode_settings(config: ServerConfig) -> dict[str, Any]:
     """The policy's settings as `hello` and /v1/compare/modes show them."""
     if config.mode == Mode.DYNAMIC.value:
         return {"max_batch_size": config.max_batch_size, "batch_timeout_ms": config.batch_timeout_ms}
+    if config.mode == Mode.STATIC.value:
+        return {"max_batch_size": config.max_batch_size, "batch_window_ms": config.batch_window_ms}
     return {"max_num_seqs": config.max_num_seqs, "max_num_batched_tokens": config.max_num_batched_tokens}
 
 

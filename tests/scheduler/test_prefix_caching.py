@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from scheduler.config import Mode
+from scheduler.events import PointKind, request_point
 from tests.fakes import build, expected_tokens
 
 MODES = [Mode.CONTINUOUS, Mode.DYNAMIC]
@@ -71,3 +72,14 @@ def test_a_batch_of_the_same_prompt_leaves_no_block_behind(mode: Mode) -> None:
         assert stream.tokens == expected_tokens(PROMPT, 6)
     assert h.engine.cache_usage == 0.0 and h.engine.allocator.num_cached_free > 0
     assert sum(s.finish.timings.num_cached_tokens for s in streams if s.finish is not None) >= 4 * 36
+
+
+def test_the_admitted_event_carries_the_cached_share() -> None:
+    h = build(Mode.CONTINUOUS, seats=2)
+    h.submit(PROMPT, max_tokens=2)
+    h.run()
+    again = h.submit(PROMPT, max_tokens=2)
+    h.run()
+    assert again.request is not None
+    point = request_point(PointKind.ADMITTED, again.request, now=again.request.scheduled or 0.0)
+    assert point.details["cached_tokens"] == 36

@@ -215,6 +215,8 @@
       record[data.event] = data.t;
       if (data.seat != null) record.seat = data.seat;
       if (data.outcome) record.outcome = data.outcome;
+      if (data.event === "queued") record.promptTokens = data.prompt_tokens;
+      if (data.event === "admitted") record.cachedTokens = data.cached_tokens || 0;
       if (data.event === "first_token" && data.ttft_ms != null) {
         this.ttfts.push(data.ttft_ms / 1000);
         if (this.ttfts.length > TTFT_SAMPLES) this.ttfts.shift();
@@ -349,7 +351,7 @@
       ctx.textAlign = "left";
 
       // Seat lanes. The canvas's data-drawn-<phase> attributes count the bars in view (for tests and tools).
-      const drawn = { prefill: 0, decode: 0, held: 0, idle: 0 };
+      const drawn = { prefill: 0, decode: 0, held: 0, idle: 0, cached: 0 };
       for (let seat = 0; seat < this.seats; seat += 1) {
         const y = queueH + seat * laneH;
         ctx.fillStyle = seat % 2 ? colors.laneBackground : colors.laneBackgroundAlt;
@@ -359,7 +361,17 @@
           drawn[segment.phase] += 1;
           ctx.fillStyle = colors[segment.phase];
           const x0 = x(Math.max(segment.t0, tStart));
-          ctx.fillRect(x0, y + (laneH > 6 ? 1 : 0), Math.max(1, x(segment.t1) - x0), laneH > 6 ? laneH - 2 : laneH);
+          const width = Math.max(1, x(segment.t1) - x0);
+          const top = y + (laneH > 6 ? 1 : 0);
+          const height = laneH > 6 ? laneH - 2 : laneH;
+          ctx.fillRect(x0, top, width, height);
+          // A prefill read partly from the prefix cache: its cached share of the prompt, as a band on top.
+          const record = segment.phase === "prefill" ? this.requests.get(segment.rid) || this.recent.get(segment.rid) : null;
+          if (record && record.cachedTokens > 0 && record.promptTokens > 0) {
+            drawn.cached += 1;
+            ctx.fillStyle = colors.cached;
+            ctx.fillRect(x0, top, Math.max(1, (width * record.cachedTokens) / record.promptTokens), Math.max(2, height / 3));
+          }
         }
       }
 
@@ -402,6 +414,7 @@
     Object.assign(colors, {
       waiting: read("--waiting"),
       prefill: read("--prefill"),
+      cached: read("--cached"),
       decode: read("--decode"),
       held: read("--held"),
       idle: read("--idle"),

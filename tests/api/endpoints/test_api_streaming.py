@@ -97,11 +97,15 @@ def test_stream_with_include_usage_ends_with_a_usage_chunk(server: RunningServer
     )
     last, before = events[-1], events[-2]
     assert last["choices"] == []
+    num_prompt_tokens = len(tiny_tokenizer()(PROMPT)["input_ids"])
+    cached = last["usage"]["prompt_tokens_details"]["cached_tokens"]  # whatever earlier tests left in the cache
     assert last["usage"] == {
-        "prompt_tokens": len(tiny_tokenizer()(PROMPT)["input_ids"]),
+        "prompt_tokens": num_prompt_tokens,
         "completion_tokens": 5,
-        "total_tokens": len(tiny_tokenizer()(PROMPT)["input_ids"]) + 5,
+        "total_tokens": num_prompt_tokens + 5,
+        "prompt_tokens_details": {"cached_tokens": cached},
     }
+    assert 0 <= cached < num_prompt_tokens and last["timings"]["cached_tokens"] == cached
     assert last["timings"]["mode"] == server_mode(server)
     assert before["choices"][0]["finish_reason"] == "length"
     assert all("usage" in event and event["usage"] is None for event in events[:-1])  # null until the last

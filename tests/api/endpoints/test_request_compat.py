@@ -344,6 +344,7 @@ def test_echo_with_logprobs_scores_the_prompt_as_the_model_does(
         "prompt_tokens": len(ids),
         "completion_tokens": max_tokens,
         "total_tokens": len(ids) + max_tokens,
+        "prompt_tokens_details": {"cached_tokens": 0},  # prompt logprobs never read the prefix cache
     }
     if max_tokens == 0:
         assert result["choices"][0]["text"] == tiny_tokenizer().decode(ids)
