@@ -32,7 +32,7 @@ class RuntimeOptions:
     dtype: str = "auto"  # engine.config.LoadConfig's
     quantization: str = "auto"
     # How quantised weights run (engine.model_runner.TransformersRunner's options of the same names); the
-    # defaults are the measured choice, the others are for benchmarks.quality and experiments.
+    # defaults are the measured choice, the others are for `python -m benchmarks quality` and experiments.
     max_quantized_rows: int | None = DEFAULT_MAX_QUANTIZED_ROWS
     int8_activations: bool = True
     enable_prefix_caching: bool = True

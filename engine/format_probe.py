@@ -48,7 +48,8 @@ _SCORED_ROWS = (1, 16, PREFILL_ROWS)
 _REPEATS = 5
 _PROMPT_TOKENS = 32
 
-# Perplexity against float32 on SmolLM2-135M (benchmarks.quality, docs/quantization.md). Only these are candidates.
+# Perplexity against float32 on SmolLM2-135M (`python -m benchmarks quality`, docs/quantization.md).
+# Only these are candidates.
 MEASURED_QUALITY: Mapping[tuple[str, str], float] = {
     ("float32", "none"): 0.0,
     ("bfloat16", "none"): 0.11,

@@ -1,6 +1,6 @@
 """The engine surface the scheduler core and the lifecycle use: what a step needs from an engine, and nothing else.
 
-`engine.engine.Engine` is the one that serves requests; `benchmarks.sim_engine.SimEngine` satisfies the same
+`engine.engine.Engine` is the one that serves requests; `benchmarks.sim.engine.SimEngine` satisfies the same
 protocol at a modelled cost per step, so the simulator runs this package's scheduler and policies unchanged.
 """
 
