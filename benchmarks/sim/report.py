@@ -34,8 +34,8 @@ def write_sim_report(outcome: ABOutcome, out_dir: Path, cost_label: str) -> dict
     document: dict[str, Any] = {"simulated": True, "cost_model": cost_label, **result_document(outcome)}
     written["result.json"] = write_json(out_dir / "result.json", document, with_machine=False)
     banner = (
-        f"> **SIMULATED** with `python -m benchmarks simulate`: the real scheduler and policies on a virtual clock; step "
-        f"times from the {cost_label}. Latencies are server-side (arrival to token), without HTTP or "
+        f"> **SIMULATED** with `python -m benchmarks simulate`: the real scheduler and policies on a virtual clock; "
+        f"step times from the {cost_label}. Latencies are server-side (arrival to token), without HTTP or "
         "tokenisation. Held seats are the simulated server's held seat-steps.\n\n"
     )
     report = out_dir / "report.md"
