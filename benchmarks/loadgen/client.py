@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import enum
 import json
 import time
@@ -168,10 +169,23 @@ async def run_load(specs: Sequence[RequestSpec], offsets: Sequence[float], confi
         with tqdm(total=len(specs), disable=not config.show_progress, desc=config.progress_label) as bar:
             t0 = time.perf_counter()
 
+            sent: dict[int, RequestSpec] = {}  # as sent: a conversation's turn with its whole history
+            done: dict[int, RequestRecord] = {}
+            finished = {spec.index: asyncio.Event() for spec in specs}
+
             async def one(spec: RequestSpec, offset: float) -> RequestRecord:
-                await asyncio.sleep(max(0.0, t0 + offset - time.perf_counter()))
+                if spec.follows is None:
+                    await asyncio.sleep(max(0.0, t0 + offset - time.perf_counter()))
+                else:  # the next turn: the previous prompt, its answer, then the new message
+                    await finished[spec.follows].wait()
+                    previous = sent[spec.follows].prompt + done[spec.follows].text
+                    spec = dataclasses.replace(spec, prompt=previous + spec.prompt)
+                    offset = time.perf_counter() - t0
+                sent[spec.index] = spec
                 async with semaphore:
                     record = await stream_request(client, spec, config, t0, scheduled_time=offset)
+                done[spec.index] = record
+                finished[spec.index].set()
                 bar.update(1)
                 return record
 

@@ -42,6 +42,12 @@ def add_load_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--jsonl-path", default=None, help="for --workload jsonl: lines of {prompt, max_tokens}")
     g.add_argument("--input-len", type=int, default=_W.input_len, help="uniform: prompt words")
     g.add_argument("--output-len", type=int, default=_W.output_len, help="uniform: max_tokens")
+    g.add_argument("--turns", type=int, default=_W.turns, help="multi-turn: turns per conversation")
+    g.add_argument(
+        "--system-prompt-words", type=int, default=_W.system_prompt_words, help="multi-turn: the shared system prompt"
+    )
+    g.add_argument("--prefix-groups", type=int, default=_W.prefix_groups, help="shared-prefix: distinct prefixes")
+    g.add_argument("--prefix-words", type=int, default=_W.prefix_words, help="shared-prefix: words of each prefix")
     g = parser.add_argument_group("load")
     g.add_argument("--request-rate", type=float, default=_A.request_rate, help="req/s; inf sends all at once")
     g.add_argument("--burstiness", type=float, default=_A.burstiness, help="gamma shape; 1.0 is Poisson")
@@ -74,6 +80,10 @@ def workload_config(args: argparse.Namespace) -> WorkloadConfig:
         jsonl_path=args.jsonl_path,
         input_len=args.input_len,
         output_len=args.output_len,
+        turns=args.turns,
+        system_prompt_words=args.system_prompt_words,
+        prefix_groups=args.prefix_groups,
+        prefix_words=args.prefix_words,
     )
 
 

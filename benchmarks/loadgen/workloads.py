@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-WORKLOADS = ("mixed", "uniform", "long-prompt", "jsonl")
+WORKLOADS = ("mixed", "uniform", "long-prompt", "multi-turn", "shared-prefix", "jsonl")
 
 _WORD_TEXT = (
     "the of and to in is was for on that with as by at from his her it an were are which this be or has had "
@@ -36,6 +36,9 @@ class RequestSpec:
     max_tokens: int
     prompt_tokens: int  # estimate; the server's usage.prompt_tokens is the truth when it reports it
     kind: str  # which part of the workload this came from, e.g. "short" or "long"
+    # A conversation's later turn: sent once request `follows` has finished, its prompt being that request's
+    # prompt, then its answer, then `prompt` (the new message). None: sent at its own arrival time.
+    follows: int | None = None
 
 
 @dataclass(frozen=True)
@@ -58,6 +61,14 @@ class WorkloadConfig:
     long_prompt_max: int = 768
     long_prompt_fraction: float = 0.125
     long_prompt_output: int = 32
+    # multi-turn: conversations that re-send their history (system prompt, messages, answers) every turn
+    turns: int = 4
+    system_prompt_words: int = 256  # one system prompt shared by every conversation
+    turn_output: int = 32  # tokens each answer; the messages are short_prompt_min..max words
+    # shared-prefix: groups of prompts over a long common prefix (a document, few-shot examples)
+    prefix_groups: int = 4
+    prefix_words: int = 512
+    prefix_output: int = 32  # the questions after the prefix are short_prompt_min..max words
     # jsonl
     jsonl_path: str | None = None
 
@@ -80,6 +91,12 @@ class WorkloadConfig:
             (self.input_len, "input_len"),
             (self.output_len, "output_len"),
             (self.long_prompt_output, "long_prompt_output"),
+            (self.turns, "turns"),
+            (self.system_prompt_words, "system_prompt_words"),
+            (self.turn_output, "turn_output"),
+            (self.prefix_groups, "prefix_groups"),
+            (self.prefix_words, "prefix_words"),
+            (self.prefix_output, "prefix_output"),
         ):
             if value < 1:
                 raise ValueError(f"{what} must be >= 1, got {value}")
@@ -99,6 +116,10 @@ def build_workload(config: WorkloadConfig) -> list[RequestSpec]:
         return _uniform(config, rng)
     if config.name == "long-prompt":
         return _long_prompt(config, rng)
+    if config.name == "multi-turn":
+        return _multi_turn(config, rng)
+    if config.name == "shared-prefix":
+        return _shared_prefix(config, rng)
     return _from_jsonl(config)
 
 
@@ -147,6 +168,38 @@ def _long_prompt(config: WorkloadConfig, rng: np.random.Generator) -> list[Reque
         else:
             n_words, kind = _short_prompt_len(config, rng), "short"
         specs.append(RequestSpec(i, make_prompt(rng, n_words), config.long_prompt_output, n_words, kind))
+    return specs
+
+
+def _multi_turn(config: WorkloadConfig, rng: np.random.Generator) -> list[RequestSpec]:
+    """num_prompts requests as conversations of `turns` turns (the last one may be shorter), each turn a user
+    message after the whole history, as vLLM's multi-turn benchmark sends them. Conversation by conversation, so
+    a conversation's first turn takes the next arrival time and its later turns follow its answers."""
+    system = f"System: {make_prompt(rng, config.system_prompt_words)}"
+    specs: list[RequestSpec] = []
+    for index in range(config.num_prompts):
+        turn = index % config.turns
+        n_words = _short_prompt_len(config, rng)
+        message = f"\nUser: {make_prompt(rng, n_words)}\nAssistant:"
+        if turn == 0:
+            spec = RequestSpec(
+                index, system + message, config.turn_output, config.system_prompt_words + n_words, "first-turn"
+            )
+        else:
+            history = specs[-1].prompt_tokens + config.turn_output
+            spec = RequestSpec(index, message, config.turn_output, history + n_words, "later-turn", follows=index - 1)
+        specs.append(spec)
+    return specs
+
+
+def _shared_prefix(config: WorkloadConfig, rng: np.random.Generator) -> list[RequestSpec]:
+    """Groups of questions over a long common prefix (SGLang's generated-shared-prefix), interleaved."""
+    prefixes = [make_prompt(rng, config.prefix_words) for _ in range(config.prefix_groups)]
+    specs = []
+    for index in range(config.num_prompts):
+        n_words = _short_prompt_len(config, rng)
+        prompt = f"{prefixes[index % config.prefix_groups]}\nQuestion: {make_prompt(rng, n_words)}\nAnswer:"
+        specs.append(RequestSpec(index, prompt, config.prefix_output, config.prefix_words + n_words, "shared-prefix"))
     return specs
 
 

@@ -25,8 +25,17 @@ from benchmarks.loadgen.run import RunConfig, RunResult, rate_to_json, run_bench
 from benchmarks.loadgen.server_proc import LaunchConfig, ServerProcess, ServerStartError
 from benchmarks.loadgen.trace import export_runs
 from benchmarks.loadgen.workloads import RequestSpec, build_workload
-from benchmarks.peers.targets import BASELINES, ServerSettings, Target, Unavailable, baseline_targets, mode_targets
-from benchmarks.results_io.report import ABOutcome, write_report
+from benchmarks.peers.targets import (
+    BASELINES,
+    ServerSettings,
+    Target,
+    Unavailable,
+    baseline_targets,
+    batchserve_missing,
+    batchserve_target,
+    mode_targets,
+)
+from benchmarks.results_io.report import NO_CACHE_SUFFIX, ABOutcome, write_report
 from benchmarks.results_io.tables import format_run
 
 _DESCRIPTION = "Compare batchserve's dynamic and continuous batching on one workload."
@@ -118,6 +127,12 @@ def build_parser() -> argparse.ArgumentParser:
         default=",".join(BASELINES),
         help=f"comma list of {', '.join(BASELINES)}, or none; each runs only if available",
     )
+    g.add_argument(
+        "--prefix-caching",
+        choices=("on", "off", "both"),
+        default="on",
+        help="batchserve's prefix caching; both: each mode also runs with it off, as <mode>-nocache",
+    )
     g.add_argument("--sweep-rates", default=None, help="e.g. 0.5,1,2,inf: rerun both modes at each rate")
     g.add_argument(
         "--export-workload",
@@ -145,6 +160,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             device=args.device,
             dtype=args.dtype,
             quantization=args.quantization,
+            enable_prefix_caching=args.prefix_caching != "off",
         )
         sweep_rates = parse_rates(args.sweep_rates) if args.sweep_rates else ()
         baselines = parse_baselines(args.baselines)
@@ -162,7 +178,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     runs: dict[str, RunResult] = {}
     sweep: dict[str, list[RunResult]] = {}
     skipped: dict[str, str] = {}
-    for item in [*mode_targets(settings), *baseline_targets(baselines, settings)]:
+    targets = mode_targets(settings)
+    if args.prefix_caching == "both":
+        uncached = dataclasses.replace(settings, enable_prefix_caching=False)
+        targets += [
+            batchserve_target(f"{mode}{NO_CACHE_SUFFIX}", mode, uncached)
+            for mode in ("dynamic", "continuous")
+            if batchserve_missing() is None
+        ]
+    for item in [*targets, *baseline_targets(baselines, settings)]:
         if isinstance(item, Unavailable):
             skipped[item.name] = item.reason
             print(f"skipping {item.name}: {item.reason}", file=sys.stderr)
@@ -198,6 +222,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "model": args.model,
         "device": args.device,
         "sweep_rates": [str(r) for r in sweep_rates],
+        "prefix_caching": args.prefix_caching,
         "goodput": args.goodput,
     }
     ab = ABOutcome(command, settings_doc, servers, notes, runs, sweep, skipped)

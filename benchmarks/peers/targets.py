@@ -37,6 +37,7 @@ class ServerSettings:
     device: str | None = None  # batchserve --device (cpu, cuda, auto); None leaves its default
     dtype: str | None = None  # batchserve --dtype (auto, float32, bfloat16); None leaves its default
     quantization: str | None = None  # batchserve --quantization (auto, none, int8, int4)
+    enable_prefix_caching: bool = True  # False: batchserve --no-enable-prefix-caching
 
     def __post_init__(self) -> None:
         if self.seats < 1:
@@ -83,7 +84,11 @@ def batchserve_target(name: str, mode: str, settings: ServerSettings, seats: int
         argv += ["--dtype", settings.dtype]
     if settings.quantization is not None:
         argv += ["--quantization", settings.quantization]
-    note = f"{mode}, {seats} seat{'' if seats == 1 else 's'}"
+    if not settings.enable_prefix_caching:
+        argv += ["--no-enable-prefix-caching"]
+    note = f"{mode}, {seats} seat{'' if seats == 1 else 's'}" + (
+        "" if settings.enable_prefix_caching else ", no prefix caching"
+    )
     return Target(name=name, argv=tuple(argv), eos_policy=EosPolicy.IGNORE_EOS, note=note)
 
 

@@ -84,6 +84,84 @@ def headline_table(runs: Mapping[str, RunResult]) -> str:
     return "\n".join(lines)
 
 
+NO_CACHE_SUFFIX = "-nocache"  # a mode's run with --no-enable-prefix-caching (ab --prefix-caching both)
+
+
+def by_kind(run: RunResult) -> dict[str, dict[str, float | int | None]]:
+    """TTFT and cached prompt tokens per request kind (e.g. a conversation's first and later turns)."""
+    kinds: dict[str, dict[str, float | int | None]] = {}
+    for kind in sorted({record.kind for record in run.records}):
+        records = [r for r in run.records if r.kind == kind and r.ok]
+        ttfts = sorted(1000.0 * r.ttft for r in records if r.ttft is not None)
+        cached = [int((r.server_timings or {}).get("cached_tokens") or 0) for r in records]
+        prompt = [r.counted_prompt_tokens for r in records]
+        kinds[kind] = {
+            "requests": len(records),
+            "ttft_p50_ms": _quantile(ttfts, 0.5),
+            "ttft_p99_ms": _quantile(ttfts, 0.99),
+            "mean_prompt_tokens": sum(prompt) / len(prompt) if prompt else None,
+            "mean_cached_tokens": sum(cached) / len(cached) if cached else None,
+        }
+    return kinds
+
+
+def _quantile(sorted_values: Sequence[float], q: float) -> float | None:
+    if not sorted_values:
+        return None
+    return sorted_values[min(len(sorted_values) - 1, int(q * len(sorted_values)))]
+
+
+def kind_table(runs: Mapping[str, RunResult]) -> str:
+    lines = [
+        "| server | kind | requests | TTFT p50 ms | TTFT p99 ms | mean prompt tokens | mean cached tokens |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for name, run in runs.items():
+        for kind, row in by_kind(run).items():
+            cells = [
+                name,
+                kind,
+                str(row["requests"]),
+                _fmt(row["ttft_p50_ms"], ".0f"),
+                _fmt(row["ttft_p99_ms"], ".0f"),
+                _fmt(row["mean_prompt_tokens"], ".0f"),
+                _fmt(row["mean_cached_tokens"], ".0f"),
+            ]
+            lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def caching_ratios(runs: Mapping[str, RunResult]) -> dict[str, dict[str, float | None]]:
+    """For each mode run beside its -nocache twin: on/off output throughput, and off/on TTFT p50 per kind (how
+    many times lower the TTFT is with prefix caching)."""
+    out: dict[str, dict[str, float | None]] = {}
+    for name, run in runs.items():
+        twin = runs.get(name + NO_CACHE_SUFFIX)
+        if twin is None:
+            continue
+        ratio: dict[str, float | None] = {
+            "output_throughput_on_over_off": _div(run.summary.output_throughput, twin.summary.output_throughput)
+        }
+        on, off = by_kind(run), by_kind(twin)
+        for kind in on:
+            if kind in off:
+                ratio[f"ttft_p50_off_over_on[{kind}]"] = _div(off[kind]["ttft_p50_ms"], on[kind]["ttft_p50_ms"])
+        out[name] = ratio
+    return out
+
+
+def _div(numerator: float | int | None, denominator: float | int | None) -> float | None:
+    return None if numerator is None or not denominator else float(numerator) / float(denominator)
+
+
+def caching_table(runs: Mapping[str, RunResult]) -> str:
+    lines = ["| mode | what | ratio |", "|---|---|---|"]
+    for name, ratio in caching_ratios(runs).items():
+        for what, value in ratio.items():
+            lines.append(f"| {name} | {what} | {_fmt(value, '.2f', suffix='x')} |")
+    return "\n".join(lines)
+
+
 def sweep_table(sweep: Mapping[str, Sequence[RunResult]]) -> str:
     lines = [
         "| server | rate (req/s) | req/s | output tok/s | TTFT p50 ms | TTFT p99 ms | E2E p99 ms | failed |",
@@ -121,6 +199,10 @@ def render_markdown(outcome: ABOutcome, plots: Mapping[str, Path]) -> str:
         "and held seats are deltas of the server's `/metrics` over the run (n/a: not exported). Held seats "
         "are seat-steps occupied by sequences that had already finished: dynamic batching's waste.",
     ]
+    if any(len({r.kind for r in run.records}) > 1 for run in outcome.runs.values()):
+        parts += ["", "## By request kind", "", kind_table(outcome.runs)]
+    if caching_ratios(outcome.runs):
+        parts += ["", "## Prefix caching on against off (same run)", "", caching_table(outcome.runs)]
     if outcome.skipped:
         parts += ["", "## Not run", ""]
         parts += [f"- **{name}**: {reason}" for name, reason in outcome.skipped.items()]
@@ -150,6 +232,8 @@ def result_document(outcome: ABOutcome) -> dict[str, Any]:
         "skipped": dict(outcome.skipped),
         "runs": {name: run.to_dict(include_records=False) for name, run in outcome.runs.items()},
         "ratios_continuous_over_dynamic": ratios(outcome.runs),
+        "by_kind": {name: by_kind(run) for name, run in outcome.runs.items()},
+        "prefix_caching_ratios": caching_ratios(outcome.runs),
         "sweep": {name: [run.to_dict(include_records=False) for run in runs] for name, runs in outcome.sweep.items()},
     }
 

@@ -79,3 +79,25 @@ def test_jsonl_rejects_bad_rows(tmp_path: Path) -> None:
 def test_invalid_configs_are_rejected(kwargs: dict[str, object], match: str) -> None:
     with pytest.raises(ValueError, match=match):
         WorkloadConfig(**kwargs)  # type: ignore[arg-type]
+
+
+def test_multi_turn_conversations_share_one_system_prompt_and_chain_their_turns() -> None:
+    specs = build_workload(WorkloadConfig(name="multi-turn", num_prompts=10, turns=4, system_prompt_words=32))
+    firsts = [s for s in specs if s.follows is None]
+    assert [s.index for s in firsts] == [0, 4, 8]  # conversations of 4, 4 and 2 turns
+    system = firsts[0].prompt.split("\nUser:")[0]
+    assert all(s.prompt.startswith(system) and s.kind == "first-turn" for s in firsts)
+    for spec in specs:
+        if spec.follows is not None:
+            assert spec.follows == spec.index - 1 and spec.kind == "later-turn"
+            assert spec.prompt.startswith("\nUser:") and spec.prompt.endswith("\nAssistant:")
+            assert spec.prompt_tokens > specs[spec.follows].prompt_tokens  # the history grows
+    assert build_workload(WorkloadConfig(name="multi-turn", num_prompts=10, turns=4, system_prompt_words=32)) == specs
+
+
+def test_shared_prefix_groups_interleave_questions_over_long_prefixes() -> None:
+    specs = build_workload(WorkloadConfig(name="shared-prefix", num_prompts=8, prefix_groups=2, prefix_words=64))
+    prefixes = [s.prompt.split("\nQuestion:")[0] for s in specs]
+    assert len(set(prefixes)) == 2 and prefixes[0] == prefixes[2] != prefixes[1]
+    assert len(prefixes[0].split()) == 64 and all(s.follows is None for s in specs)
+    assert len({s.prompt for s in specs}) == 8

@@ -380,3 +380,19 @@ def test_ab_driver_reports_a_server_that_fails_to_start(tmp_path: Path) -> None:
 
 if __name__ == "__main__":
     serve_forever(int(sys.argv[1]))
+
+
+def test_a_conversation_turn_is_sent_after_the_previous_answer_with_the_whole_history() -> None:
+    specs = build_workload(WorkloadConfig(name="multi-turn", num_prompts=6, turns=3, system_prompt_words=8))
+    with FakeServer() as server:
+        result = asyncio.run(run_benchmark(specs, _config(server.base_url)))
+    assert all(record.ok for record in result.records)
+    prompts = [payload["prompt"] for payload in server.payloads[1:]]  # after the warm-up
+    by_index = {record.index: record for record in result.records}
+    for spec in specs:
+        if spec.follows is None:
+            continue
+        previous = by_index[spec.follows]
+        sent = next(p for p in prompts if p.endswith(spec.prompt) and len(p) > len(spec.prompt))
+        assert sent.endswith(previous.text + spec.prompt)  # the previous prompt, its answer, the new message
+        assert by_index[spec.index].send_time >= previous.end_time  # only after the previous answer ended

@@ -123,3 +123,10 @@ def test_export_is_skipped_when_the_folder_exists(tmp_path: Path) -> None:
     (tmp_path / "model.safetensors").write_bytes(b"")
     assert is_exported(tmp_path)
     assert export(tmp_path / "missing.gguf", tmp_path) == tmp_path  # nothing loaded, nothing written
+
+
+def test_a_target_with_prefix_caching_off_passes_the_flag_and_says_so() -> None:
+    on = batchserve_target("continuous", "continuous", ServerSettings())
+    off = batchserve_target("continuous-nocache", "continuous", ServerSettings(enable_prefix_caching=False))
+    assert "--no-enable-prefix-caching" not in on.argv
+    assert off.argv[-1] == "--no-enable-prefix-caching" and "no prefix caching" in off.note

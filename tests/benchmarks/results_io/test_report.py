@@ -12,7 +12,15 @@ from benchmarks.loadgen.client import RequestRecord
 from benchmarks.loadgen.prom import ScrapedMetrics
 from benchmarks.loadgen.run import RunResult
 from benchmarks.loadgen.summaries import summarize
-from benchmarks.results_io.report import ABOutcome, headline_table, ratios, read_raw_runs, write_report
+from benchmarks.results_io.report import (
+    ABOutcome,
+    by_kind,
+    caching_ratios,
+    headline_table,
+    ratios,
+    read_raw_runs,
+    write_report,
+)
 from benchmarks.results_io.tables import format_run
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -156,3 +164,30 @@ def test_text_table_lists_latencies_and_server_metrics(outcome: ABOutcome) -> No
         "Held seat-steps",
     ):
         assert line in text
+
+
+def _turn_run(label: str, later_ttft: float, cached: int) -> RunResult:
+    """Three conversations of two turns: first turns take 0.2 s to a first token, later ones `later_ttft`."""
+    records = []
+    for i in range(6):
+        kind, ttft = ("first-turn", 0.2) if i % 2 == 0 else ("later-turn", later_ttft)
+        base = _record(i, 0.05 * i, ttft, 0.3, 0.0, True)
+        timings = {**(base.server_timings or {}), "cached_tokens": cached if kind == "later-turn" else 0}
+        records.append(RequestRecord(**{**base.to_dict(), "kind": kind, "server_timings": timings}))
+    duration = max(r.end_time for r in records)
+    return RunResult(label, math.inf, 1.0, summarize(tuple(records), duration), None, tuple(records))
+
+
+def test_kinds_and_prefix_caching_on_against_off_are_reported(tmp_path: Path) -> None:
+    runs = {"continuous": _turn_run("continuous", 0.05, 8), "continuous-nocache": _turn_run("off", 0.2, 0)}
+    kinds = by_kind(runs["continuous"])
+    assert kinds["later-turn"]["ttft_p50_ms"] == pytest.approx(50.0)
+    assert kinds["later-turn"]["mean_cached_tokens"] == 8 and kinds["first-turn"]["mean_cached_tokens"] == 0
+    ratio = caching_ratios(runs)["continuous"]
+    assert ratio["ttft_p50_off_over_on[later-turn]"] == pytest.approx(4.0)
+    assert ratio["ttft_p50_off_over_on[first-turn]"] == pytest.approx(1.0)
+    written = write_report(ABOutcome("cmd", {}, {}, {}, runs), tmp_path)
+    markdown = written["report.md"].read_text()
+    assert "## By request kind" in markdown and "## Prefix caching on against off" in markdown
+    document = json.loads(written["result.json"].read_text())
+    assert document["prefix_caching_ratios"]["continuous"]["ttft_p50_off_over_on[later-turn]"] == pytest.approx(4.0)
