@@ -59,7 +59,7 @@ def test_serve_help_lists_every_flag_with_its_default() -> None:
         assert options[flag].count("(default:") == 1, options[flag]
     assert len([f for f in options if f.startswith("--")]) == len(fields) + 1  # and --replicas (scale-out)
     assert "(default: 1, no Ray)" in options["--replicas"]
-    assert "(default: continuous)" in options["--mode"] and "{dynamic,continuous}" in options["--mode"]
+    assert "(default: continuous)" in options["--mode"] and "{dynamic,continuous,static}" in options["--mode"]
     assert "(default: 8000)" in options["--port"]
     assert "(default: 127.0.0.1)" in options["--host"]
     assert "(default: 50.0)" in options["--batch-timeout-ms"]
