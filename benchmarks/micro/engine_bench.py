@@ -162,7 +162,12 @@ def engine_seconds(
     longest = max(len(p) for p in prompts) + steps + 1
     engine = Engine(
         runner,
-        EngineConfig(seats=batch, kv_cache_tokens=batch * (longest + 16), max_model_len=longest + 16),
+        EngineConfig(
+            seats=batch,
+            kv_cache_tokens=batch * (longest + 16),
+            max_model_len=longest + 16,
+            enable_prefix_caching=False,  # repeated prompts are timed: each must be computed
+        ),
         loaded.eos_token_ids,
         loaded.max_model_len,
         dtype=runner.dtype,

@@ -78,7 +78,12 @@ def measure(loaded: LoadedModel, runner: TransformersRunner, prompts: list[list[
     longest = max(map(len, prompts)) + 1
     engine = Engine(
         runner,
-        EngineConfig(seats=len(prompts), kv_cache_tokens=len(prompts) * (longest + 16), max_model_len=longest),
+        EngineConfig(
+            seats=len(prompts),
+            kv_cache_tokens=len(prompts) * (longest + 16),
+            max_model_len=longest,
+            enable_prefix_caching=False,  # repeated prompts are timed: each must be computed
+        ),
         loaded.eos_token_ids,
         loaded.max_model_len,
     )

@@ -185,6 +185,7 @@ def engine_options(served: RuntimeOptions, grid: Grid, load_seats: int, after_la
             load_seats * LOAD_PROBE_ROW_TOKENS,  # the load probe's replay: every seat's whole request
             after_large_probe_tokens(after_large_repeats) + PREFILL_PROBE_TOKENS + 32,  # two blocks' rounding
         ),
+        enable_prefix_caching=False,  # the grid repeats its prompts: every probe must compute them
     )
 
 
