@@ -64,7 +64,10 @@ class WorkloadConfig:
     # multi-turn: conversations that re-send their history (system prompt, messages, answers) every turn
     turns: int = 4
     system_prompt_words: int = 256  # one system prompt shared by every conversation
-    turn_output: int = 32  # tokens each answer; the messages are short_prompt_min..max words
+    # tokens of each answer, drawn per turn (equal lengths would keep every conversation in lockstep, all
+    # turns arriving at once); the messages are short_prompt_min..max words
+    turn_output_min: int = 16
+    turn_output_max: int = 64
     # shared-prefix: groups of prompts over a long common prefix (a document, few-shot examples)
     prefix_groups: int = 4
     prefix_words: int = 512
@@ -83,6 +86,7 @@ class WorkloadConfig:
             (self.long_output_min, self.long_output_max, "long_output"),
             (self.short_prompt_min, self.short_prompt_max, "short_prompt"),
             (self.long_prompt_min, self.long_prompt_max, "long_prompt"),
+            (self.turn_output_min, self.turn_output_max, "turn_output"),
         ):
             if not 1 <= low <= high:
                 raise ValueError(f"{what} range must satisfy 1 <= min <= max, got {low}..{high}")
@@ -93,7 +97,6 @@ class WorkloadConfig:
             (self.long_prompt_output, "long_prompt_output"),
             (self.turns, "turns"),
             (self.system_prompt_words, "system_prompt_words"),
-            (self.turn_output, "turn_output"),
             (self.prefix_groups, "prefix_groups"),
             (self.prefix_words, "prefix_words"),
             (self.prefix_output, "prefix_output"),
@@ -181,13 +184,12 @@ def _multi_turn(config: WorkloadConfig, rng: np.random.Generator) -> list[Reques
         turn = index % config.turns
         n_words = _short_prompt_len(config, rng)
         message = f"\nUser: {make_prompt(rng, n_words)}\nAssistant:"
+        answer = int(rng.integers(config.turn_output_min, config.turn_output_max + 1))
         if turn == 0:
-            spec = RequestSpec(
-                index, system + message, config.turn_output, config.system_prompt_words + n_words, "first-turn"
-            )
+            spec = RequestSpec(index, system + message, answer, config.system_prompt_words + n_words, "first-turn")
         else:
-            history = specs[-1].prompt_tokens + config.turn_output
-            spec = RequestSpec(index, message, config.turn_output, history + n_words, "later-turn", follows=index - 1)
+            history = specs[-1].prompt_tokens + specs[-1].max_tokens
+            spec = RequestSpec(index, message, answer, history + n_words, "later-turn", follows=index - 1)
         specs.append(spec)
     return specs
 

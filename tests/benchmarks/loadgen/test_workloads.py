@@ -93,6 +93,7 @@ def test_multi_turn_conversations_share_one_system_prompt_and_chain_their_turns(
             assert spec.prompt.startswith("\nUser:") and spec.prompt.endswith("\nAssistant:")
             assert spec.prompt_tokens > specs[spec.follows].prompt_tokens  # the history grows
     assert build_workload(WorkloadConfig(name="multi-turn", num_prompts=10, turns=4, system_prompt_words=32)) == specs
+    assert all(16 <= s.max_tokens <= 64 for s in specs) and len({s.max_tokens for s in specs}) > 1  # no lockstep
 
 
 def test_shared_prefix_groups_interleave_questions_over_long_prefixes() -> None:
