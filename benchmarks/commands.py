@@ -54,6 +54,11 @@ COMMANDS: tuple[Command, ...] = (
         "quality", "benchmarks.micro.quality", "perplexity and greedy agreement of each weight format against float32"
     ),
     Command(
+        "prefix-overhead",
+        "benchmarks.micro.prefix_overhead",
+        "what prefix caching costs the engine when no prefix is shared: steps with it on and off, interleaved",
+    ),
+    Command(
         "gc",
         "benchmarks.micro.gc_pause",
         "how long one full GC stops a loaded server, before and after its heap is frozen",

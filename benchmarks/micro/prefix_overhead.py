@@ -1,0 +1,121 @@
+"""What prefix caching costs when nothing is shared: the same engine steps with caching on and off.
+
+Every attempt sends fresh random prompts (no prefix is ever found), so the only difference is the bookkeeping:
+looking prompts up, registering each block a step fills, parking released blocks and evicting them. The two
+settings alternate attempt by attempt (on, off, off, on, ...) on one loaded model, so drift over the run touches
+both alike; each figure is the median over its attempts.
+
+    python -m benchmarks prefix-overhead --out benchmarks/results/prefix-caching/2026-12-02-xeon/overhead.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+
+from benchmarks.micro.rows import add_row
+from benchmarks.results_io.report import write_json
+from engine.config import DTYPES, QUANTIZATIONS, EngineConfig
+from engine.engine import Engine
+from engine.loader import LoadedModel, load_model
+from engine.model_runner import TransformersRunner
+from engine.sampling_params import SamplingParams
+
+CACHE_ATTEMPTS = 4  # the KV cache holds this many attempts' sequences
+
+
+def one_attempt(engine: Engine, prompts: list[list[int]], steps: int) -> tuple[float, float]:
+    """(seconds of the prefill step, seconds per decode step) for `prompts` run together; the rows are released
+    after, as a server releases finished requests (their blocks park when caching is on)."""
+    params = SamplingParams(max_tokens=steps + 1, temperature=0.0, ignore_eos=True)
+    for seq_id, prompt in enumerate(prompts):
+        add_row(engine, seq_id, prompt, params, len(prompt) + steps + 1, "the KV cache is too small for the batch")
+    start = time.perf_counter()
+    engine.step([(i, len(p)) for i, p in enumerate(prompts)])
+    prefill = time.perf_counter() - start
+    start = time.perf_counter()
+    for _ in range(steps):
+        engine.step([(i, 1) for i in range(len(prompts))])
+    decode = (time.perf_counter() - start) / steps
+    for seq_id in range(len(prompts)):
+        engine.remove(seq_id)
+    return prefill, decode
+
+
+@torch.inference_mode()
+def measure(loaded: LoadedModel, batch: int, prompt_len: int, steps: int, repeats: int) -> dict[str, float]:
+    runner = TransformersRunner(loaded.model, quantized=loaded.quantized)
+    vocab = runner.vocab_size
+    tokens = batch * (prompt_len + steps + 16)
+    engines = {
+        caching: Engine(
+            runner,
+            # Room for several attempts, so the cache also parks and evicts blocks as a server's does.
+            EngineConfig(seats=batch, kv_cache_tokens=CACHE_ATTEMPTS * tokens, enable_prefix_caching=caching),
+            loaded.eos_token_ids,
+            loaded.max_model_len,
+            dtype=runner.dtype,
+        )
+        for caching in (True, False)
+    }
+    generator = torch.Generator().manual_seed(batch)
+    times: dict[bool, list[tuple[float, float]]] = {True: [], False: []}
+    order = [True, False, False, True]
+    # Warm-up: with caching on, released blocks park and the next attempt takes never-used ones, so the first
+    # passes through the cache touch fresh memory (page faults) where caching off reuses the same blocks. Four
+    # attempts each fill the cache once; after that both settings run in steady state, as a long-lived server.
+    warm_up = 2 * CACHE_ATTEMPTS
+    for attempt in range(2 * repeats + warm_up):
+        caching = order[attempt % 4]
+        prompts = [torch.randint(100, vocab - 1, (prompt_len,), generator=generator).tolist() for _ in range(batch)]
+        result = one_attempt(engines[caching], prompts, steps)
+        if attempt >= warm_up:
+            times[caching].append(result)
+    on_prefill, on_decode = (statistics.median(t[i] for t in times[True]) for i in (0, 1))
+    off_prefill, off_decode = (statistics.median(t[i] for t in times[False]) for i in (0, 1))
+    assert engines[True].prefix_cache.hits == 0, "fresh prompts must never hit"
+    return {
+        "batch": batch,
+        "prompt_tokens": prompt_len,
+        "prefill_ms_on": on_prefill * 1000,
+        "prefill_ms_off": off_prefill * 1000,
+        "decode_step_ms_on": on_decode * 1000,
+        "decode_step_ms_off": off_decode * 1000,
+        "prefill_throughput_on_over_off": off_prefill / on_prefill,
+        "decode_throughput_on_over_off": off_decode / on_decode,
+    }
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks prefix-overhead",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--model", default=None, help="checkpoint dir or .gguf (default: SmolLM2-135M-Instruct)")
+    parser.add_argument("--dtype", default="auto", choices=DTYPES, help="as `serve --dtype`")
+    parser.add_argument("--quantization", default="auto", choices=QUANTIZATIONS, help="as `serve --quantization`")
+    parser.add_argument("--batch-sizes", default="1,8,32")
+    parser.add_argument("--prompt-tokens", type=int, default=128)
+    parser.add_argument("--decode-steps", type=int, default=32, help="crosses two 16-token blocks per row")
+    parser.add_argument("--repeats", type=int, default=4, help="measured attempts per setting")
+    parser.add_argument("--out", type=Path, default=None, help="write the result as JSON here")
+    args = parser.parse_args(argv)
+    loaded = load_model(args.model, dtype=args.dtype, quantization=args.quantization)
+    rows = []
+    for batch in (int(b) for b in args.batch_sizes.split(",")):
+        row = measure(loaded, batch, args.prompt_tokens, args.decode_steps, args.repeats)
+        rows.append(row)
+        print(
+            f"batch {batch:>3}: prefill {row['prefill_ms_on']:7.1f} ms on, {row['prefill_ms_off']:7.1f} off "
+            f"({row['prefill_throughput_on_over_off']:.3f}x); decode step {row['decode_step_ms_on']:6.2f} ms on, "
+            f"{row['decode_step_ms_off']:6.2f} off ({row['decode_throughput_on_over_off']:.3f}x)",
+            flush=True,
+        )
+    if args.out:
+        write_json(args.out, {"weights": loaded.weight_format.label, "rows": rows})
