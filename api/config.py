@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.config import DEFAULT_MAX_QUANTIZED_ROWS, DTYPES, QUANTIZATIONS, EngineConfig, LoadConfig
-from scheduler.config import Mode, SchedulerConfig
+from scheduler.config import SCHEDULING_POLICIES, Mode, SchedulerConfig
 
 API_KEY_ENV = "BATCHSERVE_API_KEY"
 DEFAULT_MAX_MODEL_LEN = 2048
@@ -84,6 +84,12 @@ class ServerConfig:
     )
     max_num_seqs: int = _opt(8, "continuous: sequences running at once (seats)")
     max_num_batched_tokens: int = _opt(512, "continuous: token budget of one step (prompt chunks plus decodes)")
+    scheduling_policy: str = _opt(
+        "fcfs",
+        "Order of the waiting queue: fcfs (arrival) or priority (the request's `priority`, lower first, ties by "
+        "arrival; continuous mode preempts the lowest priority first); under fcfs a non-zero priority is a 400",
+        choices=SCHEDULING_POLICIES,
+    )
     max_queue: int = _opt(256, "Waiting requests beyond this are rejected with 429")
     queue_timeout_s: float | None = _opt(None, "Reject a request that waited longer than this in the queue")
     max_model_len: int | None = _opt(
@@ -167,6 +173,7 @@ class ServerConfig:
             batch_window_ms=self.batch_window_ms,
             max_num_seqs=self.max_num_seqs,
             max_num_batched_tokens=self.max_num_batched_tokens,
+            scheduling_policy=self.scheduling_policy,
             max_queue=self.max_queue,
             queue_timeout_s=self.queue_timeout_s,
         )

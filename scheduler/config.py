@@ -12,6 +12,9 @@ class Mode(enum.Enum):
     STATIC = "static"  # a batch leaves full, or at the ticks of a fixed clock, and runs as one unit
 
 
+SCHEDULING_POLICIES = ("fcfs", "priority")
+
+
 @dataclass(frozen=True)
 class SchedulerConfig:
     mode: Mode = Mode.CONTINUOUS
@@ -22,7 +25,9 @@ class SchedulerConfig:
     # continuous
     max_num_seqs: int = 8
     max_num_batched_tokens: int = 512
-    # both
+    # every mode: the waiting queue's order. fcfs: by arrival; priority: by the request's `priority` (lower first),
+    # ties by arrival, and continuous mode preempts the lowest priority first (vLLM's --scheduling-policy)
+    scheduling_policy: str = "fcfs"
     max_queue: int = 256
     queue_timeout_s: float | None = None
 
@@ -32,12 +37,18 @@ class SchedulerConfig:
         for name in ("max_batch_size", "max_num_seqs", "max_num_batched_tokens", "max_queue"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.scheduling_policy not in SCHEDULING_POLICIES:
+            raise ValueError(f"scheduling_policy must be one of {SCHEDULING_POLICIES}, got {self.scheduling_policy!r}")
         if self.batch_timeout_ms < 0:
             raise ValueError(f"batch_timeout_ms must be >= 0, got {self.batch_timeout_ms}")
         if not self.batch_window_ms > 0:
             raise ValueError(f"batch_window_ms must be > 0, got {self.batch_window_ms}")
         if self.queue_timeout_s is not None and self.queue_timeout_s <= 0:
             raise ValueError(f"queue_timeout_s must be > 0, got {self.queue_timeout_s}")
+
+    @property
+    def by_priority(self) -> bool:
+        return self.scheduling_policy == "priority"
 
     @property
     def seats(self) -> int:

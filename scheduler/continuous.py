@@ -52,10 +52,14 @@ class ContinuousPolicy(Policy):
                 return False
         return True
 
-    @staticmethod
-    def _victim(ctx: PolicyContext, request: SequenceRequest) -> SequenceRequest:
+    def _victim(self, ctx: PolicyContext, request: SequenceRequest) -> SequenceRequest:
         """The newest running sequence that may still grow, or `request` itself if none is newer. One whose whole
-        length is reserved will finish without asking for more: preempting it would only repeat its work."""
+        length is reserved will finish without asking for more: preempting it would only repeat its work. By
+        priority: the lowest-priority one that may still grow (the newest among equals), `request` itself when it
+        is that one."""
+        if self.config.by_priority:
+            growing = [c for c in ctx.running if c is request or ctx.reserved_tokens(c) < c.max_total_tokens]
+            return max(growing, key=lambda c: (c.priority, c.arrival))
         for candidate in reversed(ctx.running):
             if candidate is request or ctx.reserved_tokens(candidate) < candidate.max_total_tokens:
                 return candidate

@@ -66,7 +66,7 @@ class Scheduler:
         self.clock = clock
         self.policy.start(clock())
         self.on_step = on_step
-        self.lifecycle = Lifecycle(engine, config.seats, self._on_released)
+        self.lifecycle = Lifecycle(engine, config.seats, self._on_released, by_priority=config.by_priority)
         self._requests: dict[str, SequenceRequest] = {}  # every request not yet released, by id
         self._lock = threading.Lock()
         self._inbox: deque[tuple[str, SequenceRequest | str]] = deque()

@@ -18,9 +18,16 @@ from scheduler.request import Outcome, RequestStatus, SequenceRequest
 class Lifecycle:
     """WAITING -> (admit) RUNNING -> (preempt) WAITING ... -> (finish) FINISHED -> (release) RELEASED."""
 
-    def __init__(self, engine: SchedulerEngine, seats: int, on_released: Callable[[SequenceRequest], None]) -> None:
+    def __init__(
+        self,
+        engine: SchedulerEngine,
+        seats: int,
+        on_released: Callable[[SequenceRequest], None],
+        by_priority: bool = False,
+    ) -> None:
         self.engine = engine
         self.seats = seats
+        self.by_priority = by_priority  # the queue by (priority, arrival), preempted requests included
         self._on_released = on_released  # the core hands the completion to the request's consumer
         self._waiting: deque[SequenceRequest] = deque()
         self._running: list[SequenceRequest] = []
@@ -101,7 +108,10 @@ class Lifecycle:
         self._free_seat(request)
         request.status = RequestStatus.WAITING
         request.num_preemptions += 1
-        self._waiting.appendleft(request)
+        if self.by_priority:
+            self._insert_by_priority(request)
+        else:
+            self._waiting.appendleft(request)
 
     def release(self, request: SequenceRequest) -> None:
         assert request.status is RequestStatus.FINISHED, request.status
@@ -119,12 +129,23 @@ class Lifecycle:
 
     # ----- what the core does -----
     def enqueue(self, request: SequenceRequest) -> None:
-        """Behind every request that arrived earlier and every preempted one (they keep the head)."""
+        """Behind every request that arrived earlier and every preempted one (they keep the head); by priority,
+        behind every request of a better (lower) priority or of the same one that arrived earlier."""
+        if self.by_priority:
+            self._insert_by_priority(request)
+            return
         index = len(self._waiting)
         while index > 0:  # almost always zero moves: tokenising rarely reorders arrivals
             ahead = self._waiting[index - 1]
             if ahead.arrival <= request.arrival or ahead.num_preemptions > 0:
                 break
+            index -= 1
+        self._waiting.insert(index, request)
+
+    def _insert_by_priority(self, request: SequenceRequest) -> None:
+        key = (request.priority, request.arrival)
+        index = len(self._waiting)
+        while index > 0 and (self._waiting[index - 1].priority, self._waiting[index - 1].arrival) > key:
             index -= 1
         self._waiting.insert(index, request)
 

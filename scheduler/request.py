@@ -129,6 +129,7 @@ class SequenceRequest:
     output_token_ids: list[int] = field(default_factory=list)  # as sampled (the event stream's text)
     seat: int | None = None  # its lane in the event stream (scheduler/events.py): 0..seats-1, the last one held
     cache_salt: str | None = None  # only requests with the same salt share prefix-cache blocks
+    priority: int = 0  # lower runs first under --scheduling-policy priority; ignored under fcfs
     num_cached_tokens: int = 0  # prompt tokens found in the prefix cache when it was first admitted
 
     @property

@@ -240,6 +240,7 @@ class Harness:
         request_id: str | None = None,
         arrival: float | None = None,
         cache_salt: str | None = None,
+        priority: int = 0,
         **params: object,
     ) -> Stream:
         """Submit a greedy request; an int prompt means that many (distinct per request) in-vocab tokens.
@@ -252,7 +253,7 @@ class Harness:
         params.setdefault("temperature", 0.0)
         stream = Stream(request_id, list(prompt), max_tokens, _harness=self)
         params_ = SamplingParams(max_tokens=max_tokens, **params)  # type: ignore[arg-type]
-        request = SequenceRequest(request_id, list(prompt), params_, stream, cache_salt=cache_salt)
+        request = SequenceRequest(request_id, list(prompt), params_, stream, cache_salt=cache_salt, priority=priority)
         stream.request = request
         self.scheduler.submit(request, arrival)
         self.streams[request_id] = stream

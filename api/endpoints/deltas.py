@@ -28,6 +28,7 @@ class ChoiceInput:
     params: SamplingParams
     output: OutputOptions = OutputOptions()
     cache_salt: str | None = None  # only requests with the same salt share prefix-cache blocks
+    priority: int = 0  # lower first under --scheduling-policy priority
 
 
 @dataclass(frozen=True)

@@ -183,8 +183,9 @@ def _unsupported(param: str, what: str) -> APIError:
     return bad_request(f"{what} is not supported by this server", param=param)
 
 
-def refusal(request: SamplingFields) -> APIError | None:
-    """The first field whose value would change the answer in a way this server does not build."""
+def refusal(request: SamplingFields, by_priority: bool = False) -> APIError | None:
+    """The first field whose value would change the answer in a way this server does not build. `by_priority`:
+    the server schedules by priority (`--scheduling-policy priority`), so a non-zero `priority` is taken."""
     if request.best_of is not None and request.best_of != request.n:
         return _unsupported("best_of", f"'best_of' other than n ({request.best_of} with n={request.n})")
     if request.use_beam_search:
@@ -200,8 +201,10 @@ def refusal(request: SamplingFields) -> APIError | None:
         return _unsupported("logits_processors", "'logits_processors'")
     if request.bad_words:
         return _unsupported("bad_words", "'bad_words'")
-    if request.priority != 0:
-        return _unsupported("priority", "priority scheduling ('priority' other than 0)")
+    if request.priority != 0 and not by_priority:
+        return _unsupported(
+            "priority", "priority scheduling ('priority' other than 0, without --scheduling-policy priority)"
+        )
     if request.stream and request.prompt_logprobs is not None:
         return bad_request("'prompt_logprobs' is not available when streaming", param="prompt_logprobs")
     if isinstance(request, CompletionRequest) and request.suffix:

@@ -121,7 +121,7 @@ async def _accept(request: Request, model: type[_Request]) -> _Accepted[_Request
     runtime = _runtime(request)
     body = parse_request(model, await _read_json_body(request, config.max_body_bytes))
     _check_model(body.model, runtime)
-    refused = refusal(body)
+    refused = refusal(body, by_priority=config.scheduling_policy == "priority")
     if refused is not None:
         raise refused
     check_common_limits(body, config)

@@ -179,7 +179,9 @@ class Generation:
         def sink(event: RequestEvent) -> None:
             self._aio_loop.call_soon_threadsafe(self._events.put_nowait, (index, event))
 
-        request = SequenceRequest(sub_id, item.prompt_token_ids, item.params, sink, cache_salt=item.cache_salt)
+        request = SequenceRequest(
+            sub_id, item.prompt_token_ids, item.params, sink, cache_salt=item.cache_salt, priority=item.priority
+        )
         self.service._submit(request, self.arrival)
         self._open.add(sub_id)
 

@@ -166,7 +166,7 @@ def choice_inputs(
                 logit_bias=logit_bias,
                 allowed_token_ids=None if request.allowed_token_ids is None else tuple(request.allowed_token_ids),
             )
-            inputs.append(ChoiceInput(prompt, params, output, request.cache_salt))
+            inputs.append(ChoiceInput(prompt, params, output, request.cache_salt, request.priority))
     return inputs
 
 
