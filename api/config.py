@@ -13,6 +13,7 @@ from typing import Any
 
 from engine.config import DEFAULT_MAX_QUANTIZED_ROWS, DTYPES, QUANTIZATIONS, EngineConfig, LoadConfig
 from scheduler.config import SCHEDULING_POLICIES, Mode, SchedulerConfig
+from scheduler.policies import load_policy
 
 API_KEY_ENV = "BATCHSERVE_API_KEY"
 DEFAULT_MAX_MODEL_LEN = 2048
@@ -90,6 +91,11 @@ class ServerConfig:
         "arrival; continuous mode preempts the lowest priority first); under fcfs a non-zero priority is a 400",
         choices=SCHEDULING_POLICIES,
     )
+    policy: str | None = _opt(
+        None,
+        "A scheduling policy of your own, MODULE:CLASS (a scheduler.policy.Policy subclass), run instead of the mode's "
+        "with the mode's seats and settings (docs/policies.md)",
+    )
     max_queue: int = _opt(256, "Waiting requests beyond this are rejected with 429")
     queue_timeout_s: float | None = _opt(None, "Reject a request that waited longer than this in the queue")
     max_model_len: int | None = _opt(
@@ -160,6 +166,8 @@ class ServerConfig:
         if self.max_connections is not None and self.max_connections < 1:
             raise ValueError(f"max_connections must be positive, got {self.max_connections}")
         self.scheduler_config()  # validate the layered configs now, not at first use
+        if self.policy is not None:
+            load_policy(self.policy)  # a policy that cannot load is a config error, named at start
 
     @property
     def seats(self) -> int:
@@ -174,6 +182,7 @@ class ServerConfig:
             max_num_seqs=self.max_num_seqs,
             max_num_batched_tokens=self.max_num_batched_tokens,
             scheduling_policy=self.scheduling_policy,
+            policy=self.policy,
             max_queue=self.max_queue,
             queue_timeout_s=self.queue_timeout_s,
         )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+import re
 from dataclasses import dataclass
 
 
@@ -13,6 +14,7 @@ class Mode(enum.Enum):
 
 
 SCHEDULING_POLICIES = ("fcfs", "priority")
+_IMPORT_PATH = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_]\w*")
 
 
 @dataclass(frozen=True)
@@ -28,6 +30,9 @@ class SchedulerConfig:
     # every mode: the waiting queue's order. fcfs: by arrival; priority: by the request's `priority` (lower first),
     # ties by arrival, and continuous mode preempts the lowest priority first (vLLM's --scheduling-policy)
     scheduling_policy: str = "fcfs"
+    # A Policy subclass by import path ("package.module:Class") to run instead of the mode's own policy; it keeps the
+    # mode's seats and settings (docs/policies.md)
+    policy: str | None = None
     max_queue: int = 256
     queue_timeout_s: float | None = None
 
@@ -39,6 +44,8 @@ class SchedulerConfig:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.scheduling_policy not in SCHEDULING_POLICIES:
             raise ValueError(f"scheduling_policy must be one of {SCHEDULING_POLICIES}, got {self.scheduling_policy!r}")
+        if self.policy is not None and not _IMPORT_PATH.fullmatch(self.policy):
+            raise ValueError(f"policy must be an import path MODULE:CLASS, got {self.policy!r}")
         if self.batch_timeout_ms < 0:
             raise ValueError(f"batch_timeout_ms must be >= 0, got {self.batch_timeout_ms}")
         if not self.batch_window_ms > 0:

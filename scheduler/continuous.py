@@ -32,16 +32,21 @@ class ContinuousPolicy(Policy):
             if self._reserve_or_preempt(ctx, request, count):
                 plan.append((request, count))
                 budget -= count
-        while ctx.waiting and budget > 0 and ctx.free_seats > 0:
-            request = ctx.waiting[0]
+        for request in self.admission_order(ctx, now):
+            if budget == 0 or ctx.free_seats == 0:
+                break
             count = min(ctx.pending_tokens(request), budget)
             # A preempted request comes back with its whole length reserved, so it is never preempted again.
             total = request.max_total_tokens if request.num_preemptions else ctx.computed_tokens(request) + count
             if not ctx.admit(request, total):
-                break  # first come, first served: nobody overtakes the head of the queue
+                break  # nobody overtakes the first in line that does not fit
             plan.append((request, count))
             budget -= count
         return plan
+
+    def admission_order(self, ctx: PolicyContext, now: float) -> list[SequenceRequest]:
+        """Who may join this step, first first: the queue's order (arrival, or priority). A subclass may reorder."""
+        return list(ctx.waiting)
 
     def _reserve_or_preempt(self, ctx: PolicyContext, request: SequenceRequest, count: int) -> bool:
         needed = ctx.computed_tokens(request) + count

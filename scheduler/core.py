@@ -16,14 +16,13 @@ from collections import deque
 from collections.abc import Callable, Sequence
 
 from engine.outputs import PromptLogprobs, TokenOutput
-from scheduler.config import Mode, SchedulerConfig
-from scheduler.continuous import ContinuousPolicy
-from scheduler.dynamic import DynamicPolicy
+from scheduler.config import SchedulerConfig
 from scheduler.engine_port import SchedulerEngine
 from scheduler.errors import QueueFullError, SchedulerClosedError
 from scheduler.events import EventFeed, PointKind, Snapshot, StepEvent, request_point, snapshot_lanes, step_lanes
 from scheduler.lifecycle import Lifecycle
-from scheduler.policy import Policy, StepPlan
+from scheduler.policies import make_policy
+from scheduler.policy import StepPlan
 from scheduler.request import (
     FinishEvent,
     Outcome,
@@ -33,23 +32,9 @@ from scheduler.request import (
     SequenceRequest,
     TokenEvent,
 )
-from scheduler.static import StaticPolicy
 from scheduler.stats import SchedulerCounts, StepStats
 
 logger = logging.getLogger("batchserve.scheduler")
-
-
-def make_policy(engine: SchedulerEngine, config: SchedulerConfig) -> Policy:
-    if engine.config.seats < config.seats:
-        raise ValueError(
-            f"the engine has {engine.config.seats} seats but the {config.mode.value} policy needs {config.seats}"
-        )
-    policies: dict[Mode, type[Policy]] = {
-        Mode.DYNAMIC: DynamicPolicy,
-        Mode.CONTINUOUS: ContinuousPolicy,
-        Mode.STATIC: StaticPolicy,
-    }
-    return policies[config.mode](config)
 
 
 class Scheduler:
