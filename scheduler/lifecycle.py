@@ -133,19 +133,18 @@ class Lifecycle:
         behind every request of a better (lower) priority or of the same one that arrived earlier."""
         if self.by_priority:
             self._insert_by_priority(request)
-            return
-        index = len(self._waiting)
-        while index > 0:  # almost always zero moves: tokenising rarely reorders arrivals
-            ahead = self._waiting[index - 1]
-            if ahead.arrival <= request.arrival or ahead.num_preemptions > 0:
-                break
-            index -= 1
-        self._waiting.insert(index, request)
+        else:
+            self._insert(request, lambda ahead: ahead.arrival <= request.arrival or ahead.num_preemptions > 0)
 
     def _insert_by_priority(self, request: SequenceRequest) -> None:
         key = (request.priority, request.arrival)
+        self._insert(request, lambda ahead: (ahead.priority, ahead.arrival) <= key)
+
+    def _insert(self, request: SequenceRequest, stays_ahead: Callable[[SequenceRequest], bool]) -> None:
+        """Walk back from the tail past every request that belongs behind `request`: almost always none, since
+        tokenising rarely reorders arrivals."""
         index = len(self._waiting)
-        while index > 0 and (self._waiting[index - 1].priority, self._waiting[index - 1].arrival) > key:
+        while index > 0 and not stays_ahead(self._waiting[index - 1]):
             index -= 1
         self._waiting.insert(index, request)
 
