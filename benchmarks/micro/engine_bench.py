@@ -172,21 +172,26 @@ def engine_seconds(
         loaded.max_model_len,
         dtype=runner.dtype,
     )
-    params = SamplingParams(max_tokens=steps + 1, temperature=0.0, ignore_eos=True)
     prefill_times, decode_times = [], []
     for attempt in range(repeats + 1):  # the first attempt is a warm-up
-        for seq_id, prompt in enumerate(prompts):
-            add_row(engine, seq_id, prompt, params, len(prompt) + steps + 1, "the KV cache is too small for the batch")
-        prefill_plan = [(i, len(p)) for i, p in enumerate(prompts)]
-        decode_plan = [(i, 1) for i in range(batch)]
-        prefill = timed(functools.partial(engine.step, prefill_plan))
-        decode = timed(functools.partial(_repeat, engine, decode_plan, steps)) / steps
-        for seq_id in range(batch):
-            engine.remove(seq_id)
+        prefill, decode = one_pass(engine, prompts, steps)
         if attempt:
             prefill_times.append(prefill)
             decode_times.append(decode)
     return statistics.median(prefill_times), statistics.median(decode_times)
+
+
+def one_pass(engine: Engine, prompts: list[list[int]], steps: int) -> tuple[float, float]:
+    """(seconds of one step prefilling every prompt, seconds per decode step after it); the rows are removed after,
+    as a server releases finished requests."""
+    params = SamplingParams(max_tokens=steps + 1, temperature=0.0, ignore_eos=True)
+    for seq_id, prompt in enumerate(prompts):
+        add_row(engine, seq_id, prompt, params, len(prompt) + steps + 1, "the KV cache is too small for the batch")
+    prefill = timed(functools.partial(engine.step, [(i, len(p)) for i, p in enumerate(prompts)]))
+    decode = timed(functools.partial(_repeat, engine, [(i, 1) for i in range(len(prompts))], steps)) / steps
+    for seq_id in range(len(prompts)):
+        engine.remove(seq_id)
+    return prefill, decode
 
 
 @torch.inference_mode()

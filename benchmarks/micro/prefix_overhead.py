@@ -12,39 +12,19 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import time
 from collections.abc import Sequence
 from pathlib import Path
 
 import torch
 
-from benchmarks.micro.rows import add_row
+from benchmarks.micro.engine_bench import one_pass
 from benchmarks.results_io.report import write_json
 from engine.config import DTYPES, QUANTIZATIONS, EngineConfig
 from engine.engine import Engine
 from engine.loader import LoadedModel, load_model
 from engine.model_runner import TransformersRunner
-from engine.sampling_params import SamplingParams
 
 CACHE_ATTEMPTS = 4  # the KV cache holds this many attempts' sequences
-
-
-def one_attempt(engine: Engine, prompts: list[list[int]], steps: int) -> tuple[float, float]:
-    """(seconds of the prefill step, seconds per decode step) for `prompts` run together; the rows are released
-    after, as a server releases finished requests (their blocks park when caching is on)."""
-    params = SamplingParams(max_tokens=steps + 1, temperature=0.0, ignore_eos=True)
-    for seq_id, prompt in enumerate(prompts):
-        add_row(engine, seq_id, prompt, params, len(prompt) + steps + 1, "the KV cache is too small for the batch")
-    start = time.perf_counter()
-    engine.step([(i, len(p)) for i, p in enumerate(prompts)])
-    prefill = time.perf_counter() - start
-    start = time.perf_counter()
-    for _ in range(steps):
-        engine.step([(i, 1) for i in range(len(prompts))])
-    decode = (time.perf_counter() - start) / steps
-    for seq_id in range(len(prompts)):
-        engine.remove(seq_id)
-    return prefill, decode
 
 
 @torch.inference_mode()
@@ -73,7 +53,7 @@ def measure(loaded: LoadedModel, batch: int, prompt_len: int, steps: int, repeat
     for attempt in range(2 * repeats + warm_up):
         caching = order[attempt % 4]
         prompts = [torch.randint(100, vocab - 1, (prompt_len,), generator=generator).tolist() for _ in range(batch)]
-        result = one_attempt(engines[caching], prompts, steps)
+        result = one_pass(engines[caching], prompts, steps)
         if attempt >= warm_up:
             times[caching].append(result)
     on_prefill, on_decode = (statistics.median(t[i] for t in times[True]) for i in (0, 1))
