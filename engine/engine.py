@@ -16,6 +16,7 @@ from engine.block_pool import BlockPool, PrefixMatch
 from engine.config import EngineConfig
 from engine.errors import CacheCapacityError, ContextLengthError, EngineInputError, InputField
 from engine.forward_batch import PromptScoring, build_forward_batch, move_batch
+from engine.grammar import GrammarMatcher
 from engine.kv_cache import PagedKVCache
 from engine.model_runner import ModelRunner
 from engine.outputs import PromptLogprobs, StepOutput
@@ -48,6 +49,7 @@ class Engine:
         self.rows = SequenceRows(config, self.max_model_len, runner.vocab_size)
         self._blocks_of: dict[int, list[int]] = {}  # each sequence's cache blocks, in order
         self._salt_of: dict[int, str | None] = {}
+        self._matcher_of: dict[int, GrammarMatcher] = {}  # the grammar state of each constrained sequence
         self._registered = torch.zeros(config.seats, dtype=torch.long)  # per row: blocks in the prefix cache
 
     # ----- capacity -----
@@ -158,9 +160,12 @@ class Engine:
         """Register a sequence in a free row. Its cache is reserved separately with `reserve`; only sequences with
         the same `cache_salt` share cached blocks."""
         self.validate(prompt_token_ids, params)
+        matcher = params.grammar.matcher() if params.grammar is not None else None
         self.rows.seat(seq_id, prompt_token_ids, params)
         self._blocks_of[seq_id] = []
         self._salt_of[seq_id] = cache_salt
+        if matcher is not None:
+            self._matcher_of[seq_id] = matcher
 
     def reserve(self, seq_id: int, total_tokens: int) -> bool:
         """Make the sequence's cache hold `total_tokens` positions; all or nothing. False if blocks ran out.
@@ -220,6 +225,7 @@ class Engine:
         if row is not None:
             self.allocator.free(self._blocks_of.pop(seq_id))
             del self._salt_of[seq_id]
+            self._matcher_of.pop(seq_id, None)
             self.prefix_cache.end(seq_id)
             self._registered[row] = 0
 
@@ -251,7 +257,9 @@ class Engine:
         self._register_full_blocks(seq_ids, rows)
         prompt_logprobs = self._record_prompt_scores(seq_ids, rows, batch.scoring, result.prompt_scores)
         sampled_ids = [s for s, m in zip(seq_ids, samples.tolist(), strict=True) if m]
-        outputs = sample_and_record(state, rows[samples], result.logits, sampled_ids, self.eos_token_ids)
+        outputs = sample_and_record(
+            state, rows[samples], result.logits, sampled_ids, self.eos_token_ids, self._matcher_of
+        )
         return StepOutput(outputs, len(seq_ids), batch.num_tokens, prompt_logprobs)
 
     def _register_full_blocks(self, seq_ids: list[int], rows: torch.Tensor) -> None:

@@ -1,4 +1,4 @@
-"""Edits to one step's logits before sampling: logit bias, allowed ids, min_tokens bans and penalties.
+"""Edits to one step's logits before sampling: logit bias, allowed ids, grammars, min_tokens bans and penalties.
 
 They run in vLLM's order (bias and the two masks commute: a masked logit is -inf whatever its bias), before
 temperature, so they change greedy choices too. Each edit covers only the rows that use it (`rows` index the
@@ -78,13 +78,15 @@ class OutputPenalties:
 class LogitsEdits:
     bias: LogitBias | None = None
     allowed: AllowedTokens | None = None
+    grammar: AllowedTokens | None = None  # the tokens each constrained row's grammar allows next
     banned: BannedTokens | None = None
     repetition: RepetitionPenalty | None = None
     penalties: OutputPenalties | None = None
 
     def apply(self, logits: torch.Tensor) -> torch.Tensor:
         """The edited [rows, vocab] logits; `logits` itself is left as it is (its logprobs are the ones reported)."""
-        edits = [e for e in (self.bias, self.allowed, self.banned, self.repetition, self.penalties) if e is not None]
+        every = (self.bias, self.allowed, self.grammar, self.banned, self.repetition, self.penalties)
+        edits = [e for e in every if e is not None]
         if not edits:
             return logits
         out = logits.clone()

@@ -46,6 +46,7 @@ class SequenceRows:
         self.bias_values = torch.zeros(rows, config.max_logit_bias)  # [rows, max bias], pad 0.0
         self.restricted = torch.zeros(rows, dtype=torch.bool)  # the row has allowed_token_ids
         self.allowed = torch.zeros(rows, vocab_size, dtype=torch.bool)  # [rows, vocab], read if restricted
+        self.constrained = torch.zeros(rows, dtype=torch.bool)  # a grammar constrains the row (engine/grammar.py)
         # Prompt scoring: alternatives wanted (-1: off) and the first prompt position not delivered yet, which
         # survives preemption so that a recomputed prompt is not scored twice.
         self.prompt_top_k = torch.full((rows,), -1, dtype=torch.long)
@@ -120,6 +121,7 @@ class SequenceRows:
         self.bias_ids[row, : len(bias_ids)] = bias_ids
         self.bias_values[row, : len(bias_values)] = bias_values
         self.restricted[row] = allowed is not None
+        self.constrained[row] = params.grammar is not None
         if allowed is not None:
             self.allowed[row] = False
             self.allowed[row, allowed] = True

@@ -11,8 +11,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from engine.errors import InputField, SamplingParamsError
+
+if TYPE_CHECKING:
+    from engine.grammar import Grammar
 
 # Temperatures below this are greedy (vLLM's _SAMPLING_EPS): dividing logits by a smaller one is numerically unsafe
 # and the distribution is all but a point mass on the top token.
@@ -45,6 +49,7 @@ class SamplingParams:
     min_p: float = 0.0  # drop tokens less likely than min_p times the top token (after temperature)
     logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias) added to the logits first
     allowed_token_ids: tuple[int, ...] | None = None  # only these ids may be sampled (greedy too)
+    grammar: Grammar | None = None  # structured output: only tokens the grammar allows; its end stops the sequence
 
     def __post_init__(self) -> None:
         if self.max_tokens < 1:
@@ -101,6 +106,17 @@ class SamplingParams:
             if len(self.allowed_token_ids) == 0:
                 raise SamplingParamsError("allowed_token_ids must not be empty", InputField.ALLOWED_TOKEN_IDS)
             object.__setattr__(self, "allowed_token_ids", tuple(int(t) for t in self.allowed_token_ids))
+        if self.grammar is not None:
+            # Either could leave a constrained row no token at all: a grammar that is complete allows only its stop
+            # tokens, which min_tokens bans; allowed_token_ids may miss every token the grammar allows.
+            if self.min_tokens > 0:
+                raise SamplingParamsError(
+                    "min_tokens cannot be combined with structured outputs", InputField.MIN_TOKENS
+                )
+            if self.allowed_token_ids is not None:
+                raise SamplingParamsError(
+                    "allowed_token_ids cannot be combined with structured outputs", InputField.ALLOWED_TOKEN_IDS
+                )
 
     @property
     def greedy(self) -> bool:

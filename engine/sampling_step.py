@@ -1,11 +1,17 @@
 """The sampling half of a step: edit and sample the logits of the rows whose pending tokens ran out, append the
-tokens to their rows, and decide which sequences finish (EOS, a stop token id, max_tokens or the context window).
+tokens to their rows, advance their grammars, and decide which sequences finish (EOS, a stop token id, the end of
+the grammar, max_tokens or the context window).
 """
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Mapping
+from dataclasses import replace
+
 import torch
 
+from engine.grammar import GrammarMatcher, fill_bitmasks
 from engine.logits_processors import (
     AllowedTokens,
     BannedTokens,
@@ -20,14 +26,23 @@ from engine.rows import SequenceRows
 from engine.sampler import RowSampling, SampleResult, sample
 
 _NOT_FINISHED, _STOPPED, _LENGTH = 0, 1, 2
+logger = logging.getLogger("batchserve.engine")
 
 
 def sample_and_record(
-    state: SequenceRows, rows: torch.Tensor, logits: torch.Tensor, seq_ids: list[int], eos_token_ids: torch.Tensor
+    state: SequenceRows,
+    rows: torch.Tensor,
+    logits: torch.Tensor,
+    seq_ids: list[int],
+    eos_token_ids: torch.Tensor,
+    matchers: Mapping[int, GrammarMatcher] | None = None,
 ) -> tuple[TokenOutput, ...]:
-    """Sample one token for each of `rows` (the sequences `seq_ids`) from its `logits` row and record it."""
+    """Sample one token for each of `rows` (the sequences `seq_ids`) from its `logits` row and record it.
+    `matchers`: the grammar state of each constrained sequence, by id."""
     if not seq_ids:
         return ()
+    constrained = state.constrained[rows].nonzero()[:, 0].tolist()  # positions in `rows`
+    row_matchers = [matchers[seq_ids[i]] for i in constrained] if matchers else []
     logits = logits.to("cpu") if logits.device.type != "cpu" else logits
     counter = state.seq_len[rows] - state.prompt_len[rows]  # index of the output token being sampled
     num_logprobs = int(state.logprobs[rows].max())
@@ -42,13 +57,36 @@ def sample_and_record(
         want_logprobs=num_logprobs >= 0,
         min_p=min_p if bool((min_p > 0).any()) else None,
     )
-    result = sample(logits, params, _edits(state, rows, counter, logits.shape[-1], eos_token_ids))
+    edits = _edits(state, rows, counter, logits.shape[-1], eos_token_ids)
+    if row_matchers:
+        positions = torch.tensor(constrained, dtype=torch.long)
+        edits = replace(edits, grammar=AllowedTokens(positions, fill_bitmasks(row_matchers, logits.shape[-1])))
+    result = sample(logits, params, edits)
     tokens = result.tokens
     positions = state.seq_len[rows]
     state.token_buffer[rows, positions] = tokens
     state.seq_len[rows] += 1
     finish = _finish_codes(state, rows, tokens, eos_token_ids)
+    if row_matchers:
+        finish[_advance_grammars(row_matchers, constrained, tokens, seq_ids)] = _STOPPED
     return _package(seq_ids, state.logprobs[rows].tolist(), tokens, finish, result)
+
+
+def _advance_grammars(
+    matchers: list[GrammarMatcher], positions: list[int], tokens: torch.Tensor, seq_ids: list[int]
+) -> list[int]:
+    """Feed each constrained row its sampled token; the positions whose grammar has ended (or refused the token,
+    which the mask rules out, but a sequence must not run on past its grammar) finish as stopped."""
+    ended = []
+    sampled = tokens.tolist()
+    for matcher, position in zip(matchers, positions, strict=True):
+        token = sampled[position]
+        if not matcher.accept_token(token):
+            logger.error("sequence %d: its grammar refused token %d, which its mask allowed", seq_ids[position], token)
+            ended.append(position)
+        elif matcher.is_terminated():
+            ended.append(position)
+    return ended
 
 
 def _edits(
@@ -78,7 +116,7 @@ def _edits(
         r = rows[penalised]
         counts = _output_counts(state, r, vocab)
         penalties = OutputPenalties(penalised, counts, state.presence[r], state.frequency[r])
-    return LogitsEdits(bias, allowed, banned, repetition, penalties)
+    return LogitsEdits(bias=bias, allowed=allowed, banned=banned, repetition=repetition, penalties=penalties)
 
 
 def _seen_tokens(state: SequenceRows, rows: torch.Tensor, vocab: int) -> torch.Tensor:

@@ -79,7 +79,8 @@ class ResponseFormatter(ABC):
     @abstractmethod
     def stream_choice(
         self, index: int, text: str | None, finish_reason: str | None, logprobs: dict | None
-    ) -> dict[str, object]: ...
+    ) -> dict[str, object] | None:
+        """The choice's part of a chunk; None: this delta shows nothing yet (a tool call's name is incomplete)."""
 
     @abstractmethod
     def final_choice(
@@ -181,7 +182,7 @@ class CompletionFormatter(ResponseFormatter):
 
     def stream_choice(
         self, index: int, text: str | None, finish_reason: str | None, logprobs: dict | None
-    ) -> dict[str, object]:
+    ) -> dict[str, object] | None:
         return {"index": index, "text": text or "", "logprobs": logprobs, "finish_reason": finish_reason}
 
     def final_choice(
@@ -229,7 +230,7 @@ class ChatFormatter(ResponseFormatter):
 
     def stream_choice(
         self, index: int, text: str | None, finish_reason: str | None, logprobs: dict | None
-    ) -> dict[str, object]:
+    ) -> dict[str, object] | None:
         delta = {} if text is None else {"content": text}
         return {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}
 

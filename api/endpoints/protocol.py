@@ -4,8 +4,8 @@ Three rules, as in vLLM:
 - `null` for an optional field means its default (clients pass unset fields through as null);
 - a field this server does not know is ignored, and logged (vLLM's `extra="allow"` and its warning);
 - a known field whose value would change the answer in a way that is not built is a 400 naming it
-  (`refusal()`); its no-op values (`tools: []`, `tool_choice: "none"`, `response_format: {"type": "text"}`,
-  `best_of` equal to `n`, ...) are accepted.
+  (`refusal()`); its no-op values (`best_of` equal to `n`, `functions: []`, ...) are accepted. Structured outputs
+  and tools are checked by api/structured/.
 Values of known fields stay strict: "5" is not an integer and a range error names the field.
 """
 
@@ -190,11 +190,6 @@ def refusal(request: SamplingFields, by_priority: bool = False) -> APIError | No
         return _unsupported("best_of", f"'best_of' other than n ({request.best_of} with n={request.n})")
     if request.use_beam_search:
         return _unsupported("use_beam_search", "beam search ('use_beam_search')")
-    if request.response_format is not None and request.response_format.type != "text":
-        return _unsupported("response_format", f"'response_format' of type '{request.response_format.type}'")
-    for name in ("structured_outputs", "guided_json", "guided_regex", "guided_choice", "guided_grammar"):
-        if getattr(request, name) is not None:
-            return _unsupported(name, f"structured output ('{name}')")
     if request.structural_tag is not None:
         return _unsupported("structural_tag", "structured output ('structural_tag')")
     if request.logits_processors:
@@ -215,11 +210,6 @@ def refusal(request: SamplingFields, by_priority: bool = False) -> APIError | No
 
 
 def _chat_refusal(request: ChatCompletionRequest) -> APIError | None:
-    tool_choice = request.tool_choice
-    if request.tools and tool_choice != "none":
-        return _unsupported("tools", "tool calling ('tools' without tool_choice 'none')")
-    if tool_choice is not None and tool_choice not in ("none", "auto"):
-        return _unsupported("tool_choice", f"tool_choice {tool_choice!r}")
     if request.functions:
         return _unsupported("functions", "function calling ('functions')")
     if request.function_call is not None and request.function_call not in ("none", "auto"):

@@ -120,7 +120,8 @@ class _StreamEvents:
         text = self.shape.echo_text(index)
         self.offsets[index] = len(text)
         lp = self.formatter.logprobs(prompt_scores, 0, self.shape.logprobs or 0) if prompt_scores else None
-        return self.chunk([self.formatter.stream_choice(index, text, None, lp)])
+        choice = self.formatter.stream_choice(index, text, None, lp)
+        return self.chunk([choice] if choice is not None else [])
 
     def opening(self, index: int) -> list[str]:
         """Before any token: the formatter's opening (chat's role), then the echo unless it waits for scores."""
@@ -146,7 +147,8 @@ class _StreamEvents:
         lp = self.shape.logprobs_json(delta.logprobs, self.offsets[index]) if delta.logprobs else None
         self.offsets[index] += len(delta.text)
         choice = self.formatter.stream_choice(index, delta.text, delta.finish_reason, lp)
-        events.append(self.chunk([choice], **self._closing(delta)))
+        if choice is not None:
+            events.append(self.chunk([choice], **self._closing(delta)))
         return events
 
     def _closing(self, delta: ChoiceDelta) -> dict[str, object]:

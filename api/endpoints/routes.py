@@ -22,6 +22,8 @@ from api.endpoints.formatting import ChatFormatter, CompletionFormatter
 from api.endpoints.protocol import ChatCompletionRequest, CompletionRequest, parse_request, refusal
 from api.endpoints.responses import ResponseShape
 from api.endpoints.state import Phase, Runtime, ServerState
+from api.endpoints.tool_call_formatting import ToolCallFormatter
+from api.structured.requests import compile_grammar, request_grammar
 from api.text.prompts import (
     chat_echo_text,
     chat_max_tokens,
@@ -145,9 +147,11 @@ async def completions(request: Request) -> Response:
     prompts = await asyncio.to_thread(
         completion_prompts, body, runtime.tokenizer, accepted.config, runtime.max_model_len
     )
+    spec, _ = request_grammar(body)
+    grammar = await compile_grammar(runtime.grammars, spec) if spec is not None else None
     echo_logprobs = body.echo and body.logprobs is not None
     prompt_k = _prompt_scores_wanted(body.prompt_logprobs, body.logprobs if echo_logprobs else None)
-    inputs = choice_inputs(body, prompts, body.max_tokens, body.logprobs, prompt_k)
+    inputs = choice_inputs(body, prompts, body.max_tokens, body.logprobs, prompt_k, grammar)
     formatter = CompletionFormatter(
         accepted.public_id("cmpl"), runtime.model_name, runtime.tokenizer, body.return_tokens_as_token_ids
     )
@@ -164,14 +168,17 @@ async def chat_completions(request: Request) -> Response:
     body, runtime = accepted.body, accepted.runtime
     if body.top_logprobs is not None and not body.logprobs:
         raise bad_request("top_logprobs requires logprobs to be true", param="top_logprobs")
+    spec, tool_mode = request_grammar(body)
     prompt = await asyncio.to_thread(chat_prompt, body, runtime.tokenizer, runtime.max_model_len)
+    grammar = await compile_grammar(runtime.grammars, spec) if spec is not None else None
     max_tokens = chat_max_tokens(body, len(prompt), runtime.max_model_len)
     logprobs = (body.top_logprobs or 0) if body.logprobs else None
-    inputs = choice_inputs(body, [prompt], max_tokens, logprobs, body.prompt_logprobs)
-    formatter = ChatFormatter(
+    inputs = choice_inputs(body, [prompt], max_tokens, logprobs, body.prompt_logprobs, grammar)
+    formatter_args = (
         accepted.public_id("chatcmpl"), runtime.model_name, runtime.tokenizer, body.return_tokens_as_token_ids,
         runtime.token_bytes,
     )  # fmt: skip
+    formatter = ChatFormatter(*formatter_args) if tool_mode is None else ToolCallFormatter(tool_mode, *formatter_args)
     echo = chat_echo_text(body)
     shape = ResponseShape(
         formatter, body.n, None if echo is None else [echo], logprobs, False, body.prompt_logprobs,

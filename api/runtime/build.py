@@ -7,10 +7,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from transformers import PreTrainedTokenizerBase
 
 from api.config import RuntimeOptions
+from api.structured.requests import grammar_compiler
 from api.text.token_bytes import TokenBytes
 from engine.config import DEFAULT_MAX_QUANTIZED_ROWS
 from engine.engine import Engine
@@ -20,6 +22,9 @@ from engine.model_runner import ModelRunner, TransformersRunner
 from scheduler.core import Scheduler
 from scheduler.loop import SchedulerLoop
 from scheduler.stats import StepStats
+
+if TYPE_CHECKING:
+    from api.structured.xgrammar_backend import XGrammarCompiler
 
 
 def load(options: RuntimeOptions) -> LoadedModel:
@@ -38,6 +43,7 @@ class ModelRuntime:
     model_name: str
     max_model_len: int
     token_bytes: TokenBytes  # the tokenizer's byte lookup, built once (chat logprobs' `bytes`)
+    grammars: XGrammarCompiler | None  # structured outputs' compiler; None without xgrammar
 
 
 def build_runner(options: RuntimeOptions, loaded: LoadedModel) -> TransformersRunner:
@@ -81,4 +87,5 @@ def build_model_runtime(
         options.model_name(loaded.source),
         engine.max_model_len,
         TokenBytes(loaded.tokenizer),
+        grammar_compiler(loaded.tokenizer, runner.vocab_size, loaded.eos_token_ids),
     )

@@ -13,6 +13,7 @@ from api.endpoints.errors import bad_request
 from api.endpoints.protocol import ChatCompletionRequest, ChatMessage, CompletionRequest, SamplingFields
 from api.text.chat_template import RESERVED_TEMPLATE_OPTIONS, UnsafeTemplateError, encode_chat
 from engine.errors import EngineInputError
+from engine.grammar import Grammar
 from engine.sampling_params import SamplingParams
 
 
@@ -62,6 +63,8 @@ def chat_prompt(request: ChatCompletionRequest, tokenizer: PreTrainedTokenizerBa
             f"chat_template_kwargs may not set {', '.join(reserved)}; use the request's own fields",
             param="chat_template_kwargs",
         )
+    if request.tools:  # the template shows them to the model, if it knows how (a forced call's grammar does not care)
+        options["tools"] = request.tools
     messages = [_template_message(m) for m in request.messages]
     if request.continue_final_message and request.messages[-1].role != "assistant":
         raise bad_request(
@@ -126,10 +129,12 @@ def choice_inputs(
     max_tokens: int,
     logprobs: int | None,
     prompt_logprobs: int | None = None,
+    grammar: Grammar | None = None,
 ) -> list[ChoiceInput]:
     """One input per (prompt, choice); the n choices of a seeded request get distinct derived seeds.
 
     `max_tokens` 0 scores the prompt alone: the engine runs the prefill and samples one token, which is dropped.
+    `grammar`: the structured output every choice must match (api/structured/).
     """
     if 0 < max_tokens < request.min_tokens:
         raise bad_request(
@@ -165,6 +170,7 @@ def choice_inputs(
                 repetition_penalty=request.repetition_penalty,
                 logit_bias=logit_bias,
                 allowed_token_ids=None if request.allowed_token_ids is None else tuple(request.allowed_token_ids),
+                grammar=grammar,
             )
             inputs.append(ChoiceInput(prompt, params, output, request.cache_salt, request.priority))
     return inputs

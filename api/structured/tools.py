@@ -1,0 +1,127 @@
+"""Forced tool calls: `tools` with `tool_choice` "required" or a named function become a grammar, and the
+constrained answer becomes `tool_calls`.
+
+A named function's answer is its arguments object. Under "required" the answer is `{"name": ..., "parameters": ...}`
+for exactly one of the tools (a schema that is the union of one such object per tool), generated name first, so a
+stream can announce the call as soon as the name is complete. `tool_choice` "auto" needs a parser for the model's
+own tool-call format, which is not built: it is refused with a 400 that says so.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from api.endpoints.errors import bad_request
+from api.structured.spec import GrammarSpec, schema_spec
+
+# The start of a "required" answer up to its arguments: whitespace is bounded by the grammar, the name is a JSON string.
+_CALL_HEAD = re.compile(r'\A\{\s*"name"\s*:\s*("(?:[^"\\]|\\.)*")\s*,\s*"parameters"\s*:\s*')
+_CALL_TAIL = re.compile(r"\s*\}?\s*\Z")  # what may still close the wrapper object; held back while streaming
+
+
+@dataclass(frozen=True)
+class ToolCallMode:
+    """How a constrained answer becomes one tool call. `name`: the function named in tool_choice, whose answer is
+    its arguments; None: "required", whose answer names the function too."""
+
+    name: str | None
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    id: str
+    name: str
+    arguments: str  # the arguments object as JSON text, as generated
+
+    def json(self) -> dict[str, object]:
+        return {"id": self.id, "type": "function", "function": {"name": self.name, "arguments": self.arguments}}
+
+
+def forced_tool_call(tools: list[dict[str, Any]] | None, tool_choice: Any) -> tuple[GrammarSpec, ToolCallMode] | None:
+    """The grammar and mode of a request that must call a tool; None when it need not (no tools, or "none")."""
+    if not tools:
+        if tool_choice not in (None, "none", "auto"):
+            raise bad_request("tool_choice names a tool, but the request has no tools", param="tool_choice")
+        return None
+    if tool_choice == "none":
+        return None
+    functions = _functions(tools)
+    if tool_choice in (None, "auto"):
+        raise bad_request(
+            "tool_choice 'auto' (the default when tools are given) needs a tool-call parser for this model's output "
+            "format, which this server does not have; use tool_choice 'required' or name a function",
+            param="tool_choice",
+        )
+    if tool_choice == "required":
+        variants = [_call_schema(name, parameters) for name, parameters in functions.items()]
+        schema = variants[0] if len(variants) == 1 else {"anyOf": variants}
+        return schema_spec(schema, "tools"), ToolCallMode(None)
+    name = _named_function(tool_choice)
+    if name not in functions:
+        raise bad_request(f"tool_choice names the function {name!r}, which is not in tools", param="tool_choice")
+    return schema_spec(functions[name], "tools"), ToolCallMode(name)
+
+
+def _functions(tools: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    functions: dict[str, dict[str, Any]] = {}
+    for i, tool in enumerate(tools):
+        function = tool.get("function") if isinstance(tool, dict) else None
+        if not isinstance(tool, dict) or tool.get("type", "function") != "function" or not isinstance(function, dict):
+            raise bad_request(f"tools[{i}] must be {{'type': 'function', 'function': {{...}}}}", param="tools")
+        name = function.get("name")
+        if not isinstance(name, str) or not name:
+            raise bad_request(f"tools[{i}].function needs a 'name'", param="tools")
+        if name in functions:
+            raise bad_request(f"tools name the function {name!r} twice", param="tools")
+        parameters = function.get("parameters")
+        if not isinstance(parameters, dict):
+            raise bad_request(f"tools[{i}].function ({name!r}) needs a 'parameters' JSON schema object", param="tools")
+        functions[name] = parameters
+    return functions
+
+
+def _named_function(tool_choice: Any) -> str:
+    function = tool_choice.get("function") if isinstance(tool_choice, dict) else None
+    name = function.get("name") if isinstance(function, dict) else None
+    if not isinstance(name, str) or tool_choice.get("type", "function") != "function":
+        raise bad_request(
+            "tool_choice must be 'none', 'auto', 'required' or {'type': 'function', 'function': {'name': ...}}",
+            param="tool_choice",
+        )
+    return name
+
+
+def _call_schema(name: str, parameters: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "type": "object",
+        "properties": {"name": {"const": name}, "parameters": parameters},
+        "required": ["name", "parameters"],
+        "additionalProperties": False,
+    }
+
+
+def new_call_id() -> str:
+    return f"call_{uuid.uuid4().hex[:24]}"
+
+
+def split_call(mode: ToolCallMode, text: str, complete: bool) -> tuple[str, str] | None:
+    """(function name, arguments text so far) of an answer, or None while (or if) the name is not known. With
+    `complete` the answer is whole; otherwise what may still be the wrapper's closing brace is held back, so the
+    arguments text only ever grows by appending."""
+    if mode.name is not None:
+        return mode.name, text.strip()  # whitespace at the end may be followed by more (held back until it is)
+    head = _CALL_HEAD.match(text)
+    if head is None:
+        return None
+    arguments = text[head.end() :]
+    if complete:
+        arguments = arguments.rstrip()
+        arguments = arguments[:-1].rstrip() if arguments.endswith("}") else arguments
+    else:
+        tail = _CALL_TAIL.search(arguments)
+        arguments = arguments[: tail.start()] if tail else arguments
+    return json.loads(head.group(1)), arguments
