@@ -22,8 +22,6 @@ IGNORED_KEYWORDS = frozenset(
         "dependencies",
         "uniqueItems",
         "unevaluatedProperties",
-        "unevaluatedItems",
-        "contentSchema",
     }
 )
 # String formats the backend turns into a grammar; any other value of "format" would be ignored.
