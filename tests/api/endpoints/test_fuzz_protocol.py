@@ -17,9 +17,12 @@ from api.endpoints.deltas import TokenLogprob
 from api.endpoints.errors import APIError
 from api.endpoints.formatting import ChatFormatter, CompletionFormatter, ResponseFormatter
 from api.endpoints.protocol import INT64_MAX, MAX_ID, ChatCompletionRequest, CompletionRequest, parse_request
+from api.structured.requests import grammar_compiler, request_grammar
+from api.structured.spec import GrammarCompileError
 from tests.server_harness import tiny_tokenizer
 
 MODELS: list[type[BaseModel]] = [CompletionRequest, ChatCompletionRequest]
+_COMPILER = grammar_compiler(tiny_tokenizer(), len(tiny_tokenizer()), (int(tiny_tokenizer().eos_token_id),))
 FUZZ = settings(max_examples=500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 _scalars = (
@@ -49,6 +52,46 @@ _message = st.fixed_dictionaries(
         | _json,
         "name": _json,
     },
+)
+# Plausible JSON schemas, so that the walk and the compiler see real keywords, not only noise.
+_schema = st.recursive(
+    st.fixed_dictionaries(
+        {},
+        optional={
+            "type": st.sampled_from(["object", "array", "string", "integer", "number", "boolean", "null", "x"]),
+            "format": st.sampled_from(["date", "email", "uuid", "password"]),
+            "enum": st.lists(_scalars, max_size=3),
+            "minimum": _scalars,
+            "maxLength": _scalars,
+            "pattern": st.text(max_size=6),
+            "uniqueItems": st.booleans(),
+            "$ref": st.sampled_from(["#/$defs/a", "#/nowhere", "#"]),
+        },
+    ),
+    lambda inner: st.fixed_dictionaries(
+        {},
+        optional={
+            "type": st.just("object"),
+            "properties": st.dictionaries(st.text(max_size=4), inner, max_size=3),
+            "required": st.lists(st.text(max_size=4), max_size=2),
+            "items": inner,
+            "anyOf": st.lists(inner, max_size=2),
+            "$defs": st.fixed_dictionaries({"a": inner}),
+            "additionalProperties": st.booleans() | inner,
+        },
+    ),
+    max_leaves=8,
+)
+_tool = st.fixed_dictionaries(
+    {"type": st.sampled_from(["function", "x"])},
+    optional={
+        "function": st.fixed_dictionaries(
+            {}, optional={"name": st.sampled_from(["f", "g", ""]), "parameters": _schema | _json}
+        )
+    },
+)
+_named_choice = st.fixed_dictionaries(
+    {"type": st.just("function"), "function": st.fixed_dictionaries({}, optional={"name": st.sampled_from(["f", "g"])})}
 )
 _prompt = (
     st.text(max_size=30)
@@ -82,9 +125,20 @@ _FIELD_VALUES = {
     | _json,
     "ignore_eos": _json,
     "best_of": _json,
-    "tools": _json,
-    "tool_choice": _json,
-    "response_format": st.fixed_dictionaries({}, optional={"type": _json}) | _json,
+    "tools": st.lists(_tool, max_size=2) | _json,
+    "tool_choice": st.sampled_from(["none", "auto", "required"]) | _named_choice | _json,
+    "response_format": st.fixed_dictionaries(
+        {}, optional={"type": st.sampled_from(["text", "json_object", "json_schema"]) | _json, "json_schema": _json}
+    )
+    | _json,
+    "structured_outputs": st.dictionaries(
+        st.sampled_from(["json", "regex", "choice", "grammar", "json_object", "xml"]), _schema | _json, max_size=2
+    )
+    | _json,
+    "guided_json": _schema | _json,
+    "guided_regex": st.text(max_size=12) | _json,
+    "guided_choice": st.lists(st.text(max_size=4), max_size=3) | _json,
+    "guided_grammar": st.text(max_size=20) | _json,
     "user": _json,
     "unknown": _json,
     "min_tokens": _json,
@@ -167,6 +221,22 @@ def test_any_body_parses_or_is_a_named_400(model: type[BaseModel], data: st.Data
         _assert_storable(request)
         for bias in (request.logit_bias or {}).values():  # type: ignore[attr-defined]
             assert math.isfinite(bias) and -100 <= bias <= 100
+        _assert_grammar_or_named_400(request)
+
+
+def _assert_grammar_or_named_400(request: BaseModel) -> None:
+    """Past parsing, the structured-output fields give a grammar that compiles, or a 400 naming a field: never
+    another exception (the compiler is the one the server builds, over the tiny tokenizer)."""
+    try:
+        spec, _ = request_grammar(request)  # type: ignore[arg-type]
+    except APIError as exc:
+        assert exc.status == 400 and exc.param is not None and "Traceback" not in exc.message
+        return
+    if spec is not None and _COMPILER is not None:
+        try:
+            _COMPILER.compile(spec)
+        except GrammarCompileError as exc:
+            assert str(exc)
 
 
 def _integer_fields(model: type[BaseModel]) -> list[str]:
