@@ -84,9 +84,10 @@ def serve(config: ServerConfig, lineup: tuple[Entry, ...] | None = None) -> None
 
     # this process is the server's alone: its heap is frozen after loading (api.runtime.heap)
     compare = lineup is not None
-    app = (
-        create_compare_app(config, freeze_heap=True, lineup=lineup) if compare else create_app(config, freeze_heap=True)
-    )
+    if lineup is not None:
+        app = create_compare_app(config, freeze_heap=True, lineup=lineup)
+    else:
+        app = create_app(config, freeze_heap=True)
     uv_config = uvicorn_config(  # connection timeouts and cap, HTTP/2 refusal, throttled accept errors
         app,
         config,
