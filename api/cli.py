@@ -21,6 +21,7 @@ from api.flags import LOG_FORMAT, REPLICAS_HELP, add_config_flags, config_from_a
 from engine.config import DTYPES, QUANTIZATIONS
 from engine.cpu_features import CpuIsaError, cpu_features
 from scheduler.config import Mode
+from scheduler.lineup import DEFAULT, SYNTAX, Entry, checked, parse_entry, parse_lineup
 
 # Once the drain is over every request has its answer or its error: this bounds writing them to slow clients.
 _WRITE_OUT_S = 5
@@ -73,8 +74,8 @@ class _Server(uvicorn.Server):
                 signal.signal(sig, handler)
 
 
-def serve(config: ServerConfig, compare: bool = False) -> None:
-    """`compare`: both modes side by side on one port (api/live/compare.py); else `config.mode` alone."""
+def serve(config: ServerConfig, lineup: tuple[Entry, ...] | None = None) -> None:
+    """`lineup`: those modes side by side on one port (`compare`, api/live/compare.py); else `config.mode` alone."""
     from api.endpoints.app import create_app
     from api.endpoints.state import Phase, ServerState
     from api.live.compare import create_compare_app, drain_all
@@ -82,7 +83,11 @@ def serve(config: ServerConfig, compare: bool = False) -> None:
     from api.process.server import uvicorn_config
 
     # this process is the server's alone: its heap is frozen after loading (api.runtime.heap)
-    app = create_compare_app(config, freeze_heap=True) if compare else create_app(config, freeze_heap=True)
+    compare = lineup is not None
+    if lineup is not None:
+        app = create_compare_app(config, freeze_heap=True, lineup=lineup)
+    else:
+        app = create_app(config, freeze_heap=True)
     uv_config = uvicorn_config(  # connection timeouts and cap, HTTP/2 refusal, throttled accept errors
         app,
         config,
@@ -100,7 +105,7 @@ def serve(config: ServerConfig, compare: bool = False) -> None:
             runtime = state.loaded()
             print(
                 f"batchserve ready on http://{config.host}:{config.port} "
-                f"mode={'dynamic+continuous' if compare else config.mode} "
+                f"mode={'+'.join(e.name for e in lineup) if lineup is not None else config.mode} "
                 f"model={runtime.model_name} seats={config.seats} (heap frozen: {gc.get_freeze_count():,} objects)",
                 flush=True,
             )
@@ -132,10 +137,18 @@ def generate(args: argparse.Namespace) -> None:
 
 
 def compare_config(args: argparse.Namespace) -> ServerConfig:
-    """`batchserve compare`'s flags: `--seats N` sets both modes' seats; each mode takes its own flags."""
+    """`batchserve compare`'s flags: `--seats N` sets every mode's seats; each mode takes its own flags."""
     if args.seats is not None:
         args.max_batch_size = args.max_num_seqs = args.seats
     return config_from_args(args)
+
+
+def compare_lineup(args: argparse.Namespace) -> tuple[Entry, ...]:
+    """`--modes`, and `--policy` as one more pane; ValueError naming what is wrong."""
+    entries = list(parse_lineup(args.modes))
+    if args.policy is not None:
+        entries.append(parse_entry(args.policy))
+    return checked(entries)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -153,10 +166,12 @@ def build_parser() -> argparse.ArgumentParser:
         help=REPLICAS_HELP,
     )
     compare = commands.add_parser(
-        "compare", help="Serve both modes side by side on one port, with the live page", allow_abbrev=False
+        "compare", help="Serve batching modes side by side on one port, with the live page", allow_abbrev=False
     )
-    add_config_flags(compare, skip=("mode",))
-    compare.add_argument("--seats", type=int, default=None, help="Seats of both modes (sets the two flags above)")
+    compare.add_argument("--modes", default=DEFAULT, help=f"The panes: {SYNTAX}, each under /NAME (default: {DEFAULT})")
+    compare.add_argument("--policy", default=None, help="One more pane: a plug-in policy [NAME=]MODULE:CLASS")
+    add_config_flags(compare, skip=("mode", "policy"))
+    compare.add_argument("--seats", type=int, default=None, help="Seats of every mode (sets the two flags above)")
     gen = commands.add_parser("generate", help="Generate one completion offline and print it", allow_abbrev=False)
     gen.add_argument("prompt")
     gen.add_argument("--model", default=None, help="Checkpoint directory or .gguf (default: SmolLM2-135M-Instruct)")
@@ -198,9 +213,9 @@ def main(argv: Sequence[str] | None = None) -> None:
             serve(config)
     elif args.command == "compare":
         try:
-            config = compare_config(args)
+            config, lineup = compare_config(args), compare_lineup(args)
         except ValueError as exc:
             raise SystemExit(f"batchserve: {exc}") from None
-        serve(config, compare=True)
+        serve(config, lineup)
     else:
         generate(args)

@@ -27,7 +27,7 @@ def live_routes() -> list[Route]:
         Route("/v1/events", stream_routes.events, methods=["GET"]),
         Route("/v1/compare/modes", stream_routes.compare_modes, methods=["GET"]),
         Route("/", page.index, methods=["GET"]),
-        Route("/static/{name}", page.static_file, methods=["GET"]),
+        *(Route(path, page.static_file, methods=["GET"]) for path in sorted(page.FILE_PATHS)),
     ]
 
 

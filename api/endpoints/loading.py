@@ -28,12 +28,12 @@ def default_loader(config: ServerConfig) -> LoadedModel:
 
 
 def metered_model(
-    config: ServerConfig, loaded: LoadedModel, runner: ModelRunner | None = None
+    config: ServerConfig, loaded: LoadedModel, runner: ModelRunner | None = None, label: str | None = None
 ) -> tuple[ModelRuntime, ServerMetrics]:
     """The model's runtime (see `api.runtime.build`) and the metrics its steps feed; `runner`: one shared with
-    another mode's runtime (one copy of the weights)."""
+    another mode's runtime (one copy of the weights); `label`: the metrics' `mode` label (default: the mode)."""
     options = config.runtime_options()
-    metrics = ServerMetrics(config.mode, options.model_name(loaded.source))
+    metrics = ServerMetrics(label or config.mode, options.model_name(loaded.source))
     model = build_model_runtime(options, loaded, on_step=metrics.observe_step, runner=runner)
     counts = model.scheduler.counts  # a snapshot published by the loop thread: safe to read from any thread
     metrics.bind_gauges(

@@ -16,6 +16,7 @@ from starlette.types import ASGIApp, ExceptionHandler, Message, Receive, Scope, 
 
 from api.config import ServerConfig
 from api.endpoints.errors import APIError
+from api.live import page
 
 logger = logging.getLogger("batchserve.api")
 
@@ -28,7 +29,7 @@ def _canonical_bearer(credentials: bytes) -> bytes:
 
 def _open_path(path: str) -> bool:
     """/health, and the page and its files: the page holds no data and asks for the key itself."""
-    return path in ("/health", "/") or path.startswith("/static/")
+    return path in ("/health", "/") or path in page.FILE_PATHS
 
 
 class APIKeyMiddleware:

@@ -1,9 +1,10 @@
-"""`batchserve compare`: both batching modes side by side on one port, over one copy of the model's weights.
+"""`batchserve compare`: batching modes side by side on one port, over one copy of the model's weights.
 
-Each mode is a full `serve` app (its own engine and KV cache, scheduler, seats, metrics and generation service)
-mounted at `/{mode}`, so its OpenAI API is `/{mode}/v1/...`. The root answers `/health` and `/metrics` for both,
-the combined event stream `/v1/events`, `/v1/compare/modes` and the page. One `FairShareLoop` thread steps both
-schedulers, least busy first, so each mode gets an equal share of the machine (docs/design.md).
+Each entry of the line-up (`--modes`, default dynamic,continuous; a built-in mode or a plug-in policy, see
+scheduler/lineup.py) is a full `serve` app (its own engine and KV cache, scheduler, seats, metrics and generation
+service) mounted at `/{name}`, so its OpenAI API is `/{name}/v1/...`. The root answers `/health` and `/metrics` for
+all, the combined event stream `/v1/events`, `/v1/compare/modes` and the page. One `FairShareLoop` thread steps
+every scheduler, least busy first, so each gets an equal share of the machine (docs/design.md).
 """
 
 from __future__ import annotations
@@ -31,43 +32,47 @@ from api.live.hub import EventHub
 from api.process.drain import drain
 from api.runtime.build import build_runner
 from api.scale_out.merge_metrics import LabelledMerge, exposition
-from scheduler.config import Mode
 from scheduler.fair_share import FairShareLoop
+from scheduler.lineup import DEFAULT, Entry, parse_lineup
 
 logger = logging.getLogger("batchserve.api")
 
-MODES = (Mode.DYNAMIC.value, Mode.CONTINUOUS.value)
+DEFAULT_LINEUP = parse_lineup(DEFAULT)
 
 
-def mode_config(config: ServerConfig, mode: str) -> ServerConfig:
-    return dataclasses.replace(config, mode=mode)
+def mode_config(config: ServerConfig, entry: Entry) -> ServerConfig:
+    """The entry's server: its mode's seats and settings, and its plug-in policy if it is one."""
+    return dataclasses.replace(config, mode=entry.mode.value, policy=entry.policy)
 
 
-def _mode_app(config: ServerConfig) -> tuple[Starlette, ServerState]:
-    """One mode's API, as `serve` has it; mounted under its prefix, started by the root's lifespan."""
+def _mode_app(config: ServerConfig, name: str) -> tuple[Starlette, ServerState]:
+    """One entry's API, as `serve` has it; mounted under its prefix, started by the root's lifespan."""
     app = Starlette(
         routes=[*serve_app.openai_routes(), Route("/v1/events", stream_routes.events, methods=["GET"])],
         exception_handlers=EXCEPTION_HANDLERS,
     )
-    entry = stream_routes.mode_entry(config, f"/{config.mode}")
-    state = ServerState(config, event_modes=(config.mode,), mode_entries=(entry,))
+    entry = stream_routes.mode_entry(config, f"/{name}", name)
+    state = ServerState(config, event_modes=(name,), mode_entries=(entry,))
     return state.attach(app), state
 
 
 def create_compare_app(
-    config: ServerConfig, loader: ModelLoader = default_loader, freeze_heap: bool = False
+    config: ServerConfig,
+    loader: ModelLoader = default_loader,
+    freeze_heap: bool = False,
+    lineup: tuple[Entry, ...] = DEFAULT_LINEUP,
 ) -> Starlette:
-    mode_apps = {mode: _mode_app(mode_config(config, mode)) for mode in MODES}
-    modes = {mode: mode_state for mode, (_, mode_state) in mode_apps.items()}
+    mode_apps = {entry.name: _mode_app(mode_config(config, entry), entry.name) for entry in lineup}
+    modes = {name: mode_state for name, (_, mode_state) in mode_apps.items()}
     entries = tuple(e for mode_state in modes.values() for e in mode_state.mode_entries)
-    state = ServerState(config, event_modes=MODES, mode_entries=entries, modes=modes)
+    state = ServerState(config, event_modes=tuple(modes), mode_entries=entries, modes=modes)
 
     def publish(built: tuple[FairShareLoop, dict[str, Runtime]]) -> None:
         _, runtimes = built
-        for mode, mode_state in modes.items():
-            state.hub().add_source(stream_routes.mode_source(mode_state.config, runtimes[mode]))
-            mode_state.runtime = runtimes[mode]
-        state.runtime = runtimes[MODES[1]]  # what `serve`'s announcement reads: the model's name
+        for name, mode_state in modes.items():
+            state.hub().add_source(stream_routes.mode_source(mode_state.config, runtimes[name], name))
+            mode_state.runtime = runtimes[name]
+        state.runtime = runtimes[lineup[-1].name]  # what `serve`'s announcement reads: the model's name
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -96,11 +101,11 @@ def create_compare_app(
 def _build_runtimes(
     modes: dict[str, ServerState], config: ServerConfig, loader: ModelLoader
 ) -> tuple[FairShareLoop, dict[str, Runtime]]:
-    """Load the model once; build one runner (one copy of the weights) and, per mode, its own engine and cache,
+    """Load the model once; build one runner (one copy of the weights) and, per entry, its own engine and cache,
     behind one fair-share loop (not started)."""
     loaded = loader(config)
     runner = build_runner(config.runtime_options(), loaded)
-    models = {mode: metered_model(mode_state.config, loaded, runner) for mode, mode_state in modes.items()}
+    models = {name: metered_model(mode_state.config, loaded, runner, name) for name, mode_state in modes.items()}
     fair = FairShareLoop([model.scheduler for model, _ in models.values()])
     runtimes = {
         mode: serving_runtime(
@@ -112,14 +117,14 @@ def _build_runtimes(
 
 
 async def drain_all(state: ServerState) -> None:
-    """Drain both modes at once (SIGTERM or the end of the lifespan); idempotent."""
+    """Drain every mode at once (SIGTERM or the end of the lifespan); idempotent."""
     if state.phase is Phase.READY:
         state.phase = Phase.DRAINING
     await asyncio.gather(*(drain(m, state.config.shutdown_grace_s) for m in state.modes.values()))
 
 
 async def health(request: Request) -> Response:
-    """200 when both modes serve; otherwise 503 with each mode's state."""
+    """200 when every mode serves; otherwise 503 with each mode's state."""
     state = ServerState.of(request.app)
     states = {mode: "ok" if m.serving else m.phase.value for mode, m in state.modes.items()}
     if all(mode_state == "ok" for mode_state in states.values()):
@@ -133,7 +138,7 @@ async def metrics(request: Request) -> Response:
     state = ServerState.of(request.app)
     if state.phase is not Phase.READY:
         raise APIError(503, "the model is still loading; retry shortly", headers={"Retry-After": "5"})
-    # each family once, with both modes' series (already labelled `mode`); `/{mode}/metrics` shows one mode's alone
+    # each family once, with every mode's series (labelled `mode`: the entry's name); `/{name}/metrics`: one's alone
     sources = ((mode, m.loaded().metrics.registry.collect()) for mode, m in state.modes.items())
     body = exposition(LabelledMerge(sources, "mode"))
     return Response(body, media_type="text/plain; version=0.0.4; charset=utf-8")

@@ -19,6 +19,8 @@ _MEDIA_TYPES = {
     "app.js": "text/javascript; charset=utf-8",
     "style.css": "text/css; charset=utf-8",
 }
+# Exact paths, not a `/static/` prefix: `compare --modes static` serves that mode's API under `/static/...`.
+FILE_PATHS = frozenset(f"/static/{name}" for name in _MEDIA_TYPES)
 # no-cache: a browser revalidates (ETag), so a new version of the page shows on its next load.
 _HEADERS = {"Cache-Control": "no-cache", "X-Content-Type-Options": "nosniff"}
 
@@ -28,8 +30,8 @@ async def index(request: Request) -> Response:
 
 
 async def static_file(request: Request) -> Response:
-    """`GET /static/{name}`: one of the page's files."""
-    name = request.path_params["name"]
+    """`GET /static/{name}`: one of the page's files (routed by FILE_PATHS)."""
+    name = request.url.path.rsplit("/", 1)[-1]
     media_type = _MEDIA_TYPES.get(name)
     if media_type is None:
         raise APIError(404, f"no route for GET {request.url.path}")

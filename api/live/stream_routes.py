@@ -27,21 +27,25 @@ PAGE_MAX_TOKENS = 1024
 
 
 def mode_settings(config: ServerConfig) -> dict[str, Any]:
-    """The policy's settings as `hello` and /v1/compare/modes show them."""
+    """The policy's settings as `hello` and /v1/compare/modes show them; a plug-in's import path and the mode whose
+    seats and settings it runs with."""
+    plug_in = {} if config.policy is None else {"policy": config.policy, "policy_mode": config.mode}
     if config.mode == Mode.DYNAMIC.value:
-        return {"max_batch_size": config.max_batch_size, "batch_timeout_ms": config.batch_timeout_ms}
+        return {"max_batch_size": config.max_batch_size, "batch_timeout_ms": config.batch_timeout_ms, **plug_in}
     if config.mode == Mode.STATIC.value:
-        return {"max_batch_size": config.max_batch_size, "batch_window_ms": config.batch_window_ms}
-    return {"max_num_seqs": config.max_num_seqs, "max_num_batched_tokens": config.max_num_batched_tokens}
+        return {"max_batch_size": config.max_batch_size, "batch_window_ms": config.batch_window_ms, **plug_in}
+    return {"max_num_seqs": config.max_num_seqs, "max_num_batched_tokens": config.max_num_batched_tokens, **plug_in}
 
 
-def mode_source(config: ServerConfig, runtime: Runtime) -> ModeSource:
+def mode_source(config: ServerConfig, runtime: Runtime, name: str | None = None) -> ModeSource:
+    """`name`: the pane's (compare's line-up entry), by default the mode's."""
     hello = {"model": runtime.model_name, "seats": config.seats, **mode_settings(config)}
-    return ModeSource(config.mode, runtime.scheduler, runtime.loop.request_snapshot, runtime.tokenizer, hello)
+    source_name = name or config.mode
+    return ModeSource(source_name, runtime.scheduler, runtime.loop.request_snapshot, runtime.tokenizer, hello)
 
 
-def mode_entry(config: ServerConfig, prefix: str) -> dict[str, Any]:
-    return {"mode": config.mode, "prefix": prefix, "seats": config.seats, **mode_settings(config)}
+def mode_entry(config: ServerConfig, prefix: str, name: str | None = None) -> dict[str, Any]:
+    return {"mode": name or config.mode, "prefix": prefix, "seats": config.seats, **mode_settings(config)}
 
 
 def event_params(query: QueryParams) -> bool:

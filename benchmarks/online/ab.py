@@ -1,7 +1,9 @@
-"""A/B driver: the same workload against batchserve in dynamic and continuous mode, plus baselines.
+"""A/B driver: the same workload against batchserve in each mode (dynamic and continuous unless --modes), plus
+baselines.
 
     python -m benchmarks ab --workload mixed --num-prompts 48 --seats 8 --out benchmarks/results/mixed-8 \
         --sweep-rates 0.5,1,2,inf
+    python -m benchmarks ab --modes static,dynamic,continuous --policy MODULE:CLASS --out ...
 
 Each server is started on a free port, waited on until /health is 200, measured, and stopped (SIGTERM, then
 SIGKILL after a grace period) before the next starts, so runs never share the machine.
@@ -31,14 +33,13 @@ from benchmarks.peers.targets import (
     Target,
     Unavailable,
     baseline_targets,
-    batchserve_missing,
-    batchserve_target,
     mode_targets,
 )
-from benchmarks.results_io.report import NO_CACHE_SUFFIX, ABOutcome, write_report
+from benchmarks.results_io.report import NO_CACHE_SUFFIX, ABOutcome, columns_table, write_report
 from benchmarks.results_io.tables import format_run
+from scheduler.lineup import DEFAULT, SYNTAX, Entry, checked, parse_entry, parse_lineup
 
-_DESCRIPTION = "Compare batchserve's dynamic and continuous batching on one workload."
+_DESCRIPTION = "Compare batchserve's batching modes (and plug-in policies) on one workload."
 
 
 @dataclass(frozen=True)
@@ -48,6 +49,14 @@ class TargetOutcome:
     main: RunResult | None
     sweep: tuple[RunResult, ...]
     error: str | None
+
+
+def lineup(args: argparse.Namespace) -> tuple[Entry, ...]:
+    """--modes, then --policy; ValueError naming what is wrong."""
+    entries = list(parse_lineup(args.modes))
+    if args.policy is not None:
+        entries.append(parse_entry(args.policy))
+    return checked(entries)
 
 
 def parse_baselines(text: str) -> tuple[str, ...]:
@@ -114,9 +123,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m benchmarks ab", description=_DESCRIPTION)
     parser.add_argument("--out", type=Path, required=True, help="folder for result.json, report.md, plots")
     g = parser.add_argument_group("servers")
-    add_seats_argument(g)
+    g.add_argument("--modes", default=DEFAULT, help=f"{SYNTAX} (default: {DEFAULT})")
+    g.add_argument("--policy", default=None, help="one more run: a plug-in policy [NAME=]MODULE:CLASS")
+    add_seats_argument(g, help="every mode's seats: max-batch-size = max-num-seqs")
     g.add_argument("--model", default=None, help="batchserve --model (default: its default model)")
     g.add_argument("--batch-timeout-ms", type=float, default=None)
+    g.add_argument("--batch-window-ms", type=float, default=None, help="static: the ticks' period")
     g.add_argument("--max-num-batched-tokens", type=int, default=None)
     g.add_argument("--max-queue", type=int, default=None)
     g.add_argument("--device", default=None, help="batchserve --device: cpu, cuda or auto")
@@ -133,7 +145,7 @@ def build_parser() -> argparse.ArgumentParser:
         default="on",
         help="batchserve's prefix caching; both: each mode also runs with it off, as <mode>-nocache",
     )
-    g.add_argument("--sweep-rates", default=None, help="e.g. 0.5,1,2,inf: rerun both modes at each rate")
+    g.add_argument("--sweep-rates", default=None, help="e.g. 0.5,1,2,inf: rerun every mode at each rate")
     g.add_argument(
         "--export-workload",
         action="store_true",
@@ -151,10 +163,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         specs = build_workload(workload_config(args))
+        modes = lineup(args)
         settings = ServerSettings(
             seats=args.seats,
             model=args.model,
             batch_timeout_ms=args.batch_timeout_ms,
+            batch_window_ms=args.batch_window_ms,
             max_num_batched_tokens=args.max_num_batched_tokens,
             max_queue=args.max_queue,
             device=args.device,
@@ -178,20 +192,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     runs: dict[str, RunResult] = {}
     sweep: dict[str, list[RunResult]] = {}
     skipped: dict[str, str] = {}
-    targets = mode_targets(settings)
+    targets = mode_targets(settings, modes)
     if args.prefix_caching == "both":
-        uncached = dataclasses.replace(settings, enable_prefix_caching=False)
-        targets += [
-            batchserve_target(f"{mode}{NO_CACHE_SUFFIX}", mode, uncached)
-            for mode in ("dynamic", "continuous")
-            if batchserve_missing() is None
-        ]
+        targets += mode_targets(dataclasses.replace(settings, enable_prefix_caching=False), modes, NO_CACHE_SUFFIX)
+    names = [entry.name for entry in modes]
     for item in [*targets, *baseline_targets(baselines, settings)]:
         if isinstance(item, Unavailable):
             skipped[item.name] = item.reason
             print(f"skipping {item.name}: {item.reason}", file=sys.stderr)
             continue
-        is_mode = item.name in ("dynamic", "continuous")
+        is_mode = item.name in names
         outcome = run_target(
             item,
             specs,
@@ -214,6 +224,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "num_prompts": args.num_prompts,
         "seed": args.seed,
         "seats": args.seats,
+        "modes": [entry.description for entry in modes],
         "request_rate": rate_to_json(args.request_rate),
         "burstiness": args.burstiness,
         "max_concurrency": args.max_concurrency,
@@ -225,9 +236,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         "prefix_caching": args.prefix_caching,
         "goodput": args.goodput,
     }
-    ab = ABOutcome(command, settings_doc, servers, notes, runs, sweep, skipped)
+    ab = ABOutcome(command, settings_doc, servers, notes, runs, sweep, skipped, modes=tuple(names))
+    if len(runs) > 1:
+        print(columns_table(runs))
     written = write_report(ab, args.out)
     print(f"wrote {written['report.md']} and {written['result.json']}")
     if args.export_workload:
         print(f"wrote workload traces to {export_runs(args.out, runs, sweep)}")
-    return 0 if {"dynamic", "continuous"} <= runs.keys() else 1
+    return 0 if set(names) <= runs.keys() else 1

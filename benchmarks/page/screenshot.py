@@ -1,6 +1,7 @@
 """The README's screenshot: `batchserve compare` on the real model, the hostage workload sent from the page.
 
     python -m benchmarks screenshot --out docs/img/compare.png
+    python -m benchmarks screenshot --modes static,dynamic,continuous --width 1366 --out docs/img/compare-3.png
 
 It starts `batchserve compare` (the default model unless --model), opens the page in Debian's headless Chromium
 (`apt-get install -y chromium chromium-driver`), sends the workload from the page's control, waits until every
@@ -21,6 +22,7 @@ from benchmarks.page.driver import (
     dropped_events,
     load_page,
     open_browser,
+    pane_modes,
     pause,
     request_boxes,
     save_screenshot,
@@ -28,6 +30,7 @@ from benchmarks.page.driver import (
     system_chromium,
     wait_workload_done,
 )
+from scheduler.lineup import DEFAULT, SYNTAX
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -36,6 +39,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--model", default=None, help="checkpoint directory or .gguf (default: the server's)")
     add_seats_argument(parser)
     parser.add_argument("--batch-timeout-ms", type=float, default=200.0)
+    parser.add_argument("--modes", default=DEFAULT, help=f"batchserve compare --modes: {SYNTAX}")
+    parser.add_argument("--batch-window-ms", type=float, default=None, help="static: the ticks' period")
     parser.add_argument("--workload", default="hostage", choices=("hostage", "mixed", "uniform"))
     parser.add_argument("--count", type=int, default=6, help="requests per mode")
     parser.add_argument("--short-tokens", type=int, default=24)
@@ -53,6 +58,9 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(f"no system Chromium and chromedriver: {INSTALL_HINT}")
     command = [sys.executable, "-m", "api", "compare", "--host", "{host}", "--port", "{port}"]
     command += ["--seats", str(args.seats), "--batch-timeout-ms", str(args.batch_timeout_ms)]
+    command += ["--modes", args.modes]
+    if args.batch_window_ms is not None:
+        command += ["--batch-window-ms", str(args.batch_window_ms)]
     if args.model:
         command += ["--model", args.model]
     workload = PageWorkload(args.workload, args.count, 0.0, args.short_tokens, args.long_tokens)
@@ -66,7 +74,7 @@ def main(argv: list[str] | None = None) -> None:
             path = save_screenshot(driver, args.out)
             if dropped_events(driver):
                 print(f"warning: the page fell behind ({dropped_events(driver)} events dropped); run on a quieter CPU")
-            for mode in ("dynamic", "continuous"):
+            for mode in pane_modes(driver):
                 boxes = request_boxes(driver, mode)
                 ends = sorted(box.finished_at_ms or 0.0 for box in boxes)
                 print(f"{mode}: {len(boxes)} requests, ends (ms after the send): {[round(e) for e in ends]}")

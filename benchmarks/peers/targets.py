@@ -10,6 +10,7 @@ import importlib.util
 import os
 import shutil
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -18,6 +19,7 @@ from benchmarks.loadgen.client import EosPolicy
 from benchmarks.peers.hf_export import default_export_dir, is_exported
 from benchmarks.peers.llama_cpp import default_cache
 from engine.loader import ModelNotFoundError, default_model_path
+from scheduler.lineup import DEFAULT, Entry, parse_lineup
 
 # llama-server: the binary on PATH (else the cached build) on --model; llama-f32 / llama-q4_1: the cached build
 # (`python -m benchmarks llama-build build`) on the default model as f32 GGUF / as shipped (Q4_1).
@@ -32,6 +34,7 @@ class ServerSettings:
     seats: int = 8  # sequences decoded together: dynamic's max_batch_size, continuous's max_num_seqs
     model: str | None = None  # batchserve --model; None means its default model
     batch_timeout_ms: float | None = None  # None leaves batchserve's default
+    batch_window_ms: float | None = None  # static's tick period; None leaves batchserve's default
     max_num_batched_tokens: int | None = None
     max_queue: int | None = None
     device: str | None = None  # batchserve --device (cpu, cuda, auto); None leaves its default
@@ -44,6 +47,8 @@ class ServerSettings:
             raise ValueError(f"seats must be >= 1, got {self.seats}")
         if self.batch_timeout_ms is not None and self.batch_timeout_ms < 0:
             raise ValueError(f"batch_timeout_ms must be >= 0, got {self.batch_timeout_ms}")
+        if self.batch_window_ms is not None and not self.batch_window_ms > 0:
+            raise ValueError(f"batch_window_ms must be > 0, got {self.batch_window_ms}")
         for name in ("max_num_batched_tokens", "max_queue"):
             value = getattr(self, name)
             if value is not None and value < 1:
@@ -65,15 +70,22 @@ class Unavailable:
     reason: str
 
 
-def batchserve_target(name: str, mode: str, settings: ServerSettings, seats: int | None = None) -> Target:
+def batchserve_target(
+    name: str, mode: str, settings: ServerSettings, seats: int | None = None, policy: str | None = None
+) -> Target:
+    """`policy`: a plug-in MODULE:CLASS run in place of the mode's own policy, with the mode's seats."""
     seats = settings.seats if seats is None else seats
     argv = [sys.executable, "-m", "api", "serve", "--mode", mode, "--host", "{host}", "--port", "{port}"]
-    # Both seat flags go to both modes, so the only difference between the runs is the policy.
+    if policy is not None:
+        argv += ["--policy", policy]
+    # Both seat flags go to every mode, so the only difference between the runs is the policy.
     argv += ["--max-batch-size", str(seats), "--max-num-seqs", str(seats)]
     if settings.model is not None:
         argv += ["--model", settings.model]
     if settings.batch_timeout_ms is not None:
         argv += ["--batch-timeout-ms", f"{settings.batch_timeout_ms:g}"]
+    if settings.batch_window_ms is not None:
+        argv += ["--batch-window-ms", f"{settings.batch_window_ms:g}"]
     if settings.max_num_batched_tokens is not None:
         argv += ["--max-num-batched-tokens", str(settings.max_num_batched_tokens)]
     if settings.max_queue is not None:
@@ -86,7 +98,8 @@ def batchserve_target(name: str, mode: str, settings: ServerSettings, seats: int
         argv += ["--quantization", settings.quantization]
     if not settings.enable_prefix_caching:
         argv += ["--no-enable-prefix-caching"]
-    note = f"{mode}, {seats} seat{'' if seats == 1 else 's'}" + (
+    what = mode if policy is None else f"{policy} with {mode}'s seats"
+    note = f"{what}, {seats} seat{'' if seats == 1 else 's'}" + (
         "" if settings.enable_prefix_caching else ", no prefix caching"
     )
     return Target(name=name, argv=tuple(argv), eos_policy=EosPolicy.IGNORE_EOS, note=note)
@@ -98,14 +111,14 @@ def batchserve_missing() -> str | None:
     return None
 
 
-def mode_targets(settings: ServerSettings) -> list[Target | Unavailable]:
+def mode_targets(
+    settings: ServerSettings, lineup: Sequence[Entry] = parse_lineup(DEFAULT), suffix: str = ""
+) -> list[Target | Unavailable]:
+    """batchserve in each mode or plug-in policy of the line-up, each run named `<name><suffix>`."""
     missing = batchserve_missing()
     if missing is not None:
-        return [Unavailable("dynamic", missing), Unavailable("continuous", missing)]
-    return [
-        batchserve_target("dynamic", "dynamic", settings),
-        batchserve_target("continuous", "continuous", settings),
-    ]
+        return [Unavailable(entry.name + suffix, missing) for entry in lineup]
+    return [batchserve_target(e.name + suffix, e.mode.value, settings, policy=e.policy) for e in lineup]
 
 
 def baseline_targets(names: tuple[str, ...], settings: ServerSettings) -> list[Target | Unavailable]:

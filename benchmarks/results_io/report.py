@@ -26,6 +26,7 @@ class ABOutcome:
     runs: Mapping[str, RunResult]  # main workload, one per target that ran
     sweep: Mapping[str, Sequence[RunResult]] = field(default_factory=dict)  # mode -> one run per rate
     skipped: Mapping[str, str] = field(default_factory=dict)  # target name -> why it did not run
+    modes: Sequence[str] = (BASE, CANDIDATE)  # the policies compared (the rest are baselines), in their order
 
 
 @dataclass(frozen=True)
@@ -71,17 +72,44 @@ def ratios(runs: Mapping[str, RunResult]) -> dict[str, float | None]:
     return out
 
 
-def headline_table(runs: Mapping[str, RunResult]) -> str:
+def ratio_base(modes: Sequence[str]) -> str:
+    """What the other modes are divided by: dynamic (the bus) when it is in the line-up, else the first."""
+    return BASE if BASE in modes or not modes else modes[0]
+
+
+def ratios_over_base(runs: Mapping[str, RunResult], modes: Sequence[str]) -> dict[str, dict[str, float | None]]:
+    """Each mode's headline columns over the base mode's (`ratios` for every mode that ran beside it)."""
+    base = ratio_base(modes)
+    if base not in runs:
+        return {}
+    out: dict[str, dict[str, float | None]] = {}
+    for name in (m for m in modes if m != base and m in runs):
+        out[name] = {}
+        for column in COLUMNS:
+            denominator, value = column.value(runs[base]), column.value(runs[name])
+            out[name][column.title] = value / denominator if denominator and value is not None else None
+    return out
+
+
+def headline_table(runs: Mapping[str, RunResult], modes: Sequence[str] = (BASE, CANDIDATE)) -> str:
     header = "| server | ok/failed | " + " | ".join(c.title for c in COLUMNS) + " |"
     lines = [header, "|" + "---|" * (len(COLUMNS) + 2)]
     for name, run in runs.items():
         cells = [_fmt(c.value(run), c.spec) for c in COLUMNS]
         lines.append(f"| {name} | {run.summary.completed}/{run.summary.failed} | " + " | ".join(cells) + " |")
-    ratio = ratios(runs)
-    if ratio:
+    base = ratio_base(modes)
+    for name, ratio in ratios_over_base(runs, modes).items():
         cells = [_fmt(ratio[c.title], ".2f", suffix="x") for c in COLUMNS]
-        lines.append(f"| **{CANDIDATE}/{BASE}** | | " + " | ".join(cells) + " |")
+        lines.append(f"| **{name}/{base}** | | " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+def columns_table(runs: Mapping[str, RunResult]) -> str:
+    """The headline with a column per run, a row per figure: what `ab` and `simulate` print at the end."""
+    rows = [["", *runs], ["---", *("---:" for _ in runs)]]
+    rows.append(["ok/failed", *(f"{r.summary.completed}/{r.summary.failed}" for r in runs.values())])
+    rows += [[c.title, *(_fmt(c.value(r), c.spec) for r in runs.values())] for c in COLUMNS]
+    return "\n".join("| " + " | ".join(row) + " |" for row in rows)
 
 
 NO_CACHE_SUFFIX = "-nocache"  # a mode's run with --no-enable-prefix-caching (ab --prefix-caching both)
@@ -187,13 +215,13 @@ def sweep_table(sweep: Mapping[str, Sequence[RunResult]]) -> str:
 def render_markdown(outcome: ABOutcome, plots: Mapping[str, Path]) -> str:
     settings = ", ".join(f"{key} `{value}`" for key, value in outcome.settings.items())
     parts = [
-        "# batchserve A/B: dynamic vs continuous batching",
+        f"# batchserve A/B: {' vs '.join(outcome.modes)} batching",
         "",
         f"Settings: {settings}." if settings else "",
         "",
         "## Headline",
         "",
-        headline_table(outcome.runs) if outcome.runs else "_No server ran._",
+        headline_table(outcome.runs, outcome.modes) if outcome.runs else "_No server ran._",
         "",
         "Latencies are client-measured (send to first text chunk, send to end of stream). Mean batch size "
         "and held seats are deltas of the server's `/metrics` over the run (n/a: not exported). Held seats "
@@ -232,6 +260,7 @@ def result_document(outcome: ABOutcome) -> dict[str, Any]:
         "skipped": dict(outcome.skipped),
         "runs": {name: run.to_dict(include_records=False) for name, run in outcome.runs.items()},
         "ratios_continuous_over_dynamic": ratios(outcome.runs),
+        "ratios_over_base": {"base": ratio_base(outcome.modes), "modes": ratios_over_base(outcome.runs, outcome.modes)},
         "by_kind": {name: by_kind(run) for name, run in outcome.runs.items()},
         "prefix_caching_ratios": caching_ratios(outcome.runs),
         "sweep": {name: [run.to_dict(include_records=False) for run in runs] for name, runs in outcome.sweep.items()},

@@ -6,9 +6,10 @@
         --num-prompts 2000 --sweep-rates 1,2,4,8,16,32 --out benchmarks/results/sim-h100
     python -m benchmarks simulate --cost-model cost.json --workload run.jsonl --compare-with result.json
 
-Each mode runs `scheduler.core.Scheduler` with `DynamicPolicy` or `ContinuousPolicy`, the classes `serve` runs,
-over `benchmarks.sim.engine.SimEngine`; only the engine's step time is modelled (`benchmarks.sim.cost.model`). The
-output folder has the same `result.json` schema, report and plots as `benchmarks.online.ab`, marked as simulated.
+Each mode runs `scheduler.core.Scheduler` with `StaticPolicy`, `DynamicPolicy`, `ContinuousPolicy` or a plug-in
+policy (`--policy MODULE:CLASS`), the classes `serve` runs, over `benchmarks.sim.engine.SimEngine`; only the
+engine's step time is modelled (`benchmarks.sim.cost.model`). The output folder has the same `result.json` schema,
+report and plots as `benchmarks.online.ab`, marked as simulated.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from benchmarks.loadgen.flags import add_seats_argument, parse_rates
 from benchmarks.loadgen.run import RunResult, rate_to_json
 from benchmarks.loadgen.trace import TraceRequest, read_exported, read_trace, synthesize
 from benchmarks.loadgen.workloads import WORKLOADS, WorkloadConfig
-from benchmarks.results_io.report import ABOutcome
+from benchmarks.results_io.report import ABOutcome, columns_table
 from benchmarks.results_io.tables import format_run
 from benchmarks.sim.cluster import ROUTERS
 from benchmarks.sim.cost.files import BusyArrival, load_busy_arrival, load_fitted, load_request_overhead
@@ -40,9 +41,10 @@ from benchmarks.sim.report import write_sim_report
 from benchmarks.sim.run import SimSettings, simulate_trace
 from benchmarks.sim.validate.headline import validation_table
 from engine.config import EngineConfig
-from scheduler.config import Mode, SchedulerConfig
+from scheduler.config import SchedulerConfig
+from scheduler.lineup import DEFAULT, SYNTAX, Entry, checked, parse_entry, parse_lineup
 
-_DESCRIPTION = "Simulate dynamic and continuous batching on a virtual clock with a step-cost model."
+_DESCRIPTION = "Simulate static, dynamic and continuous batching (and plug-in policies) on a virtual clock."
 _S = SchedulerConfig()
 _W = WorkloadConfig()
 _A = ArrivalConfig()
@@ -51,11 +53,17 @@ _A = ArrivalConfig()
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m benchmarks simulate", description=_DESCRIPTION)
     parser.add_argument("--out", type=Path, default=None, help="folder for result.json, report.md, plots")
-    parser.add_argument("--mode", choices=("dynamic", "continuous", "both"), default="both")
+    parser.add_argument(
+        "--mode",
+        default="both",
+        help=f"{SYNTAX}; both: dynamic,continuous (default: both)",
+    )
     g = parser.add_argument_group("policy (serve's flags and defaults)")
+    g.add_argument("--policy", default=None, help="one more run: a plug-in policy [NAME=]MODULE:CLASS")
     add_seats_argument(g)
-    g.add_argument("--max-batch-size", type=int, default=None, help="dynamic seats (default: --seats)")
+    g.add_argument("--max-batch-size", type=int, default=None, help="dynamic and static seats (default: --seats)")
     g.add_argument("--batch-timeout-ms", type=float, default=_S.batch_timeout_ms)
+    g.add_argument("--batch-window-ms", type=float, default=_S.batch_window_ms, help="static: the ticks' period")
     g.add_argument("--max-num-seqs", type=int, default=None, help="continuous seats (default: --seats)")
     g.add_argument("--max-num-batched-tokens", type=int, default=_S.max_num_batched_tokens)
     g.add_argument("--max-queue", type=int, default=_S.max_queue)
@@ -144,20 +152,30 @@ def cost_model_from(args: argparse.Namespace) -> tuple[CostModel, int | None]:
     return roofline, roofline.kv_cache_tokens()
 
 
-def scheduler_configs(args: argparse.Namespace) -> list[SchedulerConfig]:
-    modes = ["dynamic", "continuous"] if args.mode == "both" else [args.mode]
-    return [
-        SchedulerConfig(
-            mode=Mode(mode),
+def lineup(args: argparse.Namespace) -> tuple[Entry, ...]:
+    """--mode's list (`both`: dynamic,continuous) and --policy; ValueError naming what is wrong."""
+    entries = list(parse_lineup(DEFAULT if args.mode.strip() == "both" else args.mode))
+    if args.policy is not None:
+        entries.append(parse_entry(args.policy))
+    return checked(entries)
+
+
+def scheduler_configs(args: argparse.Namespace) -> dict[str, SchedulerConfig]:
+    """Each run's scheduler, by the run's name."""
+    return {
+        entry.name: SchedulerConfig(
+            mode=entry.mode,
             max_batch_size=args.max_batch_size or args.seats,
             batch_timeout_ms=args.batch_timeout_ms,
+            batch_window_ms=args.batch_window_ms,
             max_num_seqs=args.max_num_seqs or args.seats,
             max_num_batched_tokens=args.max_num_batched_tokens,
+            policy=entry.policy,
             max_queue=args.max_queue,
             queue_timeout_s=args.queue_timeout_s,
         )
-        for mode in modes
-    ]
+        for entry in lineup(args)
+    }
 
 
 def engine_config(args: argparse.Namespace, scheduler: SchedulerConfig, gpu_tokens: int | None) -> EngineConfig:
@@ -228,16 +246,16 @@ def simulation_settings(args: argparse.Namespace) -> tuple[CostModel, dict[str, 
     extras = {mode: extra for mode, extra in extras.items() if mode in charged}
     busy = load_busy_arrival(args.cost_model) if args.cost_model is not None and args.busy_arrival else BusyArrival()
     settings = {
-        c.mode.value: SimSettings(
+        name: SimSettings(
             c,
             engine_config(args, c, gpu_tokens),
-            with_served_extra(cost, extras, c.mode.value),
+            with_served_extra(cost, extras, c.mode.value),  # a plug-in pays what its mode's served steps pay
             args.replicas,
             args.router,
             request_overhead_s=overhead,
             busy_arrival=busy,
         )
-        for c in scheduler_configs(args)
+        for name, c in scheduler_configs(args).items()
     }
     return cost, settings
 
@@ -301,6 +319,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         runs, swept = sweep(args, settings, sweep_rates)
     for run in runs.values():
         print(format_run(run))
+    if len(runs) > 1:
+        print(columns_table(runs))
     if args.compare_with is not None:
         real = json.loads(args.compare_with.read_text())
         print(f"validation against {args.compare_with} (error: simulated vs measured)")
@@ -313,6 +333,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             labels,
             runs,
             swept,
+            modes=tuple(settings),
         )
         written = write_sim_report(outcome, args.out, " | ".join(distinct))
         print(f"wrote {written['report.md']} and {written['result.json']}")

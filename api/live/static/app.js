@@ -16,6 +16,7 @@
   const LIVE_REQUESTS = 4096; // requests in flight we keep times for (a bound, should events go missing)
   const RECENT_REQUESTS = 512;
   const MIN_SEND_INTERVAL_MS = 1000; // client-side rate limit on the send button
+  const BROWSER_CONNECTIONS = 6; // what a browser opens to one server over HTTP/1.1
   const DEFAULT_MAX_RATE = 20; // requests per second per mode, unless the server says otherwise
   const DEFAULT_MAX_TOKENS = 1024; // per request, unless the server says otherwise
   const RECONNECT_MS = 2000;
@@ -136,8 +137,11 @@
 
     describe(info) {
       const parts = [`${this.seats} seats`];
+      // A plug-in policy: its import path, and the mode whose seats and settings it runs with.
+      if (info.policy) parts.unshift(`policy ${info.policy} on ${info.policy_mode}'s seats`);
       if (info.max_batch_size != null) parts.push(`batch ${info.max_batch_size}`);
       if (info.batch_timeout_ms != null) parts.push(`timeout ${info.batch_timeout_ms} ms`);
+      if (info.batch_window_ms != null) parts.push(`leaves full or at a tick every ${info.batch_window_ms} ms`);
       if (info.max_num_batched_tokens != null) parts.push(`step budget ${info.max_num_batched_tokens} tokens`);
       if (this.prefix) parts.push(`API at ${this.prefix}/v1`);
       this.detail.textContent = parts.join(" · ");
@@ -573,6 +577,15 @@
     document.body.dataset.workload = "running";
     $("#send").disabled = true;
     note.textContent = `sending ${specs.length} requests to each of ${page.modes.length} mode(s)`;
+    const requestsAtOnce = page.modes.length * bundles(specs).length;
+    let caveat = "";
+    if (form.rate === 0 && requestsAtOnce + 1 > BROWSER_CONNECTIONS) {
+      // The event stream holds one connection; a request beyond the rest waits for an earlier one to end.
+      caveat = `; ${requestsAtOnce} requests at once and the event stream need more than the ` +
+        `${BROWSER_CONNECTIONS} connections a browser opens to one server: the last ones wait in the browser ` +
+        "until an earlier answer ends (fewer panes, or one length, avoid it)";
+      note.textContent += caveat;
+    }
     if (form.rate > 0 && specs.length > 2) {
       // Each arrival is its own request; a browser opens at most 6 connections to one server.
       note.textContent += "; at a rate each request is its own connection, and a browser keeps at most 6 open " +
@@ -591,7 +604,7 @@
     page.workload.endT = serverNow();
     document.body.dataset.workload = "done";
     $("#send").disabled = false;
-    note.textContent = `done: ${specs.length} requests per mode`;
+    note.textContent = `done: ${specs.length} requests per mode${caveat}`;
   }
 
   function delayMs(ms) {
@@ -792,6 +805,8 @@
       panes.append(view.section);
     }
     panes.dataset.count = page.modes.length;
+    // Three or more panes side by side: each narrower, its figures go under its lanes (style.css).
+    panes.dataset.layout = page.modes.length >= 3 ? "narrow" : "wide";
     subscriptions.push(subscribe(EVENTS_PATH, page.modes.length === 1 ? page.modes[0].mode : null));
     $("#send").disabled = false;
     document.body.dataset.ready = "true";

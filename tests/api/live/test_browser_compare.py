@@ -5,6 +5,8 @@ The hostage workload is sent from the page's own control. What the page shows is
 box ends in both panes; in the dynamic pane the short answers are held (its lanes show held seats, its counter
 counts them) and end with the long one; in the continuous pane nothing is held and the short answers end first.
 Ordering is read from the server times the page shows (the event stream's), never from how long anything took.
+With `--modes static,dynamic,continuous` the page has three panes side by side on a laptop-wide window, and the
+static pane holds its short answers as the bus does.
 
 Needs `apt-get install -y chromium chromium-driver` (root); without them the tests skip and say so.
 BATCHSERVE_SCREENSHOT=<path> also saves the compare screenshot there (the pytest tmp dir always has one).
@@ -52,6 +54,8 @@ HOSTAGE = PageWorkload(kind="hostage", count=6, short_tokens=8, long_tokens=96)
 SEATS = HOSTAGE.count
 BATCH_TIMEOUT_MS = 600_000
 WAIT_S = 300.0  # a ceiling for a loaded 2-core machine, not a speed requirement
+THREE_PANES = PageWorkload(kind="hostage", count=4, short_tokens=4, long_tokens=32)  # short: three servers' worth
+LAPTOP = (1366, 900)  # a common laptop screen, in CSS pixels
 
 
 @pytest.fixture(scope="module")
@@ -73,6 +77,22 @@ def compare_server(tiny_checkpoint: Path, tmp_path_factory: pytest.TempPathFacto
     log = tmp_path_factory.mktemp("compare") / "server.log"
     with pytest.MonkeyPatch.context() as env:
         env.setenv("OMP_NUM_THREADS", "1")  # the server's; the browser and this test need the other core
+        with ServerProcess(LaunchConfig(argv, health_timeout_s=WAIT_S), log) as server:
+            yield server.base_url
+
+
+@pytest.fixture(scope="module")
+def three_mode_server(tiny_checkpoint: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """`batchserve compare --modes static,dynamic,continuous`. Neither the static clock (a tick every 10 min from the
+    start) nor the bus's timeout fires during the test: both batches leave when full, with all four requests."""
+    argv = (
+        sys.executable, "-m", "api", "compare", "--modes", "static,dynamic,continuous", "--model",
+        str(tiny_checkpoint), "--host", "{host}", "--port", "{port}", "--seats", str(THREE_PANES.count),
+        "--batch-timeout-ms", str(BATCH_TIMEOUT_MS), "--batch-window-ms", str(BATCH_TIMEOUT_MS), "--no-cpu-kernels",
+    )  # fmt: skip
+    log = tmp_path_factory.mktemp("compare3") / "server.log"
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("OMP_NUM_THREADS", "1")
         with ServerProcess(LaunchConfig(argv, health_timeout_s=WAIT_S), log) as server:
             yield server.base_url
 
@@ -148,6 +168,55 @@ def test_compare_page_shows_the_hostage_case_held_in_dynamic_mode_and_not_in_con
     if os.environ.get("BATCHSERVE_SCREENSHOT"):
         save_screenshot(browser, Path(os.environ["BATCHSERVE_SCREENSHOT"]))
     assert browser_errors(browser) == []
+
+
+def _assert_short_answers_held_until_the_long_one_ends(browser: object, boxes: list[RequestBox], mode: str) -> None:
+    long_finished, _ = _server_times(_one(boxes, "long"))
+    for box in (b for b in boxes if b.kind == "short"):
+        finished, released = _server_times(box)
+        assert finished < long_finished <= released, box
+        assert box.server_held_ms is not None and box.server_held_ms > 0, box
+    assert int(figure(browser, "held-seat-steps", mode)) > 0
+    assert drawn_bars(browser, mode, "held") > 0
+
+
+def test_three_panes_side_by_side_each_show_their_requests_finishing(browser, three_mode_server: str) -> None:
+    browser.set_window_size(*LAPTOP)
+    try:
+        load_page(browser, three_mode_server)
+        modes = ["static", "dynamic", "continuous"]
+        assert pane_modes(browser) == modes
+        # Side by side on the laptop-wide window: one row, each pane about a third of it, its figures shown.
+        boxes = browser.execute_script(
+            "return [...document.querySelectorAll('section.pane')].map((p) => p.getBoundingClientRect().toJSON())"
+        )
+        assert len({round(b["top"]) for b in boxes}) == 1, boxes
+        assert all(300 < b["width"] < LAPTOP[0] / 3 for b in boxes), boxes
+        for mode in modes:
+            assert browser.find_element("id", f"finished-{mode}").is_displayed()
+        detail = browser.find_element("css selector", "#pane-static .pane-detail").text
+        assert f"a tick every {BATCH_TIMEOUT_MS} ms" in detail and "4 seats" in detail
+
+        send_workload(browser, THREE_PANES)
+        wait_workload_done(browser, WAIT_S)
+        pause(browser)
+        panes = {mode: request_boxes(browser, mode) for mode in modes}
+        for mode in modes:
+            _assert_all_finished(panes[mode], THREE_PANES.count, {"long", "short"})
+            wait_for_figure(browser, "finished", mode, str(THREE_PANES.count), WAIT_S)
+            assert drawn_bars(browser, mode, "decode") > 0 and drawn_bars(browser, mode, "prefill") > 0
+        # Static and dynamic run the batch as one unit: the short answers wait for the long one.
+        for mode in ("static", "dynamic"):
+            _assert_short_answers_held_until_the_long_one_ends(browser, panes[mode], mode)
+        # Continuous holds nothing. (Its short answers were the seventh connection to the server, counting the
+        # event stream: the browser sent them once an earlier answer ended, and the page said so.)
+        assert all(not box.server_held_ms for box in panes["continuous"])
+        assert figure(browser, "held-seat-steps", "continuous") == "0"
+        assert drawn_bars(browser, "continuous", "held") == 0
+        assert "the last ones wait in the browser" in browser.find_element("id", "workload-note").text
+        assert browser_errors(browser) == []
+    finally:
+        browser.set_window_size(1600, 1000)
 
 
 def test_compare_page_refuses_more_requests_than_max_prompts(browser, compare_server: str) -> None:

@@ -1,0 +1,94 @@
+"""`batchserve compare --modes ...`: any line-up of built-in modes and plug-in policies, each under its own prefix
+with its own policy, on the tiny model; a mode named `static` beside the page's own `/static/` files."""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import openai
+import pytest
+import uvicorn
+
+from api.cli import build_parser, compare_lineup, main
+from api.config import ServerConfig
+from api.live.compare import create_compare_app
+from api.process.server import uvicorn_config
+from scheduler.lineup import parse_lineup
+from tests.server_harness import _wait_healthy, free_port, tiny_loaded_model
+
+SPF = "scheduler.examples.shortest_prompt_first:ShortestPromptFirst"
+KEY = "three-panes"
+
+
+@contextlib.contextmanager
+def serving(lineup: str, **overrides: Any) -> Iterator[str]:
+    values: dict[str, Any] = {"port": free_port(), "max_batch_size": 3, "max_num_seqs": 3, "batch_window_ms": 20.0}
+    config = ServerConfig(**{**values, **overrides})
+    model = tiny_loaded_model()
+    app = create_compare_app(config, loader=lambda _config: model, lineup=parse_lineup(lineup))
+    server = uvicorn.Server(uvicorn_config(app, config, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    base_url = f"http://127.0.0.1:{config.port}"
+    try:
+        _wait_healthy(base_url)
+        yield base_url
+    finally:
+        server.should_exit = True
+        thread.join(30)
+
+
+@pytest.fixture(scope="module")
+def static_and_plug_in() -> Iterator[str]:
+    with serving(f"static,spf={SPF}") as base_url:
+        yield base_url
+
+
+def test_each_pane_is_listed_with_its_prefix_its_settings_and_its_policy(static_and_plug_in: str) -> None:
+    listed = httpx.get(f"{static_and_plug_in}/v1/compare/modes").json()["data"]
+    assert [(e["mode"], e["prefix"], e["seats"]) for e in listed] == [("static", "/static", 3), ("spf", "/spf", 3)]
+    assert listed[0]["batch_window_ms"] == 20.0 and "policy" not in listed[0]
+    assert (listed[1]["policy"], listed[1]["policy_mode"], listed[1]["max_num_seqs"]) == (SPF, "continuous", 3)
+    health = httpx.get(f"{static_and_plug_in}/health")
+    assert health.status_code == 200 and health.json()["modes"] == {"static": "ok", "spf": "ok"}
+
+
+@pytest.mark.parametrize(("name", "mode"), [("static", "static"), ("spf", "continuous")])
+def test_each_prefix_serves_under_its_own_policy(static_and_plug_in: str, name: str, mode: str) -> None:
+    api = openai.OpenAI(base_url=f"{static_and_plug_in}/{name}/v1", api_key="unused", max_retries=0, timeout=60)
+    model = api.models.list().data[0].id
+    reply = api.completions.create(model=model, prompt=["one", "two words"], max_tokens=3, temperature=0)
+    assert [c.finish_reason for c in reply.choices] == ["length", "length"]
+    assert reply.model_extra is not None and reply.model_extra["timings"]["mode"] == mode
+    metrics = httpx.get(f"{static_and_plug_in}/{name}/metrics")  # not the page's /static/ file route
+    assert metrics.status_code == 200 and f'mode="{name}"' in metrics.text
+
+
+def test_the_root_metrics_label_every_pane_by_its_name_and_the_page_files_still_load(static_and_plug_in: str) -> None:
+    body = httpx.get(f"{static_and_plug_in}/metrics").text
+    assert 'mode="static"' in body and 'mode="spf"' in body and 'mode="continuous"' not in body
+    script = httpx.get(f"{static_and_plug_in}/static/app.js")
+    assert script.status_code == 200 and script.headers["content-type"].startswith("text/javascript")
+
+
+def test_the_key_guards_a_mode_named_static_though_the_page_files_are_open() -> None:
+    with serving("static,continuous", api_key=KEY) as base_url:
+        assert httpx.get(f"{base_url}/static/v1/models").status_code == 401
+        assert httpx.get(f"{base_url}/static/metrics").status_code == 401
+        keyed = httpx.get(f"{base_url}/static/v1/models", headers={"Authorization": f"Bearer {KEY}"})
+        assert keyed.status_code == 200
+        assert httpx.get(f"{base_url}/static/style.css").status_code == 200
+
+
+def test_the_command_reads_modes_and_a_policy_pane() -> None:
+    args = build_parser().parse_args(["compare", "--modes", "static,dynamic,continuous", "--policy", SPF])
+    assert [e.name for e in compare_lineup(args)] == ["static", "dynamic", "continuous", "shortest-prompt-first"]
+    assert [e.name for e in compare_lineup(build_parser().parse_args(["compare"]))] == ["dynamic", "continuous"]
+    with pytest.raises(SystemExit, match="'stat' is neither a mode"):
+        main(["compare", "--modes", "stat,dynamic"])
+    with pytest.raises(SystemExit, match="appear"):
+        main(["compare", "--modes", "dynamic,dynamic"])
