@@ -59,6 +59,11 @@ COMMANDS: tuple[Command, ...] = (
         "what prefix caching costs the engine when no prefix is shared: steps with it on and off, interleaved",
     ),
     Command(
+        "structured",
+        "benchmarks.micro.structured_bench",
+        "structured outputs: schema compile time, and decode with half the batch constrained against none",
+    ),
+    Command(
         "gc",
         "benchmarks.micro.gc_pause",
         "how long one full GC stops a loaded server, before and after its heap is frozen",
