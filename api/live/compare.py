@@ -40,7 +40,9 @@ MODES = (Mode.DYNAMIC.value, Mode.CONTINUOUS.value)
 
 
 def mode_config(config: ServerConfig, mode: str) -> ServerConfig:
-    return dataclasses.replace(config, mode=mode)
+    # --priority-preemption is continuous mode's flag, as --max-num-seqs is: the other panes go without it
+    preemption = config.priority_preemption and mode == Mode.CONTINUOUS.value
+    return dataclasses.replace(config, mode=mode, priority_preemption=preemption)
 
 
 def _mode_app(config: ServerConfig) -> tuple[Starlette, ServerState]:
