@@ -1,6 +1,6 @@
 """Priority scheduling under load: an interactive class beside a saturating batch class, with and without priorities.
 
-    python -m benchmarks priority --seats 8 --batch-requests 24 --interactive-requests 40 --interactive-rate 1
+    python -m benchmarks priority --seats 8 --batch-requests 48 --interactive-requests 40 --interactive-rate 1
 
 The batch class (priority 10: medium prompts, long outputs) arrives first, all at once and more requests than
 seats, so the server is saturated; the interactive class (priority 0: short prompts, short outputs) arrives from
@@ -37,13 +37,21 @@ from benchmarks.results_io.report import write_json
 
 INTERACTIVE, BATCH = "interactive", "batch"
 SETTINGS = ("fcfs", "priority", "preempt")
+_HELP = {
+    "batch_requests": "batch class: requests, all sent at the start (more than the seats saturates the server)",
+    "batch_prompt_words": "batch class: prompt words (about one token each)",
+    "batch_output_min": "batch class: max_tokens, drawn per request between min and max",
+    "interactive_rate": "interactive class: requests per second (Poisson); inf sends them together",
+    "interactive_start_s": "interactive class: seconds after the batch class before the first is sent",
+    "seed": "seeds the prompts, the lengths and the arrivals",
+}
 
 
 def setting_flags(setting: str, threshold: int) -> tuple[str, ...]:
     """The server flags of a setting, beyond the seats and the model."""
     if setting == "fcfs":
         return ()
-    flags = ("--scheduling-policy", "priority")
+    flags: tuple[str, ...] = ("--scheduling-policy", "priority")
     if setting == "preempt":
         flags += ("--priority-preemption", "--priority-preemption-threshold", str(threshold))
     return flags
@@ -51,7 +59,7 @@ def setting_flags(setting: str, threshold: int) -> tuple[str, ...]:
 
 @dataclass(frozen=True)
 class PriorityWorkload:
-    batch_requests: int = 24
+    batch_requests: int = 48
     batch_prompt_words: int = 64
     batch_output_min: int = 128  # drawn per request, so the batch class's seats free one at a time
     batch_output_max: int = 256
@@ -173,7 +181,9 @@ def build_parser() -> argparse.ArgumentParser:
     g = parser.add_argument_group("workload")
     for field in dataclasses.fields(PriorityWorkload):
         flag = "--" + field.name.replace("_", "-")
-        g.add_argument(flag, type=type(getattr(w, field.name)), default=getattr(w, field.name))
+        default = getattr(w, field.name)
+        help_text = f"{_HELP[field.name]} (default: {default})" if field.name in _HELP else f"(default: {default})"
+        g.add_argument(flag, type=type(default), default=default, help=help_text)
     g = parser.add_argument_group("client")
     g.add_argument("--warmup", type=int, default=1, help="warm-up requests per server, excluded from results")
     g.add_argument("--request-timeout", type=float, default=600.0, help="seconds per request")
