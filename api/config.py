@@ -57,7 +57,7 @@ class RuntimeOptions:
         seats = self.scheduler.seats
         max_len = min(self.max_model_len or model_max_len, model_max_len)
         return EngineConfig(
-            seats=seats,
+            seats=self.scheduler.engine_rows,
             kv_cache_tokens=self.kv_cache_tokens or seats * max_len,
             max_model_len=max_len,
             device=device,
@@ -90,6 +90,15 @@ class ServerConfig:
         "Order of the waiting queue: fcfs (arrival) or priority (the request's `priority`, lower first, ties by "
         "arrival; continuous mode preempts the lowest priority first); under fcfs a non-zero priority is a 400",
         choices=SCHEDULING_POLICIES,
+    )
+    priority_preemption: bool = _opt(
+        False,
+        "continuous, under --scheduling-policy priority: when every seat is taken, a waiting request whose priority "
+        "beats the lowest-priority running one's by --priority-preemption-threshold takes its seat at once; the "
+        "displaced one is preempted, keeping its tokens, and resumes later (docs/policies.md)",
+    )
+    priority_preemption_threshold: int = _opt(
+        1, "--priority-preemption: how much lower (better) a waiting request's priority must be to displace one"
     )
     policy: str | None = _opt(
         None,
@@ -182,6 +191,8 @@ class ServerConfig:
             max_num_seqs=self.max_num_seqs,
             max_num_batched_tokens=self.max_num_batched_tokens,
             scheduling_policy=self.scheduling_policy,
+            priority_preemption=self.priority_preemption,
+            priority_preemption_threshold=self.priority_preemption_threshold,
             policy=self.policy,
             max_queue=self.max_queue,
             queue_timeout_s=self.queue_timeout_s,

@@ -20,6 +20,11 @@ COMMANDS: tuple[Command, ...] = (
     # against live servers
     Command("serve", "benchmarks.online.serve_bench", "one workload against a running OpenAI-compatible server"),
     Command("ab", "benchmarks.online.ab", "dynamic vs continuous batching (and baselines) on the same workload"),
+    Command(
+        "priority",
+        "benchmarks.online.priority_bench",
+        "an interactive class under a saturating batch class: fcfs, priority, priority with preemption",
+    ),
     Command("ray", "benchmarks.online.ray_bench", "what Ray Serve's proxy costs against a plain server"),
     Command("compare", "benchmarks.online.compare_bench", "fairness and event-stream cost of `batchserve compare`"),
     Command(

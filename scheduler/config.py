@@ -30,6 +30,11 @@ class SchedulerConfig:
     # every mode: the waiting queue's order. fcfs: by arrival; priority: by the request's `priority` (lower first),
     # ties by arrival, and continuous mode preempts the lowest priority first (vLLM's --scheduling-policy)
     scheduling_policy: str = "fcfs"
+    # continuous mode under priority: when the seats, not the cache, are full, a waiting request whose priority
+    # beats the lowest-priority running one's by at least the threshold takes its seat at once (the displaced one
+    # is preempted, keeping its tokens). vLLM's scheduler does not do this (its issue 40004).
+    priority_preemption: bool = False
+    priority_preemption_threshold: int = 1
     # A Policy subclass by import path ("package.module:Class") to run instead of the mode's own policy; it keeps the
     # mode's seats and settings (docs/policies.md)
     policy: str | None = None
@@ -44,6 +49,18 @@ class SchedulerConfig:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.scheduling_policy not in SCHEDULING_POLICIES:
             raise ValueError(f"scheduling_policy must be one of {SCHEDULING_POLICIES}, got {self.scheduling_policy!r}")
+        if self.priority_preemption_threshold < 1:
+            raise ValueError(
+                f"--priority-preemption-threshold must be >= 1 (equal priorities never displace each other), got "
+                f"{self.priority_preemption_threshold}"
+            )
+        if self.priority_preemption and not self.by_priority:
+            raise ValueError("--priority-preemption needs --scheduling-policy priority")
+        if self.priority_preemption and self.mode is not Mode.CONTINUOUS:
+            raise ValueError(
+                "--priority-preemption needs --mode continuous: a batch of the other modes runs as one unit, and "
+                "nobody leaves it before it is done"
+            )
         if self.policy is not None and not _IMPORT_PATH.fullmatch(self.policy):
             raise ValueError(f"policy must be an import path MODULE:CLASS, got {self.policy!r}")
         if self.batch_timeout_ms < 0:
@@ -59,5 +76,11 @@ class SchedulerConfig:
 
     @property
     def seats(self) -> int:
-        """Sequences that can run at once in this mode: the engine rows it needs."""
+        """Sequences that can run at once in this mode."""
         return self.max_num_seqs if self.mode is Mode.CONTINUOUS else self.max_batch_size
+
+    @property
+    def engine_rows(self) -> int:
+        """The engine rows the mode needs: one per seat, and with priority preemption one more per seat, since a
+        displaced request keeps its row (its tokens) while it waits and the request that displaced it needs one."""
+        return 2 * self.seats if self.priority_preemption else self.seats

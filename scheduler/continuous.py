@@ -8,6 +8,11 @@ Thrash guard: a preempted sequence resumes only once its whole remaining length 
 reserved, and a sequence whose whole length is reserved is never chosen as a victim (it will finish without
 asking for more). Without this, a long sequence resumed in a tight cache was preempted again as soon as an
 older one needed a block, recomputing its whole context each time; now each request is preempted at most once.
+
+Priority preemption (--priority-preemption, under --scheduling-policy priority): when the seats, not the cache,
+are what is full, a waiting request whose priority beats the lowest-priority running one's by the threshold takes
+that one's seat in the same step; the displaced request is preempted as above and waits behind it. The thrash
+guard does not protect it: a stream of better requests may displace it again, each time recomputing its context.
 """
 
 from __future__ import annotations
@@ -33,16 +38,25 @@ class ContinuousPolicy(Policy):
                 plan.append((request, count))
                 budget -= count
         for request in self.admission_order(ctx, now):
-            if budget == 0 or ctx.free_seats == 0:
+            if ctx.free_seats == 0:
+                freed = self._displace(ctx, request, plan, budget)
+                if freed is None:
+                    break
+                budget += freed
+            if budget == 0:
                 break
             count = min(ctx.pending_tokens(request), budget)
-            # A preempted request comes back with its whole length reserved, so it is never preempted again.
-            total = request.max_total_tokens if request.num_preemptions else ctx.computed_tokens(request) + count
-            if not ctx.admit(request, total):
+            if not ctx.admit(request, self._admission_tokens(ctx, request, count)):
                 break  # nobody overtakes the first in line that does not fit
             plan.append((request, count))
             budget -= count
         return plan
+
+    @staticmethod
+    def _admission_tokens(ctx: PolicyContext, request: SequenceRequest, count: int) -> int:
+        """The cache a waiting request is admitted with, to compute `count` tokens. A preempted request comes back
+        with its whole length reserved, so it is never preempted for memory again."""
+        return request.max_total_tokens if request.num_preemptions else ctx.computed_tokens(request) + count
 
     def admission_order(self, ctx: PolicyContext, now: float) -> list[SequenceRequest]:
         """Who may join this step, first first: the queue's order (arrival, or priority). A subclass may reorder."""
@@ -64,11 +78,34 @@ class ContinuousPolicy(Policy):
         is that one."""
         if self.config.by_priority:
             growing = [c for c in ctx.running if c is request or ctx.reserved_tokens(c) < c.max_total_tokens]
-            return max(growing, key=lambda c: (c.priority, c.arrival))
+            return max(reversed(growing), key=lambda c: (c.priority, c.arrival))  # reversed: the newest of ties
         for candidate in reversed(ctx.running):
             if candidate is request or ctx.reserved_tokens(candidate) < candidate.max_total_tokens:
                 return candidate
         return request
+
+    def _displace(self, ctx: PolicyContext, request: SequenceRequest, plan: StepPlan, budget: int) -> int | None:
+        """--priority-preemption, when the seats are full: if `request` beats the lowest-priority running request
+        (the newest among equals) by the threshold, and the step's budget and that one's cache would let `request`
+        start, preempt it, take it out of this step's plan and return the budget it frees. None: nothing changed."""
+        if not self.config.priority_preemption or (request.num_preemptions == 0 and ctx.free_rows == 0):
+            return None  # off, or no engine row to seat a fresh request in: displacing would free a seat for nothing
+        seated = [r for r in ctx.running if r.status is RequestStatus.RUNNING]
+        if not seated:
+            return None
+        victim = max(reversed(seated), key=lambda r: (r.priority, r.arrival))  # reversed: the newest of ties
+        if victim.priority - request.priority < self.config.priority_preemption_threshold:
+            return None
+        freed = sum(count for r, count in plan if r is victim)
+        if budget + freed == 0:
+            return None
+        count = min(ctx.pending_tokens(request), budget + freed)
+        needed = self._admission_tokens(ctx, request, count) - ctx.computed_tokens(request)
+        if needed > ctx.free_cache_tokens + ctx.reserved_tokens(victim):
+            return None  # memory binds too: displacing would free the seat for nothing (blocks shared aside)
+        plan[:] = [(r, c) for r, c in plan if r is not victim]
+        ctx.preempt(victim)
+        return freed
 
     def on_finished(self, ctx: PolicyContext, request: SequenceRequest) -> None:
         if request.status is RequestStatus.FINISHED:  # nothing is held: its answer goes out at once

@@ -47,6 +47,10 @@ class Lifecycle:
         return self.seats - len(self._running)
 
     @property
+    def free_rows(self) -> int:
+        return self.engine.num_free_seats
+
+    @property
     def free_blocks(self) -> int:
         return self.engine.allocator.num_free
 

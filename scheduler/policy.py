@@ -34,6 +34,11 @@ class PolicyContext(Protocol):
     def free_seats(self) -> int: ...
 
     @property
+    def free_rows(self) -> int:
+        """Free engine rows. A fresh request needs one to be admitted; a preempted request kept its own (its
+        tokens), so rows can run out before seats do."""
+
+    @property
     def free_blocks(self) -> int:
         """Free KV cache blocks."""
 

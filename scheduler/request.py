@@ -31,6 +31,7 @@ class RequestTimings:
     num_preemptions: int
     batch_id: int | None
     num_cached_tokens: int = 0  # prompt tokens found in the prefix cache, not computed
+    priority: int = 0  # the request's priority (lower first under --scheduling-policy priority)
 
     @property
     def queue_time(self) -> float:
@@ -148,4 +149,5 @@ class SequenceRequest:
             num_preemptions=self.num_preemptions,
             batch_id=self.batch_id,
             num_cached_tokens=self.num_cached_tokens,
+            priority=self.priority,
         )

@@ -329,7 +329,7 @@ def build(
     scheduler.setdefault(seat_key, seats)
     config = SchedulerConfig(mode=mode, **scheduler)  # type: ignore[arg-type]
     engine_config = EngineConfig(
-        seats=config.seats,
+        seats=config.engine_rows,
         kv_cache_tokens=kv_cache_tokens,
         block_size=block_size,
         max_model_len=max_model_len,

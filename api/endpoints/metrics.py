@@ -1,4 +1,8 @@
-"""Prometheus metrics with vLLM-compatible names and a `mode` label, in a registry owned by the app."""
+"""Prometheus metrics with vLLM-compatible names and a `mode` label, in a registry owned by the app.
+
+Under --scheduling-policy priority, three more families split queue time, TTFT and preemptions by priority class
+(label `priority`); the vLLM names stay as they are, one series per mode, so existing dashboards keep working.
+"""
 
 from __future__ import annotations
 
@@ -32,16 +36,29 @@ _LATENCY_BUCKETS = (
     640.0,
 )
 _BATCH_BUCKETS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128, 256)
+# A priority is any integer; its label is the value from -PRIORITY_LABEL_LIMIT to PRIORITY_LABEL_LIMIT and one
+# open class beyond each end, so a client that sends many distinct priorities cannot grow the series without bound.
+PRIORITY_LABEL_LIMIT = 10
+
+
+def priority_label(priority: int) -> str:
+    if priority > PRIORITY_LABEL_LIMIT:
+        return f">{PRIORITY_LABEL_LIMIT}"
+    if priority < -PRIORITY_LABEL_LIMIT:
+        return f"<-{PRIORITY_LABEL_LIMIT}"
+    return str(priority)
 
 
 class ServerMetrics:
-    def __init__(self, mode: str, model_name: str) -> None:
+    def __init__(self, mode: str, model_name: str, by_priority: bool = False) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         self._labels = {"mode": mode, "model_name": model_name}
         names = list(self._labels)
 
-        def histogram(name: str, doc: str, buckets: Sequence[float] = _LATENCY_BUCKETS) -> Histogram:
-            return Histogram(name, doc, names, buckets=buckets, registry=self.registry)
+        def histogram(
+            name: str, doc: str, buckets: Sequence[float] = _LATENCY_BUCKETS, extra: Sequence[str] = ()
+        ) -> Histogram:
+            return Histogram(name, doc, [*names, *extra], buckets=buckets, registry=self.registry)
 
         def counter(name: str, doc: str) -> Counter:
             return Counter(name, doc, names, registry=self.registry)
@@ -81,6 +98,26 @@ class ServerMetrics:
         )
         self.prefix_queries = counter("vllm:prefix_cache_queries", "Prompt tokens looked up in the prefix cache")
         self.prefix_hits = counter("vllm:prefix_cache_hits", "Prompt tokens found in the prefix cache")
+        self.by_priority = by_priority
+        if by_priority:  # per priority class; a class's series appear with its first request, "0" at once
+            self.priority_queue = histogram(
+                "batchserve:request_queue_time_by_priority_seconds",
+                "Time spent waiting before the first step, by priority class",
+                extra=("priority",),
+            )
+            self.priority_ttft = histogram(
+                "batchserve:time_to_first_token_by_priority_seconds",
+                "Time to first token, by priority class",
+                extra=("priority",),
+            )
+            self.priority_preemptions = Counter(
+                "batchserve:request_preemptions_by_priority",
+                "Preemptions of finished requests, by priority class",
+                [*names, "priority"],
+                registry=self.registry,
+            )
+            for metric in (self.priority_queue, self.priority_ttft, self.priority_preemptions):
+                metric.labels(**self._labels, priority="0")
         # Create every labelled series now, so scrapes see zeros instead of missing series.
         for metric in (
             self.ttft,
@@ -143,6 +180,12 @@ class ServerMetrics:
         self.prefix_hits.labels(**labels).inc(timings.num_cached_tokens)
         self.generation_tokens.labels(**labels).inc(num_output_tokens)
         self.success.labels(**labels, finished_reason=finish_reason).inc()
+        if self.by_priority:
+            by_class = {**labels, "priority": priority_label(timings.priority)}
+            self.priority_queue.labels(**by_class).observe(timings.queue_time)
+            if timings.time_to_first_token is not None:
+                self.priority_ttft.labels(**by_class).observe(timings.time_to_first_token)
+            self.priority_preemptions.labels(**by_class).inc(timings.num_preemptions)
 
     def observe_failure(self) -> None:
         self.failures.labels(**self._labels).inc()

@@ -33,6 +33,7 @@ def timings_json(
         "e2e_time_ms": ms(timings.e2e_time),
         "num_steps": timings.num_steps,
         "num_preemptions": timings.num_preemptions,
+        "priority": timings.priority,
         "cached_tokens": timings.num_cached_tokens,
         "batch_id": timings.batch_id,
         "num_choices": num_choices,

@@ -32,6 +32,7 @@ from api.live.hub import EventHub
 from api.process.drain import drain
 from api.runtime.build import build_runner
 from api.scale_out.merge_metrics import LabelledMerge, exposition
+from scheduler.config import Mode
 from scheduler.fair_share import FairShareLoop
 from scheduler.lineup import DEFAULT, Entry, parse_lineup
 
@@ -41,8 +42,10 @@ DEFAULT_LINEUP = parse_lineup(DEFAULT)
 
 
 def mode_config(config: ServerConfig, entry: Entry) -> ServerConfig:
-    """The entry's server: its mode's seats and settings, and its plug-in policy if it is one."""
-    return dataclasses.replace(config, mode=entry.mode.value, policy=entry.policy)
+    """The entry's server: its mode's seats and settings, and its plug-in policy if it is one.
+    --priority-preemption is continuous mode's flag, as --max-num-seqs is: the other panes go without it."""
+    preemption = config.priority_preemption and entry.mode is Mode.CONTINUOUS
+    return dataclasses.replace(config, mode=entry.mode.value, policy=entry.policy, priority_preemption=preemption)
 
 
 def _mode_app(config: ServerConfig, name: str) -> tuple[Starlette, ServerState]:

@@ -150,6 +150,8 @@ def build_payload(spec: RequestSpec, config: ClientConfig) -> dict[str, Any]:
         payload["model"] = config.model
     if config.seed is not None:
         payload["seed"] = config.seed + spec.index
+    if spec.priority:
+        payload["priority"] = spec.priority
     if config.eos_policy is EosPolicy.IGNORE_EOS:
         payload["ignore_eos"] = True
     elif config.eos_policy is EosPolicy.HF_MIN_NEW_TOKENS:

@@ -39,6 +39,8 @@ class RequestSpec:
     # A conversation's later turn: sent once request `follows` has finished, its prompt being that request's
     # prompt, then its answer, then `prompt` (the new message). None: sent at its own arrival time.
     follows: int | None = None
+    # vLLM's `priority` field (lower first, for a server under --scheduling-policy priority); 0 is not sent
+    priority: int = 0
 
 
 @dataclass(frozen=True)
