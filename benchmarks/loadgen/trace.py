@@ -75,7 +75,7 @@ def write_trace(requests: Iterable[TraceRequest], path: Path) -> Path:
 
 def read_trace(path: Path) -> list[TraceRequest]:
     """Requests sorted by arrival (`follows` renumbered to match); a bad line is a ValueError naming it."""
-    requests = []
+    requests: list[TraceRequest] = []
     for line_no, line in enumerate(Path(path).read_text().splitlines(), start=1):
         if not line.strip():
             continue
@@ -131,7 +131,7 @@ def synthesize(workload: WorkloadConfig, arrivals: ArrivalConfig) -> list[TraceR
     --ignore-eos."""
     specs = build_workload(workload)
     offsets = arrival_offsets(arrivals, len(specs))
-    trace = []
+    trace: list[TraceRequest] = []
     for spec, offset in zip(specs, offsets, strict=True):
         prompt_tokens = max(1, spec.prompt_tokens)
         if spec.follows is not None:  # sent when the previous turn ends: no earlier than it
@@ -183,7 +183,7 @@ def from_records(records: Sequence[RequestRecord]) -> list[TraceRequest]:
     """A real run as a trace: each request's arrival at the server (`server_arrivals`), the server's token counts
     (usage) where reported, and the tokens it produced. Failed requests are kept with their asked-for lengths:
     they arrived too."""
-    trace = []
+    trace: list[TraceRequest] = []
     for arrival, r in replay_order(records):
         output = r.output_tokens if r.ok and 1 <= r.output_tokens <= r.max_tokens else None
         trace.append(TraceRequest(arrival, trace_prompt_tokens(r), r.max_tokens, output))
