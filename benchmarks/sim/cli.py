@@ -104,7 +104,9 @@ def build_parser() -> argparse.ArgumentParser:
         "steps longer (cost.json's served probe, when it ran its busy phase)",
     )
     g = parser.add_argument_group("workload")
-    g.add_argument("--workload", default=_W.name, help="mixed, uniform, long-prompt, or a FILE.jsonl trace")
+    g.add_argument(
+        "--workload", default=_W.name, help="mixed, uniform, long-prompt, multi-turn, shared-prefix, or FILE.jsonl"
+    )
     g.add_argument("--num-prompts", type=int, default=_W.num_prompts)
     g.add_argument("--seed", type=int, default=_W.seed)
     g.add_argument("--input-len", type=int, default=_W.input_len)
