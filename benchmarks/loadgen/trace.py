@@ -6,6 +6,13 @@
 below `max_tokens` it replays a natural stop (EOS). A trace comes from a real run (`python -m benchmarks ab
 --export-workload`, or `python -m benchmarks trace` afterwards) or is synthesised from the same workload and arrival
 generators the A/B command uses.
+
+Optional prefix identity, for the simulator's prefix cache: `"prefix_id": "system", "prefix_tokens": 555` (the
+prompt starts with the first 555 tokens of the prefix named "system", shared with every line naming it), or
+`"follows": 3` (a conversation's next turn: sent once the file's request 3, counted from 0, has finished, its
+prompt being that request's prompt and answer, then its own tokens; `arrival_s` is then the earliest it may
+arrive). Without them a line shares no token with another. Synthesised multi-turn and shared-prefix traces carry
+them; traces exported from real runs do not yet.
 """
 
 from __future__ import annotations
@@ -13,7 +20,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from benchmarks.loadgen.arrivals import ArrivalConfig, arrival_offsets
@@ -28,6 +35,9 @@ class TraceRequest:
     prompt_tokens: int
     max_tokens: int
     output_tokens: int | None = None
+    prefix_id: str | None = None  # the prompt starts with this shared prefix's first prefix_tokens tokens
+    prefix_tokens: int = 0
+    follows: int | None = None  # index of the earlier request whose prompt and answer this prompt starts with
 
     def __post_init__(self) -> None:
         if not (self.arrival_s >= 0 and math.isfinite(self.arrival_s)):
@@ -36,15 +46,24 @@ class TraceRequest:
             raise ValueError(f"prompt_tokens and max_tokens must be >= 1, got {self.prompt_tokens}, {self.max_tokens}")
         if self.output_tokens is not None and not 1 <= self.output_tokens <= self.max_tokens:
             raise ValueError(f"output_tokens must be in 1..max_tokens ({self.max_tokens}), got {self.output_tokens}")
+        if (self.prefix_id is None) != (self.prefix_tokens == 0) or not 0 <= self.prefix_tokens <= self.prompt_tokens:
+            got = f"{self.prefix_id!r}, {self.prefix_tokens}"
+            raise ValueError(f"prefix_id and prefix_tokens (1..prompt_tokens) go together, got {got}")
+        if self.follows is not None and (self.follows < 0 or self.prefix_id is not None):
+            raise ValueError(f"follows must be an earlier line's index >= 0, without a prefix_id, got {self.follows}")
 
-    def to_json(self) -> dict[str, float | int]:
-        row: dict[str, float | int] = {
+    def to_json(self) -> dict[str, float | int | str]:
+        row: dict[str, float | int | str] = {
             "arrival_s": round(self.arrival_s, 6),
             "prompt_tokens": self.prompt_tokens,
             "max_tokens": self.max_tokens,
         }
         if self.output_tokens is not None:
             row["output_tokens"] = self.output_tokens
+        if self.prefix_id is not None:
+            row["prefix_id"], row["prefix_tokens"] = self.prefix_id, self.prefix_tokens
+        if self.follows is not None:
+            row["follows"] = self.follows
         return row
 
 
@@ -55,27 +74,49 @@ def write_trace(requests: Iterable[TraceRequest], path: Path) -> Path:
 
 
 def read_trace(path: Path) -> list[TraceRequest]:
-    """Requests sorted by arrival; a bad line is a ValueError naming it."""
-    requests = []
+    """Requests sorted by arrival (`follows` renumbered to match); a bad line is a ValueError naming it."""
+    requests: list[TraceRequest] = []
     for line_no, line in enumerate(Path(path).read_text().splitlines(), start=1):
         if not line.strip():
             continue
         try:
             row = json.loads(line)
-            output = row.get("output_tokens")
+            output, prefix, follows = row.get("output_tokens"), row.get("prefix_id"), row.get("follows")
+            if prefix is not None and not isinstance(prefix, str):
+                raise ValueError(f"prefix_id must be a string, got {prefix!r}")
+            if follows is not None and not 0 <= _int(follows) < len(requests):
+                raise ValueError(f"follows must name an earlier line (0..{len(requests) - 1}), got {follows}")
             requests.append(
                 TraceRequest(
                     float(row["arrival_s"]),
                     _int(row["prompt_tokens"]),
                     _int(row["max_tokens"]),
                     None if output is None else _int(output),
+                    prefix,
+                    _int(row.get("prefix_tokens", 0)),
+                    follows,
                 )
             )
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
             raise ValueError(f"{path}:{line_no}: {exc}") from exc
     if not requests:
         raise ValueError(f"{path} has no requests")
-    return sorted(requests, key=lambda r: r.arrival_s)
+    return sort_by_arrival(requests)
+
+
+def sort_by_arrival(requests: Sequence[TraceRequest]) -> list[TraceRequest]:
+    """The requests in arrival order (ties keep their order), each `follows` pointing at the same request after."""
+    order = sorted(range(len(requests)), key=lambda i: requests[i].arrival_s)
+    position = {old: new for new, old in enumerate(order)}
+    moved = []
+    for old in order:
+        r = requests[old]
+        if r.follows is not None:
+            if requests[r.follows].arrival_s > r.arrival_s:
+                raise ValueError(f"request {old} follows request {r.follows}, which arrives after it")
+            r = replace(r, follows=position[r.follows])
+        moved.append(r)
+    return moved
 
 
 def _int(value: object) -> int:
@@ -90,7 +131,18 @@ def synthesize(workload: WorkloadConfig, arrivals: ArrivalConfig) -> list[TraceR
     --ignore-eos."""
     specs = build_workload(workload)
     offsets = arrival_offsets(arrivals, len(specs))
-    return [TraceRequest(t, max(1, s.prompt_tokens), s.max_tokens) for s, t in zip(specs, offsets, strict=True)]
+    trace: list[TraceRequest] = []
+    for spec, offset in zip(specs, offsets, strict=True):
+        prompt_tokens = max(1, spec.prompt_tokens)
+        if spec.follows is not None:  # sent when the previous turn ends: no earlier than it
+            leader = trace[spec.follows].arrival_s
+            trace.append(TraceRequest(leader, prompt_tokens, spec.max_tokens, follows=spec.follows))
+        elif spec.prefix is not None:
+            name, tokens = spec.prefix
+            trace.append(TraceRequest(offset, prompt_tokens, spec.max_tokens, None, name, min(tokens, prompt_tokens)))
+        else:
+            trace.append(TraceRequest(offset, prompt_tokens, spec.max_tokens))
+    return trace
 
 
 def _stamp(record: RequestRecord) -> float | None:
@@ -131,7 +183,7 @@ def from_records(records: Sequence[RequestRecord]) -> list[TraceRequest]:
     """A real run as a trace: each request's arrival at the server (`server_arrivals`), the server's token counts
     (usage) where reported, and the tokens it produced. Failed requests are kept with their asked-for lengths:
     they arrived too."""
-    trace = []
+    trace: list[TraceRequest] = []
     for arrival, r in replay_order(records):
         output = r.output_tokens if r.ok and 1 <= r.output_tokens <= r.max_tokens else None
         trace.append(TraceRequest(arrival, trace_prompt_tokens(r), r.max_tokens, output))

@@ -41,6 +41,8 @@ class RequestSpec:
     follows: int | None = None
     # vLLM's `priority` field (lower first, for a server under --scheduling-policy priority); 0 is not sent
     priority: int = 0
+    # A prefix shared with other requests: (its name, its tokens, estimated), for the simulator's prefix cache.
+    prefix: tuple[str, int] | None = None
 
 
 @dataclass(frozen=True)
@@ -188,7 +190,10 @@ def _multi_turn(config: WorkloadConfig, rng: np.random.Generator) -> list[Reques
         message = f"\nUser: {make_prompt(rng, n_words)}\nAssistant:"
         answer = int(rng.integers(config.turn_output_min, config.turn_output_max + 1))
         if turn == 0:
-            spec = RequestSpec(index, system + message, answer, config.system_prompt_words + n_words, "first-turn")
+            tokens = config.system_prompt_words + n_words
+            spec = RequestSpec(
+                index, system + message, answer, tokens, "first-turn", prefix=("system", config.system_prompt_words)
+            )
         else:
             history = specs[-1].prompt_tokens + specs[-1].max_tokens
             spec = RequestSpec(index, message, answer, history + n_words, "later-turn", follows=index - 1)
@@ -202,8 +207,11 @@ def _shared_prefix(config: WorkloadConfig, rng: np.random.Generator) -> list[Req
     specs = []
     for index in range(config.num_prompts):
         n_words = _short_prompt_len(config, rng)
-        prompt = f"{prefixes[index % config.prefix_groups]}\nQuestion: {make_prompt(rng, n_words)}\nAnswer:"
-        specs.append(RequestSpec(index, prompt, config.prefix_output, config.prefix_words + n_words, "shared-prefix"))
+        group = index % config.prefix_groups
+        prompt = f"{prefixes[group]}\nQuestion: {make_prompt(rng, n_words)}\nAnswer:"
+        tokens = config.prefix_words + n_words
+        prefix = (f"group {group}", config.prefix_words)
+        specs.append(RequestSpec(index, prompt, config.prefix_output, tokens, "shared-prefix", prefix=prefix))
     return specs
 
 

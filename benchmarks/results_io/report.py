@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.loadgen.run import RunResult, rate_to_json
+from benchmarks.loadgen.summaries import percentile
 from benchmarks.results_io.machine import machine_facts
 
 _SWEEP_PREFIX = "sweep-"  # raw/<prefix><run name>-<rate>.json; main runs are raw/<run name>.json
@@ -120,23 +121,17 @@ def by_kind(run: RunResult) -> dict[str, dict[str, float | int | None]]:
     kinds: dict[str, dict[str, float | int | None]] = {}
     for kind in sorted({record.kind for record in run.records}):
         records = [r for r in run.records if r.kind == kind and r.ok]
-        ttfts = sorted(1000.0 * r.ttft for r in records if r.ttft is not None)
+        ttfts = [1000.0 * r.ttft for r in records if r.ttft is not None]
         cached = [int((r.server_timings or {}).get("cached_tokens") or 0) for r in records]
         prompt = [r.counted_prompt_tokens for r in records]
         kinds[kind] = {
             "requests": len(records),
-            "ttft_p50_ms": _quantile(ttfts, 0.5),
-            "ttft_p99_ms": _quantile(ttfts, 0.99),
+            "ttft_p50_ms": percentile(ttfts, 50) if ttfts else None,  # interpolated, as every other table's
+            "ttft_p99_ms": percentile(ttfts, 99) if ttfts else None,
             "mean_prompt_tokens": sum(prompt) / len(prompt) if prompt else None,
             "mean_cached_tokens": sum(cached) / len(cached) if cached else None,
         }
     return kinds
-
-
-def _quantile(sorted_values: Sequence[float], q: float) -> float | None:
-    if not sorted_values:
-        return None
-    return sorted_values[min(len(sorted_values) - 1, int(q * len(sorted_values)))]
 
 
 def kind_table(runs: Mapping[str, RunResult]) -> str:

@@ -15,6 +15,7 @@ report and plots as `benchmarks.online.ab`, marked as simulated.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import shlex
@@ -30,7 +31,7 @@ from benchmarks.loadgen.flags import add_seats_argument, parse_rates
 from benchmarks.loadgen.run import RunResult, rate_to_json
 from benchmarks.loadgen.trace import TraceRequest, read_exported, read_trace, synthesize
 from benchmarks.loadgen.workloads import WORKLOADS, WorkloadConfig
-from benchmarks.results_io.report import ABOutcome, columns_table
+from benchmarks.results_io.report import NO_CACHE_SUFFIX, ABOutcome, columns_table
 from benchmarks.results_io.tables import format_run
 from benchmarks.sim.cluster import ROUTERS
 from benchmarks.sim.cost.files import BusyArrival, load_busy_arrival, load_fitted, load_request_overhead
@@ -70,6 +71,12 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--queue-timeout-s", type=float, default=None)
     g.add_argument("--max-model-len", type=int, default=DEFAULT_MAX_MODEL_LEN)
     g.add_argument("--kv-cache-tokens", type=int, default=None, help="default: seats x max-model-len (GPU: capped)")
+    g.add_argument(
+        "--prefix-caching",
+        choices=("on", "off", "both"),
+        default="on",
+        help="the engine's prefix caching, as `ab`'s flag; both: each mode also runs with it off, as <mode>-nocache",
+    )
     g = parser.add_argument_group("cost model (one of)")
     g.add_argument("--cost-model", type=Path, default=None, help="cost.json from `python -m benchmarks fit-cost`")
     g.add_argument("--gpu", choices=sorted(GPUS), default=None, help="roofline projection for this GPU")
@@ -105,11 +112,17 @@ def build_parser() -> argparse.ArgumentParser:
         "steps longer (cost.json's served probe, when it ran its busy phase)",
     )
     g = parser.add_argument_group("workload")
-    g.add_argument("--workload", default=_W.name, help="mixed, uniform, long-prompt, or a FILE.jsonl trace")
+    g.add_argument(
+        "--workload", default=_W.name, help="mixed, uniform, long-prompt, multi-turn, shared-prefix, or FILE.jsonl"
+    )
     g.add_argument("--num-prompts", type=int, default=_W.num_prompts)
     g.add_argument("--seed", type=int, default=_W.seed)
     g.add_argument("--input-len", type=int, default=_W.input_len)
     g.add_argument("--output-len", type=int, default=_W.output_len)
+    g.add_argument("--turns", type=int, default=_W.turns, help="multi-turn: turns per conversation")
+    g.add_argument("--system-prompt-words", type=int, default=_W.system_prompt_words, help="multi-turn")
+    g.add_argument("--prefix-groups", type=int, default=_W.prefix_groups, help="shared-prefix: distinct prefixes")
+    g.add_argument("--prefix-words", type=int, default=_W.prefix_words, help="shared-prefix: words of each prefix")
     g.add_argument("--request-rate", type=float, default=_A.request_rate, help="req/s; inf: all at once")
     g.add_argument("--burstiness", type=float, default=_A.burstiness)
     g.add_argument("--sweep-rates", default=None, help="e.g. 0.5,1,2,inf: rerun each mode at each rate")
@@ -199,6 +212,10 @@ def trace_for(args: argparse.Namespace, rate: float, num_prompts: int | None = N
         seed=args.seed,
         input_len=args.input_len,
         output_len=args.output_len,
+        turns=args.turns,
+        system_prompt_words=args.system_prompt_words,
+        prefix_groups=args.prefix_groups,
+        prefix_words=args.prefix_words,
     )
     return synthesize(workload, ArrivalConfig(request_rate=rate, burstiness=args.burstiness, seed=args.seed))
 
@@ -248,16 +265,23 @@ def simulation_settings(args: argparse.Namespace) -> tuple[CostModel, dict[str, 
     settings = {
         name: SimSettings(
             c,
-            engine_config(args, c, gpu_tokens),
+            dataclasses.replace(engine_config(args, c, gpu_tokens), enable_prefix_caching=caching),
             with_served_extra(cost, extras, c.mode.value),  # a plug-in pays what its mode's served steps pay
             args.replicas,
             args.router,
             request_overhead_s=overhead,
             busy_arrival=busy,
         )
-        for name, c in scheduler_configs(args).items()
+        for caching, suffix in prefix_caching_runs(args.prefix_caching)
+        for run, c in scheduler_configs(args).items()
+        for name in [run + suffix]
     }
     return cost, settings
+
+
+def prefix_caching_runs(flag: str) -> list[tuple[bool, str]]:
+    """--prefix-caching: (caching on, run name suffix) per run of each mode, as `ab` names them."""
+    return {"on": [(True, "")], "off": [(False, "")], "both": [(True, ""), (False, NO_CACHE_SUFFIX)]}[flag]
 
 
 def check_workload(args: argparse.Namespace, sweep_rates: Sequence[float]) -> None:
@@ -395,6 +419,7 @@ def _settings_doc(args: argparse.Namespace, cost: CostModel, settings: dict[str,
         "request_rate": rate_to_json(args.request_rate),
         "burstiness": args.burstiness,
         "kv_cache_tokens": engine.kv_cache_tokens,
+        "prefix_caching": args.prefix_caching,
         "max_model_len": args.max_model_len,
         "replicas": args.replicas,
         "router": args.router,

@@ -7,12 +7,15 @@ policy's deadline (a batch timeout). A request that arrives during a step is sub
 taken from the inbox at the next step boundary, as on the real server.
 
 Replicas run independently; before each arrival every replica is advanced to that time, so the router sees their
-state as it is then. `round-robin` takes them in turn; `least-loaded` picks the one with the fewest requests
-submitted and not yet released (ties: the lowest index).
+state as it is then. A conversation's next turn (an arrival that `follows` another) arrives when the request it
+follows has ended (plus the client's time outside the steps), as the load generator sends it: replicas stop at
+that request's last step so that no step runs without it. `round-robin` takes them in turn; `least-loaded` picks
+the one with the fewest requests submitted and not yet released (ties: the lowest index).
 """
 
 from __future__ import annotations
 
+import heapq
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -88,11 +91,14 @@ class Replica:
         self._stalled_step_end = -math.inf
         self.outstanding = 0  # submitted, not released: what a least-loaded router balances
 
-    def advance_to(self, t: float) -> None:
-        """Run every step that starts before `t` (the last may end after it); idle time jumps to deadlines."""
+    def advance_to(self, t: float, stop: Callable[[], bool] = lambda: False) -> None:
+        """Run every step that starts before `t` (the last may end after it), or until `stop()` holds after a step;
+        idle time jumps to deadlines."""
         scheduler, clock = self.scheduler, self.clock
         while clock.now < t:
             if scheduler.step() is not None:
+                if stop():
+                    return
                 continue
             deadline = scheduler.next_deadline()
             if deadline is None or deadline >= t:
@@ -101,13 +107,15 @@ class Replica:
             # A deadline that float rounding left a hair short of firing is retried one ulp later.
             clock.now = deadline if deadline > clock.now else math.nextafter(clock.now, math.inf)
 
-    def drain(self, limit_s: float = 1e9) -> None:
-        """Run until every submitted request is released."""
+    def drain(self, limit_s: float = 1e9, stop: Callable[[], bool] = lambda: False) -> None:
+        """Run until every submitted request is released, or until `stop()` holds after a step."""
         scheduler, clock = self.scheduler, self.clock
         while scheduler.has_pending_work():
             if clock.now > limit_s:
                 raise StuckError(f"requests still pending after {limit_s} simulated seconds")
             if scheduler.step() is not None:
+                if stop():
+                    return
                 continue
             deadline = scheduler.next_deadline()
             if deadline is None:
@@ -158,38 +166,82 @@ def make_router(name: str) -> Router:
 
 @dataclass(frozen=True)
 class Arrival:
-    """A request to replay: its arrival time, a factory for its `SequenceRequest` (given the sink), and the
-    output length to replay, if any."""
+    """A request to replay: its arrival time, a factory for its `SequenceRequest` (given the sink), the output
+    length to replay, if any, and the earlier arrival whose end it waits for, if any (then `time` is the earliest
+    it may arrive)."""
 
     time: float
     make_request: Callable[[EventSink], SequenceRequest]
     output_tokens: int | None = None
+    follows: int | None = None
 
 
-def replay(arrivals: Sequence[Arrival], replicas: Sequence[Replica], router: Router) -> list[RequestTrace]:
-    """Replay the arrivals (sorted by time) through the router; returns one trace per arrival, in order."""
-    traces: list[RequestTrace] = []
+def replay(
+    arrivals: Sequence[Arrival], replicas: Sequence[Replica], router: Router, follow_gap_s: float = 0.0
+) -> list[RequestTrace]:
+    """Replay the arrivals (sorted by time) through the router; returns one trace per arrival, in order. An arrival
+    that follows another arrives `follow_gap_s` after that one's release, or at its own time if later."""
+    traces: list[RequestTrace | None] = [None] * len(arrivals)
+    ready = [(a.time, i) for i, a in enumerate(arrivals) if a.follows is None]  # a heap: (arrival, index)
+    followers: dict[int, list[int]] = {}
     for index, arrival in enumerate(arrivals):
+        if arrival.follows is not None:
+            followers.setdefault(arrival.follows, []).append(index)
+    woken: list[int] = []  # leaders that ended during the last step: their followers arrive now
+
+    def wake(leader: int, ended: float) -> None:
+        if leader in followers:
+            for index in followers.pop(leader):
+                heapq.heappush(ready, (max(arrivals[index].time, ended + follow_gap_s), index))
+            woken.append(leader)
+
+    while True:
+        woken.clear()
+        t = ready[0][0] if ready else math.inf
         for replica in replicas:
-            replica.advance_to(arrival.time)
-        target = router(replicas, index)
-        replica = replicas[target]
-        trace = RequestTrace(target, arrival.time, busy_arrival=replica.busy_at(arrival.time))
+            if math.isinf(t):
+                replica.drain(stop=lambda: bool(woken))
+            else:
+                replica.advance_to(t, stop=lambda: bool(woken))
+            if woken:
+                break
+        if woken:
+            continue  # an arrival earlier than t may have become ready
+        if not ready:
+            break
+        t, index = heapq.heappop(ready)
+        traces[index] = trace = _submit(arrivals[index], index, t, replicas, router, wake)
+        if trace.error is not None:
+            wake(index, t)  # refused: the client sends the next turn at once
+    if followers:
+        raise StuckError(f"arrivals follow requests that never ended: {sorted(followers)}")
+    return [trace for trace in traces if trace is not None]
 
-        def sink(event: RequestEvent, trace: RequestTrace = trace, replica: Replica = replica) -> None:
-            trace.on_event(event)
-            if trace.finish is not None and isinstance(event, FinishEvent):
-                replica.released()
 
-        request = arrival.make_request(sink)
-        try:
-            accepted = replica.submit(request, arrival.time, arrival.output_tokens)
-        except ValueError as exc:  # the engine's input checks (EngineInputError): the API's 400
-            trace.error = f"HTTP 400: {exc}"
-        else:
-            if not accepted:
-                trace.error = "HTTP 429: the waiting queue is full"
-        traces.append(trace)
-    for replica in replicas:
-        replica.drain()
-    return traces
+def _submit(
+    arrival: Arrival,
+    index: int,
+    t: float,
+    replicas: Sequence[Replica],
+    router: Router,
+    ended: Callable[[int, float], None],
+) -> RequestTrace:
+    target = router(replicas, index)
+    replica = replicas[target]
+    trace = RequestTrace(target, t, busy_arrival=replica.busy_at(t))
+
+    def sink(event: RequestEvent) -> None:
+        trace.on_event(event)
+        if trace.finish is not None and isinstance(event, FinishEvent):
+            replica.released()
+            ended(index, event.timings.released)
+
+    request = arrival.make_request(sink)
+    try:
+        accepted = replica.submit(request, t, arrival.output_tokens)
+    except ValueError as exc:  # the engine's input checks (EngineInputError): the API's 400
+        trace.error = f"HTTP 400: {exc}"
+    else:
+        if not accepted:
+            trace.error = "HTTP 429: the waiting queue is full"
+    return trace

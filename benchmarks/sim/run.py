@@ -17,11 +17,12 @@ from benchmarks.sim.cluster import Arrival, Replica, RequestTrace, StepTally, ma
 from benchmarks.sim.cost.files import BusyArrival
 from benchmarks.sim.cost.model import CostModel
 from benchmarks.sim.engine import SimEngine, VirtualClock
+from benchmarks.sim.prompts import PromptIds
 from engine.config import EngineConfig
 from engine.sampling_params import SamplingParams
 from scheduler.config import SchedulerConfig
 from scheduler.core import Scheduler
-from scheduler.request import EventSink, SequenceRequest
+from scheduler.request import EventSink, RequestEvent, SequenceRequest, TokenEvent
 
 
 @dataclass(frozen=True)
@@ -55,6 +56,11 @@ def simulate_trace(
 ) -> RunResult:
     replicas = [build_replica(settings) for _ in range(settings.replicas)]
     params: dict[int, SamplingParams] = {}  # one per distinct max_tokens: they are immutable
+    ids = PromptIds()
+    leaders = {item.follows for item in trace if item.follows is not None}
+    prompts: dict[int, Sequence[int]] = {}  # the prompts of requests that others follow, and what they generated
+    answered: dict[int, int] = {}
+    lengths: dict[int, int] = {}  # each sent prompt's tokens (a next turn's depends on the answers before it)
 
     def arrival(index: int, item: TraceRequest) -> Arrival:
         sampling = params.get(item.max_tokens)
@@ -62,16 +68,24 @@ def simulate_trace(
             sampling = params[item.max_tokens] = SamplingParams(max_tokens=item.max_tokens, temperature=0.0)
 
         def make(sink: EventSink) -> SequenceRequest:
-            # range(): a prompt of the right length without a list of ids; nothing reads simulated ids
-            return SequenceRequest(f"sim-{index}", range(item.prompt_tokens), sampling, sink)
+            if item.follows is None:  # a range unless it starts with a named prefix: no list of ids to build
+                prompt = ids.prompt(index, item.prompt_tokens, item.prefix_id, item.prefix_tokens)
+            else:
+                prompt = ids.follower(index, item.prompt_tokens, prompts[item.follows], answered[item.follows])
+            lengths[index] = len(prompt)
+            if index in leaders:
+                prompts[index], answered[index] = prompt, 0
+                sink = _counting(sink, answered, index)
+            return SequenceRequest(f"sim-{index}", prompt, sampling, sink)
 
-        return Arrival(item.arrival_s, make, item.output_tokens)
+        return Arrival(item.arrival_s, make, item.output_tokens, item.follows)
 
     arrivals = [arrival(i, item) for i, item in enumerate(trace)]
-    traces = replay(arrivals, replicas, make_router(settings.router))
+    traces = replay(arrivals, replicas, make_router(settings.router), follow_gap_s=settings.request_overhead_s)
     mode = settings.scheduler.mode.value
     records = tuple(
-        _record(i, item, t, mode, _overhead(settings, t)) for i, (item, t) in enumerate(zip(trace, traces, strict=True))
+        _record(i, item, t, mode, _overhead(settings, t), lengths.get(i, item.prompt_tokens), _kind(item, t, leaders))
+        for i, (item, t) in enumerate(zip(trace, traces, strict=True))
     )
     start = min((r.arrival_s for r in trace), default=0.0)
     end = max((r.end_time for r in records), default=start)
@@ -85,12 +99,33 @@ def simulate_trace(
     )
 
 
+def _counting(sink: EventSink, answered: dict[int, int], index: int) -> EventSink:
+    """The sink, counting the tokens the request generates into `answered[index]` (its next turn holds them)."""
+
+    def counted(event: RequestEvent) -> None:
+        if type(event) is TokenEvent:
+            answered[index] += 1
+        sink(event)
+
+    return counted
+
+
+def _kind(item: TraceRequest, trace: RequestTrace, leaders: set[int]) -> str:
+    """The replica, and in a trace of conversations the turn as the load generator names it (first or later)."""
+    if not leaders:
+        return f"replica-{trace.replica}"
+    turn = "later-turn" if item.follows is not None else "first-turn"
+    return turn if trace.replica == 0 else f"{turn}@replica-{trace.replica}"
+
+
 def _overhead(settings: SimSettings, trace: RequestTrace) -> float:
     """The request's time outside the steps: more for one that arrived while a step ran."""
     return settings.request_overhead_s + (settings.busy_arrival.outside_s if trace.busy_arrival else 0.0)
 
 
-def _record(index: int, item: TraceRequest, trace: RequestTrace, mode: str, overhead_s: float) -> RequestRecord:
+def _record(
+    index: int, item: TraceRequest, trace: RequestTrace, mode: str, overhead_s: float, prompt_tokens: int, kind: str
+) -> RequestRecord:
     """The client's view: every time the scheduler produced, later by the request's time outside the steps."""
     finish = trace.finish
     error = trace.error
@@ -98,20 +133,20 @@ def _record(index: int, item: TraceRequest, trace: RequestTrace, mode: str, over
         error = "the simulation ended before the request finished"
     if error is None and finish is not None and not finish.outcome.completed:
         error = f"request ended with {finish.outcome.value}: {finish.error}"
-    end = (finish.timings.released if finish is not None else item.arrival_s) + overhead_s
+    end = (finish.timings.released if finish is not None else trace.arrival) + overhead_s
     tokens = tuple(t + overhead_s for t in trace.token_times)
     return RequestRecord(
         index=index,
-        kind=f"replica-{trace.replica}",
+        kind=kind,
         max_tokens=item.max_tokens,
         prompt_tokens_est=item.prompt_tokens,
-        scheduled_time=item.arrival_s,
-        send_time=item.arrival_s,
+        scheduled_time=trace.arrival,
+        send_time=trace.arrival,
         first_token_time=tokens[0] if tokens else None,
         chunk_times=tokens,
         end_time=end,
         output_tokens=len(tokens),
-        prompt_tokens=item.prompt_tokens,
+        prompt_tokens=prompt_tokens,
         usage_reported=True,
         server_timings=None if finish is None else timings_json(finish.timings, 1),
         finish_reason=None if finish is None else finish.outcome.value,

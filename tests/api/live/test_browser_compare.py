@@ -20,6 +20,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from selenium.webdriver.support.ui import WebDriverWait
 
 from benchmarks.loadgen.server_proc import LaunchConfig, ServerProcess
 from benchmarks.page.driver import (
@@ -217,6 +218,58 @@ def test_three_panes_side_by_side_each_show_their_requests_finishing(browser, th
         assert browser_errors(browser) == []
     finally:
         browser.set_window_size(1600, 1000)
+
+
+# The widest run of canvas pixels in the cached band's colour (--cached, #56b4e9), per pixel row, in CSS pixels.
+_CACHED_BAND_WIDTH_JS = """
+const canvas = document.getElementById(arguments[0]);
+const { width, height } = canvas;
+const pixels = canvas.getContext("2d").getImageData(0, 0, width, height).data;
+const target = [0x56, 0xb4, 0xe9];
+let widest = 0;
+for (let y = 0; y < height; y += 1) {
+  let run = 0;
+  for (let x = 0; x < width; x += 1) {
+    const i = (y * width + x) * 4;
+    const near = target.every((value, c) => Math.abs(pixels[i + c] - value) <= 16);
+    run = near ? run + 1 : 0;
+    if (run > widest) widest = run;
+  }
+}
+return widest / (window.devicePixelRatio || 1);
+"""
+
+
+def test_compare_page_shows_the_cached_share_of_a_re_sent_prompt(browser, compare_server: str, tmp_path: Path) -> None:
+    """The same six prompts sent twice: the second time each finds its prompt's full blocks in its mode's prefix
+    cache (the event stream's `admitted` carries cached_tokens), and in each pane the prefill bars of that workload
+    carry the cached band: counted by the lanes (data-drawn-cached) and there on the canvas, in the band's colour."""
+    load_page(browser, compare_server, api_key=API_KEY)
+    earlier = browser_errors(browser)  # only the refusal that made the page ask for its key, if this tab had none
+    assert all("/v1/compare/modes" in e and "401" in e for e in earlier), earlier
+    # Six short prompts of 18-33 tokens each (at least one full 16-token block), two tokens of answer: the window
+    # that fits the last workload is mostly its prefill step, so the band is wide.
+    again = PageWorkload(kind="uniform", count=SEATS, short_tokens=2, long_tokens=2)
+    send_workload(browser, again)
+    wait_workload_done(browser, WAIT_S)
+    # The page takes one workload a second at most, and says so: press send until it takes the second.
+    WebDriverWait(browser, WAIT_S, poll_frequency=0.25).until(
+        lambda d: send_workload(d, again) or "a second at most" not in d.find_element("id", "workload-note").text
+    )
+    wait_workload_done(browser, WAIT_S)
+    for mode in ("dynamic", "continuous"):
+        _assert_all_finished(request_boxes(browser, mode), 2 * SEATS, {"uniform"})  # both workloads' boxes
+        # every prefill of the re-sent workload read its prompt's first block(s) from the cache
+        WebDriverWait(browser, WAIT_S, poll_frequency=0.1).until(
+            lambda d, mode=mode: drawn_bars(d, mode, "cached") >= SEATS
+        )
+    pause(browser)
+    for mode in ("dynamic", "continuous"):
+        assert drawn_bars(browser, mode, "cached") >= SEATS
+        width = browser.execute_script(_CACHED_BAND_WIDTH_JS, f"lanes-{mode}")
+        assert width >= 2, f"{mode}: no band in the cached colour on the lanes"
+    save_screenshot(browser, tmp_path / "cached.png")
+    assert browser_errors(browser) == []
 
 
 def test_compare_page_refuses_more_requests_than_max_prompts(browser, compare_server: str) -> None:

@@ -191,3 +191,16 @@ def test_kinds_and_prefix_caching_on_against_off_are_reported(tmp_path: Path) ->
     assert "## By request kind" in markdown and "## Prefix caching on against off" in markdown
     document = json.loads(written["result.json"].read_text())
     assert document["prefix_caching_ratios"]["continuous"]["ttft_p50_off_over_on[later-turn]"] == pytest.approx(4.0)
+
+
+def test_per_kind_ttft_percentiles_interpolate_as_the_summaries_do() -> None:
+    """Four later turns at 10, 20, 30 and 40 ms: p50 25 ms and p99 39.7 ms (linear between ranks, vLLM's and the
+    headline table's method), not the nearest rank's 30 and 40."""
+    records = []
+    for i, ttft in enumerate((0.04, 0.01, 0.03, 0.02)):
+        base = _record(i, 0.1 * i, ttft, 0.3, 0.0, True)
+        records.append(RequestRecord(**{**base.to_dict(), "kind": "later-turn"}))
+    run = RunResult("c", math.inf, 1.0, summarize(tuple(records), 1.0), None, tuple(records))
+    row = by_kind(run)["later-turn"]
+    assert row["ttft_p50_ms"] == pytest.approx(25.0) and row["ttft_p99_ms"] == pytest.approx(39.7)
+    assert row["ttft_p50_ms"] == pytest.approx(run.summary.ttft_ms.p50)  # the same as the run's own TTFT p50

@@ -96,6 +96,7 @@ class Run:
     schedules: list[tuple[tuple[int, int], ...]]
     requests: dict[str, tuple[Any, ...]]  # id -> outcome, tokens, timings
     tokens: dict[str, list[int]]  # id -> token ids (real engine only)
+    cache: tuple[int, int]  # prompt tokens looked up in the prefix cache and found (vLLM's queries and hits)
 
 
 def drive(
@@ -152,7 +153,7 @@ def drive(
             (t.arrival, t.scheduled, t.first_token, t.last_token, t.released, t.num_steps),
             (t.num_preemptions, t.batch_id),
         )
-    return Run(steps, engine.schedules, requests, tokens)
+    return Run(steps, engine.schedules, requests, tokens, (engine.prefix_cache.queries, engine.prefix_cache.hits))
 
 
 def run_real(model: PreTrainedModel, engine_config: EngineConfig, config: SchedulerConfig, reqs: list[Req]) -> Run:
@@ -209,6 +210,7 @@ def assert_same_decisions(
     assert sim.schedules == real.schedules  # the same sequences, token counts and order, step by step
     assert sim.steps == real.steps  # same times, running / waiting / held sets and preemptions after every step
     assert sim.requests == real.requests  # same outcomes, token counts, timings, batches
+    assert sim.cache == real.cache  # the same prefix cache lookups and hits
     return real
 
 
@@ -232,9 +234,8 @@ def test_simulated_engine_makes_the_real_engines_decisions_with_natural_stops(
 
 
 def test_simulated_engine_makes_the_real_engines_decisions_under_preemption(tiny_llama: PreTrainedModel) -> None:
-    # Six 16-token blocks for four seats: growing sequences run out of cache and the newest is preempted. The
-    # simulator models no prefix cache, so the real engine runs without one (with it, a preempted request would
-    # find its own blocks again and recompute fewer tokens).
+    # Six 16-token blocks for four seats: growing sequences run out of cache and the newest is preempted. Without
+    # a prefix cache here (the next tests have one: a preempted request finds its own blocks again).
     engine_config = EngineConfig(
         seats=4, kv_cache_tokens=96, block_size=16, max_model_len=128, enable_prefix_caching=False
     )
@@ -253,6 +254,48 @@ def test_simulated_engine_makes_the_real_engines_decisions_when_the_bus_fills_th
     reqs = [r for r in requests(3, 10, 30, 30, 0.015) if len(r.prompt) + r.max_tokens <= 128]
     real = assert_same_decisions(tiny_llama, engine_config, config, reqs)
     assert any(0 < len(s) < 4 for s in real.schedules)
+
+
+def sharing_requests(seed: int, count: int, spacing_s: float, max_output: int) -> list[Req]:
+    """Prompts over three shared prefixes (1-3 blocks long), each with its own tail, some repeated whole."""
+    generator = torch.Generator().manual_seed(seed)
+    prefixes = [tuple(torch.randint(1, 159, (n,), generator=generator).tolist()) for n in (20, 35, 48)]
+    reqs: list[Req] = []
+    for i in range(count):
+        tail = tuple(torch.randint(1, 159, (int(torch.randint(1, 20, (), generator=generator)),), generator=generator))
+        prompt = reqs[i - 3].prompt if i % 5 == 4 else prefixes[i % 3] + tuple(int(t) for t in tail)
+        max_tokens = int(torch.randint(2, max_output + 1, (), generator=generator))
+        reqs.append(Req(0.0 if i < 3 else round(spacing_s * i, 3), prompt, max_tokens))
+    return reqs
+
+
+@pytest.mark.parametrize("mode", [Mode.DYNAMIC, Mode.CONTINUOUS])
+def test_simulated_prefix_cache_makes_the_real_engines_decisions(tiny_llama: PreTrainedModel, mode: Mode) -> None:
+    """With prefix caching on in both engines (the same BlockPool and PrefixCache code), the same prompts find the
+    same cached blocks at the same moments: every step computes the same tokens."""
+    engine_config = EngineConfig(seats=4, kv_cache_tokens=1024, block_size=16, max_model_len=128)
+    assert engine_config.enable_prefix_caching
+    config = SchedulerConfig(
+        mode=mode, max_batch_size=4, batch_timeout_ms=30, max_num_seqs=4, max_num_batched_tokens=48
+    )
+    reqs = sharing_requests(4, 15, 0.03, 12)
+    real = assert_same_decisions(tiny_llama, engine_config, config, reqs)
+    without = run_real(tiny_llama, dataclasses.replace(engine_config, enable_prefix_caching=False), config, reqs)
+    computed, computed_without = (sum(n for s in run.schedules for _, n in s) for run in (real, without))
+    assert computed < computed_without - 100, "the case shares too little to test the cache"
+
+
+def test_simulated_prefix_cache_makes_the_real_engines_decisions_under_preemption_and_eviction(
+    tiny_llama: PreTrainedModel,
+) -> None:
+    """Seven blocks for four seats: sequences are preempted and resume from what of their own blocks is still
+    cached, and parked blocks are evicted least recently released first, in both engines alike."""
+    engine_config = EngineConfig(seats=4, kv_cache_tokens=112, block_size=16, max_model_len=112)
+    config = SchedulerConfig(mode=Mode.CONTINUOUS, max_num_seqs=4, max_num_batched_tokens=32)
+    reqs = [r for r in sharing_requests(5, 14, 0.01, 40) if len(r.prompt) + r.max_tokens <= 112]
+    real = assert_same_decisions(tiny_llama, engine_config, config, reqs)
+    assert any(r[3][0] > 0 for r in real.requests.values()), "no request was preempted"
+    assert real.cache[1] > 0, "nothing was found in the cache"
 
 
 # ----- the CLI, traces and replicas -----
