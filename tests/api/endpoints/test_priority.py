@@ -14,6 +14,7 @@ import pytest
 from api.cli import main
 from api.config import ServerConfig
 from api.live.compare import mode_config as compare_mode_config
+from scheduler.lineup import parse_entry
 from tests.api.endpoints.test_api import metric_samples, metric_value
 from tests.server_harness import RunningServer, mode_config, real_loaded_model, running_server
 
@@ -111,8 +112,8 @@ def test_priority_preemption_is_refused_at_start_where_it_has_no_meaning(argv: l
 
 def test_compare_gives_priority_preemption_to_the_continuous_pane_only() -> None:
     config = ServerConfig(scheduling_policy="priority", priority_preemption=True)
-    assert compare_mode_config(config, "continuous").scheduler_config().priority_preemption
-    dynamic = compare_mode_config(config, "dynamic").scheduler_config()
+    assert compare_mode_config(config, parse_entry("continuous")).scheduler_config().priority_preemption
+    dynamic = compare_mode_config(config, parse_entry("dynamic")).scheduler_config()
     assert not dynamic.priority_preemption and dynamic.by_priority
 
 
