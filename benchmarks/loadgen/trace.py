@@ -26,7 +26,7 @@ from pathlib import Path
 from benchmarks.loadgen.arrivals import ArrivalConfig, arrival_offsets
 from benchmarks.loadgen.client import RequestRecord
 from benchmarks.loadgen.run import RunResult
-from benchmarks.loadgen.workloads import WorkloadConfig, build_workload
+from benchmarks.loadgen.workloads import RequestSpec, WorkloadConfig, build_workload
 
 
 @dataclass(frozen=True)
@@ -179,14 +179,26 @@ def trace_prompt_tokens(record: RequestRecord) -> int:
     return max(1, record.counted_prompt_tokens)
 
 
-def from_records(records: Sequence[RequestRecord]) -> list[TraceRequest]:
+def from_records(records: Sequence[RequestRecord], specs: Sequence[RequestSpec] = ()) -> list[TraceRequest]:
     """A real run as a trace: each request's arrival at the server (`server_arrivals`), the server's token counts
     (usage) where reported, and the tokens it produced. Failed requests are kept with their asked-for lengths:
-    they arrived too."""
+    they arrived too. `specs`, the workload the run sent: what each request shares with others (a named prefix, or
+    the conversation turn it follows), so that a replay's prefix cache finds what the server's found."""
+    ordered = replay_order(records)
+    position = {r.index: i for i, (_, r) in enumerate(ordered)}
+    by_index = {spec.index: spec for spec in specs}
     trace: list[TraceRequest] = []
-    for arrival, r in replay_order(records):
+    for arrival, r in ordered:
         output = r.output_tokens if r.ok and 1 <= r.output_tokens <= r.max_tokens else None
-        trace.append(TraceRequest(arrival, trace_prompt_tokens(r), r.max_tokens, output))
+        prompt_tokens = trace_prompt_tokens(r)
+        spec = by_index.get(r.index)
+        if spec is not None and spec.follows is not None and spec.follows in position:
+            trace.append(TraceRequest(arrival, prompt_tokens, r.max_tokens, output, follows=position[spec.follows]))
+        elif spec is not None and spec.prefix is not None:
+            name, tokens = spec.prefix
+            trace.append(TraceRequest(arrival, prompt_tokens, r.max_tokens, output, name, min(tokens, prompt_tokens)))
+        else:
+            trace.append(TraceRequest(arrival, prompt_tokens, r.max_tokens, output))
     return trace
 
 
@@ -195,13 +207,19 @@ def _rate_label(rate: float) -> str:
     return "inf" if math.isinf(rate) else f"{rate:g}"
 
 
-def export_runs(out_dir: Path, runs: Mapping[str, RunResult], sweep: Mapping[str, Sequence[RunResult]]) -> Path:
+def export_runs(
+    out_dir: Path,
+    runs: Mapping[str, RunResult],
+    sweep: Mapping[str, Sequence[RunResult]],
+    specs: Sequence[RequestSpec] = (),
+) -> Path:
+    """`specs`: the workload every run sent, whose shared prefixes and conversation turns the traces keep."""
     folder = out_dir / "workload"
     for name, run in runs.items():
-        write_trace(from_records(run.records), folder / f"{name}.jsonl")
+        write_trace(from_records(run.records, specs), folder / f"{name}.jsonl")
     for name, sweep_runs in sweep.items():
         for run in sweep_runs:
-            write_trace(from_records(run.records), folder / f"{name}@{_rate_label(run.request_rate)}.jsonl")
+            write_trace(from_records(run.records, specs), folder / f"{name}@{_rate_label(run.request_rate)}.jsonl")
     return folder
 
 

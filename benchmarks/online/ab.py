@@ -242,5 +242,5 @@ def main(argv: Sequence[str] | None = None) -> int:
     written = write_report(ab, args.out)
     print(f"wrote {written['report.md']} and {written['result.json']}")
     if args.export_workload:
-        print(f"wrote workload traces to {export_runs(args.out, runs, sweep)}")
+        print(f"wrote workload traces to {export_runs(args.out, runs, sweep, specs)}")
     return 0 if set(names) <= runs.keys() else 1

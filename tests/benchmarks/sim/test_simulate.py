@@ -31,6 +31,7 @@ from benchmarks.loadgen.trace import (
     read_trace,
     write_trace,
 )
+from benchmarks.loadgen.workloads import RequestSpec
 from benchmarks.sim import cli as simulate
 from benchmarks.sim.cluster import Arrival, Replica, StepTally, make_router, replay
 from benchmarks.sim.cost.files import BusyArrival, load_busy_arrival, save_fitted
@@ -394,6 +395,25 @@ def test_exported_trace_replays_the_order_the_server_saw_not_the_send_order() ->
     assert [round(t.arrival_s, 3) for t in trace] == [0.0, 0.003, 0.004, 0.04, 0.09]
     assert [t.output_tokens for t in trace] == [8, 8, None, 8, 8]
     assert [round(t.arrival_s, 3) for t in from_records([_sent(i, i / 10, None) for i in range(3)])] == [0, 0.1, 0.2]
+
+
+def test_exported_trace_keeps_shared_prefixes_and_turns_in_replay_order() -> None:
+    """With the workload's specs, a first turn keeps its named prefix and a later turn the turn it follows, counted
+    in the trace's (the server's) order, so a replay's prefix cache finds what the server's found."""
+    unix = 1_780_000_000.0
+    records = [_sent(0, 0.0, stamp=unix + 0.05), _sent(1, 0.0, stamp=unix), _sent(2, 1.0, stamp=unix + 1.0)]
+    specs = [
+        RequestSpec(0, "a", 8, 5, "first-turn", prefix=("system", 4)),
+        RequestSpec(1, "b", 8, 5, "first-turn", prefix=("system", 40)),  # longer than its prompt: capped
+        RequestSpec(2, "c", 8, 5, "later-turn", follows=0),
+    ]
+    trace = from_records(records, specs)
+    assert [(t.prefix_id, t.prefix_tokens, t.follows) for t in trace] == [
+        ("system", 7, None),  # request 1 reached the server first; its 7 counted tokens cap the prefix
+        ("system", 4, None),
+        (None, 0, 1),  # request 2 follows request 0, which is the trace's second line
+    ]
+    assert [(t.prefix_id, t.follows) for t in from_records(records)] == [(None, None)] * 3  # without specs: nothing
 
 
 def test_simulated_natural_stop_ends_the_request_early_with_stop() -> None:
