@@ -68,7 +68,9 @@ class FairShareLoop:
 
     def _pick_order(self) -> list[Scheduler]:
         """Schedulers with work, least busy first. One that did not run at its last turn (idle, or a dynamic batch
-        waiting for its timeout) joins at the running ones' level: time it did not use is not owed to it."""
+        waiting for its timeout) joins at the running ones' level: time it did not use is not owed to it. At that
+        level it goes first: were ties left to list order, a mode listed after a busy one would be raised to the
+        busy one's level and passed over at every turn, and never run until the other ran out of work."""
         with_work = [s for s in self._schedulers if id(s) not in self._stopped and s.has_pending_work()]
         self._idle.update(id(s) for s in self._schedulers if s not in with_work)
         busy = self._busy
@@ -77,7 +79,7 @@ class FairShareLoop:
             for s in with_work:
                 if id(s) in self._idle and busy[id(s)] < floor:
                     busy[id(s)] = floor
-        return sorted(with_work, key=lambda s: busy[id(s)])
+        return sorted(with_work, key=lambda s: (busy[id(s)], id(s) not in self._idle))
 
     def _step_one(self) -> bool:
         """Step the least busy scheduler that has something to run; False if none ran."""

@@ -16,16 +16,18 @@ from api.endpoints import routes
 from api.endpoints.loading import ModelLoader, build_runtime, default_loader, load_in_background
 from api.endpoints.middleware import EXCEPTION_HANDLERS, middleware_stack
 from api.endpoints.state import Phase, Runtime, ServerState
-from api.live import page, stream_routes
+from api.live import page, stream_routes, workload
 from api.live.hub import EventHub
 from api.process.drain import drain
 
 
 def live_routes() -> list[Route]:
-    """The event stream, the modes and the page: at the root of `serve` and of `compare` (api/live/compare.py)."""
+    """The event stream, the modes, the page and its workload: at the root of `serve` and of `compare`
+    (api/live/compare.py)."""
     return [
         Route("/v1/events", stream_routes.events, methods=["GET"]),
         Route("/v1/compare/modes", stream_routes.compare_modes, methods=["GET"]),
+        Route("/v1/compare/workload", workload.workload, methods=["POST"]),
         Route("/", page.index, methods=["GET"]),
         *(Route(path, page.static_file, methods=["GET"]) for path in sorted(page.FILE_PATHS)),
     ]

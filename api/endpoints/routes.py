@@ -50,7 +50,7 @@ def _runtime(request: Request) -> Runtime:
     return state.loaded()
 
 
-async def _read_json_body(request: Request, limit: int) -> bytes:
+async def read_json_body(request: Request, limit: int) -> bytes:
     content_type = request.headers.get("content-type", "")
     if content_type.split(";")[0].strip().lower() != "application/json":
         raise bad_request("the request body must be JSON with Content-Type: application/json")
@@ -121,7 +121,7 @@ async def _accept(request: Request, model: type[_Request]) -> _Accepted[_Request
     """What both endpoints do first: readiness, body, schema, model name and the server's request limits."""
     config = ServerState.of(request.app).config
     runtime = _runtime(request)
-    body = parse_request(model, await _read_json_body(request, config.max_body_bytes))
+    body = parse_request(model, await read_json_body(request, config.max_body_bytes))
     _check_model(body.model, runtime)
     refused = refusal(body, by_priority=config.scheduling_policy == "priority")
     if refused is not None:

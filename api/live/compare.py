@@ -3,8 +3,9 @@
 Each entry of the line-up (`--modes`, default dynamic,continuous; a built-in mode or a plug-in policy, see
 scheduler/lineup.py) is a full `serve` app (its own engine and KV cache, scheduler, seats, metrics and generation
 service) mounted at `/{name}`, so its OpenAI API is `/{name}/v1/...`. The root answers `/health` and `/metrics` for
-all, the combined event stream `/v1/events`, `/v1/compare/modes` and the page. One `FairShareLoop` thread steps
-every scheduler, least busy first, so each gets an equal share of the machine (docs/design.md).
+all, the combined event stream `/v1/events`, `/v1/compare/modes`, the page and its workload
+(`/v1/compare/workload`, api/live/workload.py). One `FairShareLoop` thread steps every scheduler, least busy
+first, so each gets an equal share of the machine (docs/design.md).
 """
 
 from __future__ import annotations

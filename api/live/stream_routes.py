@@ -1,4 +1,5 @@
-"""HTTP side of the event stream: `GET {prefix}/v1/events` and `GET /v1/compare/modes` (docs/events.md)."""
+"""HTTP side of the event stream: `GET {prefix}/v1/events` and `GET /v1/compare/modes` (docs/events.md); the
+page's workload is api/live/workload.py."""
 
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ _EVENT_PARAMS = ("include_text", "api_key")
 # What the page may send per mode, per second: its send control is bounded by this and by --max-prompts.
 PAGE_MAX_RATE = 20
 PAGE_MAX_TOKENS = 1024
+PAGE_MAX_DELAY_S = 120.0  # the last request of a workload leaves at most this long after its start
 
 
 def mode_settings(config: ServerConfig) -> dict[str, Any]:
@@ -126,5 +128,6 @@ async def compare_modes(request: Request) -> Response:
             "max_prompts": config.max_prompts,
             "max_rate": PAGE_MAX_RATE,
             "max_tokens": PAGE_MAX_TOKENS,
+            "max_delay_s": PAGE_MAX_DELAY_S,
         }
     )

@@ -72,6 +72,7 @@ class RequestBox:
     finish_reason: str | None
     first_token_at_ms: float | None
     finished_at_ms: float | None
+    server_queued_t: float | None
     server_finished_t: float | None
     server_released_t: float | None
     server_held_ms: float | None
@@ -154,6 +155,7 @@ def request_boxes(driver: WebDriver, mode: str) -> list[RequestBox]:
             finish_reason=row.get("finishReason"),
             first_token_at_ms=_float(row.get("firstTokenAt")),
             finished_at_ms=_float(row.get("finishedAt")),
+            server_queued_t=_float(row.get("serverQueuedT")),
             server_finished_t=_float(row.get("serverFinishedT")),
             server_released_t=_float(row.get("serverReleasedT")),
             server_held_ms=_float(row.get("serverHeldMs")),

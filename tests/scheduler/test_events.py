@@ -155,5 +155,20 @@ def test_fair_share_does_not_owe_an_idle_mode_the_time_it_did_not_use() -> None:
     before = loop.busy_seconds(busy.scheduler)
     for _ in range(10):
         assert loop._step_one()
-    # They alternate from the moment it joins: the latecomer did not get 30 steps in a row.
+    # They alternate from the moment it joins: the latecomer did not get 30 steps in a row, nor wait for the other.
     assert loop.busy_seconds(busy.scheduler) - before >= 4.0
+    assert sum(len(stream.tokens) for stream in late.streams.values()) >= 4  # its own steps, not only a raised total
+
+
+def test_fair_share_steps_every_mode_whose_work_arrives_at_once() -> None:
+    """Three idle modes given work at the same moment (the page's workload) take turns from the first step."""
+    clock = FakeClock()
+    modes = [build(mode, clock=clock, seats=2) for mode in (Mode.STATIC, Mode.DYNAMIC, Mode.CONTINUOUS)]
+    loop = FairShareLoop([h.scheduler for h in modes], clock=clock)
+    for h in modes:
+        for _ in range(2):
+            h.submit(4, max_tokens=40, ignore_eos=True)
+    for _ in range(9):
+        assert loop._step_one()
+    generated = [sum(len(stream.tokens) for stream in h.streams.values()) for h in modes]
+    assert all(count >= 4 for count in generated), generated  # each ran at least 2 of the 9 steps, 2 seats each

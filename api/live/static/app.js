@@ -5,6 +5,8 @@
 (() => {
   const KEY_STORAGE = "batchserve.apiKey";
   const MODES_PATH = "/v1/compare/modes"; // which modes, under which prefix (both commands)
+  // The server sends a workload to every pane itself and streams the answers back on one connection (both commands).
+  const WORKLOAD_PATH = "/v1/compare/workload";
   // Every mode's events in one stream (both commands); without text, which the page does not show (its own
   // requests' text comes from their own streams) and the server then need not decode.
   const EVENTS_PATH = "/v1/events?include_text=false";
@@ -16,9 +18,9 @@
   const LIVE_REQUESTS = 4096; // requests in flight we keep times for (a bound, should events go missing)
   const RECENT_REQUESTS = 512;
   const MIN_SEND_INTERVAL_MS = 1000; // client-side rate limit on the send button
-  const BROWSER_CONNECTIONS = 6; // what a browser opens to one server over HTTP/1.1
   const DEFAULT_MAX_RATE = 20; // requests per second per mode, unless the server says otherwise
   const DEFAULT_MAX_TOKENS = 1024; // per request, unless the server says otherwise
+  const DEFAULT_MAX_DELAY_S = 120; // the last request leaves at most this long after the send, unless the server says
   const RECONNECT_MS = 2000;
   const FIGURES_EVERY_MS = 250;
   const PHASES = new Set(["prefill", "decode", "held", "idle"]);
@@ -29,6 +31,8 @@
     views: new Map(), // mode name -> ModeView
     maxPrompts: 32,
     maxRate: DEFAULT_MAX_RATE,
+    maxTokens: DEFAULT_MAX_TOKENS,
+    maxDelay: DEFAULT_MAX_DELAY_S,
     clockOffset: null, // server "t" minus the page clock (s): the most recent events' least delayed estimate
     workload: null, // {startT, endT, pending}
     lastSendMs: -Infinity,
@@ -522,18 +526,6 @@
     return specs;
   }
 
-  // Requests leaving together with the same length go as one completions request with a list of prompts: a
-  // browser keeps at most 6 connections to a server, and the sequences of one request reach the queue together.
-  function bundles(specs) {
-    const groups = new Map();
-    for (const spec of specs) {
-      const key = `${spec.delay}|${spec.maxTokens}`;
-      if (!groups.has(key)) groups.set(key, []);
-      groups.get(key).push(spec);
-    }
-    return [...groups.values()];
-  }
-
   function readWorkloadForm() {
     const kind = $("#workload-kind").value;
     const count = Number($("#workload-count").value);
@@ -545,6 +537,10 @@
       errors.push(`requests per mode must be 1 to ${page.maxPrompts} (the server's --max-prompts)`);
     }
     if (!(rate >= 0 && rate <= page.maxRate)) errors.push(`rate must be 0 to ${page.maxRate} requests/s`);
+    else if (rate > 0 && (count - 1) / rate > page.maxDelay) {
+      errors.push(`at that rate the last request would leave after ${((count - 1) / rate).toFixed(0)} s; ` +
+        `at most ${page.maxDelay} s`);
+    }
     for (const [value, name] of [[shortTokens, "short"], [longTokens, "long"]]) {
       if (!Number.isInteger(value) || value < 1 || value > page.maxTokens) {
         errors.push(`${name} must be 1 to ${page.maxTokens} tokens`);
@@ -577,38 +573,15 @@
     document.body.dataset.workload = "running";
     $("#send").disabled = true;
     note.textContent = `sending ${specs.length} requests to each of ${page.modes.length} mode(s)`;
-    const requestsAtOnce = page.modes.length * bundles(specs).length;
-    let caveat = "";
-    if (form.rate === 0 && requestsAtOnce + 1 > BROWSER_CONNECTIONS) {
-      // The event stream holds one connection; a request beyond the rest waits for an earlier one to end.
-      caveat = `; ${requestsAtOnce} requests at once and the event stream need more than the ` +
-        `${BROWSER_CONNECTIONS} connections a browser opens to one server: the last ones wait in the browser ` +
-        "until an earlier answer ends (fewer panes, or one length, avoid it)";
-      note.textContent += caveat;
-    }
-    if (form.rate > 0 && specs.length > 2) {
-      // Each arrival is its own request; a browser opens at most 6 connections to one server.
-      note.textContent += "; at a rate each request is its own connection, and a browser keeps at most 6 open " +
-        "to a server: the rest wait in the browser (the lanes show when each reaches the server)";
-    }
-    const sends = [];
+    const boxes = new Map(); // "<mode>|<page index>" -> its box
     for (const view of page.modes) {
-      for (const group of bundles(specs)) {
-        const boxes = group.map((spec) => addBox(view, spec));
-        sends.push(
-          delayMs(group[0].delay * 1000).then(() => streamBundle(view, group, boxes, form.ignoreEos, startMs))
-        );
-      }
+      for (const spec of specs) boxes.set(`${view.mode}|${spec.index}`, addBox(view, spec));
     }
-    await Promise.allSettled(sends);
+    await streamWorkload(specs, boxes, form.ignoreEos, startMs);
     page.workload.endT = serverNow();
     document.body.dataset.workload = "done";
     $("#send").disabled = false;
-    note.textContent = `done: ${specs.length} requests per mode${caveat}`;
-  }
-
-  function delayMs(ms) {
-    return ms > 0 ? new Promise((resolve) => setTimeout(resolve, ms)) : Promise.resolve();
+    note.textContent = `done: ${specs.length} requests per mode`;
   }
 
   function addBox(view, spec) {
@@ -672,74 +645,73 @@
     renderBox(box);
   }
 
-  async function streamBundle(view, group, boxes, ignoreEos, startMs) {
-    const sentAt = performance.now() - startMs;
-    for (const box of boxes) box.dataset.sentAt = sentAt.toFixed(1);
+  // One request for the whole workload: the server starts each request in every pane at its delay and streams
+  // back every answer's pieces, {pane, index, request_id, text, finish_reason, error}, on this one connection.
+  async function streamWorkload(specs, boxes, ignoreEos, startMs) {
     const body = {
-      prompt: group.map((spec) => spec.prompt),
-      max_tokens: group[0].maxTokens,
-      temperature: 0,
+      panes: page.modes.map((view) => view.mode),
+      requests: specs.map((spec) => ({
+        index: spec.index, prompt: spec.prompt, max_tokens: spec.maxTokens, delay_s: spec.delay,
+      })),
       ignore_eos: ignoreEos,
-      stream: true,
     };
+    const since = () => (performance.now() - startMs).toFixed(1);
     const finish = (box, state) => {
       if (box.dataset.finishedAt) return;
-      box.dataset.finishedAt = (performance.now() - startMs).toFixed(1);
+      box.dataset.finishedAt = since();
+      if (!box.dataset.sentAt) box.dataset.sentAt = box.dataset.finishedAt; // it never started
       box.dataset.state = state;
       renderBox(box);
       page.workload.pending -= 1;
     };
+    const failRest = (message) => {
+      for (const box of boxes.values()) {
+        if (box.dataset.finishedAt) continue;
+        $(".request-text", box).append(message);
+        finish(box, "error");
+      }
+    };
     try {
-      const response = await fetch(`${view.prefix}/v1/completions`, {
+      const response = await fetch(WORKLOAD_PATH, {
         method: "POST",
-        headers: headers({ "Content-Type": "application/json" }),
+        headers: headers({ "Content-Type": "application/json", Accept: "text/event-stream" }),
         body: JSON.stringify(body),
       });
       if (!response.ok || !response.body) {
-        const message = await errorMessage(response);
-        for (const box of boxes) {
-          $(".request-text", box).textContent = message;
-          finish(box, "error");
-        }
+        failRest(await errorMessage(response));
         if (response.status === 401) askForKey("the API key was refused");
         return;
       }
       await readSse(response, (type, raw) => {
         if (raw === "[DONE]") return;
-        const chunk = JSON.parse(raw);
-        if (chunk.error) {
-          for (const box of boxes) {
-            if (box.dataset.finishedAt) continue;
-            $(".request-text", box).append(` [${chunk.error.message}]`);
-            finish(box, "error");
-          }
+        const event = JSON.parse(raw);
+        const view = page.views.get(event.pane);
+        const box = boxes.get(`${event.pane}|${event.index}`);
+        if (!view || !box || box.dataset.finishedAt) return;
+        if (!box.dataset.sentAt) box.dataset.sentAt = since(); // the server started it (or could not)
+        if (event.request_id && !box.dataset.requestId) view.link(box, event.request_id);
+        if (event.error) {
+          $(".request-text", box).append(` [${event.error.message}]`);
+          finish(box, "error");
           return;
         }
-        for (const choice of chunk.choices || []) {
-          const box = boxes[choice.index];
-          if (!box) continue;
-          if (!box.dataset.requestId) view.link(box, `${chunk.id}-${choice.index}`);
-          if (choice.text) {
-            if (!box.dataset.firstTokenAt) {
-              box.dataset.firstTokenAt = (performance.now() - startMs).toFixed(1);
-              box.dataset.state = "streaming";
-            }
-            $(".request-text", box).append(choice.text);
+        if (event.text) {
+          if (!box.dataset.firstTokenAt) {
+            box.dataset.firstTokenAt = since();
+            box.dataset.state = "streaming";
           }
-          if (choice.finish_reason) {
-            box.dataset.finishReason = choice.finish_reason;
-            finish(box, "done");
-          } else {
-            renderBox(box);
-          }
+          $(".request-text", box).append(event.text);
+        }
+        if (event.finish_reason) {
+          box.dataset.finishReason = event.finish_reason;
+          finish(box, "done");
+        } else {
+          renderBox(box);
         }
       });
-      for (const box of boxes) finish(box, box.dataset.finishedAt ? "done" : "error"); // a stream cut short
+      failRest(" [the stream ended early]");
     } catch (error) {
-      for (const box of boxes) {
-        $(".request-text", box).textContent = String(error);
-        finish(box, "error");
-      }
+      failRest(` [${String(error)}]`);
     }
   }
 
@@ -792,6 +764,7 @@
     page.maxPrompts = info.max_prompts || page.maxPrompts;
     page.maxRate = info.max_rate || DEFAULT_MAX_RATE;
     page.maxTokens = info.max_tokens || DEFAULT_MAX_TOKENS;
+    page.maxDelay = info.max_delay_s || DEFAULT_MAX_DELAY_S;
     $("#workload-count").max = page.maxPrompts;
     $("#workload-rate").max = page.maxRate;
     const panes = $("#panes");
