@@ -76,13 +76,21 @@ def running_server(
     config = ServerConfig(**{**config.__dict__, "port": port})
     model = loaded if loaded is not None else tiny_loaded_model()
     app = create_app(config, loader=lambda _config: model, freeze_heap=freeze_heap)
-    server = uvicorn.Server(uvicorn_config(app, config, log_level="warning"))
+    with serving_app(app, config) as (base_url, server):
+        yield RunningServer(base_url, app, server)
+
+
+@contextlib.contextmanager
+def serving_app(app: object, config: ServerConfig) -> Iterator[tuple[str, uvicorn.Server]]:
+    """Serve `app` (serve's or compare's) under uvicorn on `config.port` in a thread; yields its base URL and the
+    server once /health is 200, and stops it after."""
+    server = uvicorn.Server(uvicorn_config(app, config, log_level="warning"))  # type: ignore[arg-type]
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
-    base_url = f"http://127.0.0.1:{port}"
+    base_url = f"http://127.0.0.1:{config.port}"
     try:
         _wait_healthy(base_url)
-        yield RunningServer(base_url, app, server)
+        yield base_url, server
     finally:
         server.should_exit = True
         thread.join(30)

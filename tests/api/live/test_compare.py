@@ -14,13 +14,11 @@ from typing import Any
 import httpx
 import openai
 import pytest
-import uvicorn
 
 from api.config import ServerConfig
 from api.endpoints.state import ServerState
 from api.live.compare import create_compare_app
-from api.process.server import uvicorn_config
-from tests.server_harness import _wait_healthy, free_port, tiny_loaded_model
+from tests.server_harness import free_port, serving_app, tiny_loaded_model
 
 KEY = "sekret"
 
@@ -37,16 +35,8 @@ def compare_server(freeze_heap: bool = False, **overrides: Any) -> Iterator[Comp
     config = ServerConfig(**{**values, **overrides})
     model = tiny_loaded_model()
     app = create_compare_app(config, loader=lambda _config: model, freeze_heap=freeze_heap)
-    server = uvicorn.Server(uvicorn_config(app, config, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    base_url = f"http://127.0.0.1:{config.port}"
-    try:
-        _wait_healthy(base_url)
+    with serving_app(app, config) as (base_url, _):
         yield CompareServer(base_url, app)
-    finally:
-        server.should_exit = True
-        thread.join(30)
 
 
 @pytest.fixture(scope="module")

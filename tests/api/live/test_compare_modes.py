@@ -4,21 +4,18 @@ with its own policy, on the tiny model; a mode named `static` beside the page's 
 from __future__ import annotations
 
 import contextlib
-import threading
 from collections.abc import Iterator
 from typing import Any
 
 import httpx
 import openai
 import pytest
-import uvicorn
 
 from api.cli import build_parser, compare_lineup, main
 from api.config import ServerConfig
 from api.live.compare import create_compare_app
-from api.process.server import uvicorn_config
 from scheduler.lineup import parse_lineup
-from tests.server_harness import _wait_healthy, free_port, tiny_loaded_model
+from tests.server_harness import free_port, serving_app, tiny_loaded_model
 
 SPF = "scheduler.examples.shortest_prompt_first:ShortestPromptFirst"
 KEY = "three-panes"
@@ -30,16 +27,8 @@ def serving(lineup: str, **overrides: Any) -> Iterator[str]:
     config = ServerConfig(**{**values, **overrides})
     model = tiny_loaded_model()
     app = create_compare_app(config, loader=lambda _config: model, lineup=parse_lineup(lineup))
-    server = uvicorn.Server(uvicorn_config(app, config, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    base_url = f"http://127.0.0.1:{config.port}"
-    try:
-        _wait_healthy(base_url)
+    with serving_app(app, config) as (base_url, _):
         yield base_url
-    finally:
-        server.should_exit = True
-        thread.join(30)
 
 
 @pytest.fixture(scope="module")
