@@ -27,12 +27,13 @@ from typing import Any
 
 import torch
 
+from benchmarks.micro.model_flags import add_model_arguments, load_from_args
 from benchmarks.micro.rows import add_row
 from benchmarks.results_io.report import write_json
-from engine.config import DTYPES, QUANTIZATIONS, EngineConfig
+from engine.config import EngineConfig
 from engine.engine import Engine
 from engine.linear import AnyLinear, Int4DotLinear, Int4Linear, Int8Linear, Linear, RowSwitchedLinear
-from engine.loader import LoadedModel, load_model
+from engine.loader import LoadedModel
 from engine.model_runner import TransformersRunner
 from engine.sampling_params import SamplingParams
 
@@ -317,7 +318,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         prog="python -m benchmarks engine", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--model", default=None, help="checkpoint dir or .gguf (default: SmolLM2-135M-Instruct)")
+    add_model_arguments(parser, dtype="float32", quantization="none")
     parser.add_argument("--batch-sizes", default="1,8,32,64")
     parser.add_argument("--decode-steps", type=int, default=32)
     parser.add_argument("--repeats", type=int, default=3)
@@ -325,8 +326,6 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument(
         "--fused", default="on", choices=("on", "off"), help="the fused element-wise kernels, or their torch fallbacks"
     )
-    parser.add_argument("--dtype", default="float32", choices=DTYPES, help="as `serve --dtype`")
-    parser.add_argument("--quantization", default="none", choices=QUANTIZATIONS, help="as `serve --quantization`")
     args = parser.parse_args(argv)
     config = BenchConfig(
         batch_sizes=tuple(int(b) for b in args.batch_sizes.split(",")),
@@ -334,7 +333,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         repeats=args.repeats,
         fused_ops=args.fused == "on",
     )
-    loaded = load_model(args.model, dtype=args.dtype, quantization=args.quantization)
+    loaded = load_from_args(args)
     print(f"weights: {loaded.weight_format.label}", flush=True)
     result = run(config, loaded)
     targets: dict[str, dict[str, Any]] = result["targets"]  # type: ignore[assignment]

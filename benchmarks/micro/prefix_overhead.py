@@ -18,10 +18,11 @@ from pathlib import Path
 import torch
 
 from benchmarks.micro.engine_bench import one_pass
+from benchmarks.micro.model_flags import add_model_arguments, load_from_args
 from benchmarks.results_io.report import write_json
-from engine.config import DTYPES, QUANTIZATIONS, EngineConfig
+from engine.config import EngineConfig
 from engine.engine import Engine
-from engine.loader import LoadedModel, load_model
+from engine.loader import LoadedModel
 from engine.model_runner import TransformersRunner
 
 CACHE_ATTEMPTS = 4  # the KV cache holds this many attempts' sequences
@@ -77,16 +78,14 @@ def main(argv: Sequence[str] | None = None) -> None:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--model", default=None, help="checkpoint dir or .gguf (default: SmolLM2-135M-Instruct)")
-    parser.add_argument("--dtype", default="auto", choices=DTYPES, help="as `serve --dtype`")
-    parser.add_argument("--quantization", default="auto", choices=QUANTIZATIONS, help="as `serve --quantization`")
+    add_model_arguments(parser)
     parser.add_argument("--batch-sizes", default="1,8,32")
     parser.add_argument("--prompt-tokens", type=int, default=128)
     parser.add_argument("--decode-steps", type=int, default=32, help="crosses two 16-token blocks per row")
     parser.add_argument("--repeats", type=int, default=4, help="measured attempts per setting")
     parser.add_argument("--out", type=Path, default=None, help="write the result as JSON here")
     args = parser.parse_args(argv)
-    loaded = load_model(args.model, dtype=args.dtype, quantization=args.quantization)
+    loaded = load_from_args(args)
     rows = []
     for batch in (int(b) for b in args.batch_sizes.split(",")):
         row = measure(loaded, batch, args.prompt_tokens, args.decode_steps, args.repeats)

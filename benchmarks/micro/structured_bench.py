@@ -26,11 +26,12 @@ import torch
 import engine.engine as engine_module
 from api.structured.spec import GrammarKind, GrammarSpec
 from api.structured.xgrammar_backend import XGrammarCompiler
+from benchmarks.micro.model_flags import add_model_arguments, load_from_args
 from benchmarks.results_io.report import write_json
-from engine.config import DTYPES, QUANTIZATIONS, EngineConfig
+from engine.config import EngineConfig
 from engine.engine import Engine
 from engine.grammar import Grammar
-from engine.loader import LoadedModel, load_model
+from engine.loader import LoadedModel
 from engine.model_runner import TransformersRunner
 from engine.sampling_params import SamplingParams
 
@@ -179,15 +180,13 @@ def main(argv: Sequence[str] | None = None) -> None:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--model", default=None, help="checkpoint dir or .gguf (default: SmolLM2-135M-Instruct)")
-    parser.add_argument("--dtype", default="auto", choices=DTYPES, help="as `serve --dtype`")
-    parser.add_argument("--quantization", default="auto", choices=QUANTIZATIONS, help="as `serve --quantization`")
+    add_model_arguments(parser)
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--decode-steps", type=int, default=48)
     parser.add_argument("--repeats", type=int, default=4, help="measured passes per batch kind")
     parser.add_argument("--out", type=Path, default=None, help="write the result as JSON here")
     args = parser.parse_args(argv)
-    loaded = load_model(args.model, dtype=args.dtype, quantization=args.quantization)
+    loaded = load_from_args(args)
     vocab = int(loaded.model.config.vocab_size)
     compiled = compile_times(loaded, vocab, repeats=5)
     print(
