@@ -3,7 +3,12 @@
 A full block (block_size computed tokens) can be registered under a key chained from its parent block's key and
 its own token ids, so a later sequence whose prompt starts with the same tokens attaches the block instead of
 computing it again. A block is shared by reference count; when its last user leaves, a registered block is not
-freed but parked, least recently released first, and only evicted when an allocation finds no plain free block.
+freed but parked, and only evicted when an allocation finds no plain free block: the least recently released
+first, while the cache is being hit. Once a whole cache's worth of blocks has been handed out without a lookup
+finding anything (a workload that shares no prefix), the order of eviction buys no hits, and the most recently
+released block goes first instead: its memory is still warm in the CPU's caches, as a freed block is with
+caching off; cycling through the whole KV cache instead slows decoding (measured: docs/prefix_caching.md).
+The first hit brings back least-recently-released order.
 
 The key is a Python hash, so two different prefixes may collide. A hit therefore also compares what the key
 stands for: the block's own token ids, and its parent's identity (block id and the generation of that id, bumped
@@ -56,6 +61,7 @@ class BlockPool:
         self._generation = [0] * num_blocks
         self._cached: dict[int, CachedBlock] = {}  # block id -> what it holds
         self._by_key: dict[int, int] = {}  # key -> block id
+        self._handed_out_since_hit = 0  # blocks allocated since a lookup last found a cached block
 
     # ----- counts -----
     @property
@@ -72,15 +78,22 @@ class BlockPool:
         """Parked blocks: free to take, but still holding a cached prefix."""
         return len(self._parked)
 
+    @property
+    def evicts_most_recent(self) -> bool:
+        """True while lookups keep missing: a whole cache's worth of blocks handed out since the last hit."""
+        return self._handed_out_since_hit >= self.num_blocks
+
     # ----- allocation -----
     def allocate(self, count: int) -> list[int] | None:
         if count > self.num_free:
             return None
         taken = [self._free.pop() for _ in range(min(count, len(self._free)))]
+        most_recent = self.evicts_most_recent
         while len(taken) < count:
-            block, _ = self._parked.popitem(last=False)
+            block, _ = self._parked.popitem(last=most_recent)
             self._forget(block)
             taken.append(block)
+        self._handed_out_since_hit += count
         for block in taken:
             self._refs[block] = 1
             self._generation[block] += 1
@@ -137,6 +150,8 @@ class BlockPool:
             blocks.append(block)
             keys.append(key)
             parent, parent_key = self.identity(block), key
+        if blocks:
+            self._handed_out_since_hit = 0  # the cache is being hit: evict least recently released first again
         return PrefixMatch(tuple(blocks), tuple(keys))
 
     def _forget(self, block: int) -> None:

@@ -40,7 +40,8 @@ class PrefixCache:
         self._chains: dict[int, _Chain] = {}
 
     def lookup(self, token_ids: Sequence[int], salt: str | None, reads: bool) -> PrefixMatch:
-        """The cached blocks `token_ids` may start from; changes nothing."""
+        """The cached blocks `token_ids` may start from; changes no block (a hit only tells the pool that the
+        cache is in use, which orders its evictions)."""
         if not (self.enabled and reads) or len(token_ids) < 2:
             return NO_MATCH
         return self.pool.match(token_ids, self.block_size, salt, (len(token_ids) - 1) // self.block_size)

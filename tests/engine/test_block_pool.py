@@ -1,5 +1,5 @@
-"""The block pool: reference counts, parked cached blocks evicted least recently released first, and prefix
-matches that are exact even when keys collide."""
+"""The block pool: reference counts, parked cached blocks evicted least recently released first (most recently
+while lookups keep missing), and prefix matches that are exact even when keys collide."""
 
 from __future__ import annotations
 
@@ -41,6 +41,21 @@ def test_released_cached_blocks_park_and_are_evicted_tail_first_only_when_needed
     assert cache.pool.num_cached_free == 3
     cache.pool.allocate(1)  # now the sequence's last block is evicted, its prefix stays
     assert cache.lookup([1, 2, 3, 4, 5, 6, 7], None, reads=True).blocks == tuple(blocks[:2])
+
+
+def test_while_lookups_miss_for_a_whole_cache_the_most_recently_released_block_goes_first() -> None:
+    """A workload that shares nothing reuses warm memory, as caching off does; the first hit restores LRU."""
+    cache = PrefixCache(BlockPool(4), SIZE, enabled=True)
+    first = fill(cache, 0, [1, 2, 3, 4])
+    second = fill(cache, 1, [5, 6, 7, 8])  # four blocks handed out, no lookup has found anything
+    cache.pool.free(first)
+    cache.pool.free(second)  # tail first: second[0] is the most recently released
+    assert cache.pool.evicts_most_recent
+    assert cache.pool.allocate(1) == [second[0]]
+    assert cache.lookup([1, 2, 3, 4, 9], None, reads=True).blocks == tuple(first)
+    assert not cache.pool.evicts_most_recent
+    assert cache.pool.allocate(1) == [first[1]]  # least recently released again: the first sequence's tail
+    assert cache.lookup([1, 2, 3, 4, 9], None, reads=True).blocks == (first[0],)
 
 
 def test_shared_blocks_are_counted_once_per_user() -> None:
@@ -90,6 +105,7 @@ def test_a_reused_block_id_orphans_the_children_of_what_it_held() -> None:
     parent, child = fill(cache, 0, [1, 2, 3, 4])
     cache.pool.free([parent])  # parked first: evicted first
     cache.pool.free([child])
+    assert cache.lookup([1, 2, 3, 4, 5], None, reads=True).blocks == (parent, child)  # a hit: LRU order
     assert cache.pool.allocate(1) == [2] and cache.pool.allocate(1) == [parent]  # the parent's id, reused
     assert cache.lookup([1, 2, 3, 4, 5], None, reads=True).blocks == ()
     cache.start(1, None, engine.prefix_cache.NO_MATCH, 2)
