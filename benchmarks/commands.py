@@ -32,6 +32,11 @@ COMMANDS: tuple[Command, ...] = (
         "benchmarks.online.soak",
         "a long soak of a real server: memory, descriptors, threads and gauges under mixed load",
     ),
+    Command(
+        "score-memory",
+        "benchmarks.online.score_memory",
+        "a server's peak memory scoring its longest prompt (echo, logprobs and prompt_logprobs 20)",
+    ),
     # peers
     Command("llama-build", "benchmarks.peers.llama_cpp", "build llama-server and the f32 GGUF it is compared on"),
     Command(

@@ -1,0 +1,91 @@
+"""Peak memory of scoring the longest prompt a server takes: `echo` with `logprobs=20` and `prompt_logprobs=20`
+against the same prompt sent plainly, through a real server.
+
+    python -m benchmarks score-memory [--mode continuous] [--out FILE.json]
+
+Scoring a prompt runs the LM head over every position; the logits of a whole prompt of the context length
+(2048 x 49152 float32 for SmolLM2-135M, 400 MB) would be a spike as large as the model, so the runner scores in
+slices of positions (`score_slice`). This measures what a client gets: the server's peak resident memory
+(Linux's VmHWM, reset before each request by writing 5 to /proc/PID/clear_refs) over its resident memory just
+before, for a plain request and a scored one on a prompt of max_model_len - 1 token ids with max_tokens 1, each
+sent `--repeats` times (the largest rise counts), after a warm-up of each. Also reports the scored answer's size.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import httpx
+
+from benchmarks.loadgen.server_proc import LaunchConfig, ServerProcess
+from benchmarks.results_io.report import write_json
+
+TOP = 20  # the most alternatives the API allows
+
+
+@dataclass(frozen=True)
+class Rise:
+    kind: str  # "plain" or "scored"
+    rss_before_mb: float
+    peak_rise_mb: float  # the largest over the repeats
+    response_bytes: int
+
+
+def memory_mb(pid: int) -> dict[str, float]:
+    fields = dict(line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines() if ":" in line)
+    return {name: int(fields[name].split()[0]) / 1024 for name in ("VmRSS", "VmHWM")}
+
+
+def reset_peak(pid: int) -> None:
+    Path(f"/proc/{pid}/clear_refs").write_text("5")  # resets VmHWM to the current VmRSS
+
+
+def body(prompt: list[int], scored: bool) -> dict[str, object]:
+    extra: dict[str, object] = {"echo": True, "logprobs": TOP, "prompt_logprobs": TOP} if scored else {}
+    return {"prompt": prompt, "max_tokens": 1, "temperature": 0, **extra}
+
+
+def measure(client: httpx.Client, pid: int, prompt: list[int], scored: bool, repeats: int) -> Rise:
+    client.post("/v1/completions", json=body(prompt, scored)).raise_for_status()  # warm-up
+    rises, size, before = [], 0, 0.0
+    for _ in range(repeats):
+        reset_peak(pid)
+        before = memory_mb(pid)["VmRSS"]
+        response = client.post("/v1/completions", json=body(prompt, scored))
+        response.raise_for_status()
+        size = len(response.content)
+        rises.append(memory_mb(pid)["VmHWM"] - before)
+    return Rise("scored" if scored else "plain", round(before, 1), round(max(rises), 1), size)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks score-memory", description=__doc__.split("\n")[0])
+    parser.add_argument("--mode", default="continuous", choices=("dynamic", "continuous", "static"))
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--out", type=Path, default=None, help="write the result as JSON here, the log beside it")
+    args = parser.parse_args(argv)
+    log = (args.out.parent if args.out else Path("/tmp")) / "score-memory.server.log"
+    launch = LaunchConfig(
+        (sys.executable, "-m", "api", "serve", "--mode", args.mode, "--host", "{host}", "--port", "{port}"),
+        health_timeout_s=300,
+    )
+    with ServerProcess(launch, log) as server, httpx.Client(base_url=server.base_url, timeout=600) as client:
+        max_model_len = int(client.get("/v1/models").json()["data"][0]["max_model_len"])
+        prompt = [(17 * i) % 40000 + 100 for i in range(max_model_len - 1)]  # token ids, none special
+        rises = [measure(client, server.pid, prompt, scored, args.repeats) for scored in (False, True)]
+    result = {"mode": args.mode, "prompt_tokens": len(prompt), "top_logprobs": TOP, "rises": [asdict(r) for r in rises]}
+    for rise in rises:
+        print(
+            f"{rise.kind:>6}: {len(prompt)}-token prompt, resident {rise.rss_before_mb:.0f} MB before, peak +"
+            f"{rise.peak_rise_mb:.1f} MB; answer {rise.response_bytes / 1e6:.2f} MB"
+        )
+    if args.out:
+        write_json(args.out, result)
+    else:
+        print(json.dumps(result, indent=2))
+    return 0
