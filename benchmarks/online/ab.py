@@ -93,7 +93,7 @@ def run_target(
     launch: LaunchConfig,
 ) -> TargetOutcome:
     """Start the server, run the workload (and the sweep), stop it. Failures are returned, not raised."""
-    server = ServerProcess(dataclasses.replace(launch, argv=target.argv, env=target.env), log_path)
+    server = ServerProcess(target.launch(launch), log_path)
     command = shlex.join(server.command)
     main: RunResult | None = None
     sweep: list[RunResult] = []

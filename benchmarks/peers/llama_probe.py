@@ -216,7 +216,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             skipped[target.name] = target.reason
             print(f"skipping {target.name}: {target.reason}", file=sys.stderr)
             continue
-        launch = LaunchConfig(argv=target.argv, health_timeout_s=args.health_timeout, env=target.env)
+        launch = target.launch(LaunchConfig(argv=target.argv, health_timeout_s=args.health_timeout))
         log_path = log_dir / f"{target.name}.server.log"
         server = ServerProcess(launch, log_path)
         command = shlex.join(server.command)

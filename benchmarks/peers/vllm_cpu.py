@@ -30,6 +30,9 @@ _UNNEEDED = ("torchvision", "torchaudio", "torchcodec")
 # of the machine's memory) and refuses to start when less than that is free. 4 GiB holds far more than
 # seats x max_model_len tokens of the default model and fits a 24 GiB machine next to a load generator.
 DEFAULT_KV_CACHE_GIB = 4
+# A first start compiles the model with torch.compile before /health answers: about 4 minutes on 2 shared cores,
+# past the drivers' default 180 s wait. Later starts reuse vLLM's compile cache (~/.cache/vllm).
+FIRST_START_S = 900.0
 
 
 @dataclass(frozen=True)

@@ -141,6 +141,16 @@ def test_paths_command_prints_where_the_venv_goes(
     assert paths["built"] is False
 
 
+def test_a_slow_first_start_gets_longer_than_the_default_wait(gguf: Path) -> None:
+    _build_venv()
+    (found,) = baseline_targets(("vllm-cpu",), ServerSettings())
+    assert isinstance(found, Target)
+    launch = found.launch(LaunchConfig(argv=("set per target",), health_timeout_s=180, stop_grace_s=7))
+    assert launch.argv == found.argv and launch.env == found.env and launch.stop_grace_s == 7
+    assert launch.health_timeout_s == vllm_cpu.FIRST_START_S > 180
+    assert found.launch(LaunchConfig(argv=("x",), health_timeout_s=5000)).health_timeout_s == 5000
+
+
 def test_a_launch_env_reaches_the_server_process(tmp_path: Path) -> None:
     code = "import os, sys; print('bind=' + os.environ['VLLM_CPU_OMP_THREADS_BIND']); sys.exit(3)"
     config = LaunchConfig(argv=(sys.executable, "-c", code), env=(("VLLM_CPU_OMP_THREADS_BIND", "0,1"),))
