@@ -44,6 +44,7 @@ COMMANDS: tuple[Command, ...] = (
         "benchmarks.peers.llama_probe",
         "decode speed at batch 1 and N: batchserve against llama-server on the same weights",
     ),
+    Command("vllm-build", "benchmarks.peers.vllm_cpu", "build the venv that vLLM's CPU server runs from"),
     Command("hf-export", "benchmarks.peers.hf_export", "export a GGUF model to a folder `transformers serve` loads"),
     # in-process engine measurements
     Command(

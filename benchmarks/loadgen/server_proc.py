@@ -24,6 +24,7 @@ class LaunchConfig:
     health_path: str = "/health"
     health_timeout_s: float = 180.0  # a first batchserve start converts the model, about 40 s on a CPU
     stop_grace_s: float = 15.0
+    env: tuple[tuple[str, str], ...] = ()  # (name, value) pairs over this process's environment
 
     def __post_init__(self) -> None:
         if not self.argv:
@@ -72,7 +73,7 @@ class ServerProcess:
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
                 start_new_session=True,
-                env={**os.environ, "PYTHONUNBUFFERED": "1"},
+                env={**os.environ, "PYTHONUNBUFFERED": "1", **dict(self.config.env)},
             )
         try:
             self._wait_healthy()

