@@ -15,6 +15,7 @@ with a warning and the engine runs its pure-torch attention, prompt scoring and 
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import logging
 import platform
@@ -85,8 +86,9 @@ class Kernels:
 
     build: KernelBuild
 
-    @property
+    @functools.cached_property
     def ops(self) -> Any:
+        # Resolved once: a torch.ops namespace lookup costs microseconds, and a decode step makes hundreds of calls.
         return getattr(torch.ops, self.build.namespace)
 
     @property
