@@ -44,6 +44,10 @@ constexpr int64_t kBlockN = 64;  // output rows per int4 block
 constexpr int64_t kMaxRows = 8;  // activation rows per pass over the weights (int8)
 constexpr int64_t kPrefetchRows = 8;  // int8 weight rows requested ahead of use
 constexpr int64_t kPrefetchBytes = 1024;  // int4 bytes requested ahead of use (the next groups)
+// Independent FMA chains per activation row in int8_row: with one sum per row, each FMA waits for the previous
+// one's latency (4-5 cycles), which at one or two rows left the int8 LM head latency-bound, not load-bound.
+constexpr int kInt8Chains = 4;
+constexpr int int8_chains(int rows) { return rows >= kInt8Chains ? 1 : kInt8Chains / rows; }
 
 // Calls f(std::integral_constant<int, R>{}) for R = count in 1..Max: the kernels unroll over a compile-time
 // row count, and every caller picks it the same way.
@@ -206,15 +210,26 @@ void int4_rows(const float* x, const float* group_sums, const uint8_t* packed, c
 
 template <int R>
 inline void int8_row(const int8_t* w, const float* x, int64_t K, float* dots /* [R] */) {
-  __m512 acc[R];
-  for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
+  // C independent sums per row (see kInt8Chains).
+  constexpr int C = int8_chains(R);
+  __m512 acc[R][C];
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < C; ++c) acc[r][c] = _mm512_setzero_ps();
   int64_t k = 0;
+  for (; k + 16 * C <= K; k += 16 * C) {
+    for (int c = 0; c < C; ++c) {
+      const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(w + k + 16 * c));
+      const __m512 wk = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(raw));
+      for (int r = 0; r < R; ++r) acc[r][c] = _mm512_fmadd_ps(wk, _mm512_loadu_ps(x + r * K + k + 16 * c), acc[r][c]);
+    }
+  }
   for (; k + 16 <= K; k += 16) {
     const __m512 wk = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w + k))));
-    for (int r = 0; r < R; ++r) acc[r] = _mm512_fmadd_ps(wk, _mm512_loadu_ps(x + r * K + k), acc[r]);
+    for (int r = 0; r < R; ++r) acc[r][0] = _mm512_fmadd_ps(wk, _mm512_loadu_ps(x + r * K + k), acc[r][0]);
   }
   for (int r = 0; r < R; ++r) {
-    float sum = _mm512_reduce_add_ps(acc[r]);
+    for (int c = 1; c < C; ++c) acc[r][0] = _mm512_add_ps(acc[r][0], acc[r][c]);
+    float sum = _mm512_reduce_add_ps(acc[r][0]);
     for (int64_t t = k; t < K; ++t) sum += static_cast<float>(w[t]) * x[r * K + t];
     dots[r] = sum;
   }
@@ -391,16 +406,26 @@ void int4_rows(const float* x, const float* group_sums, const uint8_t* packed, c
 
 template <int R>
 inline void int8_row(const int8_t* w, const float* x, int64_t K, float* dots /* [R] */) {
-  __m256 acc[R];
-  for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
+  // C independent sums per row (see kInt8Chains).
+  constexpr int C = int8_chains(R);
+  __m256 acc[R][C];
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < C; ++c) acc[r][c] = _mm256_setzero_ps();
   int64_t k = 0;
+  for (; k + 8 * C <= K; k += 8 * C) {
+    for (int c = 0; c < C; ++c) {
+      const __m128i raw = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(w + k + 8 * c));
+      const __m256 wk = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(raw));
+      for (int r = 0; r < R; ++r) acc[r][c] = _mm256_fmadd_ps(wk, _mm256_loadu_ps(x + r * K + k + 8 * c), acc[r][c]);
+    }
+  }
   for (; k + 8 <= K; k += 8) {
-    const __m128i raw = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(w + k));
-    const __m256 wk = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(raw));
-    for (int r = 0; r < R; ++r) acc[r] = _mm256_fmadd_ps(wk, _mm256_loadu_ps(x + r * K + k), acc[r]);
+    const __m256 wk = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(w + k))));
+    for (int r = 0; r < R; ++r) acc[r][0] = _mm256_fmadd_ps(wk, _mm256_loadu_ps(x + r * K + k), acc[r][0]);
   }
   for (int r = 0; r < R; ++r) {
-    float sum = sum8(acc[r]);
+    for (int c = 1; c < C; ++c) acc[r][0] = _mm256_add_ps(acc[r][0], acc[r][c]);
+    float sum = sum8(acc[r][0]);
     for (int64_t t = k; t < K; ++t) sum += static_cast<float>(w[t]) * x[r * K + t];
     dots[r] = sum;
   }

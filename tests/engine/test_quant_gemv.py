@@ -85,10 +85,14 @@ def test_the_kernels_int4_layout_is_torchs_at_its_avx512_capability() -> None:
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("rows", [1, 5, 8, 12])
-def test_int8_gemv_matches_the_dequantised_weights(kernels: native.Kernels, dtype: torch.dtype, rows: int) -> None:
-    weight = _int8(300, 72)  # K = 72: a tail past the 16-wide vector loop
-    x = torch.randn(rows, 72, generator=torch.Generator().manual_seed(rows)).to(dtype)
+@pytest.mark.parametrize("rows", [1, 2, 5, 8, 12])
+# K = 72 and 75: past the unrolled loop (several sums per row at 1-3 rows), a one-vector tail, and a scalar one.
+@pytest.mark.parametrize("k", [72, 75])
+def test_int8_gemv_matches_the_dequantised_weights(
+    kernels: native.Kernels, dtype: torch.dtype, rows: int, k: int
+) -> None:
+    weight = _int8(300, k)
+    x = torch.randn(rows, k, generator=torch.Generator().manual_seed(rows)).to(dtype)
     # The op itself: Int8Linear hands large bfloat16 steps to torch's kernel, which crashes on K = 72 (torch 2.13).
     got = kernels.ops.int8_gemv(x, weight.values, weight.scales.to(dtype))
     assert got.dtype == dtype and got.shape == (rows, 300)
