@@ -11,6 +11,7 @@ both alike; each figure is the median over its attempts.
 from __future__ import annotations
 
 import argparse
+import resource
 import statistics
 from collections.abc import Sequence
 from pathlib import Path
@@ -48,15 +49,20 @@ def measure(loaded: LoadedModel, batch: int, prompt_len: int, steps: int, repeat
     times: dict[bool, list[tuple[float, float]]] = {True: [], False: []}
     order = [True, False, False, True]
     # Warm-up: with caching on, released blocks park and the next attempt takes never-used ones, so the first
-    # passes through the cache touch fresh memory (page faults) where caching off reuses the same blocks. Four
-    # attempts each fill the cache once; after that both settings run in steady state, as a long-lived server.
-    warm_up = 2 * CACHE_ATTEMPTS
+    # passes through the cache touch fresh memory (page faults) where caching off reuses the same blocks. An
+    # attempt takes a little less than a CACHE_ATTEMPTS-th of the cache (its last blocks are part-filled), so
+    # CACHE_ATTEMPTS + 1 attempts per setting hand out every block at least once; after that both settings run in
+    # steady state, as a long-lived server. The minor page faults of each measured attempt show whether they do.
+    warm_up = 2 * (CACHE_ATTEMPTS + 1)
+    faults: dict[bool, list[int]] = {True: [], False: []}
     for attempt in range(2 * repeats + warm_up):
         caching = order[attempt % 4]
         prompts = [torch.randint(100, vocab - 1, (prompt_len,), generator=generator).tolist() for _ in range(batch)]
+        before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
         result = one_pass(engines[caching], prompts, steps)
         if attempt >= warm_up:
             times[caching].append(result)
+            faults[caching].append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
     on_prefill, on_decode = (statistics.median(t[i] for t in times[True]) for i in (0, 1))
     off_prefill, off_decode = (statistics.median(t[i] for t in times[False]) for i in (0, 1))
     assert engines[True].prefix_cache.hits == 0, "fresh prompts must never hit"
@@ -69,6 +75,8 @@ def measure(loaded: LoadedModel, batch: int, prompt_len: int, steps: int, repeat
         "decode_step_ms_off": off_decode * 1000,
         "prefill_throughput_on_over_off": off_prefill / on_prefill,
         "decode_throughput_on_over_off": off_decode / on_decode,
+        "minor_faults_per_attempt_on": statistics.median(faults[True]),
+        "minor_faults_per_attempt_off": statistics.median(faults[False]),
     }
 
 
@@ -93,7 +101,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         print(
             f"batch {batch:>3}: prefill {row['prefill_ms_on']:7.1f} ms on, {row['prefill_ms_off']:7.1f} off "
             f"({row['prefill_throughput_on_over_off']:.3f}x); decode step {row['decode_step_ms_on']:6.2f} ms on, "
-            f"{row['decode_step_ms_off']:6.2f} off ({row['decode_throughput_on_over_off']:.3f}x)",
+            f"{row['decode_step_ms_off']:6.2f} off ({row['decode_throughput_on_over_off']:.3f}x); minor faults an "
+            f"attempt {row['minor_faults_per_attempt_on']:.0f} on, {row['minor_faults_per_attempt_off']:.0f} off",
             flush=True,
         )
     if args.out:

@@ -14,3 +14,4 @@ def test_both_settings_are_measured_and_nothing_is_shared() -> None:
     for key in ("prefill_ms_on", "prefill_ms_off", "decode_step_ms_on", "decode_step_ms_off"):
         assert row[key] > 0
     assert row["decode_throughput_on_over_off"] == pytest.approx(row["decode_step_ms_off"] / row["decode_step_ms_on"])
+    assert row["minor_faults_per_attempt_on"] >= 0 and row["minor_faults_per_attempt_off"] >= 0
