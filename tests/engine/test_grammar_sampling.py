@@ -92,8 +92,15 @@ def test_a_set_grammar_samples_exactly_what_allowed_token_ids_does_and_free_rows
         assert mixed.tokens(i) == reference.tokens(i)
         if i % 2:
             assert set(mixed.tokens(i)) <= allowed
-        else:  # bit-identical to a batch without constrained rows: tokens, logprobs and alternatives
-            assert mixed.outputs[i] == free_alone.outputs[i]
+        else:
+            # Bit-identical, logprobs and alternatives too, to the same batch constrained through the mask path:
+            # every step has the same inputs. A batch without the constrained rows gives the same tokens, but its
+            # logprobs may differ in the last bits: another batch size runs another matmul blocking on some CPUs
+            # (AVX2 MKL).
+            assert mixed.outputs[i] == reference.outputs[i]
+            assert mixed.tokens(i) == free_alone.tokens(i)
+            got = [t.logprob for t in mixed.outputs[i]]
+            assert got == pytest.approx([t.logprob for t in free_alone.outputs[i]], abs=1e-5)
     # Logprobs stay those of the raw distribution, as with allowed_token_ids.
     assert [t.logprob for t in mixed.outputs[1]] == [t.logprob for t in reference.outputs[1]]
 
