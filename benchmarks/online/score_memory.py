@@ -15,14 +15,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import httpx
 
+from benchmarks.loadgen.proc_status import field_mb, status_fields
 from benchmarks.loadgen.server_proc import LaunchConfig, ServerProcess
+from benchmarks.peers.targets import ServerSettings, batchserve_target
 from benchmarks.results_io.report import write_json
 
 TOP = 20  # the most alternatives the API allows
@@ -37,8 +38,8 @@ class Rise:
 
 
 def memory_mb(pid: int) -> dict[str, float]:
-    fields = dict(line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines() if ":" in line)
-    return {name: int(fields[name].split()[0]) / 1024 for name in ("VmRSS", "VmHWM")}
+    fields = status_fields(pid)
+    return {name: field_mb(fields, name) for name in ("VmRSS", "VmHWM")}
 
 
 def reset_peak(pid: int) -> None:
@@ -70,10 +71,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=None, help="write the result as JSON here, the log beside it")
     args = parser.parse_args(argv)
     log = (args.out.parent if args.out else Path("/tmp")) / "score-memory.server.log"
-    launch = LaunchConfig(
-        (sys.executable, "-m", "api", "serve", "--mode", args.mode, "--host", "{host}", "--port", "{port}"),
-        health_timeout_s=300,
-    )
+    target = batchserve_target("score-memory", args.mode, ServerSettings())
+    launch = target.launch(LaunchConfig(target.argv, health_timeout_s=300))
     with ServerProcess(launch, log) as server, httpx.Client(base_url=server.base_url, timeout=600) as client:
         max_model_len = int(client.get("/v1/models").json()["data"][0]["max_model_len"])
         prompt = [(17 * i) % 40000 + 100 for i in range(max_model_len - 1)]  # token ids, none special

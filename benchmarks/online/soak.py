@@ -29,6 +29,7 @@ from pathlib import Path
 import httpx
 
 from benchmarks.loadgen.flags import add_seats_argument
+from benchmarks.loadgen.proc_status import field_mb, status_fields
 from benchmarks.loadgen.server_proc import LaunchConfig, ServerProcess
 from benchmarks.results_io.report import write_json
 
@@ -62,10 +63,8 @@ class Counts:
 
 
 def process_sample(pid: int) -> tuple[float, int, int]:
-    status = Path(f"/proc/{pid}/status").read_text()
-    fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
-    rss_mb = int(fields["VmRSS"].split()[0]) / 1024
-    return rss_mb, len(os.listdir(f"/proc/{pid}/fd")), int(fields["Threads"])
+    fields = status_fields(pid)
+    return field_mb(fields, "VmRSS"), len(os.listdir(f"/proc/{pid}/fd")), int(fields["Threads"])
 
 
 def read_gauges(text: str) -> dict[str, float]:
