@@ -31,6 +31,11 @@ def _silu_types() -> tuple[type[nn.Module], ...]:
 _SILU_TYPES = _silu_types()
 
 
+def is_silu(act: nn.Module) -> bool:
+    """Whether the activation module computes exactly F.silu."""
+    return type(act) in _SILU_TYPES
+
+
 def _fits(*tensors: torch.Tensor) -> bool:
     first = tensors[0]
     return first.device.type == "cpu" and first.dtype in _KERNEL_DTYPES and all(t.dtype == first.dtype for t in tensors)
@@ -87,9 +92,13 @@ class ElementwiseOps:
         x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
         return weight * x.to(residual.dtype)
 
+    def fuses_silu(self, act: nn.Module) -> bool:
+        """Whether `act` * up runs as the compiled silu_mul (for tensors that fit it)."""
+        return self.kernels is not None and self.fused_silu and is_silu(act)
+
     def gated_activation(self, gate_up: torch.Tensor, act: nn.Module) -> torch.Tensor:
         """act(gate) * up over a fused [rows, 2 n] gate|up projection: [rows, n]."""
-        if self.kernels and self.fused_silu and type(act) in _SILU_TYPES and gate_up.dim() == 2 and _fits(gate_up):
+        if self.kernels and self.fuses_silu(act) and gate_up.dim() == 2 and _fits(gate_up):
             return self.kernels.ops.silu_mul(gate_up)  # type: ignore[no-any-return]
         gate, up = gate_up.chunk(2, dim=-1)
         return act(gate) * up  # type: ignore[no-any-return]

@@ -22,6 +22,7 @@ from engine.attention import PreparedGroup, paged_attention, prepare
 from engine.config import DEFAULT_MAX_QUANTIZED_ROWS
 from engine.forward_batch import ForwardBatch
 from engine.fused import ElementwiseOps, RotaryTables
+from engine.fused_decode import FusedDecode, LayerWeights
 from engine.kv_cache import KVCacheShape, PagedKVCache
 from engine.linear import (
     AnyLinear,
@@ -58,16 +59,6 @@ class UnsupportedModelError(ValueError):
     pass
 
 
-@dataclass(frozen=True)
-class _Layer:
-    input_norm: torch.Tensor
-    qkv_proj: AnyLinear
-    o_proj: AnyLinear
-    post_norm: torch.Tensor
-    gate_up_proj: AnyLinear
-    down_proj: AnyLinear
-
-
 def _fuse(linears: list[nn.Linear]) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Concatenate the output rows of several Linear layers and make each layer's weight a view of them."""
     weight = torch.cat([lin.weight.data for lin in linears], dim=0)
@@ -97,6 +88,7 @@ class TransformersRunner:
         max_quantized_rows: int | None = DEFAULT_MAX_QUANTIZED_ROWS,
         int8_activations: bool = True,
         kernel_build: KernelBuild | None = None,
+        fused_decode: bool = True,
     ) -> None:
         """`prepack_weights`: run the projections through oneDNN on reordered weight copies (CPU, float32).
         `native_attention`: decode attention and prompt scoring through the compiled CPU kernels where they build
@@ -113,6 +105,8 @@ class TransformersRunner:
         docs/quantization.md).
         `kernel_build`: which build of the compiled kernels to run (engine/native.py); default the best this CPU
         allows under BATCHSERVE_CPU_ISA.
+        `fused_decode`: pure decode steps run every layer in one call where the layers allow it
+        (engine/fused_decode.py; the same result as the per-op path, bit for bit).
         """
         config = model.config
         inner = getattr(model, "model", None)
@@ -148,6 +142,8 @@ class TransformersRunner:
         self.decode_kernel = self.kernels.decode_attention if self.kernels else None
         self.score_kernel = self.kernels.prompt_scores if self.kernels else None
         self.ops = ElementwiseOps.build(self.kernels if fused_ops else None)
+        use_fused = fused_decode and self.decode_kernel is not None
+        self.fused_decode = FusedDecode.build(self.layers, self.ops, self.act, use_fused) if use_fused else None
 
     def _linear(self, module: nn.Linear, name: str) -> AnyLinear:
         return self._build(module.weight.data, None if module.bias is None else module.bias.data, [name])
@@ -169,7 +165,7 @@ class TransformersRunner:
         assert isinstance(dense, Linear)
         return RowSwitchedLinear(quantized, dense, self.max_quantized_rows)
 
-    def _prepare_layer(self, layer: Any, prefix: str) -> _Layer:
+    def _prepare_layer(self, layer: Any, prefix: str) -> LayerWeights:
         attn, mlp = layer.self_attn, layer.mlp
         for name in ("q_proj", "k_proj", "v_proj", "o_proj"):
             if not isinstance(getattr(attn, name, None), nn.Linear):
@@ -179,7 +175,7 @@ class TransformersRunner:
                 raise UnsupportedModelError(f"MLP module {type(mlp).__name__} has no Linear {name}")
         qkv_weight, qkv_bias = _fuse([attn.q_proj, attn.k_proj, attn.v_proj])
         gate_up_weight, gate_up_bias = _fuse([mlp.gate_proj, mlp.up_proj])
-        return _Layer(
+        return LayerWeights(
             input_norm=layer.input_layernorm.weight,
             qkv_proj=self._build(qkv_weight, qkv_bias, [f"{prefix}.self_attn.{n}_proj" for n in "qkv"]),
             o_proj=self._linear(attn.o_proj, f"{prefix}.self_attn.o_proj"),
@@ -189,7 +185,7 @@ class TransformersRunner:
         )
 
     @staticmethod
-    def layer_linears(layer: _Layer) -> tuple[AnyLinear, ...]:
+    def layer_linears(layer: LayerWeights) -> tuple[AnyLinear, ...]:
         """The weight matmuls of one layer, in the order a step runs them."""
         return (layer.qkv_proj, layer.o_proj, layer.gate_up_proj, layer.down_proj)
 
@@ -219,14 +215,47 @@ class TransformersRunner:
 
     @torch.inference_mode()
     def forward(self, batch: ForwardBatch, cache: PagedKVCache) -> ForwardOutput:
-        heads, kv_heads, dim = self.num_heads, self.num_kv_heads, self.head_dim
-        tokens = batch.num_tokens
         x = self.embed(batch.input_ids)  # [tokens, hidden]
         cos, sin = self.rotary(x, batch.positions[None])  # each [1, tokens, head_dim]
         rotary = RotaryTables.build(cos[0], sin[0])
-        block_size = cache.shape.block_size
         native = self.decode_kernel is not None
-        groups = prepare(batch.groups, kv_heads, cache.shape.num_blocks, block_size, native)  # shared by every layer
+        # Shared by every layer.
+        groups = prepare(batch.groups, self.num_kv_heads, cache.shape.num_blocks, cache.shape.block_size, native)
+        fused = self.fused_decode
+        if fused is not None and fused.accepts(groups, batch.num_tokens) and cache.data.dtype == x.dtype:
+            fused(
+                x,
+                cache.data,
+                rotary,
+                batch.slot_mapping,
+                groups[0],
+                self.num_heads,
+                self.num_kv_heads,
+                self.scale,
+                self.eps,
+            )
+        else:
+            self._layers(x, batch, cache, rotary, groups)
+        logits = self._logits(x[batch.sample_index])
+        scoring = batch.scoring
+        if scoring is None:
+            return ForwardOutput(logits)
+        scores = score_positions(
+            x, scoring.index, scoring.target, scoring.top_k, self._logits, self.score_slice, self.score_kernel
+        )
+        return ForwardOutput(logits, scores)
+
+    def _layers(
+        self,
+        x: torch.Tensor,
+        batch: ForwardBatch,
+        cache: PagedKVCache,
+        rotary: RotaryTables,
+        groups: tuple[PreparedGroup, ...],
+    ) -> None:
+        """Every decoder layer, one op at a time, over the residual stream x (updated in place)."""
+        heads, kv_heads, dim = self.num_heads, self.num_kv_heads, self.head_dim
+        tokens = batch.num_tokens
         scratch = self._gather_scratch(groups, cache)
         ops = self.ops
         mlp_out: torch.Tensor | None = None  # the previous layer's MLP output, added to x by the next norm
@@ -240,11 +269,3 @@ class TransformersRunner:
             mlp_out = layer.down_proj(ops.gated_activation(layer.gate_up_proj(h), self.act))
         if mlp_out is not None:
             x.add_(mlp_out)
-        logits = self._logits(x[batch.sample_index])
-        scoring = batch.scoring
-        if scoring is None:
-            return ForwardOutput(logits)
-        scores = score_positions(
-            x, scoring.index, scoring.target, scoring.top_k, self._logits, self.score_slice, self.score_kernel
-        )
-        return ForwardOutput(logits, scores)

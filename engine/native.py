@@ -33,9 +33,20 @@ logger = logging.getLogger(__name__)
 
 _CSRC = Path(__file__).parent / "csrc"
 _SOURCES = tuple(
-    _CSRC / name for name in ("paged_decode_attention.cpp", "prompt_scores.cpp", "fused_ops.cpp", "quant_gemv.cpp")
+    _CSRC / name
+    for name in (
+        "paged_decode_attention.cpp",
+        "prompt_scores.cpp",
+        "fused_ops.cpp",
+        "quant_gemv.cpp",
+        "decode_layers.cpp",
+    )
 )
-_HEADERS = (_CSRC / "scalar.h",)  # not compiled on their own, but a change must rebuild
+_HEADERS = (
+    _CSRC / "scalar.h",
+    _CSRC / "ops.h",
+    _CSRC / "vector_exp.h",
+)  # not compiled on their own, but a change must rebuild
 _STALE_LOCK_S = 300.0  # a build takes ~10-30 s; a lock this old was left by a build that was killed
 
 DecodeKernel = Callable[

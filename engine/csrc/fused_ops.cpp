@@ -29,17 +29,15 @@
 #include <limits>
 #include <optional>
 
-#if defined(__AVX512F__) || defined(__AVX2__)
-#include <immintrin.h>
-// torch's vectorised exp at its AVX-512 and AVX2 capabilities (libtorch_cpu exports both): calling the routine
-// torch calls at the same capability makes this SiLU give the bits of torch's own. The builds without either
-// match torch's DEFAULT capability, whose vectorised exp is std::exp element by element.
-extern "C" __m512 Sleef_expf16_u10(__m512);
-extern "C" __m256 Sleef_expf8_u10(__m256);
-#endif
+// vector_exp.h: torch's vectorised exp at its AVX-512 and AVX2 capabilities (libtorch_cpu exports both): calling
+// the routine torch calls at the same capability makes this SiLU give the bits of torch's own. The builds without
+// either match torch's DEFAULT capability, whose vectorised exp is std::exp element by element.
 
+#include "ops.h"
 #include "scalar.h"
+#include "vector_exp.h"
 
+namespace BATCHSERVE_OPS {
 namespace {
 
 using batchserve::narrow;
@@ -80,6 +78,8 @@ void add_rms_norm_rows(T* residual, const T* delta, const T* weight, T* out, int
   });
 }
 
+}  // namespace
+
 torch::Tensor add_rms_norm(torch::Tensor residual, const std::optional<torch::Tensor>& delta,
                            const torch::Tensor& weight, double eps) {
   TORCH_CHECK(residual.device().is_cpu() && float_or_bf16(residual) && residual.dim() == 2 &&
@@ -106,6 +106,8 @@ torch::Tensor add_rms_norm(torch::Tensor residual, const std::optional<torch::Te
   }
   return out;
 }
+
+namespace {
 
 // ---------------------------------------------------------------------------------------------------------------
 // SiLU(gate) * up. torch computes SiLU as x / (1 + exp(-x)) with its vectorised exp over whole vector chunks
@@ -154,6 +156,8 @@ void silu_mul_rows(const T* gate_up, T* out, int64_t rows, int64_t n) {
   });
 }
 
+}  // namespace
+
 torch::Tensor silu_mul(const torch::Tensor& gate_up) {
   TORCH_CHECK(gate_up.device().is_cpu() && float_or_bf16(gate_up) && gate_up.dim() == 2 &&
                   gate_up.size(1) % 2 == 0,
@@ -168,6 +172,8 @@ torch::Tensor silu_mul(const torch::Tensor& gate_up) {
   }
   return out;
 }
+
+namespace {
 
 // ---------------------------------------------------------------------------------------------------------------
 // RoPE and the cache write. transformers: q * cos + rotate_half(q) * sin, each product and the sum rounded to
@@ -203,6 +209,8 @@ void rope_write_rows(const T* qkv, const T* cos, const T* sin, const int64_t* sl
     }
   });
 }
+
+}  // namespace
 
 torch::Tensor rope_write_cache(const torch::Tensor& qkv, const torch::Tensor& cos, const torch::Tensor& sin,
                                torch::Tensor key_cache, torch::Tensor value_cache, const torch::Tensor& slot_mapping,
@@ -242,6 +250,8 @@ torch::Tensor rope_write_cache(const torch::Tensor& qkv, const torch::Tensor& co
   }
   return query;
 }
+
+namespace {
 
 // ---------------------------------------------------------------------------------------------------------------
 // Greedy argmax: blocks of the row are reduced to their maximum in vector lanes, and only a block that beats the
@@ -287,6 +297,7 @@ torch::Tensor argmax_rows(const torch::Tensor& logits) {
 }
 
 }  // namespace
+}  // namespace BATCHSERVE_OPS
 
 TORCH_LIBRARY_FRAGMENT(BATCHSERVE_OPS, m) {
   m.def("add_rms_norm(Tensor(a!) residual, Tensor? delta, Tensor weight, float eps) -> Tensor");
@@ -298,8 +309,8 @@ TORCH_LIBRARY_FRAGMENT(BATCHSERVE_OPS, m) {
 }
 
 TORCH_LIBRARY_IMPL(BATCHSERVE_OPS, CPU, m) {
-  m.impl("add_rms_norm", &add_rms_norm);
-  m.impl("silu_mul", &silu_mul);
-  m.impl("rope_write_cache", &rope_write_cache);
-  m.impl("argmax_rows", &argmax_rows);
+  m.impl("add_rms_norm", &BATCHSERVE_OPS::add_rms_norm);
+  m.impl("silu_mul", &BATCHSERVE_OPS::silu_mul);
+  m.impl("rope_write_cache", &BATCHSERVE_OPS::rope_write_cache);
+  m.impl("argmax_rows", &BATCHSERVE_OPS::argmax_rows);
 }

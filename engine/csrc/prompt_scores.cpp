@@ -20,6 +20,7 @@
 #include <limits>
 #include <tuple>
 
+namespace BATCHSERVE_OPS {
 namespace {
 
 constexpr int64_t kSumBlock = 512;  // terms summed in float before the running total (double) takes them
@@ -143,9 +144,10 @@ std::tuple<torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor> prompt_sc
 }
 
 }  // namespace
+}  // namespace BATCHSERVE_OPS
 
 TORCH_LIBRARY_FRAGMENT(BATCHSERVE_OPS, m) {
   m.def("prompt_scores(Tensor logits, Tensor target, int k) -> (Tensor, Tensor, Tensor, Tensor)");
 }
 
-TORCH_LIBRARY_IMPL(BATCHSERVE_OPS, CPU, m) { m.impl("prompt_scores", &prompt_scores); }
+TORCH_LIBRARY_IMPL(BATCHSERVE_OPS, CPU, m) { m.impl("prompt_scores", &BATCHSERVE_OPS::prompt_scores); }

@@ -23,6 +23,7 @@
 #include <torch/library.h>
 #include <torch/types.h>
 
+#include "ops.h"
 #include "scalar.h"
 
 #include <algorithm>
@@ -36,6 +37,7 @@
 #include <immintrin.h>
 #endif
 
+namespace BATCHSERVE_OPS {
 namespace {
 
 using batchserve::widen;
@@ -668,6 +670,8 @@ bool int4_dot_available() {
 #endif
 }
 
+}  // namespace
+
 torch::Tensor int4_dot(const torch::Tensor& x, const torch::Tensor& packed, int64_t group, const torch::Tensor& scales,
                        const torch::Tensor& zeros) {
   TORCH_CHECK(int4_dot_available(), "int4_dot needs AVX2, or AVX-512 with VNNI");
@@ -697,17 +701,17 @@ torch::Tensor int4_dot(const torch::Tensor& x, const torch::Tensor& packed, int6
   return y;
 }
 
-}  // namespace
+}  // namespace BATCHSERVE_OPS
 
 TORCH_LIBRARY_FRAGMENT(BATCHSERVE_OPS, m) {
-  m.def("int4_dot_available() -> bool", &int4_dot_available);
+  m.def("int4_dot_available() -> bool", &BATCHSERVE_OPS::int4_dot_available);
   m.def("int4_gemv(Tensor x, Tensor packed, int group, Tensor scales_and_zeros) -> Tensor");
   m.def("int8_gemv(Tensor x, Tensor values, Tensor scales) -> Tensor");
   m.def("int4_dot(Tensor x, Tensor packed, int group, Tensor scales, Tensor zeros) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(BATCHSERVE_OPS, CPU, m) {
-  m.impl("int4_gemv", &int4_gemv);
-  m.impl("int8_gemv", &int8_gemv);
-  m.impl("int4_dot", &int4_dot);
+  m.impl("int4_gemv", &BATCHSERVE_OPS::int4_gemv);
+  m.impl("int8_gemv", &BATCHSERVE_OPS::int8_gemv);
+  m.impl("int4_dot", &BATCHSERVE_OPS::int4_dot);
 }

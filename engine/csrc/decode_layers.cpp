@@ -1,0 +1,84 @@
+// A pure decode step's decoder layers in one call, for models whose projections are all int4 integer-dot weights.
+//
+// At batch 1 a step makes about ten calls a layer (norms, four projections, RoPE and the cache write, attention,
+// SiLU * up), each a few microseconds of Python and dispatcher around a kernel of tens. This runs the same
+// kernels, with the same arguments in the same order, straight from C++: the result is the per-op path's, bit
+// for bit (tests/engine/test_decode_layers.py), and the runner keeps the per-op path for every other step.
+//
+//   decode_layers: for each layer i, with its 14 tensors in `layers` (kLayerTensors, in the order below) and its
+//                  keys and values in cache[i] ([layers, 2, kv_heads, slots, dim]):
+//                    h = add_rms_norm(x, mlp_out, input_norm); q = rope_write_cache(int4_dot(h, qkv));
+//                    h = add_rms_norm(x, int4_dot(attention(q), o), post_norm);
+//                    mlp_out = int4_dot(silu_mul(int4_dot(h, gate_up)), down)
+//                  and finally x += mlp_out. x, the residual stream [rows, hidden], is updated in place.
+//                  Without `fused_silu`, SiLU * up is ATen's silu and mul, as torch's modules compute it (the
+//                  compiled one gives torch's bits only where torch runs the same instruction set).
+
+#include <ATen/ATen.h>
+#include <torch/library.h>
+#include <torch/types.h>
+
+#include <cstdint>
+#include <optional>
+
+#include "ops.h"
+
+namespace BATCHSERVE_OPS {
+namespace {
+
+// Per layer: input_norm, qkv (packed, scales, zeros), o (3), post_norm, gate_up (3), down (3).
+constexpr int64_t kLayerTensors = 14;
+
+torch::Tensor project(const torch::Tensor& x, const torch::Tensor* weight /* packed, scales, zeros */) {
+  // The group size follows from the shapes: packed is [N, K / 2], scales [N / 16, K / group, 16].
+  const int64_t inputs = weight[0].size(1) * 2;
+  return int4_dot(x, weight[0], inputs / weight[1].size(1), weight[1], weight[2]);
+}
+
+void decode_layers(torch::Tensor x, const torch::Tensor& cache, at::TensorList layers, const torch::Tensor& cos,
+                   const torch::Tensor& sin, const torch::Tensor& slot_mapping, const torch::Tensor& block_table,
+                   const torch::Tensor& context_lens, int64_t heads, int64_t kv_heads, int64_t block_size,
+                   double scale, double eps, bool fused_silu) {
+  TORCH_CHECK(x.dim() == 2 && x.is_contiguous(), "x must be a contiguous [rows, hidden] tensor");
+  TORCH_CHECK(cache.dim() == 5 && cache.size(1) == 2 && cache.is_contiguous(),
+              "cache must be a contiguous [layers, 2, kv_heads, slots, dim] tensor");
+  const int64_t num_layers = cache.size(0);
+  TORCH_CHECK(static_cast<int64_t>(layers.size()) == num_layers * kLayerTensors,
+              "layers must hold 14 tensors for each of the cache's layers");
+  for (const auto& tensor : layers) TORCH_CHECK(tensor.is_contiguous(), "layer tensors must be contiguous");
+  const int64_t rows = x.size(0);
+  std::optional<torch::Tensor> mlp_out;
+  for (int64_t i = 0; i < num_layers; ++i) {
+    const torch::Tensor* w = layers.data() + i * kLayerTensors;
+    const torch::Tensor key_cache = cache.select(0, i).select(0, 0);
+    const torch::Tensor value_cache = cache.select(0, i).select(0, 1);
+    torch::Tensor h = add_rms_norm(x, mlp_out, w[0], eps);
+    const torch::Tensor query =
+        rope_write_cache(project(h, w + 1), cos, sin, key_cache, value_cache, slot_mapping, heads, kv_heads);
+    const torch::Tensor attended =
+        paged_decode_attention(query, key_cache, value_cache, block_table, context_lens, block_size, scale);
+    h = add_rms_norm(x, project(attended.view({rows, -1}), w + 4), w[7], eps);
+    const torch::Tensor gate_up = project(h, w + 8);
+    torch::Tensor gated;
+    if (fused_silu) {
+      gated = silu_mul(gate_up);
+    } else {
+      const auto halves = gate_up.chunk(2, -1);
+      gated = at::silu(halves[0]) * halves[1];
+    }
+    mlp_out = project(gated, w + 11);
+  }
+  if (mlp_out.has_value()) x.add_(*mlp_out);
+}
+
+}  // namespace
+}  // namespace BATCHSERVE_OPS
+
+TORCH_LIBRARY_FRAGMENT(BATCHSERVE_OPS, m) {
+  m.def(
+      "decode_layers(Tensor(a!) x, Tensor(b!) cache, Tensor[] layers, Tensor cos, Tensor sin, Tensor slot_mapping, "
+      "Tensor block_table, Tensor context_lens, int heads, int kv_heads, int block_size, float scale, "
+      "float eps, bool fused_silu) -> ()");
+}
+
+TORCH_LIBRARY_IMPL(BATCHSERVE_OPS, CPU, m) { m.impl("decode_layers", &BATCHSERVE_OPS::decode_layers); }

@@ -1,0 +1,94 @@
+"""A pure decode step's layers in one compiled call (engine/fused_decode.py, engine/csrc/decode_layers.cpp): the
+same tokens and logprobs as the per-op path, bit for bit, once per build of the kernels that has the integer-dot
+int4 matmul; and the steps it must leave to the per-op path."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from engine import native
+from engine.config import EngineConfig
+from engine.engine import Engine
+from engine.loader import load_model
+from engine.model_runner import TransformersRunner
+from engine.sampling_params import SamplingParams
+
+PROMPTS = [[5, 9, 2, 77, 31], [1, 2, 3], list(range(40, 57))]
+NEW_TOKENS = 12
+
+
+def _runner(checkpoint: Path, dtype: str, build: native.KernelBuild, **options: Any) -> TransformersRunner:
+    loaded = load_model(checkpoint, dtype=dtype, quantization="int4")
+    return TransformersRunner(loaded.model, quantized=loaded.quantized, kernel_build=build, **options)
+
+
+def _count_per_op_steps(runner: TransformersRunner) -> Callable[[], int]:
+    """Counts the steps that run the per-op layers (the instance's own `_layers`, wrapped)."""
+    calls = []
+    per_op = runner._layers
+
+    def counted(*args: Any) -> None:
+        calls.append(1)
+        per_op(*args)
+
+    runner._layers = counted  # type: ignore[method-assign]
+    return lambda: len(calls)
+
+
+def _greedy(runner: TransformersRunner, dtype: torch.dtype) -> list[tuple[int, float | None]]:
+    engine = Engine(runner, EngineConfig(seats=4, kv_cache_tokens=256, block_size=4), dtype=dtype)
+    params = SamplingParams(max_tokens=NEW_TOKENS, temperature=0.0, logprobs=0)
+    for seq_id, prompt in enumerate(PROMPTS):
+        engine.add(seq_id, prompt, params)
+        assert engine.reserve(seq_id, len(prompt) + NEW_TOKENS)
+    outputs = list(engine.step([(i, len(p)) for i, p in enumerate(PROMPTS)]).tokens)
+    for step in range(NEW_TOKENS - 1):
+        rows = 1 if step < 3 else len(PROMPTS)  # batch 1 first, then all three
+        outputs += engine.step([(i, 1) for i in range(rows)]).tokens
+    return [(out.token_id, out.logprob) for out in outputs]
+
+
+def _dot_build(kernels: native.Kernels) -> native.KernelBuild:
+    if not kernels.has_int4_dot:
+        pytest.skip(f"the {kernels.build.name} build has no integer dot product kernel (AVX2, or AVX-512 with VNNI)")
+    return kernels.build
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_fused_decode_gives_the_per_op_paths_bits(kernels: native.Kernels, tiny_checkpoint: Path, dtype: str) -> None:
+    build = _dot_build(kernels)
+    fused = _runner(tiny_checkpoint, dtype, build)
+    assert fused.fused_decode is not None
+    per_op_steps = _count_per_op_steps(fused)
+    got = _greedy(fused, getattr(torch, dtype))
+    assert per_op_steps() == 1  # the prefill only: every decode step ran fused
+    expected = _greedy(_runner(tiny_checkpoint, dtype, build, fused_decode=False), getattr(torch, dtype))
+    assert got == expected
+
+
+def test_steps_past_the_row_switch_run_per_op(kernels: native.Kernels, tiny_checkpoint: Path) -> None:
+    """With quantised weights for up to 2 rows, the 3-row steps run the dense copy, one op at a time."""
+    build = _dot_build(kernels)
+    runner = _runner(tiny_checkpoint, "float32", build, max_quantized_rows=2)
+    assert runner.fused_decode is not None and runner.fused_decode.max_rows == 2
+    per_op_steps = _count_per_op_steps(runner)
+    got = _greedy(runner, torch.float32)
+    assert per_op_steps() == 1 + (NEW_TOKENS - 1 - 3)  # the prefill and every 3-row step
+    unfused = _runner(tiny_checkpoint, "float32", build, max_quantized_rows=2, fused_decode=False)
+    assert got == _greedy(unfused, torch.float32)
+
+
+def test_layers_without_integer_dot_weights_keep_the_per_op_path(
+    kernels: native.Kernels, tiny_checkpoint: Path
+) -> None:
+    loaded = load_model(tiny_checkpoint, dtype="float32", quantization="int8")
+    assert TransformersRunner(loaded.model, quantized=loaded.quantized, kernel_build=kernels.build).fused_decode is None
+    dense = load_model(tiny_checkpoint, dtype="float32", quantization="none")
+    assert TransformersRunner(dense.model, kernel_build=kernels.build).fused_decode is None
+    int4 = _runner(tiny_checkpoint, "float32", kernels.build)
+    assert (int4.fused_decode is not None) == kernels.has_int4_dot
