@@ -36,7 +36,7 @@ def _count_per_op_steps(runner: TransformersRunner) -> Callable[[], int]:
         calls.append(1)
         per_op(*args)
 
-    runner._layers = counted  # type: ignore[method-assign]
+    runner._layers = counted  # type: ignore[method-assign,assignment]
     return lambda: len(calls)
 
 
