@@ -45,6 +45,7 @@ using batchserve::widen;
 constexpr int64_t kBlockN = 64;  // output rows per int4 block
 constexpr int64_t kMaxRows = 8;  // activation rows per pass over the weights (int8)
 constexpr int64_t kPrefetchRows = 8;  // int8 weight rows requested ahead of use
+constexpr int64_t kInt8Tile = 128;  // int8 weight rows per tile (72 KB at K = 576: stays in L2 across passes)
 constexpr int64_t kPrefetchBytes = 1024;  // int4 bytes requested ahead of use (the next groups)
 // Independent FMA chains per activation row in int8_row: with one sum per row, each FMA waits for the previous
 // one's latency (4-5 cycles), which at one or two rows left the int8 LM head latency-bound, not load-bound.
@@ -561,18 +562,25 @@ void int8_rows(const float* x, const int8_t* values, const S* scales, T* y, int6
 
 template <typename T, typename S>
 void int8_rows(const float* x, const int8_t* values, const S* scales, T* y, int64_t rows, int64_t K, int64_t N) {
-  at::parallel_for(0, N, 256, [&](int64_t begin, int64_t end) {
+  at::parallel_for(0, N, kInt8Tile, [&](int64_t begin, int64_t end) {
     float dots[kMaxRows];
-    for (int64_t n = begin; n < end; ++n) {
-      // One core alone does not keep enough loads in flight to use its share of the memory bandwidth.
-      const char* ahead = reinterpret_cast<const char*>(values + std::min(n + kPrefetchRows, N - 1) * K);
-      for (int64_t line = 0; line < K; line += 64) _mm_prefetch(ahead + line, _MM_HINT_T0);
+    // Tiles of weight rows, each read from memory once and then from L2 by every pass of kMaxRows activation rows.
+    // Passes outside the tile would re-read all activation rows (73 KB at 32 rows: past L1) for every weight row.
+    for (int64_t tile = begin; tile < end; tile += kInt8Tile) {
+      const int64_t tile_end = std::min(tile + kInt8Tile, end);
       for (int64_t first = 0; first < rows; first += kMaxRows) {
         const int64_t count = std::min(kMaxRows, rows - first);
         const float* xs = x + first * K;
-        with_row_count<kMaxRows>(count, [&](auto R) { int8_row<decltype(R)::value>(values + n * K, xs, K, dots); });
-        const float scale = widen(scales[n]);
-        for (int64_t r = 0; r < count; ++r) y[(first + r) * N + n] = static_cast<T>(dots[r] * scale);
+        for (int64_t n = tile; n < tile_end; ++n) {
+          if (first == 0) {
+            // One core alone does not keep enough loads in flight to use its share of the memory bandwidth.
+            const char* ahead = reinterpret_cast<const char*>(values + std::min(n + kPrefetchRows, N - 1) * K);
+            for (int64_t line = 0; line < K; line += 64) _mm_prefetch(ahead + line, _MM_HINT_T0);
+          }
+          with_row_count<kMaxRows>(count, [&](auto R) { int8_row<decltype(R)::value>(values + n * K, xs, K, dots); });
+          const float scale = widen(scales[n]);
+          for (int64_t r = 0; r < count; ++r) y[(first + r) * N + n] = static_cast<T>(dots[r] * scale);
+        }
       }
     }
   });
