@@ -26,6 +26,13 @@ from engine import native
 from tests.toolchain import kernel_build_params, load_build
 
 
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """Compile (or load) this CPU's kernel build before any test starts a server. In a fresh virtualenv the build
+    takes a minute or more (its command line names the venv's paths, so a cached build is rebuilt), and a test
+    server's health wait must not absorb that: under load it once ran past the wait's 120 s."""
+    native.load_kernels()
+
+
 def train_byte_level_tokenizer(corpus: list[str], vocab_size: int, eos: str) -> PreTrainedTokenizerFast:
     """A byte-level BPE tokenizer trained in memory on `corpus` (no downloads): every string encodes, and
     characters outside the corpus fall back to single-byte tokens, so multi-byte characters span several."""
