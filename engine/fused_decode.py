@@ -51,26 +51,33 @@ class FusedDecode:
     fused_silu: bool  # SiLU * up through the compiled kernel (else ATen's ops, as the per-op path does)
 
     @classmethod
-    def build(
-        cls, layers: Sequence[LayerWeights], ops: ElementwiseOps, act: nn.Module, decode_attention: bool
-    ) -> FusedDecode | None:
-        """The fused path for these layers, or None where a layer or op has no place in it."""
+    def build(cls, layers: Sequence[LayerWeights], ops: ElementwiseOps, act: nn.Module) -> FusedDecode | None:
+        """The fused path for these layers, or None where a layer or op has no place in it. The caller decides
+        whether decode attention runs in the native kernel, which the fused step needs."""
         kernels = ops.kernels
-        if kernels is None or not decode_attention or not is_silu(act) or not layers:
+        if kernels is None or not is_silu(act) or not layers:
             return None
         tensors: list[torch.Tensor] = []
         limits: set[int | None] = set()
         for layer in layers:
-            tensors.append(layer.input_norm.contiguous())
-            for index, linear in enumerate((layer.qkv_proj, layer.o_proj, layer.gate_up_proj, layer.down_proj)):
-                found = _int4_dot(linear)
+            parts = (
+                layer.input_norm,
+                layer.qkv_proj,
+                layer.o_proj,
+                layer.post_norm,
+                layer.gate_up_proj,
+                layer.down_proj,
+            )
+            for part in parts:  # decode_layers.cpp's order
+                if isinstance(part, torch.Tensor):
+                    tensors.append(part.contiguous())
+                    continue
+                found = _int4_dot(part)
                 if found is None or found[0].bias is not None or found[0].kernels.build != kernels.build:
                     return None
                 dot, limit = found
                 limits.add(limit)
                 tensors.extend((dot.packed, dot.scales, dot.zeros))
-                if index == 1:  # after o_proj
-                    tensors.append(layer.post_norm.contiguous())
         if len(limits) != 1:
             return None
         return cls(kernels, tensors, limits.pop(), ops.fuses_silu(act))

@@ -143,7 +143,7 @@ class TransformersRunner:
         self.score_kernel = self.kernels.prompt_scores if self.kernels else None
         self.ops = ElementwiseOps.build(self.kernels if fused_ops else None)
         use_fused = fused_decode and self.decode_kernel is not None
-        self.fused_decode = FusedDecode.build(self.layers, self.ops, self.act, use_fused) if use_fused else None
+        self.fused_decode = FusedDecode.build(self.layers, self.ops, self.act) if use_fused else None
 
     def _linear(self, module: nn.Linear, name: str) -> AnyLinear:
         return self._build(module.weight.data, None if module.bias is None else module.bias.data, [name])
