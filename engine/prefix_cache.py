@@ -48,7 +48,8 @@ class PrefixCache:
 
     def start(self, seq_id: int, salt: str | None, match: PrefixMatch, num_queried: int) -> None:
         """The sequence begins (or resumes) holding `match`'s blocks, already acquired."""
-        self.queries += num_queried
+        if self.enabled:  # with caching off nothing was looked up
+            self.queries += num_queried
         self.hits += len(match.blocks) * self.block_size
         parent = self.pool.identity(match.blocks[-1]) if match.blocks else root(salt)
         parent_key = match.keys[-1] if match.keys else None

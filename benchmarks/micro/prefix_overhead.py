@@ -1,9 +1,13 @@
 """What prefix caching costs when nothing is shared: the same engine steps with caching on and off.
 
 Every attempt sends fresh random prompts (no prefix is ever found), so the only difference is the bookkeeping:
-looking prompts up, registering each block a step fills, parking released blocks and evicting them. The two
-settings alternate attempt by attempt (on, off, off, on, ...) on one loaded model, so drift over the run touches
-both alike; each figure is the median over its attempts.
+looking prompts up, registering each block a step fills, parking released blocks and evicting them, and which
+blocks of the KV cache the next sequence gets. One engine, with one KV cache tensor, runs every attempt and
+switches caching between them, since two engines differ by where their cache lands in memory (an A/A run with two
+engines, both off, once gave 0.70x). A third setting repeats "off" as an A/A control of the method itself: its
+ratio to "off" shows how far two identical settings drift apart in the same run. The settings rotate
+(on, off, control, control, off, on, ...) so drift over the run touches all alike; each figure is the median over
+its attempts.
 
     python -m benchmarks prefix-overhead --out benchmarks/results/prefix-caching/2026-12-02-xeon/overhead.json
 """
@@ -27,6 +31,12 @@ from engine.loader import LoadedModel
 from engine.model_runner import TransformersRunner
 
 CACHE_ATTEMPTS = 4  # the KV cache holds this many attempts' sequences
+SETTINGS = ("on", "off", "control")  # control: caching off again, the A/A check
+CYCLE = ("on", "off", "control", "control", "off", "on")  # each setting as often early as late in a cycle
+
+
+def _median_ms(samples: list[tuple[float, float]], index: int) -> float:
+    return statistics.median(sample[index] for sample in samples) * 1000
 
 
 @torch.inference_mode()
@@ -34,50 +44,50 @@ def measure(loaded: LoadedModel, batch: int, prompt_len: int, steps: int, repeat
     runner = TransformersRunner(loaded.model, quantized=loaded.quantized)
     vocab = runner.vocab_size
     tokens = batch * (prompt_len + steps + 16)
-    engines = {
-        caching: Engine(
-            runner,
-            # Room for several attempts, so the cache also parks and evicts blocks as a server's does.
-            EngineConfig(seats=batch, kv_cache_tokens=CACHE_ATTEMPTS * tokens, enable_prefix_caching=caching),
-            loaded.eos_token_ids,
-            loaded.max_model_len,
-            dtype=runner.dtype,
-        )
-        for caching in (True, False)
-    }
+    engine = Engine(
+        runner,
+        # Room for several attempts, so the cache also parks and evicts blocks as a server's does.
+        EngineConfig(seats=batch, kv_cache_tokens=CACHE_ATTEMPTS * tokens, enable_prefix_caching=True),
+        loaded.eos_token_ids,
+        loaded.max_model_len,
+        dtype=runner.dtype,
+    )
     generator = torch.Generator().manual_seed(batch)
-    times: dict[bool, list[tuple[float, float]]] = {True: [], False: []}
-    order = [True, False, False, True]
+    times: dict[str, list[tuple[float, float]]] = {setting: [] for setting in SETTINGS}
+    faults: dict[str, list[int]] = {setting: [] for setting in SETTINGS}
     # Warm-up: with caching on, released blocks park and the next attempt takes never-used ones, so the first
-    # passes through the cache touch fresh memory (page faults) where caching off reuses the same blocks. An
-    # attempt takes a little less than a CACHE_ATTEMPTS-th of the cache (its last blocks are part-filled), so
-    # CACHE_ATTEMPTS + 1 attempts per setting hand out every block at least once; after that both settings run in
-    # steady state, as a long-lived server. The minor page faults of each measured attempt show whether they do.
-    warm_up = 2 * (CACHE_ATTEMPTS + 1)
-    faults: dict[bool, list[int]] = {True: [], False: []}
-    for attempt in range(2 * repeats + warm_up):
-        caching = order[attempt % 4]
+    # passes through the cache touch fresh memory (page faults). An attempt takes a little less than a
+    # CACHE_ATTEMPTS-th of the cache (its last blocks are part-filled), so two cycles (four attempts with caching
+    # on, then more after) hand out every block at least once; after that every setting runs in steady state, as
+    # a long-lived server. The minor page faults of each measured attempt show whether they do.
+    warm_up = 2 * len(CYCLE)
+    for attempt in range(warm_up + len(SETTINGS) * repeats):
+        setting = CYCLE[attempt % len(CYCLE)]
+        engine.prefix_cache.enabled = setting == "on"
         prompts = [torch.randint(100, vocab - 1, (prompt_len,), generator=generator).tolist() for _ in range(batch)]
         before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-        result = one_pass(engines[caching], prompts, steps)
+        result = one_pass(engine, prompts, steps)
         if attempt >= warm_up:
-            times[caching].append(result)
-            faults[caching].append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
-    on_prefill, on_decode = (statistics.median(t[i] for t in times[True]) for i in (0, 1))
-    off_prefill, off_decode = (statistics.median(t[i] for t in times[False]) for i in (0, 1))
-    assert engines[True].prefix_cache.hits == 0, "fresh prompts must never hit"
-    return {
+            times[setting].append(result)
+            faults[setting].append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+    assert engine.prefix_cache.hits == 0, "fresh prompts must never hit"
+    prefill = {setting: _median_ms(times[setting], 0) for setting in SETTINGS}
+    decode = {setting: _median_ms(times[setting], 1) for setting in SETTINGS}
+    row: dict[str, float] = {
         "batch": batch,
         "prompt_tokens": prompt_len,
-        "prefill_ms_on": on_prefill * 1000,
-        "prefill_ms_off": off_prefill * 1000,
-        "decode_step_ms_on": on_decode * 1000,
-        "decode_step_ms_off": off_decode * 1000,
-        "prefill_throughput_on_over_off": off_prefill / on_prefill,
-        "decode_throughput_on_over_off": off_decode / on_decode,
-        "minor_faults_per_attempt_on": statistics.median(faults[True]),
-        "minor_faults_per_attempt_off": statistics.median(faults[False]),
+        "attempts_per_setting": repeats,
+        "tokens_looked_up": engine.prefix_cache.queries,  # by the attempts with caching on, warm-up included
     }
+    for setting in SETTINGS:
+        row[f"prefill_ms_{setting}"] = prefill[setting]
+        row[f"decode_step_ms_{setting}"] = decode[setting]
+        row[f"minor_faults_per_attempt_{setting}"] = statistics.median(faults[setting])
+    row["prefill_throughput_on_over_off"] = prefill["off"] / prefill["on"]
+    row["decode_throughput_on_over_off"] = decode["off"] / decode["on"]
+    row["prefill_throughput_control_over_off"] = prefill["off"] / prefill["control"]
+    row["decode_throughput_control_over_off"] = decode["off"] / decode["control"]
+    return row
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -99,10 +109,13 @@ def main(argv: Sequence[str] | None = None) -> None:
         row = measure(loaded, batch, args.prompt_tokens, args.decode_steps, args.repeats)
         rows.append(row)
         print(
-            f"batch {batch:>3}: prefill {row['prefill_ms_on']:7.1f} ms on, {row['prefill_ms_off']:7.1f} off "
-            f"({row['prefill_throughput_on_over_off']:.3f}x); decode step {row['decode_step_ms_on']:6.2f} ms on, "
-            f"{row['decode_step_ms_off']:6.2f} off ({row['decode_throughput_on_over_off']:.3f}x); minor faults an "
-            f"attempt {row['minor_faults_per_attempt_on']:.0f} on, {row['minor_faults_per_attempt_off']:.0f} off",
+            f"batch {batch:>3}: prefill ms on/off/control {row['prefill_ms_on']:.1f}/{row['prefill_ms_off']:.1f}/"
+            f"{row['prefill_ms_control']:.1f} (on {row['prefill_throughput_on_over_off']:.3f}x, control "
+            f"{row['prefill_throughput_control_over_off']:.3f}x); decode step ms {row['decode_step_ms_on']:.2f}/"
+            f"{row['decode_step_ms_off']:.2f}/{row['decode_step_ms_control']:.2f} (on "
+            f"{row['decode_throughput_on_over_off']:.3f}x, control {row['decode_throughput_control_over_off']:.3f}x); "
+            f"minor faults an attempt {row['minor_faults_per_attempt_on']:.0f}/"
+            f"{row['minor_faults_per_attempt_off']:.0f}/{row['minor_faults_per_attempt_control']:.0f}",
             flush=True,
         )
     if args.out:

@@ -51,6 +51,7 @@ def test_a_conversation_computes_only_its_new_tokens_and_answers_as_without_cach
         history += expected
     engine = cached_runs.engine
     assert 0 < engine.prefix_cache.hits < engine.prefix_cache.queries
+    assert plain_runs.engine.prefix_cache.queries == plain_runs.engine.prefix_cache.hits == 0  # nothing looked up
     assert engine.cache_usage == 0.0 and engine.allocator.num_cached_free > 0
 
 
