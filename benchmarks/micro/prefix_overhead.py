@@ -5,9 +5,10 @@ looking prompts up, registering each block a step fills, parking released blocks
 blocks of the KV cache the next sequence gets. One engine, with one KV cache tensor, runs every attempt and
 switches caching between them, since two engines differ by where their cache lands in memory (an A/A run with two
 engines, both off, once gave 0.70x). A third setting repeats "off" as an A/A control of the method itself: its
-ratio to "off" shows how far two identical settings drift apart in the same run. The settings rotate
-(on, off, control, control, off, on, ...) so drift over the run touches all alike; each figure is the median over
-its attempts.
+ratio to "off" shows how far two identical settings drift apart in the same run. The settings rotate in cycles
+of (on, off, control, control, off, on), so each setting has one attempt early and one late in a cycle and a
+steady drift cancels within it. A ratio is the median over cycles of each cycle's own ratio (off's two attempts
+against the other setting's two); a time is the median over all of a setting's attempts.
 
     python -m benchmarks prefix-overhead --out benchmarks/results/prefix-caching/2026-12-02-xeon/overhead.json
 """
@@ -39,8 +40,20 @@ def _median_ms(samples: list[tuple[float, float]], index: int) -> float:
     return statistics.median(sample[index] for sample in samples) * 1000
 
 
+def _paired_ratio(samples: dict[str, list[tuple[float, float]]], setting: str, index: int) -> float:
+    """Median over cycles of off's time over `setting`'s (throughput of `setting` relative to off); a cycle holds
+    two attempts of each setting."""
+    per_cycle = len(CYCLE) // len(SETTINGS)
+    ratios = []
+    for start in range(0, len(samples[setting]), per_cycle):
+        off = sum(sample[index] for sample in samples["off"][start : start + per_cycle])
+        other = sum(sample[index] for sample in samples[setting][start : start + per_cycle])
+        ratios.append(off / other)
+    return statistics.median(ratios)
+
+
 @torch.inference_mode()
-def measure(loaded: LoadedModel, batch: int, prompt_len: int, steps: int, repeats: int) -> dict[str, float]:
+def measure(loaded: LoadedModel, batch: int, prompt_len: int, steps: int, cycles: int) -> dict[str, float]:
     runner = TransformersRunner(loaded.model, quantized=loaded.quantized)
     vocab = runner.vocab_size
     tokens = batch * (prompt_len + steps + 16)
@@ -61,7 +74,7 @@ def measure(loaded: LoadedModel, batch: int, prompt_len: int, steps: int, repeat
     # on, then more after) hand out every block at least once; after that every setting runs in steady state, as
     # a long-lived server. The minor page faults of each measured attempt show whether they do.
     warm_up = 2 * len(CYCLE)
-    for attempt in range(warm_up + len(SETTINGS) * repeats):
+    for attempt in range(warm_up + len(CYCLE) * cycles):
         setting = CYCLE[attempt % len(CYCLE)]
         engine.prefix_cache.enabled = setting == "on"
         prompts = [torch.randint(100, vocab - 1, (prompt_len,), generator=generator).tolist() for _ in range(batch)]
@@ -76,17 +89,16 @@ def measure(loaded: LoadedModel, batch: int, prompt_len: int, steps: int, repeat
     row: dict[str, float] = {
         "batch": batch,
         "prompt_tokens": prompt_len,
-        "attempts_per_setting": repeats,
+        "cycles": cycles,
         "tokens_looked_up": engine.prefix_cache.queries,  # by the attempts with caching on, warm-up included
     }
     for setting in SETTINGS:
         row[f"prefill_ms_{setting}"] = prefill[setting]
         row[f"decode_step_ms_{setting}"] = decode[setting]
         row[f"minor_faults_per_attempt_{setting}"] = statistics.median(faults[setting])
-    row["prefill_throughput_on_over_off"] = prefill["off"] / prefill["on"]
-    row["decode_throughput_on_over_off"] = decode["off"] / decode["on"]
-    row["prefill_throughput_control_over_off"] = prefill["off"] / prefill["control"]
-    row["decode_throughput_control_over_off"] = decode["off"] / decode["control"]
+    for setting in ("on", "control"):
+        row[f"prefill_throughput_{setting}_over_off"] = _paired_ratio(times, setting, 0)
+        row[f"decode_throughput_{setting}_over_off"] = _paired_ratio(times, setting, 1)
     return row
 
 
@@ -100,13 +112,13 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--batch-sizes", default="1,8,32")
     parser.add_argument("--prompt-tokens", type=int, default=128)
     parser.add_argument("--decode-steps", type=int, default=32, help="crosses two 16-token blocks per row")
-    parser.add_argument("--repeats", type=int, default=4, help="measured attempts per setting")
+    parser.add_argument("--cycles", type=int, default=8, help="measured cycles, two attempts per setting each")
     parser.add_argument("--out", type=Path, default=None, help="write the result as JSON here")
     args = parser.parse_args(argv)
     loaded = load_from_args(args)
     rows = []
     for batch in (int(b) for b in args.batch_sizes.split(",")):
-        row = measure(loaded, batch, args.prompt_tokens, args.decode_steps, args.repeats)
+        row = measure(loaded, batch, args.prompt_tokens, args.decode_steps, args.cycles)
         rows.append(row)
         print(
             f"batch {batch:>3}: prefill ms on/off/control {row['prefill_ms_on']:.1f}/{row['prefill_ms_off']:.1f}/"
