@@ -33,7 +33,12 @@ def metered_model(
     """The model's runtime (see `api.runtime.build`) and the metrics its steps feed; `runner`: one shared with
     another mode's runtime (one copy of the weights); `label`: the metrics' `mode` label (default: the mode)."""
     options = config.runtime_options()
-    metrics = ServerMetrics(label or config.mode, options.model_name(loaded.source), options.scheduler.by_priority)
+    metrics = ServerMetrics(
+        label or config.mode,
+        options.model_name(loaded.source),
+        options.scheduler.by_priority,
+        prefix_caching=config.enable_prefix_caching,
+    )
     model = build_model_runtime(options, loaded, on_step=metrics.observe_step, runner=runner)
     counts = model.scheduler.counts  # a snapshot published by the loop thread: safe to read from any thread
     metrics.bind_gauges(

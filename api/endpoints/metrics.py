@@ -50,8 +50,9 @@ def priority_label(priority: int) -> str:
 
 
 class ServerMetrics:
-    def __init__(self, mode: str, model_name: str, by_priority: bool = False) -> None:
+    def __init__(self, mode: str, model_name: str, by_priority: bool = False, prefix_caching: bool = True) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
+        self.prefix_caching = prefix_caching  # off: nothing is looked up, so no prefix-cache queries are counted
         self._labels = {"mode": mode, "model_name": model_name}
         names = list(self._labels)
 
@@ -176,7 +177,8 @@ class ServerMetrics:
         self.queue.labels(**labels).observe(timings.queue_time)
         self.held.labels(**labels).observe(timings.held_time)
         self.prompt_tokens.labels(**labels).inc(num_prompt_tokens)
-        self.prefix_queries.labels(**labels).inc(num_prompt_tokens)
+        if self.prefix_caching:
+            self.prefix_queries.labels(**labels).inc(num_prompt_tokens)
         self.prefix_hits.labels(**labels).inc(timings.num_cached_tokens)
         self.generation_tokens.labels(**labels).inc(num_output_tokens)
         self.success.labels(**labels, finished_reason=finish_reason).inc()

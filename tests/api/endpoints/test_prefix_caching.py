@@ -104,6 +104,10 @@ def uncached_server() -> Iterator[RunningServer]:
 
 def test_with_caching_off_nothing_is_read(uncached_server: RunningServer) -> None:
     prompt = fresh_prompt(5)
+    prompt_tokens_before = metric_value(uncached_server.base_url, "vllm:prompt_tokens_total")
     results = [complete(uncached_server, prompt) for _ in range(2)]
     assert [cached_tokens(result) for result in results] == [0, 0]
     assert results[0]["choices"][0]["text"] == results[1]["choices"][0]["text"]
+    # Nothing was looked up, as in vLLM with caching off: the prompts count, the prefix-cache queries do not.
+    assert metric_value(uncached_server.base_url, "vllm:prompt_tokens_total") - prompt_tokens_before == 2 * len(prompt)
+    assert metric_value(uncached_server.base_url, "vllm:prefix_cache_queries_total") == 0
