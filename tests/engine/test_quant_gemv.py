@@ -99,6 +99,9 @@ def test_int8_gemv_matches_the_dequantised_weights(
     scales = weight.scales.to(dtype).double()
     exact = (x.double() @ weight.values.double().t()) * scales
     assert bool(((got.double() - exact).abs() <= _tolerance(dtype, exact)).all())
+    # bfloat16 is float32's result rounded once: the same bits whichever dtype the caller runs in.
+    in_float32 = kernels.ops.int8_gemv(x.float(), weight.values, weight.scales.to(dtype).float())
+    assert torch.equal(got, in_float32.to(dtype))
 
 
 def test_quantised_kernels_name_a_shape_mismatch(kernels: native.Kernels) -> None:
