@@ -10,7 +10,7 @@ of (on, off, control, control, off, on), so each setting has one attempt early a
 steady drift cancels within it. A ratio is the median over cycles of each cycle's own ratio (off's two attempts
 against the other setting's two); a time is the median over all of a setting's attempts.
 
-    python -m benchmarks prefix-overhead --out benchmarks/results/prefix-caching/2026-12-02-xeon/overhead.json
+    python -m benchmarks prefix-overhead --out benchmarks/results/prefix-caching/2026-12-02-epyc-zen5/overhead.json
 """
 
 from __future__ import annotations

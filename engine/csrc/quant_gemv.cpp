@@ -534,8 +534,8 @@ void int4_rows(const float* x, const float* group_sums, const uint8_t* packed, c
   });
 }
 
-template <typename T, typename S>
-void int8_rows(const float* x, const int8_t* values, const S* scales, T* y, int64_t rows, int64_t K, int64_t N) {
+template <typename S>
+void int8_rows(const float* x, const int8_t* values, const S* scales, float* y, int64_t rows, int64_t K, int64_t N) {
   at::parallel_for(0, N, 256, [&](int64_t begin, int64_t end) {
     for (int64_t n = begin; n < end; ++n) {
       const int8_t* w = values + n * K;
@@ -543,7 +543,7 @@ void int8_rows(const float* x, const int8_t* values, const S* scales, T* y, int6
       for (int64_t r = 0; r < rows; ++r) {
         float sum = 0;
         for (int64_t k = 0; k < K; ++k) sum += static_cast<float>(w[k]) * x[r * K + k];
-        y[r * N + n] = batchserve::narrow<T>(sum * scale);
+        y[r * N + n] = sum * scale;
       }
     }
   });
@@ -560,8 +560,8 @@ void int8_rows(const float* x, const int8_t* values, const S* scales, T* y, int6
 #if defined(__AVX512F__) || defined(__AVX2__)
 // The drivers both vector builds share: each calls its build's int8_row, int4_dot_block and store_row16.
 
-template <typename T, typename S>
-void int8_rows(const float* x, const int8_t* values, const S* scales, T* y, int64_t rows, int64_t K, int64_t N) {
+template <typename S>
+void int8_rows(const float* x, const int8_t* values, const S* scales, float* y, int64_t rows, int64_t K, int64_t N) {
   at::parallel_for(0, N, kInt8Tile, [&](int64_t begin, int64_t end) {
     float dots[kMaxRows];
     // Tiles of weight rows, each read from memory once and then from L2 by every pass of kMaxRows activation rows.
@@ -579,7 +579,7 @@ void int8_rows(const float* x, const int8_t* values, const S* scales, T* y, int6
           }
           with_row_count<kMaxRows>(count, [&](auto R) { int8_row<decltype(R)::value>(values + n * K, xs, K, dots); });
           const float scale = widen(scales[n]);
-          for (int64_t r = 0; r < count; ++r) y[(first + r) * N + n] = static_cast<T>(dots[r] * scale);
+          for (int64_t r = 0; r < count; ++r) y[(first + r) * N + n] = dots[r] * scale;
         }
       }
     }
@@ -658,13 +658,17 @@ torch::Tensor int8_gemv(const torch::Tensor& x, const torch::Tensor& values, con
   const int64_t rows = x.size(0), K = x.size(1), N = values.size(0);
   const auto xf = x.to(torch::kFloat).contiguous();
   const auto w = values.contiguous();
-  // bfloat16 runs in float32 and rounds once at the end, as the kernel rounded each output: the same bits, and
-  // faster than storing bfloat16 outputs one by one (a [32, 576] x [49152, 576] head: 10.6 against 9.7 ms, AVX2).
-  const auto s = scales.to(torch::kFloat).contiguous();
+  const auto s = scales.contiguous();
+  // The outputs are float32, rounded to bfloat16 once at the end where x is bfloat16: the bits of rounding each
+  // output in the kernel, and faster than storing them one by one (a [32, 576] x [49152, 576] head: 10.6 against
+  // 9.7 ms, AVX2).
   auto y = torch::empty({rows, N}, x.options().dtype(torch::kFloat));
-  int8_rows<float, float>(xf.data_ptr<float>(), w.data_ptr<int8_t>(), s.data_ptr<float>(), y.data_ptr<float>(), rows,
-                          K, N);
-  return x.scalar_type() == torch::kFloat ? y : y.to(x.scalar_type());
+  if (x.scalar_type() == torch::kBFloat16) {
+    int8_rows(xf.data_ptr<float>(), w.data_ptr<int8_t>(), s.data_ptr<c10::BFloat16>(), y.data_ptr<float>(), rows, K, N);
+    return y.to(torch::kBFloat16);
+  }
+  int8_rows(xf.data_ptr<float>(), w.data_ptr<int8_t>(), s.data_ptr<float>(), y.data_ptr<float>(), rows, K, N);
+  return y;
 }
 
 bool int4_dot_available() {
