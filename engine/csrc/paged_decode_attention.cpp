@@ -14,6 +14,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
 #include "ops.h"
@@ -46,6 +47,128 @@ inline void axpy(float weight, const C* x, float* out, int64_t n) {
   for (int64_t i = 0; i < n; ++i) out[i] += weight * widen(x[i]);
 }
 
+#if defined(__AVX512F__) || defined(__AVX2__)
+// The vector builds: one (row, kv_head) pair with a head size of NV whole vectors. Each cached key and value is
+// loaded and widened once and used by every query head of the group; a score is one chain of NV multiply-adds and
+// one horizontal sum. The portable loops below widened each key once per query head and summed 16 partial sums
+// one after another, which left the kernel at a fifth of the multiply-adds the int4 matmuls reach.
+#if defined(__AVX512F__)
+using Vec = __m512;
+constexpr int64_t kVec = 16;
+inline Vec vload(const float* p) { return _mm512_loadu_ps(p); }
+inline Vec vload(const c10::BFloat16* p) {
+  const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
+}
+inline void vstore(float* p, Vec v) { _mm512_storeu_ps(p, v); }
+inline Vec vfma(Vec a, Vec b, Vec c) { return _mm512_fmadd_ps(a, b, c); }
+inline Vec vmul(Vec a, Vec b) { return _mm512_mul_ps(a, b); }
+inline Vec vadd(Vec a, Vec b) { return _mm512_add_ps(a, b); }
+inline Vec vset1(float x) { return _mm512_set1_ps(x); }
+inline float vsum(Vec v) { return _mm512_reduce_add_ps(v); }
+inline Vec vmax(Vec a, Vec b) { return _mm512_max_ps(a, b); }
+inline float vmax_lanes(Vec v) { return _mm512_reduce_max_ps(v); }
+#else
+using Vec = __m256;
+constexpr int64_t kVec = 8;
+inline Vec vload(const float* p) { return _mm256_loadu_ps(p); }
+inline Vec vload(const c10::BFloat16* p) {
+  const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(raw), 16));
+}
+inline void vstore(float* p, Vec v) { _mm256_storeu_ps(p, v); }
+inline Vec vfma(Vec a, Vec b, Vec c) { return _mm256_fmadd_ps(a, b, c); }
+inline Vec vmul(Vec a, Vec b) { return _mm256_mul_ps(a, b); }
+inline Vec vadd(Vec a, Vec b) { return _mm256_add_ps(a, b); }
+inline Vec vset1(float x) { return _mm256_set1_ps(x); }
+inline float vsum(Vec v) {
+  const __m128 pair = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  const __m128 two = _mm_add_ps(pair, _mm_movehl_ps(pair, pair));
+  return _mm_cvtss_f32(_mm_add_ss(two, _mm_movehdup_ps(two)));
+}
+inline Vec vmax(Vec a, Vec b) { return _mm256_max_ps(a, b); }
+inline float vmax_lanes(Vec v) {
+  const __m128 pair = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  const __m128 two = _mm_max_ps(pair, _mm_movehl_ps(pair, pair));
+  return _mm_cvtss_f32(_mm_max_ss(two, _mm_movehdup_ps(two)));
+}
+#endif
+
+// The largest of s[0..n) and, after `exp_shifted`, their sum: kVec lanes at a time, where a scalar loop was one
+// chain of dependent compares or adds per score.
+inline float max_of(const float* s, int64_t n) {
+  float top = -std::numeric_limits<float>::infinity();
+  int64_t t = 0;
+  if (n >= kVec) {
+    Vec lanes = vload(s);
+    for (t = kVec; t + kVec <= n; t += kVec) lanes = vmax(lanes, vload(s + t));
+    top = vmax_lanes(lanes);
+  }
+  for (; t < n; ++t) top = std::max(top, s[t]);
+  return top;
+}
+
+inline float sum_of(const float* s, int64_t n) {
+  Vec lanes = vset1(0.0f);
+  int64_t t = 0;
+  for (; t + kVec <= n; t += kVec) lanes = vadd(lanes, vload(s + t));
+  float total = vsum(lanes);
+  for (; t < n; ++t) total += s[t];
+  return total;
+}
+
+// scores[g * context + t] = scale * q_g . key_t for the pair's group of query heads (query: float32, [group, NV
+// vectors]).
+template <int NV, typename C>
+inline void vector_scores(const float* query, const C* keys, const int64_t* blocks, int64_t context,
+                          int64_t block_size, int64_t group, float scale, float* scores) {
+  constexpr int64_t dim = NV * kVec;
+  for (int64_t start = 0; start < context; start += block_size) {
+    const C* key = keys + blocks[start / block_size] * block_size * dim;
+    for (int64_t t = start; t < std::min(start + block_size, context); ++t, key += dim) {
+      Vec k[NV];
+      for (int v = 0; v < NV; ++v) k[v] = vload(key + v * kVec);
+      for (int64_t g = 0; g < group; ++g) {
+        const float* q = query + g * dim;
+        Vec acc = vmul(vload(q), k[0]);
+        for (int v = 1; v < NV; ++v) acc = vfma(vload(q + v * kVec), k[v], acc);
+        scores[g * context + t] = vsum(acc) * scale;
+      }
+    }
+  }
+}
+
+// acc[g] = sum_t probs[g * context + t] * value_t (acc: float32, [group, NV vectors], zeroed by the caller).
+template <int NV, typename C>
+inline void vector_values(const float* probs, const C* values, const int64_t* blocks, int64_t context,
+                          int64_t block_size, int64_t group, float* acc) {
+  constexpr int64_t dim = NV * kVec;
+  for (int64_t start = 0; start < context; start += block_size) {
+    const C* value = values + blocks[start / block_size] * block_size * dim;
+    for (int64_t t = start; t < std::min(start + block_size, context); ++t, value += dim) {
+      Vec x[NV];
+      for (int v = 0; v < NV; ++v) x[v] = vload(value + v * kVec);
+      for (int64_t g = 0; g < group; ++g) {
+        const Vec p = vset1(probs[g * context + t]);
+        float* out = acc + g * dim;
+        for (int v = 0; v < NV; ++v) vstore(out + v * kVec, vfma(p, x[v], vload(out + v * kVec)));
+      }
+    }
+  }
+}
+
+// Calls f(std::integral_constant<int, NV>{}) where the head size is NV whole vectors of a size the vector path
+// unrolls (4, 8 or 16 vectors: 64 and 128 in the AVX2 build, also 256 in the AVX-512 one) and returns true;
+// false where the portable loops run.
+template <typename F>
+inline bool with_head_vectors(int64_t dim, F&& f) {
+  if (dim == 4 * kVec) return f(std::integral_constant<int, 4>{}), true;
+  if (dim == 8 * kVec) return f(std::integral_constant<int, 8>{}), true;
+  if (dim == 16 * kVec) return f(std::integral_constant<int, 16>{}), true;
+  return false;
+}
+#endif
+
 // Q: the query's (and output's) element type; C: the cache's.
 template <typename Q, typename C>
 void decode_pairs(const Q* q_ptr, const C* k_ptr, const C* v_ptr, Q* out_ptr, const int64_t* table_ptr,
@@ -64,8 +187,15 @@ void decode_pairs(const Q* q_ptr, const C* k_ptr, const C* v_ptr, Q* out_ptr, co
       for (int64_t i = 0; i < group * dim; ++i) query[i] = widen(q_ptr[first + i]);
       std::fill(acc.begin(), acc.end(), 0.0f);
       scores.assign(group * context, 0.0f);
+      bool vector = false;
+#if defined(__AVX512F__) || defined(__AVX2__)
+      vector = with_head_vectors(dim, [&](auto NV) {
+        vector_scores<decltype(NV)::value>(query.data(), keys, blocks, context, block_size, group, scale,
+                                           scores.data());
+      });
+#endif
       // Block by block: the slot of token t without a division per token.
-      for (int64_t start = 0; start < context; start += block_size) {
+      for (int64_t start = 0; !vector && start < context; start += block_size) {
         const C* key = keys + blocks[start / block_size] * block_size * dim;
         for (int64_t t = start; t < std::min(start + block_size, context); ++t, key += dim) {
           for (int64_t g = 0; g < group; ++g) scores[g * context + t] = dot(query.data() + g * dim, key, dim) * scale;
@@ -73,15 +203,28 @@ void decode_pairs(const Q* q_ptr, const C* k_ptr, const C* v_ptr, Q* out_ptr, co
       }
       for (int64_t g = 0; g < group; ++g) {
         float* s = scores.data() + g * context;
+#if defined(__AVX512F__) || defined(__AVX2__)
+        const float top = max_of(s, context);
+#else
         const float top = *std::max_element(s, s + context);
+#endif
         for (int64_t t = 0; t < context; ++t) s[t] -= top;
         batchserve::exp_in_place(s, context);  // vectorised: a scalar exp per score was ~15 % of the kernel
+#if defined(__AVX512F__) || defined(__AVX2__)
+        const float total = sum_of(s, context);
+#else
         float total = 0;
         for (int64_t t = 0; t < context; ++t) total += s[t];
+#endif
         const float inverse = 1.0f / total;
         for (int64_t t = 0; t < context; ++t) s[t] *= inverse;
       }
-      for (int64_t start = 0; start < context; start += block_size) {
+#if defined(__AVX512F__) || defined(__AVX2__)
+      with_head_vectors(dim, [&](auto NV) {
+        vector_values<decltype(NV)::value>(scores.data(), values, blocks, context, block_size, group, acc.data());
+      });
+#endif
+      for (int64_t start = 0; !vector && start < context; start += block_size) {
         const C* value = values + blocks[start / block_size] * block_size * dim;
         for (int64_t t = start; t < std::min(start + block_size, context); ++t, value += dim) {
           for (int64_t g = 0; g < group; ++g) axpy(scores[g * context + t], value, acc.data() + g * dim, dim);

@@ -49,10 +49,10 @@ def test_off_x86_one_native_build() -> None:
     assert native.builds_for(features_for("aarch64", frozenset({"asimd"}), None)) == (native.NATIVE_BUILD,)
 
 
-def _decode_case(rows: int, heads: int, kv_heads: int, block_size: int, seed: int):
+def _decode_case(rows: int, heads: int, kv_heads: int, block_size: int, seed: int, dim: int = 16):
     """A random cache, random (shuffled) block tables and context lengths from 1 to a few blocks."""
     generator = torch.Generator().manual_seed(seed)
-    dim, max_blocks = 16, 5
+    max_blocks = 5
     num_blocks = rows * max_blocks + 3
     key_cache = torch.randn(kv_heads, num_blocks * block_size, dim, generator=generator)
     value_cache = torch.randn(kv_heads, num_blocks * block_size, dim, generator=generator)
@@ -81,6 +81,25 @@ def test_kernel_matches_the_torch_path(kernel: native.DecodeKernel, heads: int, 
     expected = paged_attention(query, key_cache, value_cache, torch_groups, 0.25)
     got = paged_attention(query, key_cache, value_cache, kernel_groups, 0.25, decode_kernel=kernel)
     torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+
+
+# The vector builds run head sizes of 4, 8 or 16 whole vectors through their own loops (64 and 128 in the AVX2
+# build; 64, 128 and 256 in the AVX-512 ones) and every other size through the portable ones: both, per build.
+@pytest.mark.parametrize("dim", [24, 64, 128, 256])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_kernel_matches_the_torch_path_at_each_head_size(
+    kernel: native.DecodeKernel, dim: int, dtype: torch.dtype
+) -> None:
+    query, key_cache, value_cache, batch, num_blocks = _decode_case(5, 9, 3, 16, seed=dim, dim=dim)
+    query, key_cache, value_cache = query.to(dtype), key_cache.to(dtype), value_cache.to(dtype)
+    torch_groups = prepare(batch.groups, 3, num_blocks, 16, native_decode=False)
+    kernel_groups = prepare(batch.groups, 3, num_blocks, 16, native_decode=True)
+    expected = paged_attention(query.float(), key_cache.float(), value_cache.float(), torch_groups, dim**-0.5)
+    got = paged_attention(query, key_cache, value_cache, kernel_groups, dim**-0.5, decode_kernel=kernel)
+    assert got.dtype == dtype
+    # float32 arithmetic inside either way; a bfloat16 output is rounded once (half an ulp: 2**-9 relative).
+    tolerance = 1e-5 if dtype == torch.float32 else 4e-3
+    torch.testing.assert_close(got.float(), expected, rtol=tolerance, atol=tolerance)
 
 
 def test_kernel_rejects_a_block_table_pointing_outside_the_cache(kernel: native.DecodeKernel) -> None:
