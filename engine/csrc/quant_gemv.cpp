@@ -83,33 +83,30 @@ inline void split_pairs(const S* pairs, int64_t count, float* s, float* z) {
 [[maybe_unused]] void quantise_activations(const float* x, int64_t rows, int64_t K, int64_t group, int8_t* xq, float* x_scales,
                           float* x_sums) {
   const int64_t groups = K / group;
-  // Rows in parallel (each row's arithmetic unchanged): at 32 rows this loop alone took about a tenth of the call.
-  at::parallel_for(0, rows, 8, [&](int64_t begin, int64_t end) {
-    for (int64_t r = begin; r < end; ++r) {
-      for (int64_t g = 0; g < groups; ++g) {
-        const float* v = x + r * K + g * group;
-        float top = 0, sum = 0;
-        for (int64_t i = 0; i < group; ++i) {
-          top = std::max(top, std::fabs(v[i]));
-          sum += v[i];
-        }
-        const float scale = top / 127.0f;
-        const float inverse = scale > 0 ? 1.0f / scale : 0.0f;
-        int8_t* digits = xq + 2 * (r * K + g * group);
-        for (int64_t i = 0; i < group; i += 8) {
-          for (int64_t j = 0; j < 8; ++j) {
-            const float units = v[i + j] * inverse;  // in [-127, 127]
-            const float leading = std::nearbyint(units);
-            digits[2 * i + j] = static_cast<int8_t>(leading);
-            // The rounding error, |units - leading| <= 0.5, in 127ths: within [-64, 64].
-            digits[2 * i + 8 + j] = static_cast<int8_t>(std::nearbyint((units - leading) * 127.0f));
-          }
-        }
-        x_scales[r * groups + g] = scale / 127.0f;  // per unit of the combined 127 * leading + residual
-        x_sums[r * groups + g] = sum;
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t g = 0; g < groups; ++g) {
+      const float* v = x + r * K + g * group;
+      float top = 0, sum = 0;
+      for (int64_t i = 0; i < group; ++i) {
+        top = std::max(top, std::fabs(v[i]));
+        sum += v[i];
       }
+      const float scale = top / 127.0f;
+      const float inverse = scale > 0 ? 1.0f / scale : 0.0f;
+      int8_t* digits = xq + 2 * (r * K + g * group);
+      for (int64_t i = 0; i < group; i += 8) {
+        for (int64_t j = 0; j < 8; ++j) {
+          const float units = v[i + j] * inverse;  // in [-127, 127]
+          const float leading = std::nearbyint(units);
+          digits[2 * i + j] = static_cast<int8_t>(leading);
+          // The rounding error, |units - leading| <= 0.5, in 127ths: within [-64, 64].
+          digits[2 * i + 8 + j] = static_cast<int8_t>(std::nearbyint((units - leading) * 127.0f));
+        }
+      }
+      x_scales[r * groups + g] = scale / 127.0f;  // per unit of the combined 127 * leading + residual
+      x_sums[r * groups + g] = sum;
     }
-  });
+  }
 }
 
 #if defined(__AVX512F__)
