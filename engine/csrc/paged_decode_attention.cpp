@@ -138,21 +138,38 @@ inline void vector_scores(const float* query, const C* keys, const int64_t* bloc
   }
 }
 
-// acc[g] = sum_t probs[g * context + t] * value_t (acc: float32, [group, NV vectors], zeroed by the caller).
+// acc[g] = sum_t probs[g * context + t] * value_t (acc: float32, [group, NV vectors]). Each pass keeps a slice of
+// up to kHeads heads' sums in registers across all tokens (a running sum in memory waited on its own store every
+// token); the slices re-read the values from L1.
+constexpr int kHeads = 4;
+constexpr int kSlice = kVec == 16 ? 4 : 2;  // vectors a head per pass: kHeads * kSlice accumulators
+
 template <int NV, typename C>
 inline void vector_values(const float* probs, const C* values, const int64_t* blocks, int64_t context,
                           int64_t block_size, int64_t group, float* acc) {
   constexpr int64_t dim = NV * kVec;
-  for (int64_t start = 0; start < context; start += block_size) {
-    const C* value = values + blocks[start / block_size] * block_size * dim;
-    for (int64_t t = start; t < std::min(start + block_size, context); ++t, value += dim) {
-      Vec x[NV];
-      for (int v = 0; v < NV; ++v) x[v] = vload(value + v * kVec);
-      for (int64_t g = 0; g < group; ++g) {
-        const Vec p = vset1(probs[g * context + t]);
-        float* out = acc + g * dim;
-        for (int v = 0; v < NV; ++v) vstore(out + v * kVec, vfma(p, x[v], vload(out + v * kVec)));
+  static_assert(NV % kSlice == 0, "head sizes are whole slices");
+  for (int64_t first_head = 0; first_head < group; first_head += kHeads) {
+    const int64_t heads = std::min<int64_t>(kHeads, group - first_head);
+    const float* p = probs + first_head * context;
+    for (int slice = 0; slice < NV; slice += kSlice) {
+      Vec sums[kHeads][kSlice];
+      for (int g = 0; g < kHeads; ++g)
+        for (int v = 0; v < kSlice; ++v) sums[g][v] = vset1(0.0f);
+      for (int64_t start = 0; start < context; start += block_size) {
+        const C* value = values + blocks[start / block_size] * block_size * dim + slice * kVec;
+        for (int64_t t = start; t < std::min(start + block_size, context); ++t, value += dim) {
+          Vec x[kSlice];
+          for (int v = 0; v < kSlice; ++v) x[v] = vload(value + v * kVec);
+          for (int g = 0; g < kHeads; ++g) {
+            if (g >= heads) break;
+            const Vec weight = vset1(p[g * context + t]);
+            for (int v = 0; v < kSlice; ++v) sums[g][v] = vfma(weight, x[v], sums[g][v]);
+          }
+        }
       }
+      for (int g = 0; g < heads; ++g)
+        for (int v = 0; v < kSlice; ++v) vstore(acc + (first_head + g) * dim + (slice + v) * kVec, sums[g][v]);
     }
   }
 }
