@@ -7,13 +7,18 @@ them, in one run: does `auto` serve as fast as the fastest format, at 1 row, 16 
 Each combination is loaded as `serve --dtype D --quantization Q` loads it and timed through the engine
 (engine.format_probe.time_steps: median of 5 decode steps per row count, 16 sequences with 32-token prompts),
 quantised formats with the default row switch as served; `auto` is loaded as `serve` loads it (measuring on its
-first start here, its choice cached) and timed with the row switch it chose. Writes DIR/result.json.
+first start here, its choice cached) and timed with the row switch it chose. Every format is loaded first and then
+timed in `--rounds` rounds, in turn, the order reversed every other round (A..Z, Z..A, A..Z, ...), and each time is
+the median over the rounds: with an even number of rounds a steady drift cancels. Timed one after another once each,
+a machine that sped up or slowed down during the run favoured whichever came first or last (the same weights and
+path, timed twice in one run, read 1.19x apart). Writes DIR/result.json.
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
+import statistics
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -21,7 +26,7 @@ from benchmarks.results_io.report import write_json
 from engine.config import DEFAULT_MAX_QUANTIZED_ROWS
 from engine.cpu_features import cpu_features
 from engine.format_probe import PREFILL_ROWS, PROBE_ROWS, load_auto, time_steps
-from engine.loader import load_model
+from engine.loader import LoadedModel, load_model
 
 COMBINATIONS = [(d, q) for d in ("float32", "bfloat16") for q in ("none", "int8", "int4")]
 TOLERANCE = 1.10  # the issue's "within 10 %"
@@ -31,22 +36,28 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks formats", description=__doc__.split("\n")[0])
     parser.add_argument("--out", type=Path, required=True, help="a results folder (result.json is written there)")
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--rounds", type=int, default=4, help="times each format is timed, in turn (median taken; even cancels a steady drift)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s")
-    rows: dict[str, dict[int, float]] = {}
+    formats: dict[str, tuple[LoadedModel, int | None]] = {}
     for dtype, quantization in COMBINATIONS:
         loaded = load_model(None, dtype=dtype, quantization=quantization)
         switch = DEFAULT_MAX_QUANTIZED_ROWS if quantization != "none" else None
-        label = loaded.weight_format.label
-        rows[label] = time_steps(loaded, PROBE_ROWS, repeats=args.repeats, max_quantized_rows=switch)
-        print(f"{label:>16}: " + "  ".join(f"{n} rows {ms:6.1f} ms" for n, ms in rows[label].items()), flush=True)
-        del loaded
+        formats[loaded.weight_format.label] = (loaded, switch)
     auto = load_auto()
     auto_label = f"auto ({auto.weight_format.label})"
-    rows[auto_label] = time_steps(
-        auto, PROBE_ROWS, repeats=args.repeats, max_quantized_rows=auto.measured_max_quantized_rows
-    )
-    print(f"{auto_label:>16}: " + "  ".join(f"{n} rows {ms:6.1f} ms" for n, ms in rows[auto_label].items()))
+    formats[auto_label] = (auto, auto.measured_max_quantized_rows)
+    samples: dict[str, list[dict[int, float]]] = {label: [] for label in formats}
+    for turn in range(args.rounds):
+        order = list(formats) if turn % 2 == 0 else list(reversed(formats))
+        for label in order:
+            loaded, switch = formats[label]
+            samples[label].append(time_steps(loaded, PROBE_ROWS, repeats=args.repeats, max_quantized_rows=switch))
+    rows = {
+        label: {n: statistics.median(times[n] for times in runs) for n in runs[0]} for label, runs in samples.items()
+    }
+    for label, times in rows.items():
+        print(f"{label:>22}: " + "  ".join(f"{n} rows {ms:6.1f} ms" for n, ms in times.items()), flush=True)
     others = {label: times for label, times in rows.items() if label != auto_label}
     verdict = {}
     for count in (1, 16, PREFILL_ROWS):
@@ -57,6 +68,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     document = {
         "cpu": cpu_features().describe(),
         "auto": {"format": auto.weight_format.label, "max_quantized_rows": auto.measured_max_quantized_rows},
+        "rounds": args.rounds,
         "step_ms": rows,
         "auto_vs_fastest": verdict,
     }

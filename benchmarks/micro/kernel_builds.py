@@ -1,5 +1,7 @@
 """Each compiled kernel's speed in each build this CPU can execute, in one run: the weight-only matmuls on
-SmolLM2-135M's gate/up projection shape ([3072, 576]) and the fused SiLU * up, at 1 and 16 rows.
+SmolLM2-135M's gate/up projection shape ([3072, 576]) and the fused SiLU * up (float32 and bf16), at 1 and 16
+rows; decode attention at SmolLM2-135M's head shape (9 query heads, 3 KV heads, 64 dims) from a bf16 paged cache,
+at 1 and 32 rows of 70 to 130 tokens.
 
     python -m benchmarks kernels --out DIR
 
@@ -26,6 +28,21 @@ from engine.quantization import int4_from_dense, int8_from_dense
 
 ROWS = (1, 16)
 OUT_FEATURES, IN_FEATURES = 3072, 576
+ATTENTION_ROWS = (1, 32)
+HEADS, KV_HEADS, HEAD_DIM, BLOCK_SIZE, LONGEST = 9, 3, 64, 16, 130
+
+
+def attention_case(rows: int) -> tuple[torch.Tensor, ...]:
+    """(query, key cache, value cache, block table, context lengths): bf16, each row's blocks shuffled in the cache."""
+    generator = torch.Generator().manual_seed(rows)
+    blocks = (LONGEST + BLOCK_SIZE - 1) // BLOCK_SIZE
+    slots = rows * blocks * BLOCK_SIZE
+    query = torch.randn(rows, HEADS, HEAD_DIM, generator=generator).bfloat16()
+    keys = torch.randn(KV_HEADS, slots, HEAD_DIM, generator=generator).bfloat16()
+    values = torch.randn(KV_HEADS, slots, HEAD_DIM, generator=generator).bfloat16()
+    table = torch.randperm(rows * blocks, generator=generator).view(rows, blocks)
+    lengths = torch.randint(LONGEST - 60, LONGEST + 1, (rows,), generator=generator)
+    return query, keys, values, table, lengths
 
 
 def median_us(call: Callable[[], object], repeats: int = 50) -> float:
@@ -64,6 +81,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             times[f"int8_gemv f32 {rows} rows"] = median_us(functools.partial(int8_linear, x32))
             gate_up = torch.randn(rows, 2 * OUT_FEATURES)
             times[f"silu_mul f32 {rows} rows"] = median_us(functools.partial(kernels.ops.silu_mul, gate_up))
+            gate_up16 = gate_up.bfloat16()
+            times[f"silu_mul bf16 {rows} rows"] = median_us(functools.partial(kernels.ops.silu_mul, gate_up16))
+        for rows in ATTENTION_ROWS:
+            attention = functools.partial(
+                kernels.ops.paged_decode_attention, *attention_case(rows), BLOCK_SIZE, HEAD_DIM**-0.5
+            )
+            times[f"decode_attention bf16 {rows} rows"] = median_us(attention)
         table[build.name] = times
         print(build.name, "  ".join(f"{name}: {us} us" for name, us in times.items()), flush=True)
     args.out.mkdir(parents=True, exist_ok=True)
