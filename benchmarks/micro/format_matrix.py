@@ -36,7 +36,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks formats", description=__doc__.split("\n")[0])
     parser.add_argument("--out", type=Path, required=True, help="a results folder (result.json is written there)")
     parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--rounds", type=int, default=4, help="times each format is timed, in turn (median taken; even cancels a steady drift)")
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=4,
+        help="times each format is timed, in turn (the median; an even count cancels a drift)",
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s")
     formats: dict[str, tuple[LoadedModel, int | None]] = {}

@@ -1,7 +1,8 @@
 """Each compiled kernel's speed in each build this CPU can execute, in one run: the weight-only matmuls on
-SmolLM2-135M's gate/up projection shape ([3072, 576]) and the fused SiLU * up (float32 and bf16), at 1 and 16
-rows; decode attention at SmolLM2-135M's head shape (9 query heads, 3 KV heads, 64 dims) from a bf16 paged cache,
-at 1 and 32 rows of 70 to 130 tokens.
+SmolLM2-135M's gate/up projection shape ([3072, 576]), the fused SiLU * up (float32 and bf16), residual add +
+RMSNorm and RoPE + cache write (bf16), greedy argmax and prompt scoring (top 5) over the 49,152-token vocabulary,
+at 1 and 16 rows; decode attention at SmolLM2-135M's head shape (9 query heads, 3 KV heads, 64 dims) from a bf16
+paged cache, at 1 and 32 rows of 70 to 130 tokens.
 
     python -m benchmarks kernels --out DIR
 
@@ -30,6 +31,7 @@ ROWS = (1, 16)
 OUT_FEATURES, IN_FEATURES = 3072, 576
 ATTENTION_ROWS = (1, 32)
 HEADS, KV_HEADS, HEAD_DIM, BLOCK_SIZE, LONGEST = 9, 3, 64, 16, 130
+VOCAB = 49152
 
 
 def attention_case(rows: int) -> tuple[torch.Tensor, ...]:
@@ -54,6 +56,16 @@ def median_us(call: Callable[[], object], repeats: int = 50) -> float:
         call()
         samples.append((time.perf_counter() - started) * 1e6)
     return round(statistics.median(samples), 1)
+
+
+def rope_call(kernels: native.Kernels, rows: int) -> Callable[[], object]:
+    """RoPE on a fused qkv row block and the write of its keys and values into a bf16 cache."""
+    qkv = torch.randn(rows, (HEADS + 2 * KV_HEADS) * HEAD_DIM).bfloat16()
+    angles = torch.rand(rows, HEAD_DIM)
+    cos, sin = angles.cos().bfloat16(), angles.sin().bfloat16()
+    keys, values = torch.zeros(2, KV_HEADS, rows * BLOCK_SIZE, HEAD_DIM).bfloat16()
+    slots = torch.arange(rows) * BLOCK_SIZE
+    return functools.partial(kernels.ops.rope_write_cache, qkv, cos, sin, keys, values, slots, HEADS, KV_HEADS)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -83,6 +95,16 @@ def main(argv: Sequence[str] | None = None) -> int:
             times[f"silu_mul f32 {rows} rows"] = median_us(functools.partial(kernels.ops.silu_mul, gate_up))
             gate_up16 = gate_up.bfloat16()
             times[f"silu_mul bf16 {rows} rows"] = median_us(functools.partial(kernels.ops.silu_mul, gate_up16))
+            residual, delta = torch.randn(2, rows, IN_FEATURES).bfloat16()
+            weight = torch.ones(IN_FEATURES).bfloat16()
+            norm = functools.partial(kernels.ops.add_rms_norm, residual, delta, weight, 1e-5)
+            times[f"add_rms_norm bf16 {rows} rows"] = median_us(norm)
+            times[f"rope_write_cache bf16 {rows} rows"] = median_us(rope_call(kernels, rows))
+            logits = torch.randn(rows, VOCAB)
+            times[f"argmax_rows f32 {rows} rows"] = median_us(functools.partial(kernels.ops.argmax_rows, logits))
+            targets = torch.randint(VOCAB, (rows,))
+            scores = functools.partial(kernels.ops.prompt_scores, logits, targets, 5)
+            times[f"prompt_scores f32 {rows} rows"] = median_us(scores)
         for rows in ATTENTION_ROWS:
             attention = functools.partial(
                 kernels.ops.paged_decode_attention, *attention_case(rows), BLOCK_SIZE, HEAD_DIM**-0.5

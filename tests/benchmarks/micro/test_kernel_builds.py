@@ -21,6 +21,8 @@ def test_every_build_reports_every_kernel_it_has(tmp_path: Path, monkeypatch: py
     builds = native.builds_for(cpu_features())
     assert list(table) == [build.name for build in builds]
     expected = {"decode_attention bf16 1 rows", "decode_attention bf16 32 rows", "silu_mul bf16 16 rows"}
+    small = ("add_rms_norm bf16", "rope_write_cache bf16", "argmax_rows f32", "prompt_scores f32")
+    expected |= {f"{op} 16 rows" for op in small}
     for build in builds:
         times = table[build.name]
         assert expected <= set(times), build.name
