@@ -46,6 +46,7 @@ _HEADERS = (
     _CSRC / "scalar.h",
     _CSRC / "ops.h",
     _CSRC / "vector_exp.h",
+    _CSRC / "vector_lanes.h",
 )  # not compiled on their own, but a change must rebuild
 _STALE_LOCK_S = 300.0  # a build takes ~10-30 s; a lock this old was left by a build that was killed
 

@@ -20,6 +20,7 @@
 #include "ops.h"
 #include "scalar.h"
 #include "vector_exp.h"
+#include "vector_lanes.h"
 
 namespace BATCHSERVE_OPS {
 namespace {
@@ -52,67 +53,29 @@ inline void axpy(float weight, const C* x, float* out, int64_t n) {
 // loaded and widened once and used by every query head of the group; a score is one chain of NV multiply-adds and
 // one horizontal sum. The portable loops below widened each key once per query head and summed 16 partial sums
 // one after another, which left the kernel at a fifth of the multiply-adds the int4 matmuls reach.
-#if defined(__AVX512F__)
-using Vec = __m512;
-constexpr int64_t kVec = 16;
-inline Vec vload(const float* p) { return _mm512_loadu_ps(p); }
-inline Vec vload(const c10::BFloat16* p) {
-  const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
-  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
-}
-inline void vstore(float* p, Vec v) { _mm512_storeu_ps(p, v); }
-inline Vec vfma(Vec a, Vec b, Vec c) { return _mm512_fmadd_ps(a, b, c); }
-inline Vec vmul(Vec a, Vec b) { return _mm512_mul_ps(a, b); }
-inline Vec vadd(Vec a, Vec b) { return _mm512_add_ps(a, b); }
-inline Vec vset1(float x) { return _mm512_set1_ps(x); }
-inline float vsum(Vec v) { return _mm512_reduce_add_ps(v); }
-inline Vec vmax(Vec a, Vec b) { return _mm512_max_ps(a, b); }
-inline float vmax_lanes(Vec v) { return _mm512_reduce_max_ps(v); }
-#else
-using Vec = __m256;
-constexpr int64_t kVec = 8;
-inline Vec vload(const float* p) { return _mm256_loadu_ps(p); }
-inline Vec vload(const c10::BFloat16* p) {
-  const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
-  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(raw), 16));
-}
-inline void vstore(float* p, Vec v) { _mm256_storeu_ps(p, v); }
-inline Vec vfma(Vec a, Vec b, Vec c) { return _mm256_fmadd_ps(a, b, c); }
-inline Vec vmul(Vec a, Vec b) { return _mm256_mul_ps(a, b); }
-inline Vec vadd(Vec a, Vec b) { return _mm256_add_ps(a, b); }
-inline Vec vset1(float x) { return _mm256_set1_ps(x); }
-inline float vsum(Vec v) {
-  const __m128 pair = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  const __m128 two = _mm_add_ps(pair, _mm_movehl_ps(pair, pair));
-  return _mm_cvtss_f32(_mm_add_ss(two, _mm_movehdup_ps(two)));
-}
-inline Vec vmax(Vec a, Vec b) { return _mm256_max_ps(a, b); }
-inline float vmax_lanes(Vec v) {
-  const __m128 pair = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  const __m128 two = _mm_max_ps(pair, _mm_movehl_ps(pair, pair));
-  return _mm_cvtss_f32(_mm_max_ss(two, _mm_movehdup_ps(two)));
-}
-#endif
+namespace lanes = batchserve::lanes;
+using lanes::Vec;
+constexpr int64_t kVec = lanes::kWidth;
 
-// The largest of s[0..n) and, after `exp_shifted`, their sum: kVec lanes at a time, where a scalar loop was one
-// chain of dependent compares or adds per score.
+// The largest of s[0..n), and their sum: kVec lanes at a time, where a scalar loop was one chain of dependent
+// compares or adds per score.
 inline float max_of(const float* s, int64_t n) {
   float top = -std::numeric_limits<float>::infinity();
   int64_t t = 0;
   if (n >= kVec) {
-    Vec lanes = vload(s);
-    for (t = kVec; t + kVec <= n; t += kVec) lanes = vmax(lanes, vload(s + t));
-    top = vmax_lanes(lanes);
+    Vec running = lanes::load(s);
+    for (t = kVec; t + kVec <= n; t += kVec) running = lanes::max(running, lanes::load(s + t));
+    top = lanes::max_lane(running);
   }
   for (; t < n; ++t) top = std::max(top, s[t]);
   return top;
 }
 
 inline float sum_of(const float* s, int64_t n) {
-  Vec lanes = vset1(0.0f);
+  Vec running = lanes::set1(0.0f);
   int64_t t = 0;
-  for (; t + kVec <= n; t += kVec) lanes = vadd(lanes, vload(s + t));
-  float total = vsum(lanes);
+  for (; t + kVec <= n; t += kVec) running = lanes::add(running, lanes::load(s + t));
+  float total = lanes::sum(running);
   for (; t < n; ++t) total += s[t];
   return total;
 }
@@ -127,12 +90,12 @@ inline void vector_scores(const float* query, const C* keys, const int64_t* bloc
     const C* key = keys + blocks[start / block_size] * block_size * dim;
     for (int64_t t = start; t < std::min(start + block_size, context); ++t, key += dim) {
       Vec k[NV];
-      for (int v = 0; v < NV; ++v) k[v] = vload(key + v * kVec);
+      for (int v = 0; v < NV; ++v) k[v] = lanes::load(key + v * kVec);
       for (int64_t g = 0; g < group; ++g) {
         const float* q = query + g * dim;
-        Vec acc = vmul(vload(q), k[0]);
-        for (int v = 1; v < NV; ++v) acc = vfma(vload(q + v * kVec), k[v], acc);
-        scores[g * context + t] = vsum(acc) * scale;
+        Vec acc = lanes::mul(lanes::load(q), k[0]);
+        for (int v = 1; v < NV; ++v) acc = lanes::fma(lanes::load(q + v * kVec), k[v], acc);
+        scores[g * context + t] = lanes::sum(acc) * scale;
       }
     }
   }
@@ -155,21 +118,21 @@ inline void vector_values(const float* probs, const C* values, const int64_t* bl
     for (int slice = 0; slice < NV; slice += kSlice) {
       Vec sums[kHeads][kSlice];
       for (int g = 0; g < kHeads; ++g)
-        for (int v = 0; v < kSlice; ++v) sums[g][v] = vset1(0.0f);
+        for (int v = 0; v < kSlice; ++v) sums[g][v] = lanes::set1(0.0f);
       for (int64_t start = 0; start < context; start += block_size) {
         const C* value = values + blocks[start / block_size] * block_size * dim + slice * kVec;
         for (int64_t t = start; t < std::min(start + block_size, context); ++t, value += dim) {
           Vec x[kSlice];
-          for (int v = 0; v < kSlice; ++v) x[v] = vload(value + v * kVec);
+          for (int v = 0; v < kSlice; ++v) x[v] = lanes::load(value + v * kVec);
           for (int g = 0; g < kHeads; ++g) {
             if (g >= heads) break;
-            const Vec weight = vset1(p[g * context + t]);
-            for (int v = 0; v < kSlice; ++v) sums[g][v] = vfma(weight, x[v], sums[g][v]);
+            const Vec weight = lanes::set1(p[g * context + t]);
+            for (int v = 0; v < kSlice; ++v) sums[g][v] = lanes::fma(weight, x[v], sums[g][v]);
           }
         }
       }
       for (int g = 0; g < heads; ++g)
-        for (int v = 0; v < kSlice; ++v) vstore(acc + (first_head + g) * dim + (slice + v) * kVec, sums[g][v]);
+        for (int v = 0; v < kSlice; ++v) lanes::store(acc + (first_head + g) * dim + (slice + v) * kVec, sums[g][v]);
     }
   }
 }

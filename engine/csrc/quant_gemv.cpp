@@ -25,6 +25,7 @@
 
 #include "ops.h"
 #include "scalar.h"
+#include "vector_lanes.h"
 
 #include <algorithm>
 #include <cmath>
@@ -113,31 +114,18 @@ inline void split_pairs(const S* pairs, int64_t count, float* s, float* z) {
 
 constexpr int kInt4Rows = 8;  // activation rows per pass over the int4 weights
 
-inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
-
-inline __m512 load16(const c10::BFloat16* p) {
-  const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
-  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
-}
-
-inline void store16(float* p, __m512 v) { _mm512_storeu_ps(p, v); }
-
-inline void store16(c10::BFloat16* p, __m512 v) {
-  // Round to nearest even, as c10::BFloat16 does (NaN is not expected from finite weights and inputs).
-  const __m512i bits = _mm512_castps_si512(v);
-  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
-  const __m512i rounded = _mm512_srli_epi32(_mm512_add_epi32(bits, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7FFF))), 16);
-  _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm512_cvtepi32_epi16(rounded));
-}
+// Whole vectors from and to float32 or bfloat16 (a bfloat16 store rounds as c10::BFloat16 does).
+using batchserve::lanes::load;
+using batchserve::lanes::store;
 
 // 16 float32 results to 16 values of T (the int4_dot driver's epilogue).
 template <typename T>
-inline void store_row16(T* y, const float* out) { store16(y, _mm512_loadu_ps(out)); }
+inline void store_row16(T* y, const float* out) { store(y, _mm512_loadu_ps(out)); }
 
 // The (scale, zero) pairs of 16 output rows, split into s and z.
 template <typename S>
 inline void scales16(const S* pairs, __m512& s, __m512& z) {
-  const __m512 lo = load16(pairs), hi = load16(pairs + 16);
+  const __m512 lo = load(pairs), hi = load(pairs + 16);
   const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
   const __m512i odd = _mm512_add_epi32(even, _mm512_set1_epi32(1));
   s = _mm512_permutex2var_ps(lo, even, hi);
@@ -205,7 +193,7 @@ void int4_rows(const float* x, const float* group_sums, const uint8_t* packed, c
         });
         for (int64_t r = 0; r < count; ++r)
           for (int c = 0; c < 4; ++c)
-            store16(y + (first + r) * N + block * kBlockN + c * 16, _mm512_loadu_ps(out + r * kBlockN + c * 16));
+            store(y + (first + r) * N + block * kBlockN + c * 16, _mm512_loadu_ps(out + r * kBlockN + c * 16));
       }
     }
   });
@@ -232,7 +220,7 @@ inline void int8_row(const int8_t* w, const float* x, int64_t K, float* dots /* 
   }
   for (int r = 0; r < R; ++r) {
     for (int c = 1; c < C; ++c) acc[r][0] = _mm512_add_ps(acc[r][0], acc[r][c]);
-    float sum = _mm512_reduce_add_ps(acc[r][0]);
+    float sum = batchserve::lanes::sum(acc[r][0]);
     for (int64_t t = k; t < K; ++t) sum += static_cast<float>(w[t]) * x[r * K + t];
     dots[r] = sum;
   }
@@ -282,9 +270,9 @@ inline void int4_dot_block(const uint8_t* packed, const c10::BFloat16* scales, c
         residual[r] = _mm512_dpbusd_epi32(residual[r], second, _mm512_set1_epi32(d));
       }
     }
-    const __m512 s = load16(scales + g * kDotBlock);
+    const __m512 s = load(scales + g * kDotBlock);
     // sum_k ((q - 8) s + z) x = s sum_k q x + (z - 8 s) sum_k x
-    const __m512 z = _mm512_fnmadd_ps(_mm512_set1_ps(8.0f), s, load16(zeros + g * kDotBlock));
+    const __m512 z = _mm512_fnmadd_ps(_mm512_set1_ps(8.0f), s, load(zeros + g * kDotBlock));
     for (int r = 0; r < R; ++r) {
       // x = scale * (leading + residual / 127): 127 * the leading dot plus the residual one, in int32 (at most
       // 32 * 15 * 127 * 128, far from overflow).
@@ -305,36 +293,14 @@ inline void int4_dot_block(const uint8_t* packed, const c10::BFloat16* scales, c
 
 constexpr int kInt4Rows = 4;
 
-inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
-
-inline __m256 load8(const c10::BFloat16* p) {
-  const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
-  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(raw), 16));
-}
-
-inline void store8(float* p, __m256 v) { _mm256_storeu_ps(p, v); }
-
-inline void store8(c10::BFloat16* p, __m256 v) {
-  // Round to nearest even, as c10::BFloat16 does (NaN is not expected from finite weights and inputs).
-  const __m256i bits = _mm256_castps_si256(v);
-  const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(bits, 16), _mm256_set1_epi32(1));
-  const __m256i rounded =
-      _mm256_srli_epi32(_mm256_add_epi32(bits, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7FFF))), 16);
-  const __m128i packed = _mm_packus_epi32(_mm256_castsi256_si128(rounded), _mm256_extracti128_si256(rounded, 1));
-  _mm_storeu_si128(reinterpret_cast<__m128i*>(p), packed);
-}
+using batchserve::lanes::load;
+using batchserve::lanes::store;
 
 // 16 float32 results to 16 values of T (the int4_dot driver's epilogue).
 template <typename T>
 inline void store_row16(T* y, const float* out) {
-  store8(y, _mm256_loadu_ps(out));
-  store8(y + 8, _mm256_loadu_ps(out + 8));
-}
-
-inline float sum8(__m256 v) {
-  const __m128 pair = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  const __m128 two = _mm_add_ps(pair, _mm_movehl_ps(pair, pair));
-  return _mm_cvtss_f32(_mm_add_ss(two, _mm_movehdup_ps(two)));
+  store(y, _mm256_loadu_ps(out));
+  store(y + 8, _mm256_loadu_ps(out + 8));
 }
 
 // 16 output rows (a quarter of a 64-row block of torch's packing) for R activation rows. Quarter q reads bytes
@@ -395,7 +361,7 @@ void int4_rows(const float* x, const float* group_sums, const uint8_t* packed, c
           });
           for (int64_t r = 0; r < count; ++r)
             for (int h = 0; h < 2; ++h)
-              store8(y + (first + r) * N + block * kBlockN + decltype(Q)::value * 16 + h * 8,
+              store(y + (first + r) * N + block * kBlockN + decltype(Q)::value * 16 + h * 8,
                      _mm256_load_ps(out + r * 16 + h * 8));
         };
         quarter(std::integral_constant<int, 0>{});
@@ -428,7 +394,7 @@ inline void int8_row(const int8_t* w, const float* x, int64_t K, float* dots /* 
   }
   for (int r = 0; r < R; ++r) {
     for (int c = 1; c < C; ++c) acc[r][0] = _mm256_add_ps(acc[r][0], acc[r][c]);
-    float sum = sum8(acc[r][0]);
+    float sum = batchserve::lanes::sum(acc[r][0]);
     for (int64_t t = k; t < K; ++t) sum += static_cast<float>(w[t]) * x[r * K + t];
     dots[r] = sum;
   }
@@ -483,9 +449,9 @@ inline void int4_dot_block(const uint8_t* packed, const c10::BFloat16* scales, c
       }
     }
     for (int h = 0; h < 2; ++h) {
-      const __m256 s = load8(scales + g * kDotBlock + 8 * h);
+      const __m256 s = load(scales + g * kDotBlock + 8 * h);
       // sum_k ((q - 8) s + z) x = s sum_k q x + (z - 8 s) sum_k x
-      const __m256 z = _mm256_fnmadd_ps(_mm256_set1_ps(8.0f), s, load8(zeros + g * kDotBlock + 8 * h));
+      const __m256 z = _mm256_fnmadd_ps(_mm256_set1_ps(8.0f), s, load(zeros + g * kDotBlock + 8 * h));
       for (int r = 0; r < R; ++r) {
         const __m256 dots = _mm256_mul_ps(_mm256_cvtepi32_ps(acc[r][h]), _mm256_set1_ps(x_scales[r * groups + g]));
         total[r][h] = _mm256_fmadd_ps(s, dots, total[r][h]);
