@@ -9,8 +9,8 @@
 
 // The exponential's clamp below is a compare and select; GCC vectorises it with AVX2 only when it may assume that
 // floating-point exceptions are not observed (AVX-512 masks the lanes instead): without this the AVX2 build summed
-// the exponentials one at a time, 5x the AVX-512 build's time for a row. Values are unchanged: this allows no
-// reassociation.
+// the exponentials one at a time, 5x the AVX-512 build's time for a row. No operation rounds differently, but
+// those builds now sum a block in vector lanes as the AVX-512 one did, so a logprob may move by an ulp or so.
 #if defined(__clang__)
 #pragma clang fp exceptions(ignore)
 #elif defined(__GNUC__)
