@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from api.structured.limits import GrammarLimits
 from engine.config import DEFAULT_MAX_QUANTIZED_ROWS, DTYPES, QUANTIZATIONS, EngineConfig, LoadConfig
 from scheduler.config import SCHEDULING_POLICIES, Mode, SchedulerConfig
 from scheduler.policies import load_policy
@@ -37,6 +38,7 @@ class RuntimeOptions:
     max_quantized_rows: int | None = DEFAULT_MAX_QUANTIZED_ROWS
     int8_activations: bool = True
     enable_prefix_caching: bool = True
+    grammar_limits: GrammarLimits = field(default_factory=GrammarLimits)
 
     def __post_init__(self) -> None:
         LoadConfig(self.dtype, self.quantization)  # raises ValueError naming the bad value
@@ -160,6 +162,29 @@ class ServerConfig:
         None,
         "Open connections beyond this get 503 and are closed (default: min(1024, half the soft file descriptor limit))",
     )
+    grammar_max_bytes: int = _opt(
+        GrammarLimits.max_bytes, "Structured outputs: largest schema (as compact JSON), regex or grammar (400 beyond)"
+    )
+    grammar_max_depth: int = _opt(
+        GrammarLimits.max_depth, "Structured outputs: deepest JSON nesting of a schema, through every keyword"
+    )
+    grammar_max_refs: int = _opt(GrammarLimits.max_refs, "Structured outputs: most `$ref`s in one schema")
+    grammar_max_repeat: int = _opt(
+        GrammarLimits.max_repeat,
+        "Structured outputs: largest bound of a {m,n} repetition in a regex, a schema's `pattern` or a grammar",
+    )
+    grammar_compile_timeout_s: float = _opt(
+        GrammarLimits.compile_timeout_s,
+        "Structured outputs: a grammar still compiling after this long is stopped (its worker process killed) and "
+        "the request refused with a 400",
+    )
+    grammar_compile_workers: int = _opt(
+        GrammarLimits.compile_workers,
+        "Structured outputs: worker processes compiling grammars at once, at the lowest CPU priority",
+    )
+    grammar_max_pending: int = _opt(
+        GrammarLimits.max_pending, "Structured outputs: grammar compiles running or waiting beyond this get 429"
+    )
 
     def __post_init__(self) -> None:
         Mode(self.mode)  # raises ValueError naming the bad mode
@@ -175,6 +200,7 @@ class ServerConfig:
         if self.max_connections is not None and self.max_connections < 1:
             raise ValueError(f"max_connections must be positive, got {self.max_connections}")
         self.scheduler_config()  # validate the layered configs now, not at first use
+        self.grammar_limits()
         if self.policy is not None:
             load_policy(self.policy)  # a policy that cannot load is a config error, named at start
 
@@ -198,6 +224,17 @@ class ServerConfig:
             queue_timeout_s=self.queue_timeout_s,
         )
 
+    def grammar_limits(self) -> GrammarLimits:
+        return GrammarLimits(
+            max_bytes=self.grammar_max_bytes,
+            max_depth=self.grammar_max_depth,
+            max_refs=self.grammar_max_refs,
+            max_repeat=self.grammar_max_repeat,
+            compile_timeout_s=self.grammar_compile_timeout_s,
+            compile_workers=self.grammar_compile_workers,
+            max_pending=self.grammar_max_pending,
+        )
+
     def runtime_options(self) -> RuntimeOptions:
         """What `api.runtime.build` needs to load and run the model; the HTTP limits stay here."""
         return RuntimeOptions(
@@ -211,4 +248,5 @@ class ServerConfig:
             served_model_name=self.served_model_name,
             dtype=self.dtype,
             quantization=self.quantization,
+            grammar_limits=self.grammar_limits(),
         )

@@ -25,6 +25,11 @@ COMMANDS: tuple[Command, ...] = (
         "benchmarks.online.priority_bench",
         "an interactive class under a saturating batch class: fcfs, priority, priority with preemption",
     ),
+    Command(
+        "compile-stall",
+        "benchmarks.online.compile_stall",
+        "a plain request's latency and a stream's longest gap while N hostile grammars compile",
+    ),
     Command("ray", "benchmarks.online.ray_bench", "what Ray Serve's proxy costs against a plain server"),
     Command("compare", "benchmarks.online.compare_bench", "fairness and event-stream cost of `batchserve compare`"),
     Command(

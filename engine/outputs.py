@@ -14,6 +14,7 @@ class FinishReason(enum.Enum):
 
     STOP = "stop"  # EOS or a stop token id
     LENGTH = "length"  # max_tokens or the context window
+    GRAMMAR = "grammar"  # the grammar allows no token here, or refused the sampled one: the sequence cannot go on
 
 
 @dataclass(frozen=True)

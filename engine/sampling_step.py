@@ -25,7 +25,7 @@ from engine.outputs import FinishReason, TokenOutput
 from engine.rows import SequenceRows
 from engine.sampler import RowSampling, SampleResult, sample
 
-_NOT_FINISHED, _STOPPED, _LENGTH = 0, 1, 2
+_NOT_FINISHED, _STOPPED, _LENGTH, _DEAD_END = 0, 1, 2, 3
 logger = logging.getLogger("batchserve.engine")
 
 
@@ -58,9 +58,16 @@ def sample_and_record(
         min_p=min_p if bool((min_p > 0).any()) else None,
     )
     edits = _edits(state, rows, counter, logits.shape[-1], eos_token_ids)
+    dead_ends = torch.zeros(0, dtype=torch.long)
     if row_matchers:
         positions = torch.tensor(constrained, dtype=torch.long)
-        edits = replace(edits, grammar=AllowedTokens(positions, fill_bitmasks(row_matchers, logits.shape[-1])))
+        allowed = fill_bitmasks(row_matchers, logits.shape[-1])
+        # A grammar that allows nothing would leave its row no finite logit (a NaN under sampling, which would fail
+        # the whole step): that row samples unmasked, and its sequence ends below with the grammar's error.
+        stuck = ~allowed.any(dim=1)
+        allowed[stuck] = True
+        dead_ends = positions[stuck]
+        edits = replace(edits, grammar=AllowedTokens(positions, allowed))
     result = sample(logits, params, edits)
     tokens = result.tokens
     positions = state.seq_len[rows]
@@ -68,25 +75,29 @@ def sample_and_record(
     state.seq_len[rows] += 1
     finish = _finish_codes(state, rows, tokens, eos_token_ids)
     if row_matchers:
-        finish[_advance_grammars(row_matchers, constrained, tokens, seq_ids)] = _STOPPED
+        ended, refused = _advance_grammars(row_matchers, constrained, tokens, seq_ids)
+        finish[ended] = _STOPPED
+        finish[refused] = _DEAD_END
+        finish[dead_ends] = _DEAD_END
     return _package(seq_ids, state.logprobs[rows].tolist(), tokens, finish, result)
 
 
 def _advance_grammars(
     matchers: list[GrammarMatcher], positions: list[int], tokens: torch.Tensor, seq_ids: list[int]
-) -> list[int]:
-    """Feed each constrained row its sampled token; the positions whose grammar has ended (or refused the token,
-    which the mask rules out, but a sequence must not run on past its grammar) finish as stopped."""
-    ended = []
+) -> tuple[list[int], list[int]]:
+    """Feed each constrained row its sampled token. Returns the positions whose grammar has ended, and those whose
+    grammar refused the token: its mask allowed nothing (a dead end), or a backend fault let through a token it
+    does not accept. Either way the sequence cannot go on, and only it ends."""
+    ended, refused = [], []
     sampled = tokens.tolist()
     for matcher, position in zip(matchers, positions, strict=True):
         token = sampled[position]
         if not matcher.accept_token(token):
-            logger.error("sequence %d: its grammar refused token %d, which its mask allowed", seq_ids[position], token)
-            ended.append(position)
+            logger.warning("sequence %d: its grammar refused token %d; ending it", seq_ids[position], token)
+            refused.append(position)
         elif matcher.is_terminated():
             ended.append(position)
-    return ended
+    return ended, refused
 
 
 def _edits(
@@ -161,7 +172,9 @@ def _package(
     result: SampleResult,
 ) -> tuple[TokenOutput, ...]:
     """One TokenOutput per row, with only the logprobs that row asked for (-1: none)."""
-    reasons = {_NOT_FINISHED: None, _STOPPED: FinishReason.STOP, _LENGTH: FinishReason.LENGTH}
+    reasons = {
+        _NOT_FINISHED: None, _STOPPED: FinishReason.STOP, _LENGTH: FinishReason.LENGTH, _DEAD_END: FinishReason.GRAMMAR
+    }  # fmt: skip
     token_list, finish_list = tokens.tolist(), finish.tolist()
     chosen = result.logprobs.tolist() if result.logprobs is not None else [None] * len(seq_ids)
     tops: list[tuple[tuple[int, float], ...]] = [()] * len(seq_ids)

@@ -67,6 +67,7 @@ class Outcome(enum.Enum):
     FAILED: an internal error: the engine step that ran it failed, or admitting it did.
     QUEUE_TIMEOUT: it waited longer than queue_timeout_s without starting: the server is overloaded.
     SHUTDOWN: the server is shutting down: it never started, or it was unfinished when the grace period ran out.
+    GRAMMAR_DEAD_END: the request's grammar allowed no token (a rule that never completes, found only here).
     """
 
     STOPPED = "stop"
@@ -75,10 +76,11 @@ class Outcome(enum.Enum):
     FAILED = "failed"
     QUEUE_TIMEOUT = "queue_timeout"
     SHUTDOWN = "shutdown"
+    GRAMMAR_DEAD_END = "grammar_dead_end"
 
     @classmethod
     def from_engine(cls, reason: FinishReason) -> Outcome:
-        return cls.STOPPED if reason is FinishReason.STOP else cls.LENGTH
+        return {FinishReason.STOP: cls.STOPPED, FinishReason.LENGTH: cls.LENGTH}.get(reason, cls.GRAMMAR_DEAD_END)
 
     @property
     def completed(self) -> bool:

@@ -30,6 +30,10 @@ _ANSWERS: dict[Ending, _Answer] = {
     Outcome.FAILED: _Answer(status=500, message="generation failed: {}"),
     Outcome.QUEUE_TIMEOUT: _Answer(status=503, retry_after="1"),  # overloaded: another try may be luckier
     Outcome.SHUTDOWN: _Answer(status=503, retry_after="1"),  # another instance, or this one restarted, can take it
+    # The client's grammar has a rule that never completes, which compiling could not see (docs/structured_outputs.md).
+    Outcome.GRAMMAR_DEAD_END: _Answer(
+        status=400, message="the request's grammar allows no token after this point of the answer: it has a dead end"
+    ),
     REQUEST_TIMEOUT: _Answer(status=504, message="the request ran longer than the server's request timeout of {} s"),
 }
 

@@ -24,6 +24,7 @@ from api.endpoints.responses import ResponseShape
 from api.endpoints.state import Phase, Runtime, ServerState
 from api.endpoints.tool_call_formatting import ToolCallFormatter
 from api.structured.requests import compile_grammar, request_grammar
+from api.structured.spec import GrammarSpec
 from api.text.prompts import (
     chat_echo_text,
     chat_max_tokens,
@@ -32,6 +33,7 @@ from api.text.prompts import (
     choice_inputs,
     completion_prompts,
 )
+from engine.grammar import Grammar
 
 _T = TypeVar("_T")
 _Request = TypeVar("_Request", CompletionRequest, ChatCompletionRequest)
@@ -100,6 +102,16 @@ async def _until_disconnect(request: Request, work: Awaitable[_T]) -> _T | None:
     return task.result()
 
 
+async def _grammar(request: Request, runtime: Runtime, spec: GrammarSpec | None) -> Grammar | None:
+    """The request's grammar, if it has one; a client that leaves while it compiles stops the compile."""
+    if spec is None:
+        return None
+    grammar = await _until_disconnect(request, compile_grammar(runtime.grammars, spec))
+    if grammar is None:
+        raise APIError(499, "the client disconnected while its grammar compiled")  # nobody reads this
+    return grammar
+
+
 @dataclass(frozen=True)
 class _Accepted(Generic[_Request]):
     """A request that passed the checks every endpoint makes, and when it came in on the scheduler's clock."""
@@ -148,7 +160,7 @@ async def completions(request: Request) -> Response:
         completion_prompts, body, runtime.tokenizer, accepted.config, runtime.max_model_len
     )
     spec, _ = request_grammar(body)
-    grammar = await compile_grammar(runtime.grammars, spec) if spec is not None else None
+    grammar = await _grammar(request, runtime, spec)
     echo_logprobs = body.echo and body.logprobs is not None
     prompt_k = _prompt_scores_wanted(body.prompt_logprobs, body.logprobs if echo_logprobs else None)
     inputs = choice_inputs(body, prompts, body.max_tokens, body.logprobs, prompt_k, grammar)
@@ -170,7 +182,7 @@ async def chat_completions(request: Request) -> Response:
         raise bad_request("top_logprobs requires logprobs to be true", param="top_logprobs")
     spec, tool_mode = request_grammar(body)
     prompt = await asyncio.to_thread(chat_prompt, body, runtime.tokenizer, runtime.max_model_len)
-    grammar = await compile_grammar(runtime.grammars, spec) if spec is not None else None
+    grammar = await _grammar(request, runtime, spec)
     max_tokens = chat_max_tokens(body, len(prompt), runtime.max_model_len)
     logprobs = (body.top_logprobs or 0) if body.logprobs else None
     inputs = choice_inputs(body, [prompt], max_tokens, logprobs, body.prompt_logprobs, grammar)

@@ -24,7 +24,10 @@ def begin_drain(state: ServerState) -> None:
     mode finished answers are no longer held for their batch. Running requests go on."""
     if state.phase is Phase.READY:
         state.phase = Phase.DRAINING
-        state.loaded().loop.begin_drain()
+        runtime = state.loaded()
+        runtime.loop.begin_drain()
+        if runtime.grammars is not None:
+            runtime.grammars.close()  # a compile in progress is killed: shutdown never waits for one
 
 
 async def drain(state: ServerState, grace_s: float) -> None:

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 from transformers import PreTrainedTokenizerBase
 
 from api.config import RuntimeOptions
-from api.structured.requests import grammar_compiler
+from api.structured.grammars import build_grammars
 from api.text.token_bytes import TokenBytes
 from engine.config import DEFAULT_MAX_QUANTIZED_ROWS
 from engine.engine import Engine
@@ -24,7 +24,7 @@ from scheduler.loop import SchedulerLoop
 from scheduler.stats import StepStats
 
 if TYPE_CHECKING:
-    from api.structured.xgrammar_backend import XGrammarCompiler
+    from api.structured.grammars import Grammars
 
 
 def load(options: RuntimeOptions) -> LoadedModel:
@@ -43,7 +43,7 @@ class ModelRuntime:
     model_name: str
     max_model_len: int
     token_bytes: TokenBytes  # the tokenizer's byte lookup, built once (chat logprobs' `bytes`)
-    grammars: XGrammarCompiler | None  # structured outputs' compiler; None without xgrammar
+    grammars: Grammars | None  # structured outputs' compiler; None without xgrammar
 
 
 def build_runner(options: RuntimeOptions, loaded: LoadedModel) -> TransformersRunner:
@@ -87,5 +87,5 @@ def build_model_runtime(
         options.model_name(loaded.source),
         engine.max_model_len,
         TokenBytes(loaded.tokenizer),
-        grammar_compiler(loaded.tokenizer, runner.vocab_size, loaded.eos_token_ids),
+        build_grammars(loaded.tokenizer, runner.vocab_size, loaded.eos_token_ids, options.grammar_limits),
     )

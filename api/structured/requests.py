@@ -1,25 +1,21 @@
 """A request's structured output: its grammar spec, whether the answer is a forced tool call, and the grammar
-compiled for it off the event loop."""
+compiled for it."""
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from api.endpoints.errors import bad_request
 from api.endpoints.protocol import ChatCompletionRequest, SamplingFields
-from api.structured.spec import GrammarCompileError, GrammarSpec, compile_error, grammar_spec
+from api.structured.grammars import INSTALL_HINT
+from api.structured.spec import GrammarSpec, grammar_spec
 from api.structured.tools import ToolCallMode, forced_tool_call
 from engine.grammar import Grammar
 
 if TYPE_CHECKING:
-    from transformers import PreTrainedTokenizerBase
-
-    from api.structured.xgrammar_backend import XGrammarCompiler
+    from api.structured.grammars import Grammars
 
 _GUIDED = ("guided_json", "guided_regex", "guided_choice", "guided_grammar")
-INSTALL_HINT = "pip install --no-deps xgrammar apache-tvm-ffi"
 
 
 def request_grammar(body: SamplingFields) -> tuple[GrammarSpec | None, ToolCallMode | None]:
@@ -37,24 +33,9 @@ def request_grammar(body: SamplingFields) -> tuple[GrammarSpec | None, ToolCallM
     return forced
 
 
-def grammar_compiler(
-    tokenizer: PreTrainedTokenizerBase, vocab_size: int, stop_token_ids: Sequence[int]
-) -> XGrammarCompiler | None:
-    """The server's compiler, or None where xgrammar is not installed (structured outputs are then a 400)."""
-    try:
-        from api.structured.xgrammar_backend import XGrammarCompiler
-    except ImportError:
-        return None
-    return XGrammarCompiler(tokenizer, vocab_size, stop_token_ids)
-
-
-async def compile_grammar(compiler: XGrammarCompiler | None, spec: GrammarSpec) -> Grammar:
-    """Compile on a worker thread: a large schema's first compile takes a while, and the event loop serves streams.
-    The request then enters the scheduler's queue at its arrival time, so the wait overlaps its place in the queue
-    and no engine step ever waits for a grammar."""
-    if compiler is None:
+async def compile_grammar(grammars: Grammars | None, spec: GrammarSpec) -> Grammar:
+    """The request's grammar (api/structured/grammars.py), compiled while the request keeps its place in the queue:
+    it enters the scheduler at its arrival time, and no engine step ever waits for a grammar."""
+    if grammars is None:
         raise bad_request(f"structured outputs need the xgrammar package on the server ({INSTALL_HINT})", spec.param)
-    try:
-        return await asyncio.to_thread(compiler.compile, spec)
-    except GrammarCompileError as exc:
-        raise compile_error(spec, str(exc)) from None
+    return await grammars.compile(spec)

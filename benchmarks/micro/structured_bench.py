@@ -75,7 +75,7 @@ def compile_times(loaded: LoadedModel, vocab: int, repeats: int) -> dict[str, fl
     tables, colds, cached = [], [], []
     for _ in range(repeats):
         start = time.perf_counter()
-        compiler = XGrammarCompiler(loaded.tokenizer, vocab, loaded.eos_token_ids)
+        compiler = XGrammarCompiler.for_tokenizer(loaded.tokenizer, vocab, loaded.eos_token_ids)
         tables.append(time.perf_counter() - start)
         start = time.perf_counter()
         compiler.compile(_spec(TYPICAL_SCHEMA))
@@ -143,7 +143,7 @@ def decode_costs(loaded: LoadedModel, batch: int, steps: int, repeats: int, prom
         loaded.max_model_len,
         dtype=runner.dtype,
     )
-    compiler = XGrammarCompiler(loaded.tokenizer, runner.vocab_size, loaded.eos_token_ids)
+    compiler = XGrammarCompiler.for_tokenizer(loaded.tokenizer, runner.vocab_size, loaded.eos_token_ids)
     grammar = compiler.compile(_spec(LONG_SCHEMA))
     generator = torch.Generator().manual_seed(batch)
     results: dict[bool, list[tuple[float, float]]] = {False: [], True: []}

@@ -182,3 +182,51 @@ def test_grammar_rows_are_masked_before_temperature_and_filters(tiny_llama: PreT
     greedy = _run(tiny_llama, {0: (prompt, SamplingParams(max_tokens=8, grammar=SetGrammar(allowed), **GREEDY))})
     assert constrained.tokens(0) == greedy.tokens(0)
     assert set(constrained.tokens(0)) <= allowed
+
+
+@dataclass
+class DeadEndMatcher(SetMatcher):
+    """Allows `allowed` for `length` tokens, then nothing: a rule that never completes."""
+
+    def _now(self) -> frozenset[int]:
+        return frozenset() if self.length is not None and len(self.accepted) >= self.length else self.allowed
+
+
+@dataclass
+class FaultyMatcher(SetMatcher):
+    """Its mask allows `allowed`, but after `length` tokens it refuses every token: a backend fault, injected."""
+
+    def accept_token(self, token_id: int) -> bool:
+        if self.length is not None and len(self.accepted) >= self.length:
+            return False
+        return super().accept_token(token_id)
+
+
+@dataclass(frozen=True)
+class MatcherGrammar:
+    make: type[SetMatcher]
+    allowed: frozenset[int]
+    length: int
+
+    def matcher(self) -> SetMatcher:
+        return self.make(self.allowed, self.length)
+
+
+@pytest.mark.parametrize("make", [DeadEndMatcher, FaultyMatcher], ids=["mask-allows-nothing", "refuses-its-mask"])
+@pytest.mark.parametrize("sampling", [GREEDY, {"temperature": 0.8, "seed": 5}], ids=["greedy", "seeded"])
+def test_a_grammar_that_cannot_go_on_ends_only_its_own_sequence(
+    tiny_llama: PreTrainedModel, make: type[SetMatcher], sampling: dict
+) -> None:
+    """The stuck row ends with FinishReason.GRAMMAR after the tokens its grammar took; the free rows sharing its
+    steps get exactly what they get alone (a row with no allowed token must not turn the step's sampling to NaN)."""
+    vocab = tiny_llama.config.vocab_size
+    prompts = [random_prompt(n, 90 + n, vocab) for n in (6, 9, 4)]
+    free = SamplingParams(max_tokens=10, **sampling)
+    stuck = SamplingParams(max_tokens=10, grammar=MatcherGrammar(make, frozenset(range(5, 60)), 3), **sampling)
+    mixed = _run(tiny_llama, {0: (prompts[0], free), 1: (prompts[1], stuck), 2: (prompts[2], free)})
+    alone = _run(tiny_llama, {0: (prompts[0], free), 2: (prompts[2], free)})
+    assert mixed.finished[1] is FinishReason.GRAMMAR
+    assert len(mixed.tokens(1)) == 4 and set(mixed.tokens(1)[:3]) <= set(range(5, 60))
+    for i in (0, 2):
+        assert mixed.tokens(i) == alone.tokens(i)
+        assert mixed.finished[i] is FinishReason.LENGTH
