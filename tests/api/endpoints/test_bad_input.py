@@ -34,6 +34,13 @@ GOOD: dict[str, dict[str, object]] = {
 }
 
 
+def _nested(keyword: str, depth: int) -> dict[str, object]:
+    schema: dict[str, object] = {"type": "integer"}
+    for _ in range(depth):
+        schema = {"type": "array", keyword: schema}
+    return schema
+
+
 @dataclass(frozen=True)
 class Bad:
     name: str
@@ -107,6 +114,13 @@ _FIELD_CASES: list[tuple[str, dict[str, object], int, str | None, str]] = [
     ("guided_regex-unclosed", {"guided_regex": "(ab"}, 400, "guided_regex", "does not compile"),
     ("guided_choice-empty", {"guided_choice": []}, 400, "guided_choice", "non-empty list"),
     ("guided_grammar-undefined", {"guided_grammar": "root ::= nothing"}, 400, "guided_grammar", "does not compile"),
+    # Compile costs, bounded before compiling (api/structured/budget.py), and grammars with no answer at all.
+    ("guided_json-pattern-repeat", {"guided_json": {"pattern": "^q[a-z]{1,20000}$"}}, 400, "guided_json", "repeat"),
+    ("guided_regex-repeat", {"guided_regex": "(ab){3,9999}"}, 400, "guided_regex", "--grammar-max-repeat"),
+    ("guided_json-remote-ref", {"guided_json": {"$ref": "https://x.test/s"}}, 400, "guided_json", "local references"),
+    ("guided_json-deep", {"guided_json": _nested("unevaluatedItems", 150)}, 400, "guided_json", "--grammar-max-depth"),
+    ("guided_grammar-no-answer", {"guided_grammar": 'root ::= root "a"'}, 400, "guided_grammar", "admits no answer"),
+    ("guided_regex-empty-class", {"guided_regex": "[^\\s\\S]"}, 400, "guided_regex", "admits no answer"),
     ("structured_outputs-unknown", {"structured_outputs": {"xml": "<a/>"}}, 400, "structured_outputs", "xml"),
     (
         "structured_outputs-two",
