@@ -225,15 +225,8 @@ class ServerConfig:
         )
 
     def grammar_limits(self) -> GrammarLimits:
-        return GrammarLimits(
-            max_bytes=self.grammar_max_bytes,
-            max_depth=self.grammar_max_depth,
-            max_refs=self.grammar_max_refs,
-            max_repeat=self.grammar_max_repeat,
-            compile_timeout_s=self.grammar_compile_timeout_s,
-            compile_workers=self.grammar_compile_workers,
-            max_pending=self.grammar_max_pending,
-        )
+        """The `grammar_*` fields, without their prefix."""
+        return GrammarLimits(**{f.name: getattr(self, f"grammar_{f.name}") for f in dataclasses.fields(GrammarLimits)})
 
     def runtime_options(self) -> RuntimeOptions:
         """What `api.runtime.build` needs to load and run the model; the HTTP limits stay here."""
