@@ -14,6 +14,12 @@ The key is a Python hash, so two different prefixes may collide. A hit therefore
 stands for: the block's own token ids, and its parent's identity (block id and the generation of that id, bumped
 each time the id is handed out again). By induction a matched chain holds exactly the tokens asked for, and a
 sequence never reads a block computed for other tokens.
+
+A cached block's parent is always a root or a cached block, so every cached block is reachable from a root: when
+a block is evicted, its cached descendants are dropped from the cache with it (parked ones become plain free
+blocks). Otherwise a child whose parent was evicted first would sit under its key unreachable, and when the same
+prefix is computed again its new block would find the key held by the orphan and stay private, so the prefix
+would be cached again only up to the evicted block.
 """
 
 from __future__ import annotations
@@ -28,6 +34,12 @@ Parent = tuple[int, int] | tuple[str, str | None]
 
 def root(salt: str | None) -> Parent:
     return ("salt", salt)
+
+
+def _block_of(parent: Parent) -> int | None:
+    """The block a block follows; None for a sequence's first block (its parent is its salt)."""
+    head = parent[0]
+    return head if isinstance(head, int) else None
 
 
 def block_key(parent_key: int | None, salt: str | None, tokens: tuple[int, ...]) -> int:
@@ -61,6 +73,7 @@ class BlockPool:
         self._generation = [0] * num_blocks
         self._cached: dict[int, CachedBlock] = {}  # block id -> what it holds
         self._by_key: dict[int, int] = {}  # key -> block id
+        self._children: dict[int, dict[int, None]] = {}  # cached block -> its cached children, in order
         self._handed_out_since_hit = 0  # blocks allocated since a lookup last found a cached block
 
     # ----- counts -----
@@ -87,12 +100,15 @@ class BlockPool:
     def allocate(self, count: int) -> list[int] | None:
         if count > self.num_free:
             return None
-        taken = [self._free.pop() for _ in range(min(count, len(self._free)))]
+        taken: list[int] = []
         most_recent = self.evicts_most_recent
         while len(taken) < count:
-            block, _ = self._parked.popitem(last=most_recent)
-            self._forget(block)
-            taken.append(block)
+            if self._free:
+                taken.append(self._free.pop())
+            else:  # evicting a block frees its parked descendants, which the next rounds take first
+                block, _ = self._parked.popitem(last=most_recent)
+                self._forget(block)
+                taken.append(block)
         self._handed_out_since_hit += count
         for block in taken:
             self._refs[block] = 1
@@ -124,11 +140,17 @@ class BlockPool:
     def register(self, block: int, parent: Parent, key: int, tokens: tuple[int, ...]) -> Parent | None:
         """Make a full, computed block findable, and return who the sequence's next block follows. If another
         block already holds this prefix, this one stays private and the chain goes on through the holder (both
-        hold the same values); None if the key names other tokens (a collision: register no further)."""
+        hold the same values); None if the key names other tokens (a collision: register no further), or if
+        the parent has left the cache since (evicted while this sequence ran, after being shared with it)."""
+        if not self._is_cached(parent):
+            return None
         holder = self._by_key.get(key)
         if holder is None:
             self._cached[block] = CachedBlock(key, parent, tokens)
             self._by_key[key] = block
+            parent_block = _block_of(parent)
+            if parent_block is not None:
+                self._children.setdefault(parent_block, {})[block] = None
             return self.identity(block)
         cached = self._cached[holder]
         return self.identity(holder) if cached.parent == parent and cached.tokens == tokens else None
@@ -154,6 +176,23 @@ class BlockPool:
             self._handed_out_since_hit = 0  # the cache is being hit: evict least recently released first again
         return PrefixMatch(tuple(blocks), tuple(keys))
 
+    def _is_cached(self, parent: Parent) -> bool:
+        """A root, or a block that is cached still under this identity (not reused since)."""
+        block = _block_of(parent)
+        return block is None or (block in self._cached and self.identity(block) == parent)
+
     def _forget(self, block: int) -> None:
-        cached = self._cached.pop(block)
-        del self._by_key[cached.key]
+        """Drop an evicted block from the cache, and its cached descendants, which no lookup could reach any more:
+        parked ones become plain free blocks; ones in use stay with their sequences, uncached."""
+        parent = _block_of(self._cached[block].parent)
+        if parent is not None:
+            self._children.get(parent, {}).pop(block, None)
+        stack = [block]
+        while stack:  # iterative: a long context is a deep chain
+            current = stack.pop()
+            cached = self._cached.pop(current)
+            del self._by_key[cached.key]
+            stack.extend(self._children.pop(current, {}))
+            if current != block and current in self._parked:
+                del self._parked[current]
+                self._free.append(current)

@@ -51,10 +51,10 @@ def test_while_lookups_miss_for_a_whole_cache_the_most_recently_released_block_g
     cache.pool.free(first)
     cache.pool.free(second)  # tail first: second[0] is the most recently released
     assert cache.pool.evicts_most_recent
-    assert cache.pool.allocate(1) == [second[0]]
+    assert cache.pool.allocate(1) == [second[0]]  # its child, unreachable now, is a plain free block
     assert cache.lookup([1, 2, 3, 4, 9], None, reads=True).blocks == tuple(first)
     assert not cache.pool.evicts_most_recent
-    assert cache.pool.allocate(1) == [first[1]]  # least recently released again: the first sequence's tail
+    assert cache.pool.allocate(2) == [second[1], first[1]]  # least recently released again: the first's tail
     assert cache.lookup([1, 2, 3, 4, 9], None, reads=True).blocks == (first[0],)
 
 
@@ -120,3 +120,40 @@ def test_identical_prefixes_filled_at_once_chain_through_the_first_holder() -> N
     first = fill(cache, 0, [1, 2, 3, 4])
     second = fill(cache, 1, [1, 2, 3, 4, 5, 6])  # computed concurrently: its first two blocks stay private
     assert cache.lookup([1, 2, 3, 4, 5, 6, 7], None, reads=True).blocks == (first[0], first[1], second[2])
+
+
+def test_a_prefix_whose_head_was_evicted_first_is_cached_again_whole() -> None:
+    """Its later blocks name the evicted head as their parent, so nothing can reach them: they leave the cache
+    with it, and the prefix computed again is registered whole instead of stopping at their keys."""
+    cache = PrefixCache(BlockPool(8), SIZE, enabled=True)
+    prompt = list(range(1, 11))  # five blocks
+    head, *rest = fill(cache, 0, prompt)
+    cache.pool.free([head])  # released first: the least recently released, evicted first
+    cache.pool.free(rest)
+    taken = cache.pool.allocate(4)
+    assert taken == [5, 6, 7, head]  # the three never-used blocks, then the head
+    assert (cache.pool.num_free, cache.pool.num_cached_free) == (4, 0)  # its children are plain free blocks
+    assert cache.lookup([*prompt, 11], None, reads=True).blocks == ()
+    cache.pool.free(taken)
+    again = fill(cache, 1, prompt)
+    assert cache.lookup([*prompt, 11], None, reads=True).blocks == tuple(again)
+
+
+def test_a_running_sequence_stops_registering_under_a_holder_evicted_beside_it() -> None:
+    """A sequence computed alongside another chains through the other's blocks; once those are evicted, what it
+    fills next is reachable from nowhere and is not registered, so it cannot hold the prefix's key either."""
+    cache = PrefixCache(BlockPool(9), SIZE, enabled=True)
+    first = fill(cache, 0, [1, 2, 3, 4])
+    beside = cache.pool.allocate(3)
+    assert beside is not None
+    cache.start(1, None, engine.prefix_cache.NO_MATCH, 6)
+    assert cache.register(1, beside, [1, 2, 3, 4], 2) == 2  # both private: the chain goes on through `first`
+    cache.pool.free([first[0]])
+    cache.pool.free([first[1]])
+    assert cache.pool.allocate(5) == [5, 6, 7, 8, first[0]]  # evicts the holder's head, and its child with it
+    assert cache.register(1, beside, [5, 6], 3) == 3
+    assert cache.lookup([1, 2, 3, 4, 5, 6, 7], None, reads=True).blocks == ()
+    cache.end(1)
+    cache.pool.free(beside)
+    again = fill(cache, 2, [1, 2, 3, 4, 5, 6])
+    assert cache.lookup([1, 2, 3, 4, 5, 6, 7], None, reads=True).blocks == tuple(again)

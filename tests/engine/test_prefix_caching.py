@@ -116,6 +116,30 @@ def test_evicting_cached_blocks_under_pressure_keeps_every_answer_exact(tiny_lla
     assert driver.engine.cache_usage == 0.0
 
 
+def test_a_prefix_whose_first_block_was_evicted_first_is_cached_whole_again(tiny_llama: PreTrainedModel) -> None:
+    """The eviction order forced: the prefix's first block is evicted while its later blocks stay parked. The
+    prompt computed again is registered whole, so the next request reads all of it, and every answer is what
+    caching off gives."""
+    prompt = random_prompt(20, 7, tiny_llama.config.vocab_size)  # five blocks of 4
+    greedy = SamplingParams(max_tokens=4, **GREEDY)
+    driver = Driver(make_engine(tiny_llama, kv_cache_tokens=64))
+    pool = driver.engine.allocator
+    assert serve_one(driver, 0, prompt, greedy) == 0
+    head, *rest = driver.engine.prefix_cache.lookup([*prompt, 0], None, reads=True).blocks
+    assert len(rest) == 4
+    pool.acquire(rest)  # used again and released: the head is now the least recently released
+    pool.free(rest)
+    taken = pool.allocate(pool.num_free - pool.num_cached_free + 1)  # every plain free block, then one eviction
+    assert taken is not None and taken[-1] == head
+    pool.free(taken)
+    assert serve_one(driver, 1, prompt, greedy) == 0  # the head is gone: nothing to read
+    assert serve_one(driver, 2, prompt, greedy) == 16  # the block holding the last token is always computed
+    plain = Driver(make_engine(tiny_llama, enable_prefix_caching=False))
+    serve_one(plain, 0, prompt, greedy)
+    expected = hf_greedy(tiny_llama, prompt, 4)
+    assert driver.tokens(0) == driver.tokens(1) == driver.tokens(2) == plain.tokens(0) == expected
+
+
 @pytest.mark.slow
 def test_real_model_conversation_is_the_same_with_caching_on_and_off() -> None:
     """SmolLM2-135M float32: three turns re-sending the history, then a preempted and resumed turn; greedy

@@ -83,3 +83,27 @@ def test_the_admitted_event_carries_the_cached_share() -> None:
     assert again.request is not None
     point = request_point(PointKind.ADMITTED, again.request, now=again.request.scheduled or 0.0)
     assert point.details["cached_tokens"] == 36
+
+
+def test_a_prompt_whose_first_block_was_evicted_is_cached_whole_again() -> None:
+    """Requests that share nothing: once a whole cache's worth of blocks went out without a hit, the most recently
+    released block is evicted first, which is a prompt's first block (a sequence's blocks are released tail
+    first). Its later blocks can no longer be found; the prompt sent again must be cached whole, not only its
+    first block, and answer the same."""
+    h = build(Mode.CONTINUOUS, seats=1, kv_cache_tokens=64)  # 16 blocks of 4
+    prompt = [63 - i for i in range(20)]  # five blocks, sharing nothing with the generated prompts
+    h.submit(24, max_tokens=2)
+    h.run()
+    first = h.submit(prompt, max_tokens=2)
+    h.run()
+    h.submit(24, max_tokens=2)  # its blocks take the 16 handed out since a hit: the prompt's first block goes
+    h.run()
+    assert first.request is not None
+    assert h.engine.num_cached(prompt, first.request.params, None) == 0
+    again = h.submit(prompt, max_tokens=2)
+    h.run()
+    third = h.submit(prompt, max_tokens=2)
+    h.run()
+    streams = (first, again, third)
+    assert [s.finish.timings.num_cached_tokens for s in streams if s.finish is not None] == [0, 0, 16]
+    assert first.tokens == again.tokens == third.tokens == expected_tokens(prompt, 2)
