@@ -185,6 +185,11 @@ class ServerConfig:
     grammar_max_pending: int = _opt(
         GrammarLimits.max_pending, "Structured outputs: grammar compiles running or waiting beyond this get 429"
     )
+    max_workloads: int = _opt(
+        1,
+        "The compare page's workloads (POST /v1/compare/workload, up to --max-prompts sequences in every pane each) "
+        "running at once on this server; one more gets 429",
+    )
 
     def __post_init__(self) -> None:
         Mode(self.mode)  # raises ValueError naming the bad mode
@@ -203,6 +208,8 @@ class ServerConfig:
         self.grammar_limits()
         if self.policy is not None:
             load_policy(self.policy)  # a policy that cannot load is a config error, named at start
+        if self.max_workloads < 1:
+            raise ValueError(f"max_workloads must be positive, got {self.max_workloads}")
 
     @property
     def seats(self) -> int:

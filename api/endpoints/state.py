@@ -53,6 +53,7 @@ class ServerState:
     events: EventHub | None = None  # the event stream's hub, made when the app starts
     replica: str | None = None  # set by api.scale_out.ray_serve: the replica's name in every response's timings
     modes: dict[str, ServerState] = field(default_factory=dict)  # `batchserve compare`'s root: each mode's app
+    workloads: int = 0  # `POST /v1/compare/workload` streams open now, on the event loop (api/live/workload.py)
 
     @staticmethod
     def of(app: Starlette) -> ServerState:

@@ -129,5 +129,6 @@ async def compare_modes(request: Request) -> Response:
             "max_rate": PAGE_MAX_RATE,
             "max_tokens": PAGE_MAX_TOKENS,
             "max_delay_s": PAGE_MAX_DELAY_S,
+            "max_workloads": config.max_workloads,
         }
     )

@@ -5,6 +5,10 @@ those beyond that would wait in the browser and reach their pane late. So the pa
 server starts each arrival (the requests sharing a `delay_s`) in every pane in-process, through each pane's
 generation service, and streams every answer back on one server-sent event stream, one event per piece:
 `{pane, index, request_id, text, finish_reason, error}` (docs/compare.md). A client that leaves aborts it all.
+
+At most --max-workloads run at once (api/live/workload_slot.py). A workload takes its slot once its body has passed
+every check, and gives it back when its last answer ends, before `[DONE]` (so a client may start the next one as
+soon as it reads it), or when its stream ends otherwise: failed, client gone, shutdown.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ from api.endpoints.routes import read_json_body
 from api.endpoints.service import Generation
 from api.endpoints.state import Phase, Runtime, ServerState
 from api.live.stream_routes import PAGE_MAX_DELAY_S, PAGE_MAX_RATE, PAGE_MAX_TOKENS
+from api.live.workload_slot import WorkloadSlot, check_free
 from api.text.prompts import choice_inputs
 
 logger = logging.getLogger("batchserve.api")
@@ -160,6 +165,7 @@ class _Fanout:
 
     panes: dict[str, Runtime]
     arrivals: list[_Arrival]
+    slot: WorkloadSlot
     events: asyncio.Queue[dict[str, Any] | None] = field(default_factory=asyncio.Queue)
     generations: list[Generation] = field(default_factory=list)
     tasks: list[asyncio.Task[None]] = field(default_factory=list)
@@ -173,6 +179,7 @@ class _Fanout:
                 running -= 1
             else:
                 yield json.dumps(event)
+        self.slot.release()  # every answer has ended: a client that reads [DONE] may start the next workload
         yield "[DONE]"
 
     async def _start_all(self) -> None:
@@ -230,11 +237,13 @@ class _Fanout:
             self._emit(pane, index, None, error=error)
 
     def close(self) -> None:
-        """Cancel what has not started and abort what runs: every seat it took frees within a step."""
+        """Cancel what has not started and abort what runs: every seat it took frees within a step; and give
+        back the workload's slot."""
         for task in self.tasks:
             task.cancel()
         for generation in self.generations:
             generation.close()
+        self.slot.release()
 
 
 def _error_body(exc: Exception) -> dict[str, Any]:
@@ -245,7 +254,7 @@ def _error_body(exc: Exception) -> dict[str, Any]:
 
 
 class _Closing:
-    """The stream, then the workload closed, however the stream ended (done, client gone, shutdown)."""
+    """The stream, then the workload closed, however the stream ended (done, failed, client gone, shutdown)."""
 
     def __init__(self, stream: EventSourceResponse, fanout: _Fanout) -> None:
         self.stream = stream
@@ -259,14 +268,19 @@ class _Closing:
 
 
 async def workload(request: Request) -> Response:
-    config = ServerState.of(request.app).config
+    state = ServerState.of(request.app)
+    config = state.config
+    check_free(state)  # a 429 before the body is read and tokenised
     body = _parse(await read_json_body(request, config.max_body_bytes))
     panes = _panes(request, body.panes)
     _check_requests(body.requests, config.max_prompts)
     tokenizer = next(iter(panes.values())).tokenizer  # the panes share one model, so one tokenizer
     texts = [item.prompt for item in body.requests]
     prompts = await asyncio.to_thread(lambda: [list(tokenizer(text)["input_ids"]) for text in texts])
-    fanout = _Fanout(panes, _arrivals(body, prompts, panes))
+    arrivals = _arrivals(body, prompts, panes)
+    # Checked again: another workload may have started while this one was read. No await from here until _Closing
+    # runs, whose end gives the slot back whatever happens.
+    fanout = _Fanout(panes, arrivals, WorkloadSlot.take(state))
     stream = EventSourceResponse(
         fanout.frames(), sep="\n", ping=15, headers={"Cache-Control": "no-cache"},
         shutdown_grace_period=config.shutdown_grace_s,

@@ -1,9 +1,11 @@
 """`POST /v1/compare/workload` on `batchserve compare --modes static,dynamic,continuous` with the tiny model: the
 server starts the page's workload in every pane and streams every answer back on one stream; a bad body is a 400
-naming the field; a client that leaves aborts everything it started and frees every seat."""
+naming the field; a client that leaves aborts everything it started and frees every seat; one workload runs at a
+time (`--max-workloads`), the next gets a 429 until the running one's stream ends, however it ends."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
 import time
@@ -13,6 +15,8 @@ from typing import Any
 import httpx
 import pytest
 
+import api.live.workload
+from api.cli import build_parser, main
 from tests.api.live.test_compare import _read_events, _wait_for
 from tests.api.live.test_compare_modes import serving
 
@@ -37,6 +41,35 @@ def _events(response: httpx.Response) -> Iterator[dict[str, Any]]:
             if line == "data: [DONE]":
                 return
             yield json.loads(line[6:])
+
+
+def _run(base_url: str, body: dict[str, Any]) -> list[dict[str, Any]]:
+    """A workload's events, read to its end."""
+    with httpx.stream("POST", f"{base_url}/v1/compare/workload", json=body, headers=AUTH, timeout=120) as answer:
+        assert answer.status_code == 200, answer.read()
+        return list(_events(answer))
+
+
+def _run_when_free(base_url: str, body: dict[str, Any]) -> list[dict[str, Any]]:
+    """`body` started once the server has a free workload slot, read to its end. A workload whose client left,
+    or whose stream failed, gives its slot back once the server has noticed."""
+    received: list[dict[str, Any]] = []
+
+    def started() -> bool:
+        with httpx.stream("POST", f"{base_url}/v1/compare/workload", json=body, headers=AUTH, timeout=120) as answer:
+            if answer.status_code == 429:
+                return False
+            assert answer.status_code == 200, answer.read()
+            received.extend(_events(answer))
+            return True
+
+    _wait_for(started)
+    return received
+
+
+def _all_finished(received: list[dict[str, Any]], panes: list[str], count: int) -> bool:
+    ends = [(e["pane"], e["index"]) for e in received if e["finish_reason"] and e["error"] is None]
+    return sorted(ends) == sorted((pane, i) for pane in panes for i in range(count))
 
 
 def _subscribe(base_url: str) -> tuple[list[tuple[str, dict[str, Any]]], threading.Event]:
@@ -163,3 +196,97 @@ def test_a_client_that_leaves_aborts_the_workload_and_frees_every_seat(base_url:
     queued = set(_at(events, "queued"))
     assert queued >= started_ids and not {rid for rid in queued - started_ids if rid.startswith("cmpl-")}
     assert _running(base_url) == dict.fromkeys(PANES, 0.0)
+    short = {"panes": PANES, "requests": [_item(0, 2)]}
+    assert _all_finished(_run_when_free(base_url, short), PANES, 1)  # its workload slot was returned too
+
+
+def _held(panes: list[str]) -> dict[str, Any]:
+    """A workload whose first answer ends at once, while its last request leaves only 120 s after its start: it
+    holds its slot until its client leaves."""
+    return {"panes": panes, "requests": [_item(0, 4), _item(1, 2, delay_s=120.0)], "ignore_eos": True}
+
+
+def _first_answers(events: Iterator[dict[str, Any]], panes: list[str]) -> list[dict[str, Any]]:
+    """A stream's events until its request 0 has ended in every pane."""
+    received: list[dict[str, Any]] = []
+    for event in events:
+        received.append(event)
+        if _all_finished(received, panes, 1):
+            return received
+    raise AssertionError(f"the stream ended first: {received}")
+
+
+def test_one_workload_runs_at_a_time_and_the_next_gets_a_429_naming_the_limit(base_url: str) -> None:
+    url = f"{base_url}/v1/compare/workload"
+    short = {"panes": PANES, "requests": [_item(0, 2), _item(1, 2)]}
+    with httpx.stream("POST", url, json=_held(PANES), headers=AUTH, timeout=120) as running:
+        assert running.status_code == 200
+        events = _events(running)  # kept: a discarded line iterator closes the connection
+        received = _first_answers(events, PANES)
+        refused = httpx.post(url, json=short, headers=AUTH)
+        assert refused.status_code == 429 and refused.headers["retry-after"] == "5", refused.text
+        error = refused.json()["error"]
+        assert (error["type"], error["code"], error["param"]) == ("rate_limit_error", "too_many_requests", None)
+        assert "at most 1 workload at a time" in error["message"] and "--max-workloads" in error["message"], error
+        assert all(e["error"] is None for e in received)  # the running one is untouched
+    assert _all_finished(_run_when_free(base_url, short), PANES, 2)  # its client left: its slot came back
+    assert _all_finished(_run(base_url, short), PANES, 2)  # one that ended gave its slot back before its [DONE]
+
+
+def test_a_refused_body_holds_no_slot_and_a_failed_workload_returns_its_own(
+    base_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    url = f"{base_url}/v1/compare/workload"
+    short = {"panes": PANES, "requests": [_item(0, 2)]}
+    assert _all_finished(_run_when_free(base_url, short), PANES, 1)  # the slot is free now
+    bad = {"panes": PANES, "requests": [_item(0, 0)]}
+    assert httpx.post(url, json=bad, headers=AUTH).status_code == 400
+    assert _all_finished(_run(base_url, short), PANES, 1)  # the 400 took no slot
+
+    original = api.live.workload._Fanout.frames
+
+    async def failing(self: Any) -> Any:  # a fault inside the running stream, after its first event
+        async for frame in original(self):
+            yield frame
+            raise RuntimeError("injected into the workload's stream")
+
+    monkeypatch.setattr(api.live.workload._Fanout, "frames", failing)
+    lines: list[str] = []
+    with httpx.stream("POST", url, json=short, headers=AUTH, timeout=120) as broken:
+        assert broken.status_code == 200
+        with contextlib.suppress(httpx.HTTPError):  # the server cuts the stream off
+            lines += broken.iter_lines()
+    assert "data: [DONE]" not in lines
+    monkeypatch.undo()
+    assert _all_finished(_run_when_free(base_url, short), PANES, 1)
+    _wait_for(lambda: sum(_running(base_url).values()) == 0)
+
+
+def test_max_workloads_is_a_flag_of_serve_and_compare_and_must_be_positive() -> None:
+    for command in ("serve", "compare"):
+        args = build_parser().parse_args([command, "--max-workloads", "3"])
+        assert args.max_workloads == 3
+    assert build_parser().parse_args(["compare"]).max_workloads == 1
+    for value in ("0", "-1"):
+        with pytest.raises(SystemExit, match=f"max_workloads must be positive, got {value}"):
+            main(["compare", "--max-workloads", value])
+
+
+def test_a_server_with_max_workloads_2_runs_two_and_refuses_a_third() -> None:
+    pane = ["continuous"]
+    with serving("continuous", api_key=KEY, max_workloads=2) as url:
+        assert httpx.get(f"{url}/v1/compare/modes", headers=AUTH).json()["max_workloads"] == 2
+        target = f"{url}/v1/compare/workload"
+        short = {"panes": pane, "requests": [_item(0, 2)]}
+        with (
+            httpx.stream("POST", target, json=_held(pane), headers=AUTH, timeout=120) as first,
+            httpx.stream("POST", target, json=_held(pane), headers=AUTH, timeout=120) as second,
+        ):
+            assert (first.status_code, second.status_code) == (200, 200)
+            streams = [_events(first), _events(second)]  # kept: a discarded line iterator closes the connection
+            for events in streams:
+                _first_answers(events, pane)  # both run
+            refused = httpx.post(target, json=short, headers=AUTH)
+            assert refused.status_code == 429, refused.text
+            assert "at most 2 workloads at a time on this server" in refused.json()["error"]["message"]
+        assert _all_finished(_run_when_free(url, short), pane, 1)
