@@ -4,7 +4,7 @@ between tokens while N slow-compiling schemas are sent at once, through a real s
     python -m benchmarks compile-stall [--hostile 1,8,64] [--out DIR]
 
 Each round starts a stream (`--stream-tokens`, ignore_eos), waits for its first token, sends N requests whose
-schema holds a `pattern` like `^h3x7[a-z]{1,10000}$` (50 bytes, each different so no cache helps), then one plain
+schema holds a `pattern` like `^h3x7[a-z]{1,20000}$` (50 bytes, each different so no cache helps), then one plain
 completion (`--plain-tokens`), and reports the plain request's time against its time in a round with no hostile
 request, the stream's longest gap after the hostile requests went out, and how the hostile requests were answered.
 The server runs with `--grammar-max-repeat` above the pattern's bound, so the compiles really run (the default
@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import itertools
 import json
 import statistics
@@ -127,7 +128,7 @@ def markdown(results: Sequence[Round]) -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks compile-stall", description=__doc__.split("\n")[0])
     parser.add_argument("--hostile", default="1,8,64", help="comma-separated numbers of hostile requests per round")
-    parser.add_argument("--repeat", type=int, default=10_000, help="the hostile pattern's repetition bound")
+    parser.add_argument("--repeat", type=int, default=20_000, help="the hostile pattern's repetition bound")
     parser.add_argument("--plain-tokens", type=int, default=64)
     parser.add_argument("--stream-tokens", type=int, default=256)
     parser.add_argument("--mode", default="continuous", choices=("dynamic", "continuous", "static"))
@@ -137,7 +138,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     out = args.out or Path("/tmp/compile-stall")
     target = batchserve_target("compile-stall", args.mode, ServerSettings())
     argv_extra = ("--grammar-max-repeat", str(args.repeat), *args.server_arg)
-    launch = target.launch(LaunchConfig((*target.argv, *argv_extra), health_timeout_s=300))
+    target = dataclasses.replace(target, argv=(*target.argv, *argv_extra))
+    launch = target.launch(LaunchConfig(target.argv, health_timeout_s=300))
     rounds = [int(n) for n in args.hostile.split(",") if n]
     with ServerProcess(launch, out / "server.log") as server:
         results = asyncio.run(run(server.base_url, rounds, args.repeat, args.plain_tokens, args.stream_tokens))
