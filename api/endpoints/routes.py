@@ -1,4 +1,4 @@
-"""HTTP handlers: completions, chat completions, models, health and metrics."""
+"""HTTP handlers: completions, chat completions, models, version, health and metrics."""
 
 from __future__ import annotations
 
@@ -21,6 +21,7 @@ from api.endpoints.errors import APIError, bad_request
 from api.endpoints.formatting import ChatFormatter, CompletionFormatter
 from api.endpoints.protocol import ChatCompletionRequest, CompletionRequest, parse_request, refusal
 from api.endpoints.responses import ResponseShape
+from api.endpoints.server_info import model_card, version_info
 from api.endpoints.state import Phase, Runtime, ServerState
 from api.endpoints.tool_call_formatting import ToolCallFormatter
 from api.structured.requests import compile_grammar, request_grammar
@@ -235,14 +236,19 @@ async def _respond(
 
 async def models(request: Request) -> Response:
     runtime = _runtime(request)
-    card = {
-        "id": runtime.model_name,
-        "object": "model",
-        "created": 0,
-        "owned_by": "batchserve",
-        "max_model_len": runtime.max_model_len,
-    }
+    card = model_card(runtime, ServerState.of(request.app).started)
     return JSONResponse({"object": "list", "data": [card]})
+
+
+async def model(request: Request) -> Response:
+    """One model's card, as /v1/models lists it (the openai SDK's `models.retrieve`)."""
+    runtime = _runtime(request)
+    _check_model(request.path_params["model_id"], runtime)
+    return JSONResponse(model_card(runtime, ServerState.of(request.app).started))
+
+
+async def version(request: Request) -> Response:
+    return JSONResponse(version_info(_runtime(request)))
 
 
 async def health(request: Request) -> Response:

@@ -41,6 +41,7 @@ class ModelRuntime:
     loop: SchedulerLoop
     tokenizer: PreTrainedTokenizerBase
     model_name: str
+    source: str  # the path it was loaded from: the model card's `root`
     max_model_len: int
     token_bytes: TokenBytes  # the tokenizer's byte lookup, built once (chat logprobs' `bytes`)
     grammars: Grammars | None  # structured outputs' compiler; None without xgrammar
@@ -85,6 +86,7 @@ def build_model_runtime(
         SchedulerLoop(scheduler),
         loaded.tokenizer,
         options.model_name(loaded.source),
+        loaded.source,
         engine.max_model_len,
         TokenBytes(loaded.tokenizer),
         build_grammars(loaded.tokenizer, runner.vocab_size, loaded.eos_token_ids, options.grammar_limits),

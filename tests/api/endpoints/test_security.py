@@ -22,6 +22,8 @@ GOOD_BODIES = {
 # (method, path, JSON body): every route the app serves, plus one it does not.
 GUARDED = [
     ("GET", "/v1/models", None),
+    ("GET", "/v1/models/tiny-llama", None),
+    ("GET", "/version", None),
     ("GET", "/metrics", None),
     ("POST", "/v1/completions", GOOD_BODIES["/v1/completions"]),
     ("POST", "/v1/chat/completions", GOOD_BODIES["/v1/chat/completions"]),

@@ -72,6 +72,15 @@ def test_each_prefix_answers_errors_with_the_openai_shape(server: CompareServer,
     assert httpx.get(f"{server.base_url}/{mode}/v1/nothing").status_code == 404
 
 
+@pytest.mark.parametrize("mode", ["dynamic", "continuous"])
+def test_each_prefix_serves_version_and_the_model_card(server: CompareServer, mode: str) -> None:
+    base = f"{server.base_url}/{mode}"
+    grammars = ServerState.of(server.app).modes[mode].loaded().grammars  # type: ignore[arg-type]
+    assert httpx.get(f"{base}/version").json()["features"] == {"structured_outputs": grammars is not None}
+    api = client(server, mode)
+    assert api.models.retrieve("tiny-llama") == api.models.list().data[0]
+
+
 def test_health_answers_for_both_modes_and_metrics_label_every_series_by_mode(server: CompareServer) -> None:
     health = httpx.get(f"{server.base_url}/health")
     assert health.status_code == 200 and health.json()["modes"] == {"dynamic": "ok", "continuous": "ok"}
@@ -254,7 +263,8 @@ def test_api_key_guards_every_prefix_and_the_event_stream() -> None:
     with compare_server(api_key=KEY) as server:
         assert httpx.get(f"{server.base_url}/health").status_code == 200
         assert httpx.get(f"{server.base_url}/").status_code == 200  # the page asks for the key itself
-        for path in ("/dynamic/v1/models", "/continuous/v1/models", "/v1/events", "/continuous/v1/events", "/metrics"):
+        guarded = ("/dynamic/v1/models", "/continuous/v1/models", "/v1/events", "/continuous/v1/events", "/metrics")
+        for path in (*guarded, "/dynamic/version", "/continuous/v1/models/tiny-llama"):
             answer = httpx.get(f"{server.base_url}{path}")
             assert answer.status_code == 401 and answer.json()["error"]["code"] == "invalid_api_key"
         assert httpx.get(f"{server.base_url}/v1/events?api_key=wrong").status_code == 401
