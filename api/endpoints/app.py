@@ -40,6 +40,8 @@ def openai_routes() -> list[Route]:
         Route("/v1/chat/completions", routes.chat_completions, methods=["POST"]),
         Route("/v1/models", routes.models, methods=["GET"]),
         Route("/v1/models/{model_id:path}", routes.model, methods=["GET"]),
+        Route("/tokenize", routes.tokenize, methods=["POST"]),
+        Route("/detokenize", routes.detokenize, methods=["POST"]),
         Route("/version", routes.version, methods=["GET"]),
         Route("/health", routes.health, methods=["GET"]),
         Route("/metrics", routes.metrics, methods=["GET"]),

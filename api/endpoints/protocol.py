@@ -171,6 +171,38 @@ class ChatCompletionRequest(SamplingFields):
     web_search_options: dict[str, Any] | None = None
 
 
+class TokenizeRequest(_Lenient):
+    """`POST /tokenize` (vLLM's): a `prompt` as /v1/completions takes one, or `messages` rendered as
+    /v1/chat/completions renders them (`as_completion()` and `as_chat()` give those endpoints' requests)."""
+
+    model: str | None = None
+    prompt: str | TokenIds | None = None
+    messages: list[ChatMessage] | None = Field(None, min_length=1)
+    add_special_tokens: bool | None = None  # default as vLLM: True for a prompt, False for messages
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    chat_template: str | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
+    tools: list[dict[str, Any]] | None = None
+    return_token_strs: bool = False
+
+    def as_completion(self) -> CompletionRequest:
+        # Both parsed already with the same field types: no second validation.
+        return CompletionRequest.model_construct(prompt=self.prompt, add_special_tokens=self.add_special_tokens)
+
+    def as_chat(self) -> ChatCompletionRequest:
+        fields = ("messages", "add_special_tokens", "add_generation_prompt", "continue_final_message")
+        options = ("chat_template", "chat_template_kwargs", "tools")
+        return ChatCompletionRequest.model_construct(**{name: getattr(self, name) for name in (*fields, *options)})
+
+
+class DetokenizeRequest(_Lenient):
+    """`POST /detokenize` (vLLM's)."""
+
+    model: str | None = None
+    tokens: TokenIds
+
+
 def parse_request(model: type[_Model], body: bytes) -> _Model:
     """Validate a JSON body into `model`, turning the first problem into a 400 that names the parameter."""
     try:

@@ -1,4 +1,4 @@
-"""HTTP handlers: completions, chat completions, models, version, health and metrics."""
+"""HTTP handlers: completions, chat completions, models, tokenize and detokenize, version, health and metrics."""
 
 from __future__ import annotations
 
@@ -15,11 +15,18 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 
 from api.config import ServerConfig
-from api.endpoints import responses
+from api.endpoints import responses, tokenization
 from api.endpoints.deltas import ChoiceInput
 from api.endpoints.errors import APIError, bad_request
 from api.endpoints.formatting import ChatFormatter, CompletionFormatter
-from api.endpoints.protocol import ChatCompletionRequest, CompletionRequest, parse_request, refusal
+from api.endpoints.protocol import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    DetokenizeRequest,
+    TokenizeRequest,
+    parse_request,
+    refusal,
+)
 from api.endpoints.responses import ResponseShape
 from api.endpoints.server_info import model_card, version_info
 from api.endpoints.state import Phase, Runtime, ServerState
@@ -38,6 +45,7 @@ from engine.grammar import Grammar
 
 _T = TypeVar("_T")
 _Request = TypeVar("_Request", CompletionRequest, ChatCompletionRequest)
+_TokensRequest = TypeVar("_TokensRequest", TokenizeRequest, DetokenizeRequest)
 logger = logging.getLogger("batchserve.api")
 
 
@@ -249,6 +257,35 @@ async def model(request: Request) -> Response:
 
 async def version(request: Request) -> Response:
     return JSONResponse(version_info(_runtime(request)))
+
+
+async def _accept_tokens(
+    request: Request, schema: type[_TokensRequest]
+) -> tuple[ServerConfig, Runtime, _TokensRequest]:
+    """What /tokenize and /detokenize check first, as the generation endpoints do: readiness, body, model name."""
+    config = ServerState.of(request.app).config
+    runtime = _runtime(request)
+    body = parse_request(schema, await read_json_body(request, config.max_body_bytes))
+    _check_model(body.model, runtime)
+    ignored = body.ignored_fields()
+    if ignored:
+        names = ", ".join(repr(name[:40]) for name in ignored[:10])
+        logger.info("%s %s: ignoring fields this server does not use: %s", request.method, request.url.path, names)
+    return config, runtime, body
+
+
+async def tokenize(request: Request) -> Response:
+    """vLLM's `POST /tokenize`: a prompt's or messages' token ids, as the generation endpoints would count them."""
+    config, runtime, body = await _accept_tokens(request, TokenizeRequest)
+    # Off the event loop, as the generation endpoints tokenise: a long prompt must not stall other streams.
+    answer = await asyncio.to_thread(tokenization.tokenize, body, runtime.tokenizer, config, runtime.max_model_len)
+    return JSONResponse(answer)
+
+
+async def detokenize(request: Request) -> Response:
+    """vLLM's `POST /detokenize`: token ids back to text."""
+    _, runtime, body = await _accept_tokens(request, DetokenizeRequest)
+    return JSONResponse(await asyncio.to_thread(tokenization.detokenize, body, runtime.tokenizer))
 
 
 async def health(request: Request) -> Response:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 
+import httpx
 import openai
 import pytest
 import torch
@@ -118,3 +119,21 @@ def test_streamed_text_concatenates_to_the_non_streamed_text(server: RunningServ
         )
     )
     assert "".join(c.choices[0].delta.content or "" for c in chat_chunks if c.choices) == chat_whole
+
+
+def test_tokenize_counts_what_the_endpoints_count_and_detokenize_gives_the_text_back(
+    server: RunningServer, loaded: LoadedModel
+) -> None:
+    """SmolLM2's own template and tokenizer: /tokenize of the messages is the chat answer's prompt_tokens, a
+    prompt round-trips, and the model card's root is where the model was loaded from."""
+    client = openai_client(server)
+    card = client.models.retrieve(client.models.list().data[0].id)
+    assert card.model_extra is not None and card.model_extra["root"] == loaded.source
+    chat = client.chat.completions.create(model=card.id, messages=MESSAGES, max_tokens=1)
+    with httpx.Client(base_url=server.base_url, timeout=60) as http:
+        counted = http.post("/tokenize", json={"messages": as_dicts(MESSAGES)}).json()
+        assert chat.usage is not None and counted["count"] == chat.usage.prompt_tokens
+        for prompt in PROMPTS:
+            tokens = http.post("/tokenize", json={"prompt": prompt}).json()["tokens"]
+            assert tokens == loaded.tokenizer(prompt)["input_ids"]
+            assert http.post("/detokenize", json={"tokens": tokens}).json() == {"prompt": prompt}

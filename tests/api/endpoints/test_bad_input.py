@@ -1,4 +1,4 @@
-"""A corpus of bad requests against both generation endpoints, in both batching modes.
+"""A corpus of bad requests against both generation endpoints and /tokenize and /detokenize, in both batching modes.
 
 Every bad request gets its documented status and an OpenAI error body that names the problem (and the
 parameter, where there is one), never a traceback; and after the whole corpus the server still answers a good
@@ -19,7 +19,11 @@ from tests.server_harness import RunningServer, running_server
 
 COMPLETIONS = "/v1/completions"
 CHAT = "/v1/chat/completions"
-ENDPOINTS = (COMPLETIONS, CHAT)
+TOKENIZE = "/tokenize"
+DETOKENIZE = "/detokenize"
+ENDPOINTS = (COMPLETIONS, CHAT)  # the generation endpoints: every sampling field's case goes to both
+TOKEN_ENDPOINTS = (TOKENIZE, DETOKENIZE)
+_SHORT = {COMPLETIONS: "cmpl", CHAT: "chat", TOKENIZE: "tokenize", DETOKENIZE: "detokenize"}
 JSON = (("content-type", "application/json"),)
 MAX_MODEL_LEN = 128
 MAX_BODY = 64 * 1024  # small, so that a too-big body costs the loopback little
@@ -31,7 +35,13 @@ _DROP = object()
 GOOD: dict[str, dict[str, object]] = {
     COMPLETIONS: {"prompt": "hello world", "max_tokens": 4},
     CHAT: {"messages": [{"role": "user", "content": "hello"}], "max_tokens": 4},
+    TOKENIZE: {"prompt": "hello world"},
+    DETOKENIZE: {"tokens": [5, 6], "model": "tiny-llama"},
 }
+# Where a body nests deep, a 5000-digit number in a field that takes one, and a string of the good body.
+_NESTED_KEY = {COMPLETIONS: "prompt", CHAT: "messages", TOKENIZE: "prompt", DETOKENIZE: "tokens"}
+_TEXT = {COMPLETIONS: b"hello", CHAT: b"hello", TOKENIZE: b"hello", DETOKENIZE: b"tiny-llama"}
+_HUGE_NUMBER = b"1" + b"0" * 5000
 
 
 def _nested(keyword: str, depth: int) -> dict[str, object]:
@@ -54,7 +64,7 @@ class Bad:
 
     @property
     def id(self) -> str:
-        return f"{'chat' if self.endpoint == CHAT else 'cmpl'}-{self.name}"
+        return f"{_SHORT[self.endpoint]}-{self.name}"
 
 
 def _body(endpoint: str, **changes: object) -> bytes:
@@ -380,9 +390,94 @@ _CHAT_CASES: list[tuple[str, dict[str, object], int, str | None, str]] = [
 ]
 
 
+_CHAT_MESSAGES = {"prompt": _DROP, "messages": [_USER]}
+_TOKENIZE_CASES: list[tuple[str, dict[str, object], int, str | None, str]] = [
+    ("prompt-and-messages", {"messages": [_USER]}, 400, "messages", "not both"),
+    ("prompt-missing", {"prompt": _DROP}, 400, "prompt", "'prompt' (text or token ids) or 'messages'"),
+    ("prompt-null", {"prompt": None}, 400, "prompt", "'prompt' (text or token ids) or 'messages'"),
+    ("prompt-empty-string", {"prompt": ""}, 400, "prompt", "empty"),
+    ("prompt-empty-list", {"prompt": []}, 400, "prompt", "empty"),
+    ("prompt-batch-of-texts", {"prompt": ["a", "b"]}, 400, "prompt", "invalid value for 'prompt'"),
+    ("prompt-batch-of-ids", {"prompt": [[1, 2]]}, 400, "prompt", "invalid value for 'prompt'"),
+    ("prompt-number", {"prompt": 5}, 400, "prompt", "invalid value for 'prompt'"),
+    ("prompt-id-outside-vocab", {"prompt": [1, 99999]}, 400, "prompt", "outside the vocabulary"),
+    ("prompt-negative-id", {"prompt": [-1]}, 400, "prompt", "greater than or equal to 0"),
+    ("prompt-id-beyond-int32", {"prompt": [2**40]}, 400, "prompt", "less than or equal to"),
+    ("add_special_tokens-string", {"add_special_tokens": "yes"}, 400, "add_special_tokens", "valid boolean"),
+    ("return_token_strs-number", {"return_token_strs": 1}, 400, "return_token_strs", "valid boolean"),
+    ("model-unknown", {"model": "gpt-4"}, 404, "model", "'gpt-4' does not exist"),
+    ("model-number", {"model": 5}, 400, "model", "valid string"),
+    ("messages-empty", {"prompt": _DROP, "messages": []}, 400, "messages", "at least 1 item"),
+    ("messages-string", {"prompt": _DROP, "messages": "hello"}, 400, "messages", "valid array"),
+    ("message-missing-role", {"prompt": _DROP, "messages": [{"content": "hi"}]}, 400, "messages", "role' is missing"),
+    (
+        "content-part-image",
+        {"prompt": _DROP, "messages": [{"role": "user", "content": [{"type": "image_url"}]}]},
+        400,
+        "messages",
+        "text model",
+    ),
+    ("chat_template-custom", {**_CHAT_MESSAGES, "chat_template": "{{ x }}"}, 400, "chat_template", "not supported"),
+    (
+        "chat_template_kwargs-reserved",
+        {**_CHAT_MESSAGES, "chat_template_kwargs": {"tokenize": True}},
+        400,
+        "chat_template_kwargs",
+        "tokenize",
+    ),
+    (
+        "both-prompt-flags",
+        {**_CHAT_MESSAGES, "continue_final_message": True},
+        400,
+        "continue_final_message",
+        "cannot both be true",
+    ),
+    (
+        "continue-without-assistant",
+        {**_CHAT_MESSAGES, "continue_final_message": True, "add_generation_prompt": False},
+        400,
+        "continue_final_message",
+        "last message to be the assistant's",
+    ),
+    (
+        "add_generation_prompt-number",
+        {**_CHAT_MESSAGES, "add_generation_prompt": 1},
+        400,
+        "add_generation_prompt",
+        "boolean",
+    ),
+    ("tools-object", {**_CHAT_MESSAGES, "tools": {"type": "function"}}, 400, "tools", "valid array"),
+]
+_DETOKENIZE_CASES: list[tuple[str, dict[str, object], int, str | None, str]] = [
+    ("tokens-missing", {"tokens": _DROP}, 400, "tokens", "'tokens' is missing"),
+    ("tokens-null", {"tokens": None}, 400, "tokens", "invalid value for 'tokens'"),
+    ("tokens-string", {"tokens": "hello"}, 400, "tokens", "valid array"),
+    ("tokens-outside-vocab", {"tokens": [5, 99999]}, 400, "tokens", "outside the vocabulary"),
+    ("tokens-negative", {"tokens": [-1]}, 400, "tokens", "greater than or equal to 0"),
+    ("tokens-beyond-int32", {"tokens": [2**40]}, 400, "tokens", "less than or equal to"),
+    ("tokens-floats", {"tokens": [1.5]}, 400, "tokens", "valid integer"),
+    ("tokens-bools", {"tokens": [True]}, 400, "tokens", "valid integer"),
+    ("tokens-nested", {"tokens": [[1]]}, 400, "tokens", "valid integer"),
+    ("model-unknown", {"model": "gpt-4"}, 404, "model", "'gpt-4' does not exist"),
+    ("model-number", {"model": 5}, 400, "model", "valid string"),
+]
+_SPECIFIC_CASES = {
+    COMPLETIONS: [*_FIELD_CASES, *_COMPLETION_CASES],
+    CHAT: [*_FIELD_CASES, *_CHAT_CASES],
+    TOKENIZE: _TOKENIZE_CASES,
+    DETOKENIZE: _DETOKENIZE_CASES,
+}
+
+
+def _huge_number_body(endpoint: str) -> bytes:
+    if endpoint in ENDPOINTS:
+        return _body(endpoint).replace(b'"max_tokens": 4', b'"max_tokens": ' + _HUGE_NUMBER)
+    return b'{"%s": [%s]}' % (_NESTED_KEY[endpoint].encode(), _HUGE_NUMBER)
+
+
 def _raw_cases(endpoint: str) -> list[Bad]:
     good = _body(endpoint)
-    nested_key = "prompt" if endpoint == COMPLETIONS else "messages"
+    nested_key = _NESTED_KEY[endpoint]
     too_big = _body(endpoint, user="x" * (MAX_BODY + 1))
     return [
         _raw("json-truncated", endpoint, good[:-5]),
@@ -392,10 +487,10 @@ def _raw_cases(endpoint: str) -> list[Bad]:
         _raw("body-array", endpoint, b"[1, 2, 3]", fragment="must be a JSON object"),
         _raw("body-string", endpoint, b'"hello"', fragment="must be a JSON object"),
         _raw("body-null", endpoint, b"null", fragment="must be a JSON object"),
-        _raw("utf8-invalid-in-string", endpoint, good.replace(b"hello", b"hel\xff\xfelo")),
+        _raw("utf8-invalid-in-string", endpoint, good.replace(_TEXT[endpoint], b"hel\xff\xfelo")),
         _raw("utf8-invalid-body", endpoint, b"\xff\xfe\xfd\x00\x01"),
-        _raw("utf8-lone-surrogate-escape", endpoint, good.replace(b"hello", b"\\ud800")),
-        _raw("number-with-5000-digits", endpoint, good.replace(b'"max_tokens": 4', b'"max_tokens": 1' + b"0" * 5000)),
+        _raw("utf8-lone-surrogate-escape", endpoint, good.replace(_TEXT[endpoint], b"\\ud800")),
+        _raw("number-with-5000-digits", endpoint, _huge_number_body(endpoint)),
         _raw(
             "json-nested-10000-deep", endpoint, b'{"%s": ' % nested_key.encode() + b"[" * 10_000 + b"]" * 10_000 + b"}"
         ),
@@ -430,20 +525,21 @@ def _raw_cases(endpoint: str) -> list[Bad]:
 
 def _corpus() -> list[Bad]:
     cases = []
-    for endpoint in ENDPOINTS:
+    for endpoint in (*ENDPOINTS, *TOKEN_ENDPOINTS):
         cases += _raw_cases(endpoint)
-        specific = _COMPLETION_CASES if endpoint == COMPLETIONS else _CHAT_CASES
-        cases += [_bad(name, endpoint, *rest) for name, *rest in [*_FIELD_CASES, *specific]]  # type: ignore[arg-type]
+        cases += [_bad(name, endpoint, *rest) for name, *rest in _SPECIFIC_CASES[endpoint]]  # type: ignore[arg-type]
     return cases
 
 
 CORPUS = _corpus()
 
 
-def test_the_corpus_is_large_and_covers_both_endpoints() -> None:
+def test_the_corpus_is_large_and_covers_every_endpoint() -> None:
     assert len({case.id for case in CORPUS}) == len(CORPUS) >= 60
     for endpoint in ENDPOINTS:
         assert sum(case.endpoint == endpoint for case in CORPUS) >= 40
+    for endpoint in TOKEN_ENDPOINTS:
+        assert sum(case.endpoint == endpoint for case in CORPUS) >= 25
 
 
 @pytest.fixture(scope="module", params=["dynamic", "continuous"])
@@ -511,6 +607,8 @@ def test_after_the_whole_corpus_the_server_serves_and_holds_nothing(
         body = response.json()
         assert body["usage"]["completion_tokens"] == 5
         assert body["choices"][0]["finish_reason"] == "length"
+    for endpoint in TOKEN_ENDPOINTS:
+        assert client.post(endpoint, json=GOOD[endpoint]).status_code == 200
     assert client.get("/health").status_code == 200
     _assert_holds_nothing(server)
 

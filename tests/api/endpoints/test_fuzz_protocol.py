@@ -13,10 +13,20 @@ from hypothesis import strategies as st
 from pydantic import BaseModel
 from sse_starlette import ServerSentEvent
 
+from api.config import ServerConfig
 from api.endpoints.deltas import TokenLogprob
 from api.endpoints.errors import APIError
 from api.endpoints.formatting import ChatFormatter, CompletionFormatter, ResponseFormatter
-from api.endpoints.protocol import INT64_MAX, MAX_ID, ChatCompletionRequest, CompletionRequest, parse_request
+from api.endpoints.protocol import (
+    INT64_MAX,
+    MAX_ID,
+    ChatCompletionRequest,
+    CompletionRequest,
+    DetokenizeRequest,
+    TokenizeRequest,
+    parse_request,
+)
+from api.endpoints.tokenization import detokenize, tokenize
 from api.structured.budget import budget_problem
 from api.structured.limits import GrammarLimits
 from api.structured.requests import request_grammar
@@ -170,6 +180,25 @@ _BASES: dict[type[BaseModel], dict[str, object]] = {
     CompletionRequest: {"prompt": "hello"},
     ChatCompletionRequest: {"messages": [{"role": "user", "content": "hello"}]},
 }
+# /tokenize and /detokenize: their fields, and what they pass on to the prompt and chat paths.
+_TOKEN_FIELD_VALUES = {
+    "prompt": _prompt,
+    "messages": st.lists(_message, max_size=3) | _json,
+    "add_special_tokens": _json,
+    "add_generation_prompt": _json,
+    "continue_final_message": _json,
+    "chat_template": _json,
+    "chat_template_kwargs": st.dictionaries(st.sampled_from(["tokenize", "x", ""]), _json, max_size=2) | _json,
+    "tools": st.lists(_tool, max_size=2) | _json,
+    "return_token_strs": _json,
+    "tokens": st.lists(st.integers(-3, 2**40) | st.integers(0, 400), max_size=6) | _json,
+    "model": _json,
+    "unknown": _json,
+}
+_TOKEN_BASES: dict[type[BaseModel], list[dict[str, object]]] = {
+    TokenizeRequest: [{"prompt": "hello"}, {"messages": [{"role": "user", "content": "hello"}]}],
+    DetokenizeRequest: [{"tokens": [5, 6]}],
+}
 
 
 def _bodies(model: type[BaseModel]) -> st.SearchStrategy[bytes]:
@@ -246,6 +275,53 @@ def _assert_grammar_or_named_400(request: BaseModel) -> None:
             _COMPILER.compile(spec)
         except GrammarCompileError as exc:
             assert str(exc)
+
+
+def _token_bodies(model: type[BaseModel]) -> st.SearchStrategy[bytes]:
+    overlay = st.lists(st.sampled_from(sorted(_TOKEN_FIELD_VALUES)), min_size=1, max_size=3, unique=True).flatmap(
+        lambda keys: st.fixed_dictionaries({k: _TOKEN_FIELD_VALUES[k] for k in keys})
+    )
+    base = st.sampled_from(_TOKEN_BASES[model])
+    return st.one_of(
+        st.tuples(base, overlay).map(lambda pair: json.dumps({**pair[0], **pair[1]}).encode()),
+        overlay.map(lambda fields: json.dumps(fields).encode()),
+        _json.map(lambda v: json.dumps(v).encode()),
+        st.binary(max_size=64),
+    )
+
+
+@pytest.mark.parametrize("model", [TokenizeRequest, DetokenizeRequest], ids=lambda m: m.__name__)
+@FUZZ
+@given(data=st.data())
+def test_any_tokenize_or_detokenize_body_answers_or_is_a_named_400(
+    model: type[TokenizeRequest | DetokenizeRequest], data: st.DataObject
+) -> None:
+    """Parsing and the answer both (the chat template and the tokenizer run on what parsed): a dict shaped as
+    vLLM's, or a 400 naming a field."""
+    tokenizer = tiny_tokenizer()
+    body = data.draw(_token_bodies(model), label="body")
+    try:
+        request = parse_request(model, body)
+        if isinstance(request, TokenizeRequest):
+            answer = tokenize(request, tokenizer, ServerConfig(), 256)
+        else:
+            answer = detokenize(request, tokenizer)
+    except APIError as exc:
+        assert exc.status == 400
+        # Past parsing the prompt and chat paths word their own messages ("a prompt is empty"): each still says
+        # which field, and names it in `param`.
+        assert exc.message and (exc.param is None or exc.param in exc.message)
+        if isinstance(_loads_or_none(body), dict):
+            assert exc.param is not None  # a JSON object's problem is always one of its fields
+        json.dumps(exc.body())
+        return
+    json.dumps(answer)
+    if isinstance(request, TokenizeRequest):
+        tokens = answer["tokens"]
+        assert isinstance(tokens, list) and answer["count"] == len(tokens) and answer["max_model_len"] == 256
+        assert all(0 <= t < len(tokenizer) for t in tokens)
+    else:
+        assert set(answer) == {"prompt"} and isinstance(answer["prompt"], str)
 
 
 def _integer_fields(model: type[BaseModel]) -> list[str]:

@@ -73,12 +73,16 @@ def test_each_prefix_answers_errors_with_the_openai_shape(server: CompareServer,
 
 
 @pytest.mark.parametrize("mode", ["dynamic", "continuous"])
-def test_each_prefix_serves_version_and_the_model_card(server: CompareServer, mode: str) -> None:
+def test_each_prefix_serves_tokenize_detokenize_version_and_the_model_card(server: CompareServer, mode: str) -> None:
     base = f"{server.base_url}/{mode}"
+    tokens = httpx.post(f"{base}/tokenize", json={"prompt": "hello world"}).json()["tokens"]
+    assert httpx.post(f"{base}/detokenize", json={"tokens": tokens}).json() == {"prompt": "hello world"}
     grammars = ServerState.of(server.app).modes[mode].loaded().grammars  # type: ignore[arg-type]
     assert httpx.get(f"{base}/version").json()["features"] == {"structured_outputs": grammars is not None}
     api = client(server, mode)
     assert api.models.retrieve("tiny-llama") == api.models.list().data[0]
+    bad = httpx.post(f"{base}/detokenize", json={"tokens": [10**6]})
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "tokens"
 
 
 def test_health_answers_for_both_modes_and_metrics_label_every_series_by_mode(server: CompareServer) -> None:
