@@ -7,12 +7,15 @@ from __future__ import annotations
 import importlib.metadata
 import logging
 import sys
+import tomllib
+from pathlib import Path
 from typing import Any
 
 import httpx
 import openai
 import pytest
 
+from api.endpoints import server_info
 from api.endpoints.state import ServerState
 from api.structured.grammars import INSTALL_HINT
 from tests.server_harness import RunningServer, mode_config, running_server, tiny_tokenizer
@@ -145,3 +148,12 @@ def test_without_xgrammar_the_server_warns_once_and_version_says_structured_outp
         assert structured.status_code == 400 and INSTALL_HINT in structured.json()["error"]["message"]
     warnings = [r for r in logs.records if r.levelno == logging.WARNING and "xgrammar is not installed" in r.message]
     assert len(warnings) == 1 and INSTALL_HINT in warnings[0].message
+
+
+def test_a_source_tree_never_installed_reports_pyprojects_version(monkeypatch: pytest.MonkeyPatch) -> None:
+    def not_installed(name: str) -> str:
+        raise importlib.metadata.PackageNotFoundError(name)
+
+    monkeypatch.setattr(server_info.importlib.metadata, "version", not_installed)
+    pyproject = tomllib.loads((Path(__file__).parents[3] / "pyproject.toml").read_text())
+    assert server_info.package_version() == pyproject["project"]["version"]
