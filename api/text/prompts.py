@@ -83,8 +83,20 @@ def chat_prompt(request: ChatCompletionRequest, tokenizer: PreTrainedTokenizerBa
     except Exception as exc:  # a template's own raise_exception(), e.g. roles out of order
         raise bad_request(f"the chat template rejected the messages: {exc}", param="messages") from None
     if request.add_special_tokens:
-        ids = list(tokenizer.build_inputs_with_special_tokens(ids))
+        prefix, suffix = _special_tokens_around(tokenizer)
+        ids = [*prefix, *ids, *suffix]
     return truncate(ids, request.truncate_prompt_tokens, max_model_len)
+
+
+def _special_tokens_around(tokenizer: PreTrainedTokenizerBase) -> tuple[list[int], list[int]]:
+    """The ids the tokenizer puts before and after a text when it adds special tokens (a BOS, say), read off one
+    encoding: transformers 5's fast tokenizers no longer have `build_inputs_with_special_tokens`."""
+    plain = list(tokenizer("a", add_special_tokens=False)["input_ids"])
+    framed = list(tokenizer("a", add_special_tokens=True)["input_ids"])
+    for start in range(len(framed) - len(plain) + 1):
+        if framed[start : start + len(plain)] == plain:
+            return framed[:start], framed[start + len(plain) :]
+    return [], []
 
 
 def _template_message(message: ChatMessage) -> dict[str, object]:
