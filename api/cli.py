@@ -12,16 +12,17 @@ import sys
 import threading
 import types
 from collections.abc import Awaitable, Callable, Iterator, Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 import uvicorn
 
 from api.config import ServerConfig
-from api.flags import LOG_FORMAT, REPLICAS_HELP, add_config_flags, config_from_args
+from api.flags import LOG_FORMAT, REPLICAS, REPLICAS_HELP, NumberFlag, add_config_flags, config_from_args
 from engine.config import DTYPES, QUANTIZATIONS
 from engine.cpu_features import CpuIsaError, cpu_features
 from scheduler.config import Mode
 from scheduler.lineup import DEFAULT, SYNTAX, Entry, checked, parse_entry, parse_lineup
+from scheduler.ranges import SEATS
 
 # Once the drain is over every request has its answer or its error: this bounds writing them to slow clients.
 _WRITE_OUT_S = 5
@@ -151,27 +152,31 @@ def compare_lineup(args: argparse.Namespace) -> tuple[Entry, ...]:
     return checked(entries)
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse, whose error is one line naming the flag (`batchserve serve: error: argument --x: ...`), exit 2,
+    without the usage: `serve`'s runs to 30 lines and buried the error under them."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
     # No abbreviated flags: `compare --mode dynamic` would otherwise load a model named "dynamic" (--model).
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="batchserve", description="An LLM server for A/B testing batching policies", allow_abbrev=False
     )
-    commands = parser.add_subparsers(dest="command", required=True)
+    commands = parser.add_subparsers(dest="command", required=True, metavar="{serve,compare,generate}")
     serve_parser = commands.add_parser("serve", help="Start the OpenAI-compatible HTTP server", allow_abbrev=False)
     add_config_flags(serve_parser)
-    serve_parser.add_argument(
-        "--replicas",
-        type=int,
-        default=1,
-        help=REPLICAS_HELP,
-    )
+    serve_parser.add_argument("--replicas", type=NumberFlag(REPLICAS), default=1, help=REPLICAS_HELP)
     compare = commands.add_parser(
         "compare", help="Serve batching modes side by side on one port, with the live page", allow_abbrev=False
     )
     compare.add_argument("--modes", default=DEFAULT, help=f"The panes: {SYNTAX}, each under /NAME (default: {DEFAULT})")
     compare.add_argument("--policy", default=None, help="One more pane: a plug-in policy [NAME=]MODULE:CLASS")
     add_config_flags(compare, skip=("mode", "policy"))
-    compare.add_argument("--seats", type=int, default=None, help="Seats of every mode (sets the two flags above)")
+    seats_help = f"Seats of every mode (sets the two flags above); {SEATS.span()}"
+    compare.add_argument("--seats", type=NumberFlag(SEATS), default=None, help=seats_help)
     gen = commands.add_parser("generate", help="Generate one completion offline and print it", allow_abbrev=False)
     gen.add_argument("prompt")
     gen.add_argument("--model", default=None, help="Checkpoint directory or .gguf (default: SmolLM2-135M-Instruct)")
@@ -207,8 +212,6 @@ def main(argv: Sequence[str] | None = None) -> None:
             from api.scale_out.ray_serve import ScaleOut, serve_replicas
 
             serve_replicas(config, ScaleOut.on_this_machine(args.replicas))
-        elif args.replicas < 1:
-            raise SystemExit(f"batchserve: --replicas must be at least 1, got {args.replicas}")
         else:
             serve(config)
     elif args.command == "compare":

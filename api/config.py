@@ -13,11 +13,14 @@ from typing import Any
 
 from api.structured.limits import GrammarLimits
 from engine.config import DEFAULT_MAX_QUANTIZED_ROWS, DTYPES, QUANTIZATIONS, EngineConfig, LoadConfig
-from scheduler.config import SCHEDULING_POLICIES, Mode, SchedulerConfig
+from scheduler.config import RANGES, SCHEDULING_POLICIES, Mode, SchedulerConfig
 from scheduler.policies import load_policy
+from scheduler.ranges import DAY_S, QUEUE, TIMEOUT_S, Range
 
 API_KEY_ENV = "BATCHSERVE_API_KEY"
 DEFAULT_MAX_MODEL_LEN = 2048
+MAX_MODEL_LEN = Range(2, 1 << 24, integer=True)  # the engine needs 2: a prompt token and one to generate
+KV_CACHE_TOKENS = Range(EngineConfig.block_size, 1 << 30, integer=True)  # at least one block
 
 
 @dataclass(frozen=True)
@@ -42,6 +45,13 @@ class RuntimeOptions:
 
     def __post_init__(self) -> None:
         LoadConfig(self.dtype, self.quantization)  # raises ValueError naming the bad value
+        for name, bounds in (
+            ("max_model_len", MAX_MODEL_LEN),
+            ("kv_cache_tokens", KV_CACHE_TOKENS),
+            ("max_quantized_rows", Range(0, 1 << 20, integer=True)),
+        ):
+            if getattr(self, name) is not None:
+                bounds.check(name, getattr(self, name))
 
     @classmethod
     def of(cls, mode: str = Mode.CONTINUOUS.value, **options: Any) -> RuntimeOptions:
@@ -68,7 +78,14 @@ class RuntimeOptions:
 
 
 def _opt(default: Any, help: str, **extra: object) -> Any:
+    """A field and its flag's help; `range` (scheduler/ranges.py) bounds a numeric one, checked in `__post_init__`
+    and by its flag's parser."""
     return field(default=default, metadata={"help": help, **extra})
+
+
+def _sched(name: str, default: Any, help: str) -> Any:
+    """A field passed on to SchedulerConfig, with that field's range."""
+    return _opt(default, help, range=RANGES[name])
 
 
 @dataclass(frozen=True)
@@ -79,14 +96,20 @@ class ServerConfig:
     )
     mode: str = _opt("continuous", "Batching policy", choices=tuple(mode.value for mode in Mode))
     host: str = _opt("127.0.0.1", "Address to bind; loopback unless told otherwise")
-    port: int = _opt(8000, "TCP port")
-    max_batch_size: int = _opt(8, "dynamic and static: requests per batch (seats)")
-    batch_timeout_ms: float = _opt(50.0, "dynamic: a partial batch leaves once its oldest request waited this long")
-    batch_window_ms: float = _opt(
-        100.0, "static: a partial batch leaves only at the ticks of a clock with this period, from the start"
+    port: int = _opt(8000, "TCP port (0: any free one)", range=Range(0, 65535, integer=True))
+    max_batch_size: int = _sched("max_batch_size", 8, "dynamic and static: requests per batch (seats)")
+    batch_timeout_ms: float = _sched(
+        "batch_timeout_ms", 50.0, "dynamic: a partial batch leaves once its oldest request waited this long"
     )
-    max_num_seqs: int = _opt(8, "continuous: sequences running at once (seats)")
-    max_num_batched_tokens: int = _opt(512, "continuous: token budget of one step (prompt chunks plus decodes)")
+    batch_window_ms: float = _sched(
+        "batch_window_ms",
+        100.0,
+        "static: a partial batch leaves only at the ticks of a clock with this period, from the start",
+    )
+    max_num_seqs: int = _sched("max_num_seqs", 8, "continuous: sequences running at once (seats)")
+    max_num_batched_tokens: int = _sched(
+        "max_num_batched_tokens", 512, "continuous: token budget of one step (prompt chunks plus decodes)"
+    )
     scheduling_policy: str = _opt(
         "fcfs",
         "Order of the waiting queue: fcfs (arrival) or priority (the request's `priority`, lower first, ties by "
@@ -99,20 +122,28 @@ class ServerConfig:
         "beats the lowest-priority running one's by --priority-preemption-threshold takes its seat at once; the "
         "displaced one is preempted, keeping its tokens, and resumes later (docs/policies.md)",
     )
-    priority_preemption_threshold: int = _opt(
-        1, "--priority-preemption: how much lower (better) a waiting request's priority must be to displace one"
+    priority_preemption_threshold: int = _sched(
+        "priority_preemption_threshold",
+        1,
+        "--priority-preemption: how much lower (better) a waiting request's priority must be to displace one",
     )
     policy: str | None = _opt(
         None,
         "A scheduling policy of your own, MODULE:CLASS (a scheduler.policy.Policy subclass), run instead of the mode's "
         "with the mode's seats and settings (docs/policies.md)",
     )
-    max_queue: int = _opt(256, "Waiting requests beyond this are rejected with 429")
-    queue_timeout_s: float | None = _opt(None, "Reject a request that waited longer than this in the queue")
-    max_model_len: int | None = _opt(
-        DEFAULT_MAX_MODEL_LEN, "Prompt plus completion tokens of one sequence (model maximum if unset)"
+    max_queue: int = _sched("max_queue", 256, "Waiting requests beyond this are rejected with 429")
+    queue_timeout_s: float | None = _sched(
+        "queue_timeout_s", None, "Reject a request that waited longer than this in the queue"
     )
-    kv_cache_tokens: int | None = _opt(None, "KV cache size in tokens (default: seats x max_model_len)")
+    max_model_len: int | None = _opt(
+        DEFAULT_MAX_MODEL_LEN,
+        "Prompt plus completion tokens of one sequence (model maximum if unset)",
+        range=MAX_MODEL_LEN,
+    )
+    kv_cache_tokens: int | None = _opt(
+        None, "KV cache size in tokens (default: seats x max_model_len)", range=KV_CACHE_TOKENS
+    )
     enable_prefix_caching: bool = _opt(
         True,
         "Keep the KV cache of computed prompt blocks and reuse it for prompts that start the same way "
@@ -142,25 +173,32 @@ class ServerConfig:
         "Q4_0/Q4_1 (the file's own blocks), none otherwise",
         choices=QUANTIZATIONS,
     )
-    max_body_bytes: int = _opt(1_000_000, "Largest request body accepted (413 beyond)")
-    max_n: int = _opt(8, "Largest `n` (choices per prompt) accepted")
-    max_stop_strings: int = _opt(4, "Most stop strings in one request")
-    max_prompts: int = _opt(32, "Most prompts in one completions request")
-    request_timeout_s: float | None = _opt(None, "Abort a request that has run longer than this")
-    shutdown_grace_s: float = _opt(10.0, "On SIGTERM, let running requests finish this long, then abort them")
+    max_body_bytes: int = _opt(
+        1_000_000, "Largest request body accepted (413 beyond)", range=Range(1, 1 << 30, integer=True)
+    )
+    max_n: int = _opt(8, "Largest `n` (choices per prompt) accepted", range=QUEUE)
+    max_stop_strings: int = _opt(4, "Most stop strings in one request", range=Range(1, 1024, integer=True))
+    max_prompts: int = _opt(32, "Most prompts in one completions request", range=QUEUE)
+    request_timeout_s: float | None = _opt(None, "Abort a request that has run longer than this", range=TIMEOUT_S)
+    shutdown_grace_s: float = _opt(
+        10.0, "On SIGTERM, let running requests finish this long, then abort them", range=Range(0, DAY_S)
+    )
     cors_origins: tuple[str, ...] = _opt((), "Allowed CORS origins (CORS is off when empty)")
     header_timeout_s: float = _opt(
-        10.0, "Close a connection whose request head is not complete this long after its first byte (408)"
+        10.0,
+        "Close a connection whose request head is not complete this long after its first byte (408)",
+        range=TIMEOUT_S,
     )
     request_read_timeout_s: float = _opt(
-        30.0, "Close a connection whose request body is not complete this long after its head (408)"
+        30.0, "Close a connection whose request body is not complete this long after its head (408)", range=TIMEOUT_S
     )
     keep_alive_timeout_s: float = _opt(
-        5.0, "Close a connection idle this long: no request in flight, none started (a fresh one too)"
+        5.0, "Close a connection idle this long: no request in flight, none started (a fresh one too)", range=TIMEOUT_S
     )
     max_connections: int | None = _opt(
         None,
         "Open connections beyond this get 503 and are closed (default: min(1024, half the soft file descriptor limit))",
+        range=QUEUE,
     )
     grammar_max_bytes: int = _opt(
         GrammarLimits.max_bytes, "Structured outputs: largest schema (as compact JSON), regex or grammar (400 beyond)"
@@ -194,16 +232,10 @@ class ServerConfig:
     def __post_init__(self) -> None:
         Mode(self.mode)  # raises ValueError naming the bad mode
         LoadConfig(self.dtype, self.quantization)  # likewise for a bad dtype or quantization
-        for name in ("port", "max_body_bytes", "max_n", "max_stop_strings", "max_prompts"):
-            if getattr(self, name) < (0 if name == "port" else 1):
-                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
-        if self.shutdown_grace_s < 0:
-            raise ValueError("shutdown_grace_s must be >= 0")
-        for name in ("header_timeout_s", "request_read_timeout_s", "keep_alive_timeout_s"):
-            if not getattr(self, name) > 0:
-                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
-        if self.max_connections is not None and self.max_connections < 1:
-            raise ValueError(f"max_connections must be positive, got {self.max_connections}")
+        for f in dataclasses.fields(self):
+            bounds = f.metadata.get("range")
+            if bounds is not None and getattr(self, f.name) is not None:  # None: unset, the help says what then
+                bounds.check(f.name, getattr(self, f.name))
         self.scheduler_config()  # validate the layered configs now, not at first use
         self.grammar_limits()
         if self.policy is not None:

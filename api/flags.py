@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, Union, get_args, get_origin, get_type_hints
 
 from api.config import API_KEY_ENV, ServerConfig
+from scheduler.ranges import Range
 
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 # `batchserve serve`'s one flag that is not a ServerConfig field (api/cli.py adds it; the table lists it too).
@@ -24,6 +25,7 @@ REPLICAS_HELP = (
     "Replicas behind one endpoint; above 1 starts a local Ray Serve (pip install -e '.[ray]'; see "
     "docs/scale_out.md), each replica with these flags and the machine's CPUs / N threads (default: 1, no Ray)"
 )
+REPLICAS = Range(1, 1024, integer=True)
 FLAGS_DOC = Path(__file__).resolve().parents[1] / "docs" / "flags.md"
 FLAGS_START = "<!-- FLAGS_START -->"
 FLAGS_END = "<!-- FLAGS_END -->"
@@ -41,8 +43,26 @@ def _flag(name: str) -> str:
     return "--" + name.replace("_", "-")
 
 
+class NumberFlag:
+    """A numeric flag's argparse `type`: its text as a value in `bounds`, or argparse's one-line error, which names
+    the flag (`argument --x: must be ...`) and exits 2."""
+
+    def __init__(self, bounds: Range) -> None:
+        self.bounds = bounds
+        self.__name__ = "integer" if bounds.integer else "number"  # what argparse calls the type in its messages
+
+    def __call__(self, text: str) -> int | float:
+        try:
+            return self.bounds.parse(text)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def _help(f: dataclasses.Field[Any]) -> str:
     help_text: str = f.metadata["help"]
+    bounds = f.metadata.get("range")
+    if bounds is not None:
+        help_text = f"{help_text}; {bounds.span()}"
     if "(default:" not in help_text:  # some fields describe their default themselves
         help_text = f"{help_text} (default: {f.default})"
     return help_text
@@ -61,6 +81,8 @@ def add_config_flags(parser: argparse.ArgumentParser, skip: Sequence[str] = ()) 
         elif kind is bool:
             parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=f.default, help=_help(f))
         else:
+            bounds = f.metadata.get("range")
+            kind = NumberFlag(bounds) if bounds is not None else kind
             parser.add_argument(flag, type=kind, default=f.default, choices=f.metadata.get("choices"), help=_help(f))
 
 
@@ -102,9 +124,10 @@ def _default(value: object) -> str:
 
 
 def markdown_table() -> str:
-    """Every `batchserve serve` flag as a markdown table (flag, default, help), in the order `--help` lists them."""
+    """Every `batchserve serve` flag as a markdown table (flag, default, range, help), in the order `--help` lists
+    them."""
     hints = get_type_hints(ServerConfig)
-    rows = ["| flag | default | help |", "|---|---|---|"]
+    rows = ["| flag | default | range | help |", "|---|---|---|---|"]
     for f in dataclasses.fields(ServerConfig):
         kind = _base_type(hints[f.name])
         flag = f"`{_flag(f.name)}`"
@@ -112,8 +135,10 @@ def markdown_table() -> str:
             flag = f"`{_flag(f.name)}` / `--no-{f.name.replace('_', '-')}`"
         choices = f.metadata.get("choices")
         text = f.metadata["help"] + (f" (one of: {', '.join(choices)})" if choices else "")
-        rows.append(f"| {flag} | {_default(f.default)} | {_cell(text)} |")
-    rows.append(f"| `--replicas` | `1` | {_cell(REPLICAS_HELP)} |")
+        bounds = f.metadata.get("range")
+        span = bounds.span() if bounds is not None else ""
+        rows.append(f"| {flag} | {_default(f.default)} | {span} | {_cell(text)} |")
+    rows.append(f"| `--replicas` | `1` | {REPLICAS.span()} | {_cell(REPLICAS_HELP)} |")
     return "\n".join(rows) + "\n"
 
 

@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import enum
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
+
+from scheduler.ranges import DAY_MS, QUEUE, SEATS, TIMEOUT_S, Range
 
 
 class Mode(enum.Enum):
@@ -15,6 +19,20 @@ class Mode(enum.Enum):
 
 SCHEDULING_POLICIES = ("fcfs", "priority")
 _IMPORT_PATH = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_]\w*")
+# Each numeric field's range (scheduler/ranges.py); the server's flags of the same names take them from here.
+RANGES: Mapping[str, Range] = MappingProxyType(
+    {
+        "max_batch_size": SEATS,
+        "batch_timeout_ms": Range(0, DAY_MS),
+        "batch_window_ms": Range(0.001, DAY_MS),  # ticks closer than a microsecond mean nothing
+        "max_num_seqs": SEATS,
+        "max_num_batched_tokens": Range(1, 1 << 20, integer=True),
+        # priorities are int64s (the API's bound), so no wider gap between two of them exists
+        "priority_preemption_threshold": Range(1, 2**63 - 1, integer=True),
+        "max_queue": QUEUE,
+        "queue_timeout_s": TIMEOUT_S,
+    }
+)
 
 
 @dataclass(frozen=True)
@@ -44,16 +62,11 @@ class SchedulerConfig:
     def __post_init__(self) -> None:
         if not isinstance(self.mode, Mode):
             object.__setattr__(self, "mode", Mode(self.mode))
-        for name in ("max_batch_size", "max_num_seqs", "max_num_batched_tokens", "max_queue"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        for name, bounds in RANGES.items():
+            if getattr(self, name) is not None:  # only queue_timeout_s may be None: no timeout
+                bounds.check(name, getattr(self, name))
         if self.scheduling_policy not in SCHEDULING_POLICIES:
             raise ValueError(f"scheduling_policy must be one of {SCHEDULING_POLICIES}, got {self.scheduling_policy!r}")
-        if self.priority_preemption_threshold < 1:
-            raise ValueError(
-                f"--priority-preemption-threshold must be >= 1 (equal priorities never displace each other), got "
-                f"{self.priority_preemption_threshold}"
-            )
         if self.priority_preemption and not self.by_priority:
             raise ValueError("--priority-preemption needs --scheduling-policy priority")
         if self.priority_preemption and self.mode is not Mode.CONTINUOUS:
@@ -63,12 +76,6 @@ class SchedulerConfig:
             )
         if self.policy is not None and not _IMPORT_PATH.fullmatch(self.policy):
             raise ValueError(f"policy must be an import path MODULE:CLASS, got {self.policy!r}")
-        if self.batch_timeout_ms < 0:
-            raise ValueError(f"batch_timeout_ms must be >= 0, got {self.batch_timeout_ms}")
-        if not self.batch_window_ms > 0:
-            raise ValueError(f"batch_window_ms must be > 0, got {self.batch_window_ms}")
-        if self.queue_timeout_s is not None and self.queue_timeout_s <= 0:
-            raise ValueError(f"queue_timeout_s must be > 0, got {self.queue_timeout_s}")
 
     @property
     def by_priority(self) -> bool:

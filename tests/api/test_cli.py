@@ -124,10 +124,17 @@ def test_unknown_mode_exits_non_zero_naming_the_choices() -> None:
     assert "dynamic" in result.stderr and "continuous" in result.stderr
 
 
-def test_invalid_limit_exits_non_zero_with_a_message() -> None:
-    result = run_cli("serve", "--max-n", "0")
-    assert result.returncode != 0
-    assert "max_n must be positive" in result.stderr
+@pytest.mark.parametrize(
+    "argv",
+    [("serve", "--max-n", "0"), ("serve", "--batch-timeout-ms", "inf"), ("compare", "--batch-window-ms", "1e-320")],
+)
+def test_invalid_limit_exits_2_with_one_line_naming_the_flag(argv: tuple[str, ...]) -> None:
+    # the real command, before anything loads (tests/api/test_flag_ranges.py walks every flag in-process)
+    result = run_cli(*argv)
+    assert result.returncode == 2
+    assert result.stderr.count("\n") == 1 and result.stderr.startswith(
+        f"batchserve {argv[0]}: error: argument {argv[1]}: "
+    )
     assert "Traceback" not in result.stderr
 
 

@@ -154,7 +154,7 @@ def test_an_aborted_displacer_and_its_victim_leave_nothing_behind() -> None:
         ({"scheduling_policy": "fcfs"}, "--priority-preemption needs --scheduling-policy priority"),
         ({"mode": Mode.DYNAMIC}, "--priority-preemption needs --mode continuous"),
         ({"mode": Mode.STATIC}, "--priority-preemption needs --mode continuous"),
-        ({"priority_preemption_threshold": 0}, "--priority-preemption-threshold must be >= 1"),
+        ({"priority_preemption_threshold": 0}, "priority_preemption_threshold must be an integer from 1 to"),
     ],
 )
 def test_it_is_refused_where_it_has_no_meaning(overrides: dict[str, object], message: str) -> None:

@@ -98,11 +98,7 @@ def test_an_fcfs_server_has_no_priority_classes_and_reports_priority_zero(server
             "--priority-preemption needs --mode continuous",
         ),
         (["compare", "--priority-preemption"], "--priority-preemption needs --scheduling-policy priority"),
-        (
-            ["serve", "--scheduling-policy", "priority", "--priority-preemption-threshold", "0"],
-            "--priority-preemption-threshold must be >= 1",
-        ),
-    ],
+    ],  # --priority-preemption-threshold 0: tests/api/test_flag_ranges.py, with every numeric flag
 )
 def test_priority_preemption_is_refused_at_start_where_it_has_no_meaning(argv: list[str], message: str) -> None:
     with pytest.raises(SystemExit) as exited:  # before any model loads

@@ -323,8 +323,10 @@ def test_compare_command_sets_both_modes_seats_and_keeps_the_per_mode_flags() ->
     assert (alone.max_batch_size, alone.max_num_seqs) == (3, 5)
 
 
-def test_compare_command_refuses_bad_seats_with_a_message() -> None:
+def test_compare_command_refuses_bad_seats_with_a_message(capsys: pytest.CaptureFixture[str]) -> None:
     from api.cli import main
 
-    with pytest.raises(SystemExit, match="max_batch_size must be >= 1"):
+    with pytest.raises(SystemExit) as exited:
         main(["compare", "--seats", "0"])
+    assert exited.value.code == 2
+    assert "argument --seats: must be an integer from 1 to" in capsys.readouterr().err
