@@ -2,7 +2,8 @@
 
 Everything here runs on the engine loop thread except `submit`, `abort`, `stop_request`, `close`, `begin_drain`
 and `shutdown`, which only append to a locked inbox or set a flag under its lock. `step()` is synchronous and
-takes an injectable clock, so policy tests drive it directly.
+takes an injectable clock, so policy tests drive it directly. Every call into the policy goes through
+`PolicyGuard` (scheduler/policy_guard.py): a policy that raises fails no innocent request.
 """
 
 from __future__ import annotations
@@ -21,8 +22,9 @@ from scheduler.engine_port import SchedulerEngine
 from scheduler.errors import QueueFullError, SchedulerClosedError
 from scheduler.events import EventFeed, PointKind, Snapshot, StepEvent, request_point, snapshot_lanes, step_lanes
 from scheduler.lifecycle import Lifecycle
-from scheduler.policies import make_policy
-from scheduler.policy import StepPlan
+from scheduler.policies import check_seats
+from scheduler.policy import Policy, StepPlan
+from scheduler.policy_guard import PolicyGuard, RequestRefused
 from scheduler.request import (
     FinishEvent,
     Outcome,
@@ -44,12 +46,14 @@ class Scheduler:
         config: SchedulerConfig,
         clock: Callable[[], float] = time.monotonic,
         on_step: Callable[[StepStats], None] | None = None,
+        on_policy_fallback: Callable[[], None] | None = None,
     ) -> None:
+        """`on_policy_fallback`: called (on the loop thread) each time the mode's built-in policy takes over from
+        one that raised."""
+        check_seats(engine, config)
         self.engine = engine
         self.config = config
-        self.policy = make_policy(engine, config)
         self.clock = clock
-        self.policy.start(clock())
         self.on_step = on_step
         self.lifecycle = Lifecycle(engine, config.seats, self._on_released, by_priority=config.by_priority)
         self._requests: dict[str, SequenceRequest] = {}  # every request not yet released, by id
@@ -64,6 +68,13 @@ class Scheduler:
         # (request, when) while `_finish` runs: a request its policy releases at once (continuous batching) is
         # released at the instant it finished, not a clock reading later: it was held for no time.
         self._finishing: tuple[SequenceRequest, float] | None = None
+        held = lambda request: self._requests.get(request.request_id) is request  # noqa: E731
+        self.guard = PolicyGuard(config, self.lifecycle, held, clock, on_policy_fallback)
+
+    @property
+    def policy(self) -> Policy:
+        """The policy running now: the configured one, or the mode's built-in one after that one raised."""
+        return self.guard.policy
 
     @property
     def mode(self) -> str:
@@ -156,7 +167,7 @@ class Scheduler:
         return bool(self._inbox) or bool(self._requests)
 
     def next_deadline(self) -> float | None:
-        deadlines = [self.policy.next_deadline(self.lifecycle)]
+        deadlines = [self.guard.next_deadline()]
         if self.config.queue_timeout_s is not None and self.waiting:
             deadlines.append(min(r.queued for r in self.waiting) + self.config.queue_timeout_s)
         present = [d for d in deadlines if d is not None]
@@ -193,21 +204,10 @@ class Scheduler:
             generated, num_tokens = 0, sum(count for _, count in plan)
         else:
             generated, num_tokens = self._deliver(output.tokens, output.prompt_logprobs), output.num_tokens
-        end = self.clock()
         stats = StepStats(
-            mode=self.mode,
-            start=now,
-            duration=end - now,
-            num_seqs=len(plan),
-            num_tokens=num_tokens,
-            num_prompt_tokens=prefill,
-            num_generated=generated,
-            held_seats=self.lifecycle.held_seats,
-            num_running=len(self.running),
-            num_waiting=len(self.waiting),
-            cache_usage=self.engine.cache_usage,
-            failed=failed,
-        )
+            self.mode, now, self.clock() - now, len(plan), num_tokens, prefill, generated, self.lifecycle.held_seats,
+            len(self.running), len(self.waiting), self.engine.cache_usage, failed,
+        )  # fmt: skip
         self._num_steps += 1
         if self.on_step is not None:
             self.on_step(stats)
@@ -223,14 +223,13 @@ class Scheduler:
     def _plan(self, now: float) -> StepPlan:
         while True:
             try:
-                return self.policy.plan(self.lifecycle, now)
-            except Exception:
-                # Admitting the head of the queue failed (a bug or an input the checks missed): fail that request
-                # alone, then plan again for everyone else rather than stalling the running sequences.
-                logger.exception("planning a step failed")
-                if not self.waiting:
-                    raise
-                self._finish(self.waiting[0], Outcome.FAILED, "internal error while admitting the request")
+                return self.guard.plan(now)
+            except RequestRefused as refused:
+                # The engine refused this request while the policy admitted or measured it (an input the checks
+                # missed): fail it alone, then plan again for everyone else. Each turn ends one request.
+                logger.error("request %s failed while planning a step", refused.request.request_id, exc_info=refused)
+                reason = f"internal error while admitting the request: {type(refused.cause).__name__}"
+                self._finish(refused.request, Outcome.FAILED, reason)
 
     def _publish(self) -> None:
         lifecycle = self.lifecycle
@@ -240,10 +239,9 @@ class Scheduler:
         cached_free = self.engine.allocator.num_cached_free / self.engine.allocator.num_blocks
         with self._lock:  # under the lock, so that a submission's own update is never lost
             pending = bool(self._inbox) or bool(self._requests)
-            counts = SchedulerCounts(
+            self._counts = SchedulerCounts(
                 self.config.seats, running, held, self._num_queued, preempted, usage, pending, cached_free
             )
-            self._counts = counts
 
     def _mark_scheduled(self, request: SequenceRequest, now: float) -> None:
         request.num_steps += 1
@@ -330,7 +328,7 @@ class Scheduler:
         self._finishing = (request, now)
         try:
             self.lifecycle.finish(request, outcome, error)
-            self.policy.on_finished(self.lifecycle, request)
+            self.guard.on_finished(request)
         finally:
             self._finishing = None
 
@@ -368,7 +366,7 @@ class Scheduler:
         # Preempted requests wait too, but they already ran: like the running ones, they may finish.
         for request in [r for r in self.waiting if r.scheduled is None]:
             self._finish(request, Outcome.SHUTDOWN, "the server is shutting down; retry the request")
-        self.policy.begin_drain(self.lifecycle)
+        self.guard.begin_drain()
 
     def _shutdown_now(self) -> None:
         for request in list(self._requests.values()):

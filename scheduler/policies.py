@@ -12,19 +12,25 @@ from scheduler.policy import Policy
 from scheduler.static import StaticPolicy
 
 
-def make_policy(engine: SchedulerEngine, config: SchedulerConfig) -> Policy:
+def check_seats(engine: SchedulerEngine, config: SchedulerConfig) -> None:
     if engine.config.seats < config.seats:
         raise ValueError(
             f"the engine has {engine.config.seats} seats but the {config.mode.value} policy needs {config.seats}"
         )
-    if config.policy is not None:
-        return load_policy(config.policy)(config)
+
+
+def builtin_policy(mode: Mode) -> type[Policy]:
+    """The mode's own policy: what runs without --policy, and what takes over from a plug-in that raises."""
     policies: dict[Mode, type[Policy]] = {
         Mode.DYNAMIC: DynamicPolicy,
         Mode.CONTINUOUS: ContinuousPolicy,
         Mode.STATIC: StaticPolicy,
     }
-    return policies[config.mode](config)
+    return policies[mode]
+
+
+def policy_class(config: SchedulerConfig) -> type[Policy]:
+    return load_policy(config.policy) if config.policy is not None else builtin_policy(config.mode)
 
 
 def load_policy(path: str) -> type[Policy]:
@@ -34,6 +40,8 @@ def load_policy(path: str) -> type[Policy]:
         policy_class = getattr(importlib.import_module(module_name), class_name)
     except (ImportError, AttributeError) as exc:
         raise ValueError(f"cannot load the policy {path!r}: {exc}") from None
+    except Exception as exc:  # the module itself raised while importing: its error, as a config error naming it
+        raise ValueError(f"cannot load the policy {path!r}: {type(exc).__name__}: {exc}") from None
     if not (isinstance(policy_class, type) and issubclass(policy_class, Policy)):
         raise ValueError(f"the policy {path!r} is not a subclass of scheduler.policy.Policy")
     return policy_class

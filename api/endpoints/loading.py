@@ -39,7 +39,9 @@ def metered_model(
         options.scheduler.by_priority,
         prefix_caching=config.enable_prefix_caching,
     )
-    model = build_model_runtime(options, loaded, on_step=metrics.observe_step, runner=runner)
+    model = build_model_runtime(
+        options, loaded, on_step=metrics.observe_step, runner=runner, on_policy_fallback=metrics.observe_policy_fallback
+    )
     counts = model.scheduler.counts  # a snapshot published by the loop thread: safe to read from any thread
     metrics.bind_gauges(
         running=lambda: counts().running,

@@ -78,6 +78,10 @@ class ServerMetrics:
             registry=self.registry,
         )
         self.failures = counter("batchserve:request_failures", "Requests failed by an internal error")
+        self.policy_fallbacks = counter(
+            "batchserve:policy_fallbacks",
+            "Times the scheduling policy raised, blamed no request, and the mode's built-in policy took over",
+        )
         self.batch_size = histogram("batchserve:batch_size", "Sequences computed per engine step", _BATCH_BUCKETS)
         self.step_tokens = histogram(
             "batchserve:step_tokens",
@@ -131,6 +135,7 @@ class ServerMetrics:
             self.prefix_queries,
             self.prefix_hits,
             self.failures,
+            self.policy_fallbacks,
             self.batch_size,
             self.step_tokens,
             self.held_seats,
@@ -191,6 +196,9 @@ class ServerMetrics:
 
     def observe_failure(self) -> None:
         self.failures.labels(**self._labels).inc()
+
+    def observe_policy_fallback(self) -> None:
+        self.policy_fallbacks.labels(**self._labels).inc()
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

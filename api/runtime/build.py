@@ -66,9 +66,11 @@ def build_model_runtime(
     loaded: LoadedModel,
     on_step: Callable[[StepStats], None] | None = None,
     runner: ModelRunner | None = None,
+    on_policy_fallback: Callable[[], None] | None = None,
 ) -> ModelRuntime:
-    """`on_step`: called on the loop thread after each step (the server's metrics). `runner`: one shared with another
-    engine (`batchserve compare`: one copy of the weights, stepped by one thread); default: a new one."""
+    """`on_step`: called on the loop thread after each step (the server's metrics); `on_policy_fallback`, each time
+    the mode's built-in policy takes over from one that raised. `runner`: one shared with another engine
+    (`batchserve compare`: one copy of the weights, stepped by one thread); default: a new one."""
     parameter = next(loaded.model.parameters())
     device = str(parameter.device)
     runner = runner if runner is not None else build_runner(options, loaded)
@@ -79,7 +81,7 @@ def build_model_runtime(
         loaded.max_model_len,
         dtype=parameter.dtype,  # the KV cache in the activations' dtype (the loader cast the model to it)
     )
-    scheduler = Scheduler(engine, options.scheduler, on_step=on_step)
+    scheduler = Scheduler(engine, options.scheduler, on_step=on_step, on_policy_fallback=on_policy_fallback)
     return ModelRuntime(
         engine,
         scheduler,
