@@ -19,7 +19,7 @@ from collections.abc import Callable, Sequence
 from engine.outputs import PromptLogprobs, TokenOutput
 from scheduler.config import SchedulerConfig
 from scheduler.engine_port import SchedulerEngine
-from scheduler.errors import QueueFullError, SchedulerClosedError
+from scheduler.errors import EngineLoopStoppedError, QueueFullError, SchedulerClosedError
 from scheduler.events import EventFeed, PointKind, Snapshot, StepEvent, request_point, snapshot_lanes, step_lanes
 from scheduler.lifecycle import Lifecycle
 from scheduler.policies import check_seats
@@ -62,6 +62,7 @@ class Scheduler:
         self._num_queued = 0  # submitted and never scheduled; bounded by max_queue
         self._seq_ids = itertools.count()
         self._closed = False
+        self._stopped: str | None = None  # why the loop thread died, once it has (`abandon`)
         self._counts = SchedulerCounts(config.seats, 0, 0, 0, 0, engine.cache_usage, False)
         self.events = EventFeed()  # records only while a listener is enabled (api/live/hub.py)
         self._num_steps = 0
@@ -103,6 +104,9 @@ class Scheduler:
         """
         self.engine.validate(request.prompt_token_ids, request.params)
         with self._lock:
+            if self._stopped is not None:
+                self._rejected(request, "loop_stopped")
+                raise EngineLoopStoppedError(self._stopped)
             if self._closed:
                 self._rejected(request, "shutting_down")
                 raise SchedulerClosedError("the server is shutting down")
@@ -367,6 +371,21 @@ class Scheduler:
         for request in [r for r in self.waiting if r.scheduled is None]:
             self._finish(request, Outcome.SHUTDOWN, "the server is shutting down; retry the request")
         self.guard.begin_drain()
+
+    def abandon(self, reason: str) -> None:
+        """The loop thread is dying (`reason`): refuse every submission from now on, and end every request held,
+        the inbox's too, at once (`Lifecycle.abandon`: neither the engine nor the policy, either may be what broke)."""
+        with self._lock:
+            self._closed, self._stopped = True, reason
+            submitted = [item for _, item in self._inbox if isinstance(item, SequenceRequest)]
+            self._inbox.clear()
+            self._num_queued = 0
+            self._counts = SchedulerCounts(self.config.seats, 0, 0, 0, 0, self._counts.cache_usage, False)
+        for request in [*self._requests.values(), *submitted]:
+            try:
+                self.lifecycle.abandon(request, reason)
+            except Exception:  # the others must still hear
+                logger.exception("ending request %s failed", request.request_id)
 
     def _shutdown_now(self) -> None:
         for request in list(self._requests.values()):

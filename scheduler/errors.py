@@ -7,3 +7,8 @@ class QueueFullError(RuntimeError):
 
 class SchedulerClosedError(RuntimeError):
     """The scheduler is shutting down and takes no new requests; the API answers 503."""
+
+
+class EngineLoopStoppedError(SchedulerClosedError):
+    """The engine loop thread died (its message says why): this server can serve nothing more; the API answers
+    503 without Retry-After, and /health names the reason."""

@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable
 
 from scheduler.core import Scheduler
-from scheduler.loop import SchedulerLoop
+from scheduler.loop import SchedulerLoop, StepFailed, describe, died, run_steps
 
 logger = logging.getLogger("batchserve.loop")
 
@@ -33,6 +33,7 @@ class FairShareLoop:
         self._lock = threading.Lock()
         self._stopping = False
         self._started = False
+        self.stopped_reason: str | None = None  # why the thread died, if it did
         self._thread = threading.Thread(target=self._run, name="batchserve-engine-loop", daemon=True)
 
     def handle(self, scheduler: Scheduler) -> SharedSchedulerLoop:
@@ -50,7 +51,7 @@ class FairShareLoop:
 
     @property
     def alive(self) -> bool:
-        return self._thread.is_alive()
+        return self._thread.is_alive() and self.stopped_reason is None
 
     def stop_scheduler(self, scheduler: Scheduler, timeout: float) -> None:
         """Stop stepping `scheduler`; the thread ends when every scheduler is stopped."""
@@ -82,31 +83,34 @@ class FairShareLoop:
         return sorted(with_work, key=lambda s: (busy[id(s)], id(s) not in self._idle))
 
     def _step_one(self) -> bool:
-        """Step the least busy scheduler that has something to run; False if none ran."""
+        """Step the least busy scheduler that has something to run; False if none ran. StepFailed if none ran and
+        one failed: the loop retries after a delay (scheduler/loop.py)."""
+        failed = False
         for scheduler in self._pick_order():
             start = self._clock()
             try:
                 ran = scheduler.step() is not None
-            except Exception:  # a bug outside the engine step must not kill the server's only loop
+            except Exception:  # one mode's failure must not stop the others: try the next
                 logger.exception("scheduler step failed (%s)", scheduler.mode)
-                ran = False
+                ran, failed = False, True
             self._busy[id(scheduler)] += self._clock() - start
             if ran:
                 self._idle.discard(id(scheduler))
                 return True
             self._idle.add(id(scheduler))
+        if failed:
+            raise StepFailed
         return False
 
+    def _live(self) -> list[Scheduler]:
+        return [s for s in self._schedulers if id(s) not in self._stopped]
+
     def _run(self) -> None:
-        while not self._stopping:
-            self.wake.clear()
-            if self._step_one():
-                continue
-            live = [s for s in self._schedulers if id(s) not in self._stopped]
-            waits = [d - s.clock() for s in live if (d := s.next_deadline()) is not None]
-            timeout = None if not waits else max(0.0, min(waits))
-            # Idle: sleep until a submission, an abort, or a policy's next deadline (a batch timeout).
-            self.wake.wait(timeout)
+        try:
+            run_steps(lambda: self._stopping, self.wake, self._step_one, self._live)
+        except BaseException as exc:  # the thread ends here: every mode's requests must hear of it
+            self.stopped_reason = describe(exc)
+            died(self.stopped_reason, exc, self._schedulers)
 
 
 class SharedSchedulerLoop(SchedulerLoop):
@@ -126,3 +130,7 @@ class SharedSchedulerLoop(SchedulerLoop):
     @property
     def alive(self) -> bool:
         return self._owner.alive and not self._owner.is_stopped(self.scheduler)
+
+    @property
+    def stopped_reason(self) -> str | None:
+        return self._owner.stopped_reason

@@ -152,6 +152,16 @@ class Lifecycle:
             index -= 1
         self._waiting.insert(index, request)
 
+    def abandon(self, request: SequenceRequest, reason: str) -> None:
+        """End `request` without the engine (the loop thread is dying; the engine may be what broke): a held answer
+        that is whole as it is, anything else with SHUTDOWN naming `reason`; its consumer hears at once."""
+        if request.status is RequestStatus.RELEASED:
+            return
+        if not (request.status is RequestStatus.FINISHED and request.outcome is not None and request.outcome.completed):
+            request.outcome, request.error = Outcome.SHUTDOWN, reason
+        request.status = RequestStatus.RELEASED
+        self._on_released(request)
+
     def finish(self, request: SequenceRequest, outcome: Outcome, error: str | None = None) -> None:
         """End a waiting or running request (or re-end a held one, when its consumer left). One that ended early or
         holds no seat is released at once; one that ran to its end keeps its seat until the policy releases it."""

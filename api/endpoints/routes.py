@@ -140,8 +140,10 @@ class _Accepted(Generic[_Request]):
 
 async def _accept(request: Request, model: type[_Request]) -> _Accepted[_Request]:
     """What both endpoints do first: readiness, body, schema, model name and the server's request limits."""
-    config = ServerState.of(request.app).config
-    runtime = _runtime(request)
+    state = ServerState.of(request.app)
+    config, runtime = state.config, _runtime(request)
+    if state.loop_stopped is not None:  # nothing would ever answer it: say so now, before reading the body
+        raise APIError(503, f"{state.loop_stopped}; this server cannot serve requests")
     body = parse_request(model, await read_json_body(request, config.max_body_bytes))
     _check_model(body.model, runtime)
     refused = refusal(body, by_priority=config.scheduling_policy == "priority")
@@ -292,6 +294,8 @@ async def health(request: Request) -> Response:
     state = ServerState.of(request.app)
     if state.serving:
         return JSONResponse({"status": "ok", "mode": state.config.mode})
+    if state.loop_stopped is not None:
+        return JSONResponse({"status": "failed", "reason": state.loop_stopped}, status_code=503)
     retry = {"Retry-After": "5"} if state.phase in (Phase.LOADING, Phase.DRAINING) else None
     return JSONResponse({"status": state.phase.value}, status_code=503, headers=retry)
 

@@ -21,7 +21,7 @@ from api.endpoints.errors import APIError
 from api.endpoints.metrics import ServerMetrics
 from api.text.detokenizer import IncrementalDetokenizer
 from engine.errors import EngineInputError
-from scheduler.errors import QueueFullError, SchedulerClosedError
+from scheduler.errors import EngineLoopStoppedError, QueueFullError, SchedulerClosedError
 from scheduler.loop import SchedulerLoop
 from scheduler.request import (
     FinishEvent,
@@ -87,6 +87,8 @@ class GenerationService:
             raise engine_input_error(exc) from None
         except QueueFullError as exc:
             raise APIError(429, f"{exc}; retry later", headers={"Retry-After": "1"}) from None
+        except EngineLoopStoppedError as exc:  # for good: retrying here cannot help, another instance can
+            raise APIError(503, f"{exc}; this server cannot serve requests") from None
         except SchedulerClosedError as exc:  # draining: another instance, or this one restarted, can take it
             raise APIError(503, f"{exc}; retry shortly", headers={"Retry-After": "5"}) from None
 

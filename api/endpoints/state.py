@@ -82,3 +82,10 @@ class ServerState:
     def serving(self) -> bool:
         """READY, with its engine loop still running."""
         return self.phase is Phase.READY and self.loaded().loop.alive
+
+    @property
+    def loop_stopped(self) -> str | None:
+        """Why the server cannot serve although it loaded: its engine loop died (scheduler/loop.py)."""
+        if self.phase is not Phase.READY or self.runtime is None or self.runtime.loop.alive:
+            return None
+        return self.runtime.loop.stopped_reason or "the engine loop stopped"

@@ -128,14 +128,24 @@ async def drain_all(state: ServerState) -> None:
 
 
 async def health(request: Request) -> Response:
-    """200 when every mode serves; otherwise 503 with each mode's state."""
+    """200 when every mode serves; otherwise 503 with each mode's state (and why, if the engine loop died)."""
     state = ServerState.of(request.app)
-    states = {mode: "ok" if m.serving else m.phase.value for mode, m in state.modes.items()}
+    states = {mode: _mode_health(m) for mode, m in state.modes.items()}
     if all(mode_state == "ok" for mode_state in states.values()):
         return JSONResponse({"status": "ok", "modes": states})
     retry = {"Retry-After": "5"} if state.phase in (Phase.LOADING, Phase.DRAINING) else None
     status = state.phase.value if state.phase is not Phase.READY else "degraded"
-    return JSONResponse({"status": status, "modes": states}, status_code=503, headers=retry)
+    body: dict[str, object] = {"status": status, "modes": states}
+    reasons = [reason for m in state.modes.values() if (reason := m.loop_stopped) is not None]
+    if reasons:  # the modes share one loop thread: it died for all of them
+        body.update(status="failed", reason=reasons[0])
+    return JSONResponse(body, status_code=503, headers=retry)
+
+
+def _mode_health(mode_state: ServerState) -> str:
+    if mode_state.serving:
+        return "ok"
+    return "failed" if mode_state.loop_stopped is not None else mode_state.phase.value
 
 
 async def metrics(request: Request) -> Response:

@@ -176,7 +176,7 @@ class BatchserveReplica:
         """Ray calls this periodically; raising makes it replace the replica."""
         state = ServerState.of(self._app)
         if state.phase is Phase.FAILED or (state.phase is Phase.READY and not state.serving):
-            raise RuntimeError(f"replica {self._name} is not serving ({state.phase.value})")
+            raise RuntimeError(f"replica {self._name} is not serving ({state.loop_stopped or state.phase.value})")
 
 
 def replica_actor_options(scale: ScaleOut) -> dict[str, Any]:
