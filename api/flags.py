@@ -12,7 +12,7 @@ import dataclasses
 import os
 import sys
 import types
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Union, get_args, get_origin, get_type_hints
 
@@ -49,7 +49,6 @@ class NumberFlag:
 
     def __init__(self, bounds: Range) -> None:
         self.bounds = bounds
-        self.__name__ = "integer" if bounds.integer else "number"  # what argparse calls the type in its messages
 
     def __call__(self, text: str) -> int | float:
         try:
@@ -82,8 +81,8 @@ def add_config_flags(parser: argparse.ArgumentParser, skip: Sequence[str] = ()) 
             parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=f.default, help=_help(f))
         else:
             bounds = f.metadata.get("range")
-            kind = NumberFlag(bounds) if bounds is not None else kind
-            parser.add_argument(flag, type=kind, default=f.default, choices=f.metadata.get("choices"), help=_help(f))
+            parse: Callable[[str], Any] = NumberFlag(bounds) if bounds is not None else kind
+            parser.add_argument(flag, type=parse, default=f.default, choices=f.metadata.get("choices"), help=_help(f))
 
 
 def flags_argv(values: Mapping[str, Any]) -> list[str]:

@@ -133,6 +133,7 @@ def test_scheduler_config_refuses_the_same_values_naming_the_field(name: str) ->
 
 @pytest.mark.parametrize("name", ["max_model_len", "kv_cache_tokens", "max_quantized_rows"])
 def test_runtime_options_refuse_out_of_range_sizes_naming_the_field(name: str) -> None:
-    for value in (math.nan, math.inf, 1e13, -1, 2.5, 1 << 40):
+    values: tuple[Any, ...] = (math.nan, math.inf, 1e13, -1, 2.5, 1 << 40)
+    for value in values:
         with pytest.raises(ValueError, match=f"^{name} must be an integer"):
             RuntimeOptions(**{name: value})

@@ -109,7 +109,7 @@ def test_a_request_the_engine_refuses_while_admitting_fails_alone(policy: str | 
             raise ValueError("a value the checks missed")
         real_add(seq_id, prompt, *args)  # type: ignore[arg-type]
 
-    h.engine.add = add  # type: ignore[method-assign]
+    h.engine.add = add  # type: ignore[method-assign,assignment]
     answers = workload(h)
     # g (the shortest prompt: the plug-in admits it first, ahead of older requests) fails; everyone else is served
     g = h.streams["g"]
@@ -122,7 +122,7 @@ def test_a_request_the_engine_refuses_while_admitting_fails_alone(policy: str | 
 
 def test_a_policy_that_swallows_the_refusal_does_not_keep_the_request() -> None:
     h = build(Mode.CONTINUOUS, seats=2, policy=f"{MODULE}:SwallowsRefusals")
-    h.engine.add = _refuse  # type: ignore[method-assign]
+    h.engine.add = _refuse  # type: ignore[method-assign,assignment]
     stream = h.submit(prompt=3, max_tokens=2)
     h.run()
     assert stream.reason is Outcome.FAILED and h.scheduler.guard.fallbacks == 0

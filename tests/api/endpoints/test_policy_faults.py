@@ -7,6 +7,7 @@ were accepted and never answered."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from collections.abc import Iterator
@@ -26,7 +27,7 @@ STREAM_GUARD_S = 60.0  # only a guard against a hung stream (its pings keep the 
 def data_events(lines: Iterator[str]) -> list[str]:
     """The `data:` payloads of a stream, to its end; fails if it has not ended long after it should have."""
     deadline = time.monotonic() + STREAM_GUARD_S
-    events = []
+    events: list[str] = []
     for line in lines:
         assert time.monotonic() < deadline, f"the stream hung after {events[-3:]}"
         if line.startswith("data: "):
@@ -34,7 +35,7 @@ def data_events(lines: Iterator[str]) -> list[str]:
     return events
 
 
-def stream_events(client: httpx.Client, max_tokens: int) -> httpx.Response:
+def stream_events(client: httpx.Client, max_tokens: int) -> contextlib.AbstractContextManager[httpx.Response]:
     body = {"prompt": PROMPT, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True, "stream": True}
     return client.stream("POST", "/v1/completions", json={**body, "stream_options": {"include_usage": True}})
 
