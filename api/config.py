@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from api.structured.limits import RANGES as GRAMMAR_RANGES
 from api.structured.limits import GrammarLimits
 from engine.config import DEFAULT_MAX_QUANTIZED_ROWS, DTYPES, QUANTIZATIONS, EngineConfig, LoadConfig
 from scheduler.config import RANGES, SCHEDULING_POLICIES, Mode, SchedulerConfig
@@ -201,32 +202,44 @@ class ServerConfig:
         range=QUEUE,
     )
     grammar_max_bytes: int = _opt(
-        GrammarLimits.max_bytes, "Structured outputs: largest schema (as compact JSON), regex or grammar (400 beyond)"
+        GrammarLimits.max_bytes,
+        "Structured outputs: largest schema (as compact JSON), regex or grammar (400 beyond)",
+        range=GRAMMAR_RANGES["max_bytes"],
     )
     grammar_max_depth: int = _opt(
-        GrammarLimits.max_depth, "Structured outputs: deepest JSON nesting of a schema, through every keyword"
+        GrammarLimits.max_depth,
+        "Structured outputs: deepest JSON nesting of a schema, through every keyword",
+        range=GRAMMAR_RANGES["max_depth"],
     )
-    grammar_max_refs: int = _opt(GrammarLimits.max_refs, "Structured outputs: most `$ref`s in one schema")
+    grammar_max_refs: int = _opt(
+        GrammarLimits.max_refs, "Structured outputs: most `$ref`s in one schema", range=GRAMMAR_RANGES["max_refs"]
+    )
     grammar_max_repeat: int = _opt(
         GrammarLimits.max_repeat,
         "Structured outputs: largest bound of a {m,n} repetition in a regex, a schema's `pattern` or a grammar",
+        range=GRAMMAR_RANGES["max_repeat"],
     )
     grammar_compile_timeout_s: float = _opt(
         GrammarLimits.compile_timeout_s,
         "Structured outputs: a grammar still compiling after this long is stopped (its worker process killed) and "
         "the request refused with a 400",
+        range=GRAMMAR_RANGES["compile_timeout_s"],
     )
     grammar_compile_workers: int = _opt(
         GrammarLimits.compile_workers,
         "Structured outputs: worker processes compiling grammars at once, at the lowest CPU priority",
+        range=GRAMMAR_RANGES["compile_workers"],
     )
     grammar_max_pending: int = _opt(
-        GrammarLimits.max_pending, "Structured outputs: grammar compiles running or waiting beyond this get 429"
+        GrammarLimits.max_pending,
+        "Structured outputs: grammar compiles running or waiting beyond this get 429",
+        range=GRAMMAR_RANGES["max_pending"],
     )
     max_workloads: int = _opt(
         1,
         "The compare page's workloads (POST /v1/compare/workload, up to --max-prompts sequences in every pane each) "
         "running at once on this server; one more gets 429",
+        range=Range(1, 1024, integer=True),
     )
 
     def __post_init__(self) -> None:
@@ -240,8 +253,6 @@ class ServerConfig:
         self.grammar_limits()
         if self.policy is not None:
             load_policy(self.policy)  # a policy that cannot load is a config error, named at start
-        if self.max_workloads < 1:
-            raise ValueError(f"max_workloads must be positive, got {self.max_workloads}")
 
     @property
     def seats(self) -> int:

@@ -3,10 +3,20 @@ run, and how many may wait. Each is a flag of `serve` (api/config.py); docs/stru
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
-_MAX_COUNT = 2**31 - 1
+from scheduler.ranges import QUEUE, Range
+
+# Each limit's range (one definition: GrammarLimits checks it, and ServerConfig's `grammar_*` flags with it).
+RANGES = {
+    "max_bytes": Range(1, 1 << 30, integer=True),
+    "max_depth": QUEUE,
+    "max_refs": QUEUE,
+    "max_repeat": QUEUE,
+    "compile_timeout_s": Range(0.01, 3600),
+    "compile_workers": Range(1, 64, integer=True),
+    "max_pending": QUEUE,
+}
 
 
 @dataclass(frozen=True)
@@ -20,15 +30,8 @@ class GrammarLimits:
     max_pending: int = 16  # compiles running or waiting beyond this get a 429
 
     def __post_init__(self) -> None:
-        for name in ("max_bytes", "max_depth", "max_refs", "max_repeat", "compile_workers", "max_pending"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= _MAX_COUNT:
-                raise ValueError(f"{flag(name)} must be an integer from 1 to {_MAX_COUNT}, got {value!r}")
-        timeout = self.compile_timeout_s
-        if not (isinstance(timeout, int | float) and math.isfinite(timeout) and 0.01 <= timeout <= 3600):
-            raise ValueError(f"{flag('compile_timeout_s')} must be from 0.01 to 3600 seconds, got {timeout!r}")
-        if self.max_pending < self.compile_workers:
-            raise ValueError(f"{flag('max_pending')} must be at least {flag('compile_workers')}")
+        for name, bounds in RANGES.items():
+            bounds.check(flag(name), getattr(self, name))
 
 
 def flag(name: str) -> str:
