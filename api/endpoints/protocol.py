@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, TypeVar
 
+import pydantic_core
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from api.endpoints.errors import APIError, bad_request
@@ -209,6 +210,14 @@ def parse_request(model: type[_Model], body: bytes) -> _Model:
         return model.model_validate_json(body)
     except ValidationError as exc:
         raise _to_api_error(exc) from None
+
+
+def parse_json_text(text: str) -> Any:
+    """JSON out of a string a request carries (a schema sent as text) or the model wrote (a tool call), under the
+    limits the body itself is parsed under: the same parser as `parse_request` (pydantic-core's), which refuses
+    nesting past 200 levels and integers of more than 4,300 digits with a ValueError. Python's json module would
+    raise RecursionError on deep nesting instead, which no caller expects."""
+    return pydantic_core.from_json(text)
 
 
 def _unsupported(param: str, what: str) -> APIError:

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from api.endpoints.errors import APIError, bad_request
+from api.endpoints.protocol import parse_json_text
 from api.structured.schema_check import check_schema
 
 
@@ -128,8 +129,8 @@ def _spec(kind: GrammarKind, value: Any, param: str, name: str | None = None) ->
 def _schema_text(value: Any, param: str, name: str) -> str:
     if isinstance(value, str):  # vLLM takes a schema as an object or as its JSON text
         try:
-            value = json.loads(value)
-        except json.JSONDecodeError as exc:
+            value = parse_json_text(value)
+        except ValueError as exc:  # nesting or a number past the body's own limits too
             raise bad_request(f"{name} is not valid JSON: {exc}", param) from None
     if not isinstance(value, dict):
         raise bad_request(f"{name} must be a JSON schema object", param)

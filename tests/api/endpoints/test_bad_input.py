@@ -147,6 +147,25 @@ _FIELD_CASES: list[tuple[str, dict[str, object], int, str | None, str]] = [
         "'password'",
     ),
     ("guided-and-min_tokens", {"guided_choice": ["a"], "min_tokens": 2}, 400, "min_tokens", "structured outputs"),
+    # A schema sent as JSON text parses under the body's own limits (it was a RecursionError or a ValueError: 500).
+    *[
+        (f"{name}-text-{problem}", {field: wrap(text)}, 400, field, "not valid JSON")
+        for name, field, wrap in [
+            ("guided_json", "guided_json", lambda text: text),
+            ("structured_outputs.json", "structured_outputs", lambda text: {"json": text}),
+            (
+                "response_format",
+                "response_format",
+                lambda text: {"type": "json_schema", "json_schema": {"name": "x", "schema": text}},
+            ),
+        ]
+        for problem, text in [
+            ("nested-10000-deep", "[" * 10_000 + "]" * 10_000),
+            ("schema-nested-3000-deep", '{"items":' * 3_000 + "{}" + "}" * 3_000),
+            ("integer-with-5000-digits", '{"type": "integer", "maximum": 1' + "0" * 5_000 + "}"),
+            ("nested-202-deep", "[" * 202 + "]" * 202),
+        ]
+    ],
     ("response_format-xml", {"response_format": {"type": "xml"}}, 400, "response_format", "'xml'"),
     ("bad_words", {"bad_words": ["dog"]}, 400, "bad_words", "'bad_words' is not supported"),
     (

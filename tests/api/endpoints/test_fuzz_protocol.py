@@ -24,6 +24,7 @@ from api.endpoints.protocol import (
     CompletionRequest,
     DetokenizeRequest,
     TokenizeRequest,
+    parse_json_text,
     parse_request,
 )
 from api.endpoints.tokenization import detokenize, tokenize
@@ -101,6 +102,15 @@ _schema = st.recursive(
     ),
     max_leaves=8,
 )
+# Schemas as JSON text, as vLLM takes them: plausible ones, noise, and text past the body's own limits (nesting
+# thousands deep, integers of thousands of digits), which Python's json module raised on (RecursionError: a 500).
+_deep = st.integers(1, 6_000).flatmap(
+    lambda n: st.sampled_from(["[" * n + "]" * n, '{"items":' * n + "{}" + "}" * n, '{"a":[' * n + "1" + "]}" * n])
+)
+_long_number = st.integers(4_000, 6_000).flatmap(
+    lambda n: st.sampled_from(["1" * n, '{"type": "integer", "maximum": ' + "9" * n + "}", "-0." + "5" * n])
+)
+_json_text = _schema.map(json.dumps) | _json.map(json.dumps) | _deep | _long_number | st.text(max_size=20)
 _tool = st.fixed_dictionaries(
     {"type": st.sampled_from(["function", "x"])},
     optional={
@@ -147,14 +157,20 @@ _FIELD_VALUES = {
     "tools": st.lists(_tool, max_size=2) | _json,
     "tool_choice": st.sampled_from(["none", "auto", "required"]) | _named_choice | _json,
     "response_format": st.fixed_dictionaries(
-        {}, optional={"type": st.sampled_from(["text", "json_object", "json_schema"]) | _json, "json_schema": _json}
+        {},
+        optional={
+            "type": st.sampled_from(["text", "json_object", "json_schema"]) | _json,
+            "json_schema": st.fixed_dictionaries({"name": st.just("x"), "schema": _schema | _json_text}) | _json,
+        },
     )
     | _json,
     "structured_outputs": st.dictionaries(
-        st.sampled_from(["json", "regex", "choice", "grammar", "json_object", "xml"]), _schema | _json, max_size=2
+        st.sampled_from(["json", "regex", "choice", "grammar", "json_object", "xml"]),
+        _schema | _json | _json_text,
+        max_size=2,
     )
     | _json,
-    "guided_json": _schema | _json,
+    "guided_json": _schema | _json | _json_text,
     "guided_regex": st.text(max_size=12) | _json,
     "guided_choice": st.lists(st.text(max_size=4), max_size=3) | _json,
     "guided_grammar": st.text(max_size=20) | _json,
@@ -322,6 +338,42 @@ def test_any_tokenize_or_detokenize_body_answers_or_is_a_named_400(
         assert all(0 <= t < len(tokenizer) for t in tokens)
     else:
         assert set(answer) == {"prompt"} and isinstance(answer["prompt"], str)
+
+
+_SCHEMA_TEXT_FIELDS = {
+    "guided_json": lambda text: text,
+    "structured_outputs": lambda text: {"json": text},
+    "response_format": lambda text: {"type": "json_schema", "json_schema": {"name": "x", "schema": text}},
+}
+
+
+@pytest.mark.parametrize("model", MODELS, ids=lambda m: m.__name__)
+@pytest.mark.parametrize("field", sorted(_SCHEMA_TEXT_FIELDS))
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(text=_json_text)
+def test_schema_text_gives_a_grammar_or_a_400_naming_its_field(model: type[BaseModel], field: str, text: str) -> None:
+    body = json.dumps({**_BASES[model], field: _SCHEMA_TEXT_FIELDS[field](text)}).encode()
+    request = parse_request(model, body)  # a string is a string: only its own parse can fail
+    try:
+        spec, _ = request_grammar(request)  # type: ignore[arg-type]
+    except APIError as exc:
+        assert exc.status == 400 and exc.param == field, exc.message
+        assert "Traceback" not in exc.message
+    else:
+        assert spec is not None and spec.param == field
+
+
+@FUZZ
+@given(text=_json_text | st.text(max_size=200) | st.binary(max_size=64).map(lambda b: b.decode("latin-1")))
+def test_json_out_of_a_string_parses_or_is_a_value_error(text: str) -> None:
+    """The one parser the server reads JSON text with (schemas sent as text, generated tool calls): a value, or a
+    ValueError the callers turn into a 400 (or into "not a whole call"), never RecursionError or anything else."""
+    try:
+        value = parse_json_text(text)
+    except ValueError as exc:
+        assert str(exc)
+    else:
+        json.dumps(value)  # within the limits, so it can be written back out
 
 
 def _integer_fields(model: type[BaseModel]) -> list[str]:
