@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from api.endpoints.errors import bad_request
+from api.structured.refs import rebase
 from api.structured.spec import GrammarSpec, schema_spec
 
 # The start of a "required" answer up to its arguments: whitespace is bounded by the grammar, the name is a JSON string.
@@ -57,9 +58,7 @@ def forced_tool_call(tools: list[dict[str, Any]] | None, tool_choice: Any) -> tu
             param="tool_choice",
         )
     if tool_choice == "required":
-        variants = [_call_schema(name, parameters) for name, parameters in functions.items()]
-        schema = variants[0] if len(variants) == 1 else {"anyOf": variants}
-        return schema_spec(schema, "tools"), ToolCallMode(None)
+        return schema_spec(_required_schema(functions), "tools"), ToolCallMode(None)
     name = _named_function(tool_choice)
     if name not in functions:
         raise bad_request(f"tool_choice names the function {name!r}, which is not in tools", param="tool_choice")
@@ -95,13 +94,25 @@ def _named_function(tool_choice: Any) -> str:
     return name
 
 
-def _call_schema(name: str, parameters: dict[str, Any]) -> dict[str, Any]:
-    return {
-        "type": "object",
-        "properties": {"name": {"const": name}, "parameters": parameters},
-        "required": ["name", "parameters"],
-        "additionalProperties": False,
-    }
+def _required_schema(functions: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """One `{"name", "parameters"}` object per tool. Each tool's parameters sit whole under the wrapper's `$defs`,
+    their local references rebased there, so `#`, `#/$defs/...` and `#/properties/...` mean what they meant in the
+    tool's own schema (inline, they would resolve against the wrapper, where they name nothing or the wrong thing)."""
+    definitions = {}
+    variants = []
+    for i, (name, parameters) in enumerate(functions.items()):
+        key = f"tool{i}"  # not the name: a name may hold "/" or "~", which a JSON pointer would have to escape
+        definitions[key] = rebase(parameters, f"#/$defs/{key}")
+        variants.append(
+            {
+                "type": "object",
+                "properties": {"name": {"const": name}, "parameters": {"$ref": f"#/$defs/{key}"}},
+                "required": ["name", "parameters"],
+                "additionalProperties": False,
+            }
+        )
+    union = variants[0] if len(variants) == 1 else {"anyOf": variants}
+    return {**union, "$defs": definitions}
 
 
 def new_call_id() -> str:
