@@ -1,5 +1,9 @@
 """Chat responses whose answer is a forced tool call: `message.tool_calls` instead of content, and streams that send
-the call as OpenAI does (the id and name once, then the arguments in pieces), with finish_reason "tool_calls"."""
+the call as OpenAI does (the id and name once, then the arguments in pieces), with finish_reason "tool_calls".
+
+Only a whole call is reported as one. A stop string or stop token applies inside the grammar as anywhere (as in
+vLLM), and max_tokens may end it too: an answer cut short keeps its finish_reason ("stop", "length") and its text as
+content; a stream that already sent part of the call ends with that finish_reason instead of "tool_calls"."""
 
 from __future__ import annotations
 
@@ -8,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from api.endpoints.formatting import ChatFormatter
-from api.structured.tools import ToolCall, ToolCallMode, new_call_id, split_call
+from api.structured.tools import CallText, ToolCall, ToolCallMode, new_call_id, split_call
 
 logger = logging.getLogger("batchserve.api")
 
@@ -47,43 +51,46 @@ class ToolCallFormatter(ChatFormatter):
     ) -> dict[str, object] | None:
         progress = self._call(index)
         progress.text += text or ""
-        calls = []
-        split = split_call(self.mode, progress.text, complete=finish_reason is not None)
-        if split is not None:
-            name, arguments = split
-            if arguments.startswith(progress.sent_arguments):
-                piece = arguments[len(progress.sent_arguments) :]
-                progress.sent_arguments = arguments
+        final = finish_reason is not None
+        call = split_call(self.mode, progress.text, final)
+        delta: dict[str, object] = {}
+        if call is not None:
+            if call.arguments.startswith(progress.sent_arguments):
+                piece = call.arguments[len(progress.sent_arguments) :]
+                progress.sent_arguments = call.arguments
             else:  # split_call only appends; this would be a bug, and the client must not get a garbled call
                 logger.error("%s: a streamed tool call's arguments changed after they were sent", self.request_id)
                 piece = ""
             if not progress.announced:
                 progress.announced = True
-                calls.append({"index": 0, **ToolCall(progress.id, name, piece).json()})
+                delta["tool_calls"] = [{"index": 0, **ToolCall(progress.id, call.name, piece).json()}]
             elif piece:
-                calls.append({"index": 0, "function": {"arguments": piece}})
-        if not calls and finish_reason is None and logprobs is None:
+                delta["tool_calls"] = [{"index": 0, "function": {"arguments": piece}}]
+        elif final and progress.text:  # cut before a name was complete: no call was announced, so the text as is
+            delta["content"] = progress.text
+        if not delta and not final and logprobs is None:
             return None
-        delta: dict[str, object] = {"tool_calls": calls} if calls else {}
-        return {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": _reason(finish_reason, split)}
+        reason = _reason(finish_reason, call)
+        return {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": reason}
 
     def final_choice(
         self, index: int, text: str, finish_reason: str | None, logprobs: dict | None
     ) -> dict[str, object]:
-        split = split_call(self.mode, text, complete=True)
+        call = split_call(self.mode, text, final=True)
         message: dict[str, object] = {"role": "assistant", "content": None}
-        if split is None:  # cut off before the function's name was complete: no call to report
+        if call is not None and call.whole:
+            message["tool_calls"] = [ToolCall(self._call(index).id, call.name, call.arguments).json()]
+        else:  # cut short (a stop string, a stop token, max_tokens): not a call a client could parse; the text
             message["content"] = text
-        else:
-            message["tool_calls"] = [ToolCall(self._call(index).id, *split).json()]
         return {
             "index": index,
             "message": message,
             "logprobs": logprobs,
-            "finish_reason": _reason(finish_reason, split),
+            "finish_reason": _reason(finish_reason, call),
         }
 
 
-def _reason(finish_reason: str | None, split: tuple[str, str] | None) -> str | None:
-    """A call the grammar completed ends with "tool_calls"; one cut by max_tokens keeps "length"."""
-    return "tool_calls" if finish_reason == "stop" and split is not None else finish_reason
+def _reason(finish_reason: str | None, call: CallText | None) -> str | None:
+    """A whole call ends with "tool_calls"; an answer cut short keeps what cut it ("stop" for a stop string or a
+    stop token, "length" for max_tokens), never "tool_calls" with arguments that do not parse."""
+    return "tool_calls" if finish_reason is not None and call is not None and call.whole else finish_reason

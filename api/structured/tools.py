@@ -9,13 +9,13 @@ own tool-call format, which is not built: it is refused with a 400 that says so.
 
 from __future__ import annotations
 
-import json
 import re
 import uuid
 from dataclasses import dataclass
 from typing import Any
 
 from api.endpoints.errors import bad_request
+from api.endpoints.protocol import parse_json_text
 from api.structured.refs import rebase
 from api.structured.spec import GrammarSpec, schema_spec
 
@@ -119,20 +119,63 @@ def new_call_id() -> str:
     return f"call_{uuid.uuid4().hex[:24]}"
 
 
-def split_call(mode: ToolCallMode, text: str, complete: bool) -> tuple[str, str] | None:
-    """(function name, arguments text so far) of an answer, or None while (or if) the name is not known. With
-    `complete` the answer is whole; otherwise what may still be the wrapper's closing brace is held back, so the
-    arguments text only ever grows by appending."""
+@dataclass(frozen=True)
+class CallText:
+    """An answer read as a tool call so far."""
+
+    name: str
+    arguments: str  # the arguments as generated (so far)
+    whole: bool  # the answer is one whole call: its text and its arguments parse, so it is reported as a call
+
+
+def split_call(mode: ToolCallMode, text: str, final: bool) -> CallText | None:
+    """The answer `text` read as a call, or None while (or if) the function's name is not known. Until it is
+    `final`, what may still be the wrapper's closing brace is held back, so the arguments only ever grow by
+    appending; once final, a whole call's arguments lose the wrapper's brace, and an answer cut short (by a stop
+    string, a stop token or max_tokens) keeps its text as it is."""
+    if final:
+        whole = _whole_call(mode, text)
+        if whole is not None:
+            return whole
     if mode.name is not None:
-        return mode.name, text.strip()  # whitespace at the end may be followed by more (held back until it is)
+        return CallText(mode.name, text.strip(), False)  # trailing whitespace may be followed by more
     head = _CALL_HEAD.match(text)
     if head is None:
         return None
+    name = _json_string(head.group(1))
+    if name is None:
+        return None
     arguments = text[head.end() :]
-    if complete:
-        arguments = arguments.rstrip()
-        arguments = arguments[:-1].rstrip() if arguments.endswith("}") else arguments
-    else:
+    if not final:
         tail = _CALL_TAIL.search(arguments)
         arguments = arguments[: tail.start()] if tail else arguments
-    return json.loads(head.group(1)), arguments
+    return CallText(name, arguments, False)
+
+
+def _whole_call(mode: ToolCallMode, text: str) -> CallText | None:
+    """The call when `text` is a whole one: the grammar completed it, so it parses (the server's own parser and
+    limits); a call cut anywhere does not, an object's every proper prefix being invalid JSON."""
+    try:
+        value = parse_json_text(text)
+    except ValueError:
+        return None
+    if mode.name is not None:
+        return CallText(mode.name, text.strip(), True)
+    head = _CALL_HEAD.match(text)
+    if head is None or not isinstance(value, dict) or not isinstance(value.get("name"), str):
+        return None
+    arguments = text[head.end() :].rstrip()
+    arguments = arguments[:-1].rstrip()  # the wrapper's closing brace: the whole text is one object
+    try:
+        parse_json_text(arguments)
+    except ValueError:  # the wrapper held more than name and parameters (the grammar allows no such thing)
+        return None
+    return CallText(value["name"], arguments, True)
+
+
+def _json_string(literal: str) -> str | None:
+    try:
+        value = parse_json_text(literal)
+    except ValueError:  # an escape the regex lets through but JSON does not (\u12)
+        return None
+    return value if isinstance(value, str) else None

@@ -28,10 +28,12 @@ from api.endpoints.protocol import (
     parse_request,
 )
 from api.endpoints.tokenization import detokenize, tokenize
+from api.endpoints.tool_call_formatting import ToolCallFormatter
 from api.structured.budget import budget_problem
 from api.structured.limits import GrammarLimits
 from api.structured.requests import request_grammar
 from api.structured.spec import GrammarCompileError
+from api.structured.tools import ToolCallMode
 from tests.server_harness import tiny_tokenizer
 
 MODELS: list[type[BaseModel]] = [CompletionRequest, ChatCompletionRequest]
@@ -374,6 +376,59 @@ def test_json_out_of_a_string_parses_or_is_a_value_error(text: str) -> None:
         assert str(exc)
     else:
         json.dumps(value)  # within the limits, so it can be written back out
+
+
+_CALL = {  # named: the arguments; "required": the wrapper around them (a brace inside a string too)
+    True: json.dumps({"on": True, "tags": [1, {"a": "}"}]}),
+    False: '{"name": "toggle", "parameters": {"on": true, "a": "}"}}',
+}
+_call_pieces = st.lists(
+    st.sampled_from(["{", "}", '"name"', '"parameters"', '"toggle"', ":", ",", " ", "\n", '"', "\\", "\\u12", "[1"])
+    | st.text(max_size=4),
+    max_size=12,
+)
+
+
+@st.composite
+def _answers(draw: st.DrawFn, named: bool) -> list[str]:
+    """A forced call's text in pieces: a whole call, one cut anywhere (a stop string, max_tokens), or noise."""
+    whole = _CALL[named] + draw(st.sampled_from(["", " ", "\n"]))
+    text = draw(st.sampled_from([whole, whole[: draw(st.integers(0, len(whole)))]]))
+    cuts = sorted(draw(st.lists(st.integers(0, len(text)), max_size=6)))
+    split = [text[a:b] for a, b in zip([0, *cuts], [*cuts, len(text)], strict=True)]
+    return draw(st.sampled_from([split, draw(_call_pieces)]))
+
+
+@FUZZ
+@given(data=st.data(), named=st.booleans(), reason=st.sampled_from(["stop", "length"]))
+def test_a_tool_call_is_reported_only_when_its_arguments_parse(data: st.DataObject, named: bool, reason: str) -> None:
+    """Whole and streamed, a forced call's answer is a call (finish_reason "tool_calls") only when its arguments
+    parse; otherwise it keeps the reason that ended it, and its text as is (it said "tool_calls" with `{`)."""
+    pieces = data.draw(_answers(named), label="pieces")
+    mode = ToolCallMode("toggle" if named else None)
+    text = "".join(pieces)
+    choice = ToolCallFormatter(mode, "chatcmpl-fuzz", "tiny", tiny_tokenizer()).final_choice(0, text, reason, None)
+    message = choice["message"]
+    assert isinstance(message, dict)
+    if choice["finish_reason"] == "tool_calls":
+        arguments = message["tool_calls"][0]["function"]["arguments"]
+        json.loads(arguments)
+    else:
+        assert choice["finish_reason"] == reason and message["content"] == text and "tool_calls" not in message
+    streaming = ToolCallFormatter(mode, "chatcmpl-fuzz", "tiny", tiny_tokenizer())
+    streaming.opening_choice(0)
+    chunks = [streaming.stream_choice(0, piece, None, None) for piece in pieces]
+    chunks.append(streaming.stream_choice(0, "", reason, None))
+    streamed = "".join(
+        call["function"].get("arguments", "")
+        for chunk in chunks
+        if chunk is not None
+        for call in chunk["delta"].get("tool_calls", ())  # type: ignore[union-attr]
+    )
+    final = chunks[-1]
+    assert final is not None and final["finish_reason"] == choice["finish_reason"]
+    if choice["finish_reason"] == "tool_calls":
+        assert streamed == arguments
 
 
 def _integer_fields(model: type[BaseModel]) -> list[str]:

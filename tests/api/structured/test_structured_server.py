@@ -145,6 +145,96 @@ def test_forced_tool_calls_whole_and_streamed_agree(server: RunningServer, tool_
     assert whole[1:] == streamed[1:]  # greedy: the same call, token for token
 
 
+def _raw_call(server: RunningServer, tool_choice: Any, stream: bool, **extra: Any) -> tuple[dict[str, Any], str]:
+    """The message (content, tool_calls and their arguments, streamed ones joined) and finish_reason of a forced
+    call with `extra` fields (a stop string, a small max_tokens)."""
+    body = {"messages": MESSAGES, "tools": TOOLS, "tool_choice": tool_choice, "max_tokens": 200, "temperature": 0}
+    body.update(stream=stream, **extra)
+    response = httpx.post(f"{server.base_url}/v1/chat/completions", json=body, timeout=60)
+    assert response.status_code == 200, response.text
+    if not stream:
+        choice = response.json()["choices"][0]
+        return choice["message"], choice["finish_reason"]
+    message: dict[str, Any] = {"content": None, "tool_calls": None}
+    reasons = []
+    for line in response.text.splitlines():
+        if not line.startswith("data: {"):
+            continue
+        choice = json.loads(line[6:])["choices"][0]
+        reasons.append(choice["finish_reason"])
+        delta = choice["delta"]
+        if delta.get("content"):
+            message["content"] = (message["content"] or "") + delta["content"]
+        for call in delta.get("tool_calls") or ():
+            calls = message["tool_calls"] = message["tool_calls"] or [{"function": {"name": "", "arguments": ""}}]
+            calls[0]["function"]["name"] += call["function"].get("name") or ""
+            calls[0]["function"]["arguments"] += call["function"].get("arguments") or ""
+    assert all(r is None for r in reasons[:-1])
+    return message, reasons[-1]
+
+
+def _cut_text(message: dict[str, Any], stream: bool) -> str:
+    """What a cut answer shows of itself: its content, or in a stream that had announced the call, the call's
+    arguments (they went out as they came)."""
+    if not stream or message["tool_calls"] is None:
+        assert message.get("tool_calls") is None and isinstance(message["content"], str), message
+        return message["content"]
+    return message["tool_calls"][0]["function"]["arguments"]
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
+@pytest.mark.parametrize("cut", ["stop", "length"])
+@pytest.mark.parametrize("tool_choice", ["required", {"type": "function", "function": {"name": "toggle"}}],
+                         ids=["required", "named"])  # fmt: skip
+def test_a_call_cut_short_reports_its_cut_and_its_text(
+    server: RunningServer, tool_choice: Any, cut: str, stream: bool
+) -> None:
+    """A stop string inside the call (or max_tokens) ends it where it falls, as anywhere: the answer says "stop"
+    (or "length") with the text as it is, never "tool_calls" with arguments that do not parse (it said "tool_calls"
+    with `arguments: "{"`)."""
+    whole, reason = _raw_call(server, tool_choice, stream=False)
+    assert reason == "tool_calls"
+    arguments = whole["tool_calls"][0]["function"]["arguments"]
+    extra = {"stop": ["}"]} if cut == "stop" else {"max_tokens": 3}
+    message, reason = _raw_call(server, tool_choice, stream, **extra)
+    assert reason == cut
+    text = _cut_text(message, stream)
+    with pytest.raises(ValueError):
+        json.loads(text)
+    if cut == "stop":  # cut at the first "}": the arguments' first closing brace, the stop string left out
+        assert "}" not in text and text.rstrip().endswith(arguments[: arguments.index("}")].rstrip())
+    elif isinstance(tool_choice, dict):  # the first tokens of the same greedy arguments
+        assert text.strip() and arguments.startswith(text.strip())
+    else:  # the first tokens of the same greedy wrapper, `{"name": ...`
+        assert text.startswith("{") and "parameters" not in text
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
+@pytest.mark.parametrize("endpoint", ["completions", "chat"])
+def test_a_stop_inside_a_grammar_ends_the_answer_there(server: RunningServer, endpoint: str, stream: bool) -> None:
+    """Structured outputs the same way: "stop", and the grammar's text up to the stop string, as is."""
+    if endpoint == "completions":
+        whole, reason = _completion(server, False, guided_json=SCHEMA)
+        cut, cut_reason = _completion(server, stream, guided_json=SCHEMA, stop=["}"])
+        whole_text, text = whole[0], cut[0]
+        reason, cut_reason = reason[0], cut_reason[0]
+    else:
+        client = openai_client(server)
+        response_format = {"type": "json_schema", "json_schema": {"name": "pick", "schema": SCHEMA}}
+        kwargs: dict[str, Any] = dict(model=_model(server), messages=MESSAGES, max_tokens=200, temperature=0)
+        kwargs.update(response_format=response_format)
+        answer = client.chat.completions.create(**kwargs).choices[0]
+        whole_text, reason = answer.message.content or "", answer.finish_reason
+        if stream:
+            parts = [c.choices[0] for c in client.chat.completions.create(stream=True, stop=["}"], **kwargs)]
+            text, cut_reason = "".join(p.delta.content or "" for p in parts), parts[-1].finish_reason
+        else:
+            cut_answer = client.chat.completions.create(stop=["}"], **kwargs).choices[0]
+            text, cut_reason = cut_answer.message.content or "", cut_answer.finish_reason
+    assert reason == "stop" and whole_text.rstrip().endswith("}")
+    assert cut_reason == "stop" and text == whole_text[: whole_text.index("}")]
+
+
 def test_tool_history_renders_and_a_tool_free_request_is_unchanged(server: RunningServer) -> None:
     """Assistant tool_calls and tool results in the history go through the template; tool_choice none with tools
     answers as text."""
