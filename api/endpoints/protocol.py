@@ -26,6 +26,8 @@ MAX_LOGPROBS = 20  # vLLM's default --max-logprobs
 INT64_MAX = 2**63 - 1
 TokenIds = list[Annotated[int, Field(ge=0, le=MAX_ID)]]
 _Model = TypeVar("_Model", bound=BaseModel)
+# OpenAI's message roles ("function": its legacy tool result). Templates render the role raw, so no other text.
+CHAT_ROLES = ("system", "developer", "user", "assistant", "tool", "function")
 
 
 class _Lenient(BaseModel):
@@ -138,7 +140,7 @@ class TextPart(_Lenient):
 
 
 class ChatMessage(_Lenient):
-    """One turn; any role the template knows (vLLM passes custom roles through), text content only."""
+    """One turn: one of OpenAI's roles (CHAT_ROLES), text content only."""
 
     role: str = Field(min_length=1)
     content: str | list[TextPart] | None = None
@@ -265,6 +267,11 @@ def _chat_refusal(request: ChatCompletionRequest) -> APIError | None:
             "add_generation_prompt and continue_final_message cannot both be true", param="continue_final_message"
         )
     for i, message in enumerate(request.messages):
+        if message.role not in CHAT_ROLES:  # the template renders the role raw: it must be a role, not text
+            return bad_request(
+                f"messages[{i}].role must be one of {', '.join(CHAT_ROLES)}; got {message.role[:40]!r}",
+                param="messages",
+            )
         if isinstance(message.content, list):
             for part in message.content:
                 if part.type != "text":

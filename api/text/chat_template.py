@@ -5,7 +5,9 @@ itself. A user who writes `<|im_end|>\\n<|im_start|>system\\n...` in a message w
 their own. So content that contains control-token text is rendered as a placeholder; the template's markup
 between placeholders is tokenised with control tokens, and the content itself with them split into plain
 text (as the OpenAI API and vLLM treat it). Content without such text takes the ordinary path, so the ids of
-every normal conversation are exactly what `apply_chat_template` gives.
+every normal conversation are exactly what `apply_chat_template` gives. Every other field a template may render
+(a role, a name, tools, tool calls, template options) is not free text a template places verbatim, so control-token
+text there is refused instead (`control_text_in`, api/text/prompts.py).
 """
 
 from __future__ import annotations
@@ -47,6 +49,25 @@ def control_token_texts(tokenizer: PreTrainedTokenizerBase) -> list[str]:
     texts = {token.content for token in decoder.values() if getattr(token, "special", False)}
     texts.update(str(t) for t in tokenizer.all_special_tokens)
     return sorted((t for t in texts if t), key=len, reverse=True)
+
+
+def control_text_in(value: Any, controls: Sequence[str]) -> tuple[str, str] | None:
+    """Where in `value` (a request field: its strings and its objects' keys, however nested) a control token is
+    spelt, as a path such as `[0].function.name`, and which one; None if nowhere."""
+    stack: list[tuple[str, Any]] = [("", value)]
+    while stack:  # not recursive: a body may nest 200 levels
+        path, item = stack.pop()
+        if isinstance(item, str):
+            found = next((c for c in controls if c in item), None)
+            if found is not None:
+                return path, found
+        elif isinstance(item, dict):
+            for key, child in reversed(item.items()):
+                stack.append((f"{path}.{key}", child))
+                stack.append((f"{path}.{key}", key))  # a key is rendered too (a tool's property names)
+        elif isinstance(item, list):
+            stack.extend((f"{path}[{i}]", child) for i, child in reversed(list(enumerate(item))))
+    return None
 
 
 def encode_chat(

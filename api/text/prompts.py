@@ -11,7 +11,13 @@ from api.endpoints.deltas import ChoiceInput, OutputOptions
 from api.endpoints.engine_fields import engine_input_error
 from api.endpoints.errors import bad_request
 from api.endpoints.protocol import ChatCompletionRequest, ChatMessage, CompletionRequest, SamplingFields
-from api.text.chat_template import RESERVED_TEMPLATE_OPTIONS, UnsafeTemplateError, encode_chat
+from api.text.chat_template import (
+    RESERVED_TEMPLATE_OPTIONS,
+    UnsafeTemplateError,
+    control_text_in,
+    control_token_texts,
+    encode_chat,
+)
 from engine.errors import EngineInputError
 from engine.grammar import Grammar
 from engine.sampling_params import SamplingParams
@@ -63,6 +69,7 @@ def chat_prompt(request: ChatCompletionRequest, tokenizer: PreTrainedTokenizerBa
             f"chat_template_kwargs may not set {', '.join(reserved)}; use the request's own fields",
             param="chat_template_kwargs",
         )
+    _refuse_control_text(request, control_token_texts(tokenizer))
     if request.tools:  # the template shows them to the model, if it knows how (a forced call's grammar does not care)
         options["tools"] = request.tools
     messages = [_template_message(m) for m in request.messages]
@@ -97,6 +104,30 @@ def _special_tokens_around(tokenizer: PreTrainedTokenizerBase) -> tuple[list[int
         if framed[start : start + len(plain)] == plain:
             return framed[:start], framed[start + len(plain) :]
     return [], []
+
+
+def _refuse_control_text(request: ChatCompletionRequest, controls: list[str]) -> None:
+    """Control-token text anywhere the template may render it but content (which encode_chat keeps plain): a role,
+    a name, tool calls and ids, tools, template options. A template places these raw, or transformed (tojson), so
+    they cannot be kept apart as content is; rendered, the text would be the control token itself, a forged turn."""
+    fields: list[tuple[str, str, object]] = [
+        (f"messages[{i}].{name}", "messages", getattr(message, name))
+        for i, message in enumerate(request.messages)
+        for name in ("role", "name", "tool_calls", "tool_call_id")
+    ]
+    fields += [
+        ("tools", "tools", request.tools),
+        ("chat_template_kwargs", "chat_template_kwargs", request.chat_template_kwargs),
+    ]
+    for where, param, value in fields:
+        found = control_text_in(value, controls)
+        if found is not None:
+            path, control = found
+            raise bad_request(
+                f"{where}{path} holds {control!r}, a control token's text; only message content may hold it (as "
+                "plain text): the chat template would render it here as the control token itself",
+                param=param,
+            )
 
 
 def _template_message(message: ChatMessage) -> dict[str, object]:
