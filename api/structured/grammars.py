@@ -67,7 +67,7 @@ class Grammars:
                 return cached
         problem = budget_problem(spec, self.limits)
         if problem is not None:
-            raise bad_request(f"the {_what(spec)} in {spec.param} {problem}", spec.param)
+            raise bad_request(f"the {spec.noun} in {spec.param} {problem}", spec.param)
         grammar = await self._compiled(spec)
         self._remember(key, grammar)
         return grammar
@@ -104,7 +104,7 @@ class Grammars:
             raise
         except JobTimeoutError as exc:
             raise bad_request(
-                f"the {_what(spec)} in {spec.param} {exc} ({flag('compile_timeout_s')}); simplify it", spec.param
+                f"the {spec.noun} in {spec.param} {exc} ({flag('compile_timeout_s')}); simplify it", spec.param
             ) from None
         except JobFailedError as exc:
             raise compile_error(spec, str(exc)) from None
@@ -137,10 +137,6 @@ def build_grammars(
         )
         return None
     return Grammars(XGrammarCompiler.for_tokenizer(tokenizer, vocab_size, stop_token_ids), limits)
-
-
-def _what(spec: GrammarSpec) -> str:
-    return {GrammarKind.REGEX: "regex", GrammarKind.EBNF: "grammar"}.get(spec.kind, "schema")
 
 
 def _shutting_down() -> APIError:

@@ -34,6 +34,11 @@ class GrammarSpec:
     param: str
 
     @property
+    def noun(self) -> str:
+        """What the spec is, in a message: "schema", "regex" or "grammar"."""
+        return {GrammarKind.REGEX: "regex", GrammarKind.EBNF: "grammar"}.get(self.kind, "schema")
+
+    @property
     def choices(self) -> list[str]:
         return list(json.loads(self.text))
 
@@ -142,5 +147,4 @@ def _schema_text(value: Any, param: str, name: str) -> str:
 
 def compile_error(spec: GrammarSpec, detail: str) -> APIError:
     """A grammar the backend could not compile: a 400 naming the field, with the backend's reason."""
-    what = {GrammarKind.REGEX: "regex", GrammarKind.EBNF: "grammar"}.get(spec.kind, "schema")
-    return bad_request(f"the {what} in {spec.param} does not compile: {detail}", spec.param)
+    return bad_request(f"the {spec.noun} in {spec.param} does not compile: {detail}", spec.param)

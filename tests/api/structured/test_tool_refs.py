@@ -15,19 +15,19 @@ import pytest
 pytest.importorskip("xgrammar")
 
 from api.structured.refs import rebase
-from api.structured.requests import grammar_compiler
 from api.structured.tools import forced_tool_call
+from api.structured.xgrammar_backend import XGrammarCompiler
 from tests.api.structured.tool_schemas import INVALID_ARGUMENTS, TOOLS, VALID_ARGUMENTS
 from tests.server_harness import tiny_tokenizer
 
 _TOKENIZER = tiny_tokenizer()
 _EOS = int(_TOKENIZER.eos_token_id)
-_COMPILER = grammar_compiler(_TOKENIZER, len(_TOKENIZER), (_EOS,))
+_COMPILER = XGrammarCompiler.for_tokenizer(_TOKENIZER, len(_TOKENIZER), (_EOS,))
 
 
 def _accepts(tool_choice: Any, answer: str) -> bool:
     forced = forced_tool_call(TOOLS, tool_choice)
-    assert forced is not None and _COMPILER is not None
+    assert forced is not None
     matcher = _COMPILER.compile(forced[0]).matcher()
     ids = _TOKENIZER(answer, add_special_tokens=False)["input_ids"]
     return all(matcher.accept_token(t) for t in [*ids, _EOS]) and matcher.is_terminated()
