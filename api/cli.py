@@ -76,10 +76,10 @@ class _Server(uvicorn.Server):
 
 
 def serve(config: ServerConfig, lineup: tuple[Entry, ...] | None = None) -> None:
-    """`lineup`: those modes side by side on one port (`compare`, api/live/compare.py); else `config.mode` alone."""
-    from api.endpoints.app import create_app
+    """`lineup`: those modes side by side on one port (`compare`, api/apps/compare.py); else `config.mode` alone."""
+    from api.apps.compare import create_compare_app, drain_all
+    from api.apps.serve import create_app
     from api.endpoints.state import Phase, ServerState
-    from api.live.compare import create_compare_app, drain_all
     from api.process.drain import drain
     from api.process.server import uvicorn_config
 

@@ -1,7 +1,7 @@
 """Errors the engine raises for input it cannot serve, in the engine's own terms.
 
 Each names the part of the input at fault (`InputField`) and says what was wrong; the API maps the field to its
-request parameter and adds what its client can change (api/endpoints/engine_fields.py).
+request parameter and adds what its client can change (api/protocol/engine_fields.py).
 """
 
 from __future__ import annotations

@@ -1,9 +1,9 @@
 """Per-request sampling parameters, validated once when the request is made.
 
 Every refusal is a SamplingParamsError naming the field (`InputField`), which the API turns into a 400 naming its
-request parameter (api/endpoints/engine_fields.py). Only what would break the engine is checked here (values its tensors
+request parameter (api/protocol/engine_fields.py). Only what would break the engine is checked here (values its tensors
 cannot hold, or that would put NaN or +inf into a row of logits); the OpenAI API's narrower ranges (temperature
-up to 2, penalties within +-2, logprobs up to 20) are the API's to enforce (api/endpoints/protocol.py). Limits that
+up to 2, penalties within +-2, logprobs up to 20) are the API's to enforce (api/protocol/openai_api.py). Limits that
 depend on the model, such as token ids within the vocabulary, are checked by `Engine.validate`.
 """
 

@@ -64,7 +64,7 @@ class Scheduler:
         self._closed = False
         self._stopped: str | None = None  # why the loop thread died, once it has (`abandon`)
         self._counts = SchedulerCounts(config.seats, 0, 0, 0, 0, engine.cache_usage, False)
-        self.events = EventFeed()  # records only while a listener is enabled (api/live/hub.py)
+        self.events = EventFeed()  # records only while a listener is enabled (api/endpoints/event_hub.py)
         self._num_steps = 0
         # (request, when) while `_finish` runs: a request its policy releases at once (continuous batching) is
         # released at the instant it finished, not a clock reading later: it was held for no time.

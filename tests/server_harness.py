@@ -14,8 +14,8 @@ import openai
 import uvicorn
 from transformers import PreTrainedTokenizerFast
 
+from api.apps.serve import create_app
 from api.config import ServerConfig
-from api.endpoints.app import create_app
 from api.endpoints.state import ServerState
 from api.process.server import uvicorn_config
 from benchmarks.loadgen.server_proc import free_port

@@ -1,1 +1,1 @@
-"""The OpenAI-compatible HTTP surface: the app, its routes, request and response shapes, metrics."""
+"""The HTTP surface: the routes, the server's state, its middleware, metrics and event hub."""

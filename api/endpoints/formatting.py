@@ -8,8 +8,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, ClassVar
 
-from api.endpoints.deltas import ChoiceDelta, TokenLogprob
 from api.endpoints.timings import timings_json
+from api.protocol.deltas import ChoiceDelta, TokenLogprob
 from api.text.token_bytes import TokenBytes
 from scheduler.request import RequestTimings
 

@@ -15,8 +15,7 @@ from starlette.responses import Response
 from starlette.types import ASGIApp, ExceptionHandler, Message, Receive, Scope, Send
 
 from api.config import ServerConfig
-from api.endpoints.errors import APIError
-from api.live import page
+from api.protocol.errors import APIError
 
 logger = logging.getLogger("batchserve.api")
 
@@ -27,21 +26,17 @@ def _canonical_bearer(credentials: bytes) -> bytes:
     return b"Bearer " + token if space and scheme.lower() == b"bearer" else credentials
 
 
-def _open_path(path: str) -> bool:
-    """/health, and the page and its files: the page holds no data and asks for the key itself."""
-    return path in ("/health", "/") or path in page.FILE_PATHS
-
-
 class APIKeyMiddleware:
     """Every endpoint but /health and the page needs `Authorization: Bearer <key>`, compared in constant time.
     The event streams also take `?api_key=`: a browser's EventSource cannot send headers."""
 
-    def __init__(self, app: ASGIApp, api_key: str) -> None:
+    def __init__(self, app: ASGIApp, api_key: str, open_paths: frozenset[str]) -> None:
         self.app = app
         self._expected = f"Bearer {api_key}".encode()
+        self._open_paths = open_paths
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and not _open_path(scope["path"]):
+        if scope["type"] == "http" and scope["path"] not in self._open_paths:
             headers = [value for name, value in scope["headers"] if name == b"authorization"]
             source = "Authorization headers"
             if not headers and scope["path"].endswith("/v1/events"):
@@ -127,8 +122,9 @@ EXCEPTION_HANDLERS: dict[type[Exception], ExceptionHandler] = {
 }
 
 
-def middleware_stack(config: ServerConfig) -> list[Middleware]:
-    """CORS (only with origins configured), then the 500s inside it so they carry CORS headers, then the API key."""
+def middleware_stack(config: ServerConfig, open_paths: frozenset[str]) -> list[Middleware]:
+    """CORS (only with origins configured), then the 500s inside it so they carry CORS headers, then the API key,
+    asked on every path but `open_paths` (/health, and the page and its files: they hold no data)."""
     middleware = []
     if config.cors_origins:
         middleware.append(
@@ -141,5 +137,5 @@ def middleware_stack(config: ServerConfig) -> list[Middleware]:
         )
     middleware.append(Middleware(InternalErrorMiddleware))
     if config.api_key:
-        middleware.append(Middleware(APIKeyMiddleware, api_key=config.api_key))
+        middleware.append(Middleware(APIKeyMiddleware, api_key=config.api_key, open_paths=open_paths))
     return middleware

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Final, Literal
 
-from api.endpoints.errors import APIError
+from api.protocol.errors import APIError
 from scheduler.request import Outcome
 
 # The API's own outcome: the request ran past the server's request timeout (the API aborts its sequences).

@@ -7,10 +7,10 @@ import logging
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 
-from api.endpoints.deltas import ChoiceDelta, TokenLogprob
-from api.endpoints.errors import APIError
 from api.endpoints.formatting import ResponseFormatter, UsageTally
 from api.endpoints.service import Generation
+from api.protocol.deltas import ChoiceDelta, TokenLogprob
+from api.protocol.errors import APIError
 
 logger = logging.getLogger("batchserve.api")
 

@@ -16,10 +16,14 @@ from starlette.responses import JSONResponse, Response
 
 from api.config import ServerConfig
 from api.endpoints import responses, tokenization
-from api.endpoints.deltas import ChoiceInput
-from api.endpoints.errors import APIError, bad_request
 from api.endpoints.formatting import ChatFormatter, CompletionFormatter
-from api.endpoints.protocol import (
+from api.endpoints.responses import ResponseShape
+from api.endpoints.server_info import model_card, version_info
+from api.endpoints.state import Phase, Runtime, ServerState
+from api.endpoints.tool_call_formatting import ToolCallFormatter
+from api.protocol.deltas import ChoiceInput
+from api.protocol.errors import APIError, bad_request
+from api.protocol.openai_api import (
     ChatCompletionRequest,
     CompletionRequest,
     DetokenizeRequest,
@@ -27,20 +31,10 @@ from api.endpoints.protocol import (
     parse_request,
     refusal,
 )
-from api.endpoints.responses import ResponseShape
-from api.endpoints.server_info import model_card, version_info
-from api.endpoints.state import Phase, Runtime, ServerState
-from api.endpoints.tool_call_formatting import ToolCallFormatter
+from api.protocol.sampling import chat_max_tokens, check_common_limits, choice_inputs
 from api.structured.requests import compile_grammar, request_grammar
 from api.structured.spec import GrammarSpec
-from api.text.prompts import (
-    chat_echo_text,
-    chat_max_tokens,
-    chat_prompt,
-    check_common_limits,
-    choice_inputs,
-    completion_prompts,
-)
+from api.text.prompts import chat_echo_text, chat_prompt, completion_prompts
 from engine.grammar import Grammar
 
 _T = TypeVar("_T")
@@ -149,7 +143,7 @@ async def _accept(request: Request, model: type[_Request]) -> _Accepted[_Request
     refused = refusal(body, by_priority=config.scheduling_policy == "priority")
     if refused is not None:
         raise refused
-    check_common_limits(body, config)
+    check_common_limits(body, config.max_n, config.max_stop_strings)
     ignored = body.ignored_fields()
     if ignored:  # as vLLM: fields this server does not use are ignored, not refused (names only, never values)
         names = ", ".join(repr(name[:40]) for name in ignored[:10])

@@ -15,10 +15,10 @@ from dataclasses import dataclass, field
 from transformers import PreTrainedTokenizerBase
 
 from api.endpoints import outcomes
-from api.endpoints.deltas import ChoiceDelta, ChoiceInput, OutputOptions, TokenLogprob
-from api.endpoints.engine_fields import engine_input_error
-from api.endpoints.errors import APIError
 from api.endpoints.metrics import ServerMetrics
+from api.protocol.deltas import ChoiceDelta, ChoiceInput, OutputOptions, TokenLogprob
+from api.protocol.engine_fields import engine_input_error
+from api.protocol.errors import APIError
 from api.text.detokenizer import IncrementalDetokenizer
 from engine.errors import EngineInputError
 from scheduler.errors import EngineLoopStoppedError, QueueFullError, SchedulerClosedError

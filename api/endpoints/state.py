@@ -17,7 +17,7 @@ from api.runtime.build import ModelRuntime
 if TYPE_CHECKING:
     from starlette.applications import Starlette
 
-    from api.live.hub import EventHub
+    from api.endpoints.event_hub import EventHub
 
 
 class Phase(enum.Enum):

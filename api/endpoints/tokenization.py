@@ -7,8 +7,8 @@ from __future__ import annotations
 from transformers import PreTrainedTokenizerBase
 
 from api.config import ServerConfig
-from api.endpoints.errors import bad_request
-from api.endpoints.protocol import DetokenizeRequest, TokenizeRequest, refusal
+from api.protocol.errors import bad_request
+from api.protocol.openai_api import DetokenizeRequest, TokenizeRequest, refusal
 from api.text.prompts import chat_prompt, completion_prompts
 
 

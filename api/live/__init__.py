@@ -1,1 +1,1 @@
-"""The live comparison: both modes on one port, the page and its event stream."""
+"""The live page: its files, its event streams and the workloads it starts."""

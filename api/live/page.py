@@ -1,6 +1,6 @@
 """The live page at `GET /`: static HTML, CSS and JavaScript shipped inside the package (no CDN, no build step).
 
-The page and its files carry no data, so they are served without the API key (see `api.endpoints.app`): the page asks
+The page and its files carry no data, so they are served without the API key (see `api.apps.serve`): the page asks
 for the key and sends it with its own requests (the event stream and the completions), which the key protects.
 """
 
@@ -11,7 +11,7 @@ from pathlib import Path
 from starlette.requests import Request
 from starlette.responses import FileResponse, Response
 
-from api.endpoints.errors import APIError
+from api.protocol.errors import APIError
 
 STATIC_DIR = Path(__file__).with_name("static")
 # Only these files are served, by name: nothing else under the package can be reached through the route.
@@ -21,6 +21,9 @@ _MEDIA_TYPES = {
 }
 # Exact paths, not a `/static/` prefix: `compare --modes static` serves that mode's API under `/static/...`.
 FILE_PATHS = frozenset(f"/static/{name}" for name in _MEDIA_TYPES)
+# The paths an API key does not guard: /health, and the page and its files (they hold no data; the page asks for the
+# key itself).
+OPEN_PATHS = frozenset({"/health", "/", *FILE_PATHS})
 # no-cache: a browser revalidates (ETag), so a new version of the page shows on its next load.
 _HEADERS = {"Cache-Control": "no-cache", "X-Content-Type-Options": "nosniff"}
 

@@ -13,9 +13,9 @@ from starlette.responses import JSONResponse, Response
 from starlette.types import Receive, Scope, Send
 
 from api.config import ServerConfig
-from api.endpoints.errors import APIError, bad_request
+from api.endpoints.event_hub import ModeSource, Subscriber
 from api.endpoints.state import Phase, Runtime, ServerState
-from api.live.hub import ModeSource, Subscriber
+from api.protocol.errors import APIError, bad_request
 from scheduler.config import Mode
 
 _PING_S = 10

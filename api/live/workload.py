@@ -27,15 +27,15 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
-from api.endpoints.deltas import ChoiceInput
-from api.endpoints.errors import APIError, bad_request
-from api.endpoints.protocol import CompletionRequest
 from api.endpoints.routes import read_json_body
 from api.endpoints.service import Generation
 from api.endpoints.state import Phase, Runtime, ServerState
 from api.live.stream_routes import PAGE_MAX_DELAY_S, PAGE_MAX_RATE, PAGE_MAX_TOKENS
 from api.live.workload_slot import WorkloadSlot, check_free
-from api.text.prompts import choice_inputs
+from api.protocol.deltas import ChoiceInput
+from api.protocol.errors import APIError, bad_request
+from api.protocol.openai_api import CompletionRequest
+from api.protocol.sampling import choice_inputs
 
 logger = logging.getLogger("batchserve.api")
 

@@ -7,8 +7,8 @@ with no await between them cannot race.
 
 from __future__ import annotations
 
-from api.endpoints.errors import APIError
 from api.endpoints.state import ServerState
+from api.protocol.errors import APIError
 
 
 def check_free(state: ServerState) -> None:

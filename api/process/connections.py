@@ -27,8 +27,8 @@ from typing import Any, ClassVar, Literal, cast
 import h11
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-from api.endpoints.errors import APIError
 from api.process.log_throttle import LogThrottle
+from api.protocol.errors import APIError
 
 logger = logging.getLogger("batchserve.connections")
 

@@ -1,6 +1,6 @@
 """Load a model and run it: runner, engine, scheduler and loop thread, for the HTTP app and the offline `LLM` alike.
 
-Nothing here knows about HTTP: the app adds its service and metrics on top (see `api.endpoints.app.build_runtime`).
+Nothing here knows about HTTP: the app adds its service and metrics on top (see `api.apps.serve.build_runtime`).
 """
 
 from __future__ import annotations

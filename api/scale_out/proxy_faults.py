@@ -12,7 +12,7 @@ import logging
 from starlette.middleware import Middleware
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from api.endpoints.errors import APIError
+from api.protocol.errors import APIError
 
 logger = logging.getLogger("batchserve.api")
 

@@ -135,7 +135,7 @@ class BatchserveReplica:
     ) -> None:
         import torch  # here, not at import: `serve run` builds the application without loading a model
 
-        from api.endpoints.app import create_app
+        from api.apps.serve import create_app
 
         # A Ray worker has no handler for our loggers, so their info lines (threads, the heap freeze) went nowhere;
         # on stderr, Ray files them with the replica's logs and shows them on the driver's console.

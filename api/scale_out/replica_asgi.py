@@ -20,8 +20,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from starlette.applications import Starlette
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from api.endpoints.merge_metrics import LabelledMerge, exposition
 from api.endpoints.state import Phase, ServerState
-from api.scale_out.merge_metrics import LabelledMerge, exposition
 
 logger = logging.getLogger("batchserve.api")
 

@@ -15,7 +15,7 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from api.endpoints.errors import APIError, bad_request
+from api.protocol.errors import APIError, bad_request
 from api.structured.budget import budget_problem
 from api.structured.compile_pool import (
     JobFailedError,

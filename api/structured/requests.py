@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from api.endpoints.errors import bad_request
-from api.endpoints.protocol import ChatCompletionRequest, SamplingFields
+from api.protocol.errors import bad_request
+from api.protocol.openai_api import ChatCompletionRequest, SamplingFields
 from api.structured.grammars import INSTALL_HINT
 from api.structured.spec import GrammarSpec, grammar_spec
 from api.structured.tools import ToolCallMode, forced_tool_call

@@ -12,8 +12,8 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from api.endpoints.errors import APIError, bad_request
-from api.endpoints.protocol import parse_json_text
+from api.protocol.errors import APIError, bad_request
+from api.protocol.openai_api import parse_json_text
 from api.structured.schema_check import check_schema
 
 

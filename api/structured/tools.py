@@ -14,8 +14,8 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from api.endpoints.errors import bad_request
-from api.endpoints.protocol import parse_json_text
+from api.protocol.errors import bad_request
+from api.protocol.openai_api import parse_json_text
 from api.structured.refs import rebase
 from api.structured.spec import GrammarSpec, schema_spec
 

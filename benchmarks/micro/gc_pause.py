@@ -2,7 +2,7 @@
 
     python -m benchmarks gc [serve flags: --model PATH ...] [--repeats 5] [--out FILE.json]
 
-The server's runtime is built exactly as `serve` builds it (`api.endpoints.loading.build_runtime` over serve's loader),
+The server's runtime is built exactly as `serve` builds it (`api.apps.loading.build_runtime` over serve's loader),
 with the collector on as it was before `api.runtime.heap` existed. Then `gc.collect()` is timed `--repeats` times: a
 full collection walks every tracked object while holding the GIL, so it stops the engine's loop thread and the API
 alike. Then the heap is frozen, as `batchserve serve` now does after loading, and the same collections are timed
@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from api.endpoints.loading import build_runtime, default_loader
+from api.apps.loading import build_runtime, default_loader
 from api.flags import add_config_flags, config_from_args
 from benchmarks.results_io.report import write_json
 from engine.compute_thread import run_on_passing_thread

@@ -15,9 +15,9 @@ from pathlib import Path
 import httpx
 import pytest
 
+from api.apps.loading import build_runtime
 from api.cli import build_parser, main
 from api.config import API_KEY_ENV, ServerConfig
-from api.endpoints.loading import build_runtime
 from api.flags import config_from_args
 from engine.linear import Linear, onednn_available
 from engine.model_runner import TransformersRunner

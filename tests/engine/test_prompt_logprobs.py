@@ -14,7 +14,7 @@ import pytest
 import torch
 from transformers import PreTrainedModel
 
-from api.endpoints.protocol import MAX_LOGPROBS
+from api.protocol.openai_api import MAX_LOGPROBS
 from api.runtime.offline import LLM
 from engine import native
 from engine.config import EngineConfig

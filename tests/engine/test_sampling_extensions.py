@@ -208,7 +208,7 @@ def test_sampling_params_accept_the_limits() -> None:
 
 
 def test_sampling_params_leave_the_openai_ranges_to_the_api() -> None:
-    """Values outside OpenAI's ranges (api/endpoints/protocol.py enforces those) still run in the engine."""
+    """Values outside OpenAI's ranges (api/protocol/openai_api.py enforces those) still run in the engine."""
     params = SamplingParams(temperature=3.5, presence_penalty=-5.0, frequency_penalty=5.0, logprobs=50)
     assert (params.temperature, params.presence_penalty, params.frequency_penalty, params.logprobs) == (3.5, -5, 5, 50)
 

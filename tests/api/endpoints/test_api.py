@@ -22,8 +22,8 @@ import uvicorn
 from openai.types.chat import ChatCompletionMessageParam
 from prometheus_client.parser import text_string_to_metric_families
 
+from api.apps.serve import create_app
 from api.config import ServerConfig
-from api.endpoints.app import create_app
 from api.endpoints.state import ServerState
 from engine.loader import LoadedModel
 from tests.server_harness import (
@@ -761,7 +761,7 @@ def test_metrics_use_vllm_names_with_a_mode_label(server: RunningServer, client:
 
 @pytest.mark.parametrize("device", ["auto", "cuda"])
 def test_the_engine_serves_on_the_device_the_model_was_loaded_on_whatever_the_flag_says(device: str) -> None:
-    from api.endpoints.loading import build_runtime
+    from api.apps.loading import build_runtime
 
     # The tiny model is on the CPU. Where CUDA is present both flags name another device; where it is not,
     # "cuda" does: either way an engine that followed the flag instead of the model would fail here.

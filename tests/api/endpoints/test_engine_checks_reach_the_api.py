@@ -20,7 +20,7 @@ import httpx
 import pytest
 
 import engine.sampling_params
-from api.endpoints.engine_fields import _PARAMS
+from api.protocol.engine_fields import _PARAMS
 from engine.errors import InputField
 
 COMPLETIONS = "/v1/completions"

@@ -14,10 +14,12 @@ from pydantic import BaseModel
 from sse_starlette import ServerSentEvent
 
 from api.config import ServerConfig
-from api.endpoints.deltas import TokenLogprob
-from api.endpoints.errors import APIError
 from api.endpoints.formatting import ChatFormatter, CompletionFormatter, ResponseFormatter
-from api.endpoints.protocol import (
+from api.endpoints.tokenization import detokenize, tokenize
+from api.endpoints.tool_call_formatting import ToolCallFormatter
+from api.protocol.deltas import TokenLogprob
+from api.protocol.errors import APIError
+from api.protocol.openai_api import (
     INT64_MAX,
     MAX_ID,
     ChatCompletionRequest,
@@ -27,8 +29,6 @@ from api.endpoints.protocol import (
     parse_json_text,
     parse_request,
 )
-from api.endpoints.tokenization import detokenize, tokenize
-from api.endpoints.tool_call_formatting import ToolCallFormatter
 from api.structured.budget import budget_problem
 from api.structured.limits import GrammarLimits
 from api.structured.requests import request_grammar

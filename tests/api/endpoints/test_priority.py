@@ -11,9 +11,9 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 
+from api.apps.compare import mode_config as compare_mode_config
 from api.cli import main
 from api.config import ServerConfig
-from api.live.compare import mode_config as compare_mode_config
 from scheduler.lineup import parse_entry
 from tests.api.endpoints.test_api import metric_samples, metric_value
 from tests.server_harness import RunningServer, mode_config, real_loaded_model, running_server

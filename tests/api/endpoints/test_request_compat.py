@@ -16,7 +16,7 @@ import httpx
 import pytest
 import torch
 
-from api.endpoints.protocol import ChatCompletionRequest, CompletionRequest
+from api.protocol.openai_api import ChatCompletionRequest, CompletionRequest
 from engine.loader import LoadedModel
 from tests.server_harness import RunningServer, mode_config, running_server, tiny_loaded_model, tiny_tokenizer
 

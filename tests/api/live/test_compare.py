@@ -15,9 +15,9 @@ import httpx
 import openai
 import pytest
 
+from api.apps.compare import create_compare_app
 from api.config import ServerConfig
 from api.endpoints.state import ServerState
-from api.live.compare import create_compare_app
 from tests.server_harness import free_port, serving_app, tiny_loaded_model
 
 KEY = "sekret"

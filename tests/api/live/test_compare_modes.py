@@ -11,9 +11,9 @@ import httpx
 import openai
 import pytest
 
+from api.apps.compare import create_compare_app
 from api.cli import build_parser, compare_lineup, main
 from api.config import ServerConfig
-from api.live.compare import create_compare_app
 from scheduler.lineup import parse_lineup
 from tests.server_harness import free_port, serving_app, tiny_loaded_model
 

@@ -137,11 +137,11 @@ def client(url: str) -> openai.OpenAI:
 
 # ----- the single server never loads Ray -----
 def test_single_server_path_does_not_import_ray(tiny_checkpoint: Path) -> None:
-    """`batchserve serve` without --replicas, and importing api.cli and api.endpoints.app, leave Ray out of the
+    """`batchserve serve` without --replicas, and importing api.cli and api.apps.serve, leave Ray out of the
     process."""
     check = (
-        "import sys, threading, time, httpx, api.cli, api.endpoints.app\n"
-        "assert 'ray' not in sys.modules, 'importing api.cli/api.endpoints.app imported ray'\n"
+        "import sys, threading, time, httpx, api.cli, api.apps.serve\n"
+        "assert 'ray' not in sys.modules, 'importing api.cli/api.apps.serve imported ray'\n"
         "port = int(sys.argv[1])\n"
         "def probe():\n"
         "    for _ in range(600):\n"

@@ -18,7 +18,7 @@ import pytest
 
 pytest.importorskip("xgrammar")
 
-from api.endpoints.errors import APIError
+from api.protocol.errors import APIError
 from api.structured.budget import budget_problem
 from api.structured.grammars import build_grammars
 from api.structured.limits import GrammarLimits

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from api.endpoints.errors import APIError
+from api.protocol.errors import APIError
 from api.structured.spec import GrammarKind, grammar_spec
 from api.structured.tools import ToolCallMode, forced_tool_call, split_call
 

@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 from transformers import PreTrainedTokenizerBase
 
-from api.endpoints.errors import APIError
-from api.endpoints.protocol import ChatCompletionRequest, parse_request, refusal
+from api.protocol.errors import APIError
+from api.protocol.openai_api import ChatCompletionRequest, parse_request, refusal
 from api.text.chat_template import control_token_texts, encode_chat
 from api.text.prompts import chat_prompt
 from tests.server_harness import real_loaded_model, tiny_tokenizer

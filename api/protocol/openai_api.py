@@ -16,7 +16,7 @@ from typing import Annotated, Any, TypeVar
 import pydantic_core
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from api.endpoints.errors import APIError, bad_request
+from api.protocol.errors import APIError, bad_request
 
 # No vocabulary has 2**31 entries. Bounding ids (and top_k) here keeps absurd values out of 32-bit tokenizer
 # code and int64 engine rows, which raised past validation; the engine checks ids against the real vocabulary.

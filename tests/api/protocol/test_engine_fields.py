@@ -1,10 +1,10 @@
-"""api.endpoints.engine_fields: the engine's input errors become 400s naming the request field and what to change."""
+"""api.protocol.engine_fields: the engine's input errors become 400s naming the request field and what to change."""
 
 from __future__ import annotations
 
 import pytest
 
-from api.endpoints.engine_fields import engine_input_error
+from api.protocol.engine_fields import engine_input_error
 from engine.errors import CacheCapacityError, ContextLengthError, EngineInputError, InputField
 
 

@@ -22,17 +22,17 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Mount, Route
 
+from api.apps import serve as serve_app
+from api.apps.loading import ModelLoader, default_loader, load_in_background, metered_model, serving_runtime
 from api.config import ServerConfig
-from api.endpoints import app as serve_app
-from api.endpoints.errors import APIError
-from api.endpoints.loading import ModelLoader, default_loader, load_in_background, metered_model, serving_runtime
+from api.endpoints.event_hub import EventHub
+from api.endpoints.merge_metrics import LabelledMerge, exposition
 from api.endpoints.middleware import EXCEPTION_HANDLERS, middleware_stack
 from api.endpoints.state import Phase, Runtime, ServerState
-from api.live import stream_routes
-from api.live.hub import EventHub
+from api.live import page, stream_routes
 from api.process.drain import drain
+from api.protocol.errors import APIError
 from api.runtime.build import build_runner
-from api.scale_out.merge_metrics import LabelledMerge, exposition
 from scheduler.config import Mode
 from scheduler.fair_share import FairShareLoop
 from scheduler.lineup import DEFAULT, Entry, parse_lineup
@@ -95,7 +95,7 @@ def create_compare_app(
             *serve_app.live_routes(),
             *(Mount(f"/{mode}", app=mode_app) for mode, (mode_app, _) in mode_apps.items()),
         ],
-        middleware=middleware_stack(config),
+        middleware=middleware_stack(config, page.OPEN_PATHS),
         exception_handlers=EXCEPTION_HANDLERS,
         lifespan=lifespan,
     )

@@ -1,5 +1,5 @@
 """The Starlette application of `batchserve serve`: one mode's API, the event stream and the page, behind the
-middleware; the model loads in the background (api/endpoints/loading.py) and drains at shutdown."""
+middleware; the model loads in the background (api/apps/loading.py) and drains at shutdown."""
 
 from __future__ import annotations
 
@@ -11,19 +11,19 @@ from collections.abc import AsyncIterator
 from starlette.applications import Starlette
 from starlette.routing import Route
 
+from api.apps.loading import ModelLoader, build_runtime, default_loader, load_in_background
 from api.config import ServerConfig
 from api.endpoints import routes
-from api.endpoints.loading import ModelLoader, build_runtime, default_loader, load_in_background
+from api.endpoints.event_hub import EventHub
 from api.endpoints.middleware import EXCEPTION_HANDLERS, middleware_stack
 from api.endpoints.state import Phase, Runtime, ServerState
 from api.live import page, stream_routes, workload
-from api.live.hub import EventHub
 from api.process.drain import drain
 
 
 def live_routes() -> list[Route]:
     """The event stream, the modes, the page and its workload: at the root of `serve` and of `compare`
-    (api/live/compare.py)."""
+    (api/apps/compare.py)."""
     return [
         Route("/v1/events", stream_routes.events, methods=["GET"]),
         Route("/v1/compare/modes", stream_routes.compare_modes, methods=["GET"]),
@@ -68,7 +68,7 @@ def create_app(config: ServerConfig, loader: ModelLoader = default_loader, freez
 
     app = Starlette(
         routes=[*openai_routes(), *live_routes()],
-        middleware=middleware_stack(config),
+        middleware=middleware_stack(config, page.OPEN_PATHS),
         exception_handlers=EXCEPTION_HANDLERS,
         lifespan=lifespan,
     )

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from api.endpoints.errors import APIError
+from api.protocol.errors import APIError
 from engine.sampling_params import SamplingParams
 from scheduler.request import RequestTimings
 

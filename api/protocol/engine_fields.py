@@ -6,7 +6,7 @@ is the one place that knows which HTTP request field and which server flag that 
 
 from __future__ import annotations
 
-from api.endpoints.errors import APIError
+from api.protocol.errors import APIError
 from engine.errors import CacheCapacityError, ContextLengthError, EngineInputError, InputField
 
 _PARAMS: dict[InputField, str] = {
