@@ -6,7 +6,7 @@ import asyncio
 import dataclasses
 import logging
 import time
-from collections.abc import Awaitable
+from collections.abc import AsyncIterator, Awaitable
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
@@ -19,6 +19,7 @@ from api.endpoints import responses, tokenization
 from api.endpoints.formatting import ChatFormatter, CompletionFormatter
 from api.endpoints.responses import ResponseShape
 from api.endpoints.server_info import model_card, version_info
+from api.endpoints.service import Generation
 from api.endpoints.state import Phase, Runtime, ServerState
 from api.endpoints.tool_call_formatting import ToolCallFormatter
 from api.protocol.deltas import ChoiceInput
@@ -132,13 +133,25 @@ class _Accepted(Generic[_Request]):
         return self.runtime.service.new_request_id(prefix)
 
 
-async def _accept(request: Request, model: type[_Request]) -> _Accepted[_Request]:
-    """What both endpoints do first: readiness, body, schema, model name and the server's request limits."""
+def check_serving(request: Request) -> ServerConfig:
+    """Readiness, before reading a body: a server that cannot answer says so at once."""
     state = ServerState.of(request.app)
-    config, runtime = state.config, _runtime(request)
+    _runtime(request)
     if state.loop_stopped is not None:  # nothing would ever answer it: say so now, before reading the body
         raise APIError(503, f"{state.loop_stopped}; this server cannot serve requests")
+    return state.config
+
+
+async def _accept(request: Request, model: type[_Request]) -> _Accepted[_Request]:
+    """What both endpoints do first: readiness, body, schema, model name and the server's request limits."""
+    config = check_serving(request)
     body = parse_request(model, await read_json_body(request, config.max_body_bytes))
+    return _accept_parsed(request, body)
+
+
+def _accept_parsed(request: Request, body: _Request) -> _Accepted[_Request]:
+    """The checks on a parsed body: model name, priority, the server's request limits."""
+    config, runtime = ServerState.of(request.app).config, _runtime(request)
     _check_model(body.model, runtime)
     refused = refusal(body, by_priority=config.scheduling_policy == "priority")
     if refused is not None:
@@ -182,6 +195,19 @@ async def completions(request: Request) -> Response:
 
 async def chat_completions(request: Request) -> Response:
     accepted = await _accept(request, ChatCompletionRequest)
+    return await _respond(request, *await _chat_inputs(request, accepted))
+
+
+async def start_chat(request: Request, body: ChatCompletionRequest) -> StartedChat:
+    """Everything /v1/chat/completions does before its first byte, for a body already parsed: the Responses and
+    Messages endpoints translate theirs into one and answer from what it starts (collect_chat or responses.stream)."""
+    accepted, inputs, shape = await _chat_inputs(request, _accept_parsed(request, body))
+    return _start(request, accepted, inputs, shape)
+
+
+async def _chat_inputs(
+    request: Request, accepted: _Accepted[ChatCompletionRequest]
+) -> tuple[_Accepted[ChatCompletionRequest], list[ChoiceInput], ResponseShape]:
     body, runtime = accepted.body, accepted.runtime
     if body.top_logprobs is not None and not body.logprobs:
         raise bad_request("top_logprobs requires logprobs to be true", param="top_logprobs")
@@ -201,12 +227,21 @@ async def chat_completions(request: Request) -> Response:
         formatter, body.n, None if echo is None else [echo], logprobs, False, body.prompt_logprobs,
         body.include_usage, body.continuous_usage,
     )  # fmt: skip
-    return await _respond(request, accepted, inputs, shape)
+    return accepted, inputs, shape
 
 
-async def _respond(
+@dataclass(frozen=True)
+class StartedChat:
+    """A chat generation under way, and how its answer is shaped."""
+
+    generation: Generation
+    shape: ResponseShape
+    grace_s: float  # how long an open stream may run on at shutdown (--shutdown-grace-s)
+
+
+def _start(
     request: Request, accepted: _Accepted[_Request], inputs: list[ChoiceInput], shape: ResponseShape
-) -> Response:
+) -> StartedChat:
     config, service, body = accepted.config, accepted.runtime.service, accepted.body
     shape = dataclasses.replace(shape, replica=ServerState.of(request.app).replica, arrival_time=accepted.arrival_time)
     if len(inputs) > config.max_queue:  # it could never be queued whole: a retry would never help, so not a 429
@@ -219,23 +254,36 @@ async def _respond(
     public_id = shape.formatter.request_id
     internal_id = public_id if body.request_id is None else service.new_request_id(public_id)
     generation = service.start(inputs, internal_id, accepted.arrival)  # 400/429/503 before any byte
-    if body.stream:
-        # On shutdown sse-starlette cancels open streams at once unless given a grace period: let them finish
-        # within the server's (the lifespan's drain aborts whatever still runs after it).
-        return EventSourceResponse(
-            responses.stream(generation, shape),
-            sep="\n",
-            ping=15,
-            headers={"Cache-Control": "no-cache"},
-            shutdown_grace_period=config.shutdown_grace_s,
-        )
-    try:
-        result = await _until_disconnect(request, responses.collect(generation, shape))
-    finally:
-        generation.close()
+    return StartedChat(generation, shape, config.shutdown_grace_s)
+
+
+async def _respond(
+    request: Request, accepted: _Accepted[_Request], inputs: list[ChoiceInput], shape: ResponseShape
+) -> Response:
+    started = _start(request, accepted, inputs, shape)
+    if accepted.body.stream:
+        return event_stream(responses.stream(started.generation, started.shape), started.grace_s)
+    result = await collect_chat(request, started)
     if result is None:
         return Response(status_code=499)  # the client is gone; nobody reads this
     return JSONResponse(result)
+
+
+def event_stream(events: AsyncIterator[str], grace_s: float) -> EventSourceResponse:
+    """An SSE response of `events` (each a data line's text, or a ServerSentEvent for a named event)."""
+    # On shutdown sse-starlette cancels open streams at once unless given a grace period: let them finish within the
+    # server's (the lifespan's drain aborts whatever still runs after it).
+    return EventSourceResponse(
+        events, sep="\n", ping=15, headers={"Cache-Control": "no-cache"}, shutdown_grace_period=grace_s
+    )
+
+
+async def collect_chat(request: Request, started: StartedChat) -> dict[str, object] | None:
+    """The whole answer of a started generation; None if the client left first (its sequences are aborted)."""
+    try:
+        return await _until_disconnect(request, responses.collect(started.generation, started.shape))
+    finally:
+        started.generation.close()
 
 
 async def models(request: Request) -> Response:

@@ -18,6 +18,7 @@ LAYERS = (
     "text",  # prompts, chat templates, detokenizing
     "runtime",  # the model, engine and scheduler built for a config
     "endpoints",  # the routes and the server's state
+    "translation",  # the Responses and Messages APIs onto the chat path
     "process",  # connections, drain, the uvicorn setup
     "live",  # the compare page, its event streams and workloads
     "apps",  # the serve and compare apps: wiring
