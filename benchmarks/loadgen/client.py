@@ -1,4 +1,5 @@
-"""Load generator for any OpenAI-compatible streaming /v1/completions server.
+"""Load generator for any OpenAI-compatible streaming /v1/completions server (and /v1/chat/completions, for the
+agent workload's tool turns: agent_chat.py).
 
 Requests are sent open-loop at precomputed offsets (see arrivals.py). `max_concurrency` optionally caps how
 many are in flight; a request that waits for a slot starts its clock when it is actually sent, as in vLLM's
@@ -20,6 +21,7 @@ from typing import Any
 import httpx
 from tqdm import tqdm
 
+from benchmarks.loadgen.agent_chat import ToolCallDeltas, chat_payload, next_turn
 from benchmarks.loadgen.sse import DONE, SSEParser
 from benchmarks.loadgen.workloads import RequestSpec
 
@@ -59,6 +61,10 @@ class ClientConfig:
     def completions_url(self) -> str:
         return self.base_url.rstrip("/") + "/v1/completions"
 
+    @property
+    def chat_url(self) -> str:
+        return self.base_url.rstrip("/") + "/v1/chat/completions"
+
 
 @dataclass(frozen=True)
 class RequestRecord:
@@ -78,6 +84,7 @@ class RequestRecord:
     finish_reason: str | None
     text: str
     error: str | None
+    tool_calls: tuple[dict[str, Any], ...] = ()  # a chat answer's calls, as streamed (the agent workload)
 
     @property
     def ok(self) -> bool:
@@ -125,11 +132,12 @@ class RequestRecord:
             "finish_reason": self.finish_reason,
             "text": self.text,
             "error": self.error,
+            **({"tool_calls": list(self.tool_calls)} if self.tool_calls else {}),
         }
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> RequestRecord:
-        return cls(**{**d, "chunk_times": tuple(d["chunk_times"])})
+        return cls(**{**d, "chunk_times": tuple(d["chunk_times"]), "tool_calls": tuple(d.get("tool_calls", ()))})
 
 
 @dataclass(frozen=True)
@@ -139,9 +147,12 @@ class LoadResult:
 
 
 def build_payload(spec: RequestSpec, config: ClientConfig) -> dict[str, Any]:
+    if spec.chat is None:
+        request: dict[str, Any] = {"prompt": spec.prompt, "max_tokens": spec.max_tokens}
+    else:
+        request = chat_payload(spec.chat, spec.max_tokens)
     payload: dict[str, Any] = {
-        "prompt": spec.prompt,
-        "max_tokens": spec.max_tokens,
+        **request,
         "temperature": config.temperature,
         "stream": True,
         "stream_options": {"include_usage": True},
@@ -152,6 +163,8 @@ def build_payload(spec: RequestSpec, config: ClientConfig) -> dict[str, Any]:
         payload["seed"] = config.seed + spec.index
     if spec.priority:
         payload["priority"] = spec.priority
+    if spec.chat is not None:  # an agent's turn ends where the model ends it: a call, or its answer
+        return payload
     if config.eos_policy is EosPolicy.IGNORE_EOS:
         payload["ignore_eos"] = True
     elif config.eos_policy is EosPolicy.HF_MIN_NEW_TOKENS:
@@ -179,9 +192,13 @@ async def run_load(specs: Sequence[RequestSpec], offsets: Sequence[float], confi
                 if spec.follows is None:
                     await asyncio.sleep(max(0.0, t0 + offset - time.perf_counter()))
                 else:  # the next turn: the previous prompt, its answer, then the new message
-                    await finished[spec.follows].wait()
-                    previous = sent[spec.follows].prompt + done[spec.follows].text
-                    spec = dataclasses.replace(spec, prompt=previous + spec.prompt)
+                    follows = spec.follows
+                    await finished[follows].wait()
+                    answer = done[follows]
+                    if spec.chat is not None:
+                        spec = next_turn(sent[follows], answer.text, answer.tool_calls, spec)
+                    else:
+                        spec = dataclasses.replace(spec, prompt=sent[follows].prompt + answer.text + spec.prompt)
                     offset = time.perf_counter() - t0
                 sent[spec.index] = spec
                 async with semaphore:
@@ -204,7 +221,8 @@ async def stream_request(
     error: str | None = None
     try:
         payload = build_payload(spec, config)
-        async with client.stream("POST", config.completions_url, json=payload) as response:
+        url = config.completions_url if spec.chat is None else config.chat_url
+        async with client.stream("POST", url, json=payload) as response:
             if response.status_code != 200:
                 body = (await response.aread()).decode("utf-8", errors="replace")
                 error = f"HTTP {response.status_code}: {body[:300]}"
@@ -229,6 +247,7 @@ class _StreamCollector:
     def __init__(self) -> None:
         self.chunk_times: list[float] = []
         self.texts: list[str] = []
+        self.tool_calls = ToolCallDeltas()
         self.usage: dict[str, Any] | None = None
         self.timings: dict[str, Any] | None = None
         self.finish_reason: str | None = None
@@ -251,10 +270,14 @@ class _StreamCollector:
             return
         choices = obj.get("choices") or []
         if choices and isinstance(choices[0], dict):
-            text = choices[0].get("text") or ""
+            delta = choices[0].get("delta")  # a chat chunk: text in delta.content, calls in delta.tool_calls
+            delta = delta if isinstance(delta, dict) else {}
+            text = choices[0].get("text") or delta.get("content") or ""
+            calls = delta.get("tool_calls")
             if text:
-                self.chunk_times.append(now)
                 self.texts.append(text)
+            if text or (isinstance(calls, list) and self.tool_calls.add(calls)):
+                self.chunk_times.append(now)
             if choices[0].get("finish_reason"):
                 self.finish_reason = str(choices[0]["finish_reason"])
         if isinstance(obj.get("usage"), dict):
@@ -289,6 +312,7 @@ class _StreamCollector:
             finish_reason=self.finish_reason,
             text="".join(self.texts),
             error=error,
+            tool_calls=self.tool_calls.calls(),
         )
 
 

@@ -42,9 +42,16 @@ def add_load_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--jsonl-path", default=None, help="for --workload jsonl: lines of {prompt, max_tokens}")
     g.add_argument("--input-len", type=int, default=_W.input_len, help="uniform: prompt words")
     g.add_argument("--output-len", type=int, default=_W.output_len, help="uniform: max_tokens")
-    g.add_argument("--turns", type=int, default=_W.turns, help="multi-turn: turns per conversation")
+    g.add_argument("--turns", type=int, default=_W.turns, help="multi-turn and agent: turns per conversation")
     g.add_argument(
-        "--system-prompt-words", type=int, default=_W.system_prompt_words, help="multi-turn: the shared system prompt"
+        "--system-prompt-words",
+        type=int,
+        default=_W.system_prompt_words,
+        help="multi-turn and agent: the shared system prompt",
+    )
+    g.add_argument("--agent-tools", type=int, default=_W.agent_tools, help="agent: tools every request offers")
+    g.add_argument(
+        "--agent-max-tokens", type=int, default=_W.agent_max_tokens, help="agent: at most this many tokens a turn"
     )
     g.add_argument("--prefix-groups", type=int, default=_W.prefix_groups, help="shared-prefix: distinct prefixes")
     g.add_argument("--prefix-words", type=int, default=_W.prefix_words, help="shared-prefix: words of each prefix")
@@ -82,6 +89,8 @@ def workload_config(args: argparse.Namespace) -> WorkloadConfig:
         output_len=args.output_len,
         turns=args.turns,
         system_prompt_words=args.system_prompt_words,
+        agent_tools=args.agent_tools,
+        agent_max_tokens=args.agent_max_tokens,
         prefix_groups=args.prefix_groups,
         prefix_words=args.prefix_words,
     )

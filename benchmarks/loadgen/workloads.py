@@ -10,10 +10,11 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
-WORKLOADS = ("mixed", "uniform", "long-prompt", "multi-turn", "shared-prefix", "jsonl")
+WORKLOADS = ("mixed", "uniform", "long-prompt", "multi-turn", "shared-prefix", "agent", "jsonl")
 
 _WORD_TEXT = (
     "the of and to in is was for on that with as by at from his her it an were are which this be or has had "
@@ -30,6 +31,17 @@ _WORDS = tuple(_WORD_TEXT.split())
 
 
 @dataclass(frozen=True)
+class ChatTurn:
+    """A chat request's part of an agent conversation. A first turn carries its messages (the system prompt and the
+    task); a later turn carries `reply`, which answers the previous turn: each of its tool calls' result, or a user
+    message when it called none. The client sends the whole history with `tools` and no tool_choice (auto)."""
+
+    tools: tuple[dict[str, Any], ...]
+    messages: tuple[dict[str, Any], ...] = ()
+    reply: str = ""
+
+
+@dataclass(frozen=True)
 class RequestSpec:
     index: int
     prompt: str
@@ -43,6 +55,8 @@ class RequestSpec:
     priority: int = 0
     # A prefix shared with other requests: (its name, its tokens, estimated), for the simulator's prefix cache.
     prefix: tuple[str, int] | None = None
+    # A chat request (/v1/chat/completions with tools) instead of a completion of `prompt`: the agent workload.
+    chat: ChatTurn | None = None
 
 
 @dataclass(frozen=True)
@@ -76,6 +90,10 @@ class WorkloadConfig:
     prefix_groups: int = 4
     prefix_words: int = 512
     prefix_output: int = 32  # the questions after the prefix are short_prompt_min..max words
+    # agent: chat conversations of `turns` turns over tools and a system prompt of system_prompt_words, each turn
+    # answering the last (tool results, or a user message), at most agent_max_tokens each
+    agent_tools: int = 4
+    agent_max_tokens: int = 64
     # jsonl
     jsonl_path: str | None = None
 
@@ -104,6 +122,8 @@ class WorkloadConfig:
             (self.prefix_groups, "prefix_groups"),
             (self.prefix_words, "prefix_words"),
             (self.prefix_output, "prefix_output"),
+            (self.agent_tools, "agent_tools"),
+            (self.agent_max_tokens, "agent_max_tokens"),
         ):
             if value < 1:
                 raise ValueError(f"{what} must be >= 1, got {value}")
@@ -127,6 +147,8 @@ def build_workload(config: WorkloadConfig) -> list[RequestSpec]:
         return _multi_turn(config, rng)
     if config.name == "shared-prefix":
         return _shared_prefix(config, rng)
+    if config.name == "agent":
+        return _agent(config, rng)
     return _from_jsonl(config)
 
 
@@ -212,6 +234,55 @@ def _shared_prefix(config: WorkloadConfig, rng: np.random.Generator) -> list[Req
         tokens = config.prefix_words + n_words
         prefix = (f"group {group}", config.prefix_words)
         specs.append(RequestSpec(index, prompt, config.prefix_output, tokens, "shared-prefix", prefix=prefix))
+    return specs
+
+
+def _agent_tools(config: WorkloadConfig, rng: np.random.Generator) -> tuple[dict[str, Any], ...]:
+    """Function tools as agents declare them: a name, a sentence, and an object of typed parameters."""
+    tools = []
+    for i in range(config.agent_tools):
+        name = f"{_WORDS[int(rng.integers(len(_WORDS)))]}_{_WORDS[int(rng.integers(len(_WORDS)))]}_{i}"
+        parameters = {
+            "type": "object",
+            "properties": {
+                "query": {"type": "string", "description": make_prompt(rng, 8)},
+                "limit": {"type": "integer", "minimum": 1, "maximum": 50},
+            },
+            "required": ["query"],
+        }
+        function = {"name": name, "description": make_prompt(rng, 16), "parameters": parameters}
+        tools.append({"type": "function", "function": function})
+    return tuple(tools)
+
+
+def _agent(config: WorkloadConfig, rng: np.random.Generator) -> list[RequestSpec]:
+    """num_prompts chat requests as agent conversations of `turns` turns: one long system prompt and one tool set
+    shared by every conversation, a task, then turns that each answer the model's last turn with its tools' results
+    (or a user message if it called none), the whole history resent each time as agents do. `prompt` holds the
+    turn's own words (the task, or the reply), for the record; the request is `chat`."""
+    tools = _agent_tools(config, rng)
+    tool_words = sum(len(json.dumps(tool).split()) for tool in tools)
+    system = {"role": "system", "content": f"You are an agent. {make_prompt(rng, config.system_prompt_words)}"}
+    specs: list[RequestSpec] = []
+    for index in range(config.num_prompts):
+        turn = index % config.turns
+        n_words = _short_prompt_len(config, rng)
+        text = make_prompt(rng, n_words)
+        if turn == 0:
+            task = {"role": "user", "content": text}
+            tokens = config.system_prompt_words + tool_words + n_words
+            chat = ChatTurn(tools, messages=(system, task))
+            spec = RequestSpec(
+                index, text, config.agent_max_tokens, tokens, "agent-task", prefix=("system", tokens - n_words),
+                chat=chat,
+            )  # fmt: skip
+        else:
+            history = specs[-1].prompt_tokens + config.agent_max_tokens
+            chat = ChatTurn(tools, reply=text)
+            spec = RequestSpec(
+                index, text, config.agent_max_tokens, history + n_words, "agent-turn", follows=index - 1, chat=chat
+            )
+        specs.append(spec)
     return specs
 
 

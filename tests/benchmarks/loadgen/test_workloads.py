@@ -102,3 +102,24 @@ def test_shared_prefix_groups_interleave_questions_over_long_prefixes() -> None:
     assert len(set(prefixes)) == 2 and prefixes[0] == prefixes[2] != prefixes[1]
     assert len(prefixes[0].split()) == 64 and all(s.follows is None for s in specs)
     assert len({s.prompt for s in specs}) == 8
+
+
+def test_agent_conversations_share_one_system_prompt_and_tool_set_and_answer_each_turn() -> None:
+    config = WorkloadConfig(name="agent", num_prompts=10, turns=4, system_prompt_words=64, agent_tools=3)
+    specs = build_workload(config)
+    chats = [s.chat for s in specs]
+    assert all(chat is not None for chat in chats)
+    firsts = [s for s in specs if s.follows is None]
+    assert [s.index for s in firsts] == [0, 4, 8]  # 10 requests: conversations of 4, 4 and 2 turns
+    assert {s.kind for s in firsts} == {"agent-task"}
+    systems = {json.dumps(s.chat.messages[0]) for s in firsts if s.chat is not None}
+    assert len(systems) == 1 and len(next(iter(systems)).split()) > 64  # one long system prompt for all
+    tools = {json.dumps(chat.tools) for chat in chats if chat is not None}
+    assert len(tools) == 1  # one tool set, offered on every turn
+    tool_set = json.loads(next(iter(tools)))
+    assert len(tool_set) == 3 and all(t["function"]["parameters"]["required"] == ["query"] for t in tool_set)
+    for spec in specs:
+        if spec.follows is not None:
+            assert spec.follows == spec.index - 1 and spec.kind == "agent-turn"
+            assert spec.chat is not None and spec.chat.reply and spec.chat.messages == ()
+            assert spec.prompt_tokens > specs[spec.follows].prompt_tokens  # the history grows
