@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.results_io.machine import dated_result_dir, machine_facts, machine_label
+from benchmarks.results_io.machine import code_facts, dated_result_dir, machine_facts, machine_label
 from benchmarks.results_io.report import write_json
 
 CPUINFO = """processor\t: 0
@@ -58,3 +58,19 @@ def test_write_json_records_the_machine_in_results_but_not_in_raw_records(tmp_pa
     assert json.loads(write_json(tmp_path / "list.json", [1, 2]).read_text()) == [1, 2]
     with pytest.raises(ValueError):
         write_json(tmp_path / "nan.json", {"x": float("nan")})
+
+
+def test_records_the_commit_the_cpu_cap_threads_and_torch(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("BATCHSERVE_CPU_ISA", "avx2")
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX2")
+    monkeypatch.delenv("ATEN_CPU_CAPABILITY", raising=False)
+    facts = machine_facts(tmp_path / "absent")
+    assert facts["cpu_cap"] == {"BATCHSERVE_CPU_ISA": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2"}
+    assert facts["torch"] is not None and facts["torch"][0].isdigit()
+    assert facts["threads"] is None or facts["threads"] >= 1
+    if facts["commit"] is not None:  # a git checkout (CI's fresh clone is one)
+        assert len(facts["commit"]) == 40 and isinstance(facts["dirty"], bool)
+
+
+def test_outside_a_checkout_the_commit_is_unknown_not_an_error(tmp_path: Path) -> None:
+    assert code_facts(tmp_path) == {"commit": None, "dirty": None}
