@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, Sequence
 from dataclasses import dataclass
 
 from api.endpoints.formatting import ResponseFormatter, UsageTally
@@ -44,6 +44,7 @@ async def collect(generation: Generation, shape: ResponseShape) -> dict[str, obj
     entries: list[list[TokenLogprob]] = [[] for _ in range(count)]
     prompt_scores: list[tuple[TokenLogprob, ...]] = [() for _ in range(count)]
     finish: list[str | None] = [None] * count
+    stop_reasons: list[str | None] = [None] * count
     tally = UsageTally(replica=shape.replica, arrival_time=shape.arrival_time)
     async for delta in generation.deltas():
         if delta.error is not None:
@@ -56,15 +57,18 @@ async def collect(generation: Generation, shape: ResponseShape) -> dict[str, obj
         entries[delta.index].extend(delta.logprobs)
         if delta.finish_reason is not None:
             finish[delta.index] = delta.finish_reason
+            stop_reasons[delta.index] = delta.stop_reason
             tally.add(delta, delta.index // shape.n)
     formatter = shape.formatter
     choices = [formatter.final_choice(i, texts[i], finish[i], shape.logprobs_json(entries[i], 0)) for i in range(count)]
+    for choice, stop_reason in zip(choices, stop_reasons, strict=True):
+        choice["stop_reason"] = stop_reason  # vLLM's: the stop string that ended it; null for EOS and the rest
     if shape.prompt_logprobs is None:
         return formatter.response(choices, tally)
     return formatter.response(choices, tally, prompt_scores, shape.prompt_logprobs)
 
 
-async def stream(generation: Generation, shape: ResponseShape) -> AsyncIterator[str]:
+async def stream(generation: Generation, shape: ResponseShape) -> AsyncGenerator[str, None]:
     """The response's SSE data lines, then [DONE]. An error after the stream started is sent as an event."""
     events = _StreamEvents(generation, shape)
     try:
@@ -147,6 +151,8 @@ class _StreamEvents:
         lp = self.shape.logprobs_json(delta.logprobs, self.offsets[index]) if delta.logprobs else None
         self.offsets[index] += len(delta.text)
         choice = self.formatter.stream_choice(index, delta.text, delta.finish_reason, lp)
+        if choice is not None and delta.finish_reason is not None:
+            choice["stop_reason"] = delta.stop_reason  # on the choice's last chunk, as in the whole response
         if choice is not None:
             events.append(self.chunk([choice], **self._closing(delta)))
         return events

@@ -148,6 +148,7 @@ class GenerationService:
             tail,
             prompt_logprobs=self._take_prompt_scores(choice),
             finish_reason=reason,
+            stop_reason=choice.detokenizer.stop_reason,
             timings=event.timings,
             num_prompt_tokens=num_prompt_tokens,
             num_output_tokens=choice.num_output_tokens,

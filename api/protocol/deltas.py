@@ -51,6 +51,7 @@ class ChoiceDelta:
     logprobs: tuple[TokenLogprob, ...] = ()
     prompt_logprobs: tuple[TokenLogprob, ...] = ()  # the whole prompt's, on the choice's first delta
     finish_reason: str | None = None
+    stop_reason: str | None = None  # the stop string that ended the choice, if one did (vLLM's stop_reason)
     timings: RequestTimings | None = None
     num_prompt_tokens: int = 0
     num_output_tokens: int = 0

@@ -295,6 +295,7 @@ def test_stop_string_truncates_the_answer_before_it(server: RunningServer, clien
     [choice] = stopped.choices
     assert choice.text == full[:index]
     assert choice.finish_reason == "stop"
+    assert choice.model_extra == {"stop_reason": stop}  # vLLM's: the stop string that ended it
     assert stopped.usage is not None and 1 <= stopped.usage.completion_tokens <= 24
 
 
@@ -333,7 +334,7 @@ def test_chat_stop_string_truncates_the_answer_before_it(server: RunningServer, 
     index, stop = stop_string_in(full)
     choice = client.chat.completions.create(**kwargs, stop=stop).choices[0]  # type: ignore[call-overload]
     assert choice.message.content == full[:index]
-    assert choice.finish_reason == "stop"
+    assert choice.finish_reason == "stop" and choice.model_extra == {"stop_reason": stop}
 
 
 def test_echo_prefixes_the_prompt(server: RunningServer, client: openai.OpenAI) -> None:

@@ -243,6 +243,8 @@ def test_streamed_stop_string_truncates_before_it(server: RunningServer, client:
     chunks = list(client.completions.create(stream=True, stop=stop, **kwargs))  # type: ignore[call-overload]
     assert joined_text(chunks) == full[:index]
     assert chunks[-1].choices[0].finish_reason == "stop"
+    assert chunks[-1].choices[0].model_extra == {"stop_reason": stop}  # on the last chunk only
+    assert all(not chunk.choices[0].model_extra for chunk in chunks[:-1])
 
 
 def test_streamed_echo_starts_with_the_prompt(server: RunningServer, client: openai.OpenAI) -> None:
