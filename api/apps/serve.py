@@ -19,6 +19,7 @@ from api.endpoints.middleware import EXCEPTION_HANDLERS, middleware_stack
 from api.endpoints.state import Phase, Runtime, ServerState
 from api.live import page, stream_routes, workload
 from api.process.drain import drain
+from api.translation import messages_routes
 
 
 def live_routes() -> list[Route]:
@@ -38,6 +39,8 @@ def openai_routes() -> list[Route]:
     return [
         Route("/v1/completions", routes.completions, methods=["POST"]),
         Route("/v1/chat/completions", routes.chat_completions, methods=["POST"]),
+        Route("/v1/messages", messages_routes.messages, methods=["POST"]),
+        Route("/v1/messages/count_tokens", messages_routes.count_tokens, methods=["POST"]),
         Route("/v1/models", routes.models, methods=["GET"]),
         Route("/v1/models/{model_id:path}", routes.model, methods=["GET"]),
         Route("/tokenize", routes.tokenize, methods=["POST"]),

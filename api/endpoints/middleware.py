@@ -1,5 +1,6 @@
 """What wraps every app of the server (`serve`'s, `compare`'s root and its modes): the API key, the 500 that keeps
-the connection open, CORS, and the handlers that answer errors in OpenAI's shape."""
+the connection open, CORS, and the handlers that answer errors in OpenAI's shape (in Anthropic's on the Messages
+API's paths)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from starlette.types import ASGIApp, ExceptionHandler, Message, Receive, Scope, 
 
 from api.config import ServerConfig
 from api.protocol.errors import APIError
+from api.protocol.messages_api import error_response, is_messages_path
 
 logger = logging.getLogger("batchserve.api")
 
@@ -27,8 +29,9 @@ def _canonical_bearer(credentials: bytes) -> bytes:
 
 
 class APIKeyMiddleware:
-    """Every endpoint but /health and the page needs `Authorization: Bearer <key>`, compared in constant time.
-    The event streams also take `?api_key=`: a browser's EventSource cannot send headers."""
+    """Every endpoint but /health and the page needs the key: `Authorization: Bearer <key>`, or `x-api-key: <key>`
+    as Anthropic's clients send it; compared in constant time, and every key sent must be the one. The event streams
+    also take `?api_key=`: a browser's EventSource cannot send headers."""
 
     def __init__(self, app: ASGIApp, api_key: str, open_paths: frozenset[str]) -> None:
         self.app = app
@@ -37,24 +40,31 @@ class APIKeyMiddleware:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and scope["path"] not in self._open_paths:
-            headers = [value for name, value in scope["headers"] if name == b"authorization"]
-            source = "Authorization headers"
-            if not headers and scope["path"].endswith("/v1/events"):
-                headers = [b"Bearer " + key.encode() for key in _query_keys(scope)]
-                source = "api_key query parameters"
-            if len(headers) > 1:  # which one would count is ambiguous (proxies differ): refuse rather than guess
-                message = f"the request has {len(headers)} {source}; send exactly one"
-                duplicate = APIError(400, message, code="invalid_header")
-                await duplicate.response()(scope, receive, send)
-                return
-            supplied = _canonical_bearer(headers[0]) if headers else b""
-            if not hmac.compare_digest(supplied, self._expected):
-                error = APIError(
-                    401, "a valid API key is required: send 'Authorization: Bearer <key>'", code="invalid_api_key"
-                )
-                await error.response()(scope, receive, send)
+            refused = self._refusal(scope)
+            if refused is not None:
+                response = error_response(refused) if is_messages_path(scope["path"]) else refused.response()
+                await response(scope, receive, send)
                 return
         await self.app(scope, receive, send)
+
+    def _refusal(self, scope: Scope) -> APIError | None:
+        headers = [value for name, value in scope["headers"] if name == b"authorization"]
+        keys = [b"Bearer " + value for name, value in scope["headers"] if name == b"x-api-key"]
+        source = "Authorization headers"
+        if not headers and not keys and scope["path"].endswith("/v1/events"):
+            headers = [b"Bearer " + key.encode() for key in _query_keys(scope)]
+            source = "api_key query parameters"
+        for sent, where in ((headers, source), (keys, "x-api-key headers")):
+            if len(sent) > 1:  # which one would count is ambiguous (proxies differ): refuse rather than guess
+                return APIError(400, f"the request has {len(sent)} {where}; send exactly one", code="invalid_header")
+        supplied = [_canonical_bearer(header) for header in headers] + keys or [b""]  # none: compared all the same
+        if not all(hmac.compare_digest(key, self._expected) for key in supplied):
+            return APIError(
+                401,
+                "a valid API key is required: send 'Authorization: Bearer <key>' (or 'x-api-key: <key>')",
+                code="invalid_api_key",
+            )
+        return None
 
 
 def _query_keys(scope: Scope) -> list[str]:
@@ -96,18 +106,23 @@ class InternalErrorMiddleware:
 _INTERNAL_ERROR = APIError(500, "internal server error; the server is still serving")
 
 
+def _answer(request: Request, error: APIError) -> Response:
+    """In the shape of the API the path belongs to: Anthropic's on the Messages API's paths, OpenAI's elsewhere."""
+    return error_response(error) if is_messages_path(request.url.path) else error.response()
+
+
 async def api_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, APIError)
-    return exc.response()
+    return _answer(request, exc)
 
 
 async def http_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, HTTPException)
     if exc.status_code == 404:
-        return APIError(404, f"no route for {request.method} {request.url.path}").response()
+        return _answer(request, APIError(404, f"no route for {request.method} {request.url.path}"))
     if exc.status_code == 405:
-        return APIError(405, f"method {request.method} is not allowed on {request.url.path}").response()
-    return APIError(exc.status_code, str(exc.detail)).response()
+        return _answer(request, APIError(405, f"method {request.method} is not allowed on {request.url.path}"))
+    return _answer(request, APIError(exc.status_code, str(exc.detail)))
 
 
 async def internal_error(request: Request, exc: Exception) -> Response:

@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator, Awaitable
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
-from sse_starlette import EventSourceResponse
+from sse_starlette import EventSourceResponse, ServerSentEvent
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 
@@ -212,7 +212,7 @@ async def _chat_inputs(
     if body.top_logprobs is not None and not body.logprobs:
         raise bad_request("top_logprobs requires logprobs to be true", param="top_logprobs")
     spec, tool_mode = request_grammar(body)
-    prompt = await asyncio.to_thread(chat_prompt, body, runtime.tokenizer, runtime.max_model_len)
+    prompt = await _render_chat(runtime, body)
     grammar = await _grammar(request, runtime, spec)
     max_tokens = chat_max_tokens(body, len(prompt), runtime.max_model_len)
     logprobs = (body.top_logprobs or 0) if body.logprobs else None
@@ -228,6 +228,18 @@ async def _chat_inputs(
         body.include_usage, body.continuous_usage,
     )  # fmt: skip
     return accepted, inputs, shape
+
+
+async def chat_prompt_ids(request: Request, body: ChatCompletionRequest) -> list[int]:
+    """The prompt /v1/chat/completions renders for `body`, after the checks every request passes, starting
+    nothing: what the Messages API's count_tokens counts, so that it equals that request's prompt_tokens."""
+    accepted = _accept_parsed(request, body)
+    return await _render_chat(accepted.runtime, body)
+
+
+async def _render_chat(runtime: Runtime, body: ChatCompletionRequest) -> list[int]:
+    # Tokenising a long conversation takes a while: off the event loop, so other streams keep flowing.
+    return await asyncio.to_thread(chat_prompt, body, runtime.tokenizer, runtime.max_model_len)
 
 
 @dataclass(frozen=True)
@@ -269,7 +281,7 @@ async def _respond(
     return JSONResponse(result)
 
 
-def event_stream(events: AsyncIterator[str], grace_s: float) -> EventSourceResponse:
+def event_stream(events: AsyncIterator[str | ServerSentEvent], grace_s: float) -> EventSourceResponse:
     """An SSE response of `events` (each a data line's text, or a ServerSentEvent for a named event)."""
     # On shutdown sse-starlette cancels open streams at once unless given a grace period: let them finish within the
     # server's (the lifespan's drain aborts whatever still runs after it).

@@ -1,8 +1,10 @@
-"""A corpus of bad requests against both generation endpoints and /tokenize and /detokenize, in both batching modes.
+"""A corpus of bad requests against both generation endpoints, /tokenize and /detokenize, and the Messages API's
+two, in both batching modes.
 
-Every bad request gets its documented status and an OpenAI error body that names the problem (and the
-parameter, where there is one), never a traceback; and after the whole corpus the server still answers a good
-request and holds no seat, cache or queue entry. Wrong Content-Type is a 400 (see docs/reliability.md).
+Every bad request gets its documented status and an error body that names the problem (and the parameter, where
+there is one), never a traceback: OpenAI's shape, and Anthropic's on the Messages API (whose message starts with the
+field's path); and after the whole corpus the server still answers a good request and holds no seat, cache or queue
+entry. Wrong Content-Type is a 400 (see docs/reliability.md).
 """
 
 from __future__ import annotations
@@ -21,9 +23,19 @@ COMPLETIONS = "/v1/completions"
 CHAT = "/v1/chat/completions"
 TOKENIZE = "/tokenize"
 DETOKENIZE = "/detokenize"
+MESSAGES = "/v1/messages"
+COUNT = "/v1/messages/count_tokens"
 ENDPOINTS = (COMPLETIONS, CHAT)  # the generation endpoints: every sampling field's case goes to both
 TOKEN_ENDPOINTS = (TOKENIZE, DETOKENIZE)
-_SHORT = {COMPLETIONS: "cmpl", CHAT: "chat", TOKENIZE: "tokenize", DETOKENIZE: "detokenize"}
+ANTHROPIC_ENDPOINTS = (MESSAGES, COUNT)  # errors in Anthropic's shape
+_SHORT = {
+    COMPLETIONS: "cmpl",
+    CHAT: "chat",
+    TOKENIZE: "tokenize",
+    DETOKENIZE: "detokenize",
+    MESSAGES: "messages",
+    COUNT: "count_tokens",
+}
 JSON = (("content-type", "application/json"),)
 MAX_MODEL_LEN = 128
 MAX_BODY = 64 * 1024  # small, so that a too-big body costs the loopback little
@@ -37,10 +49,19 @@ GOOD: dict[str, dict[str, object]] = {
     CHAT: {"messages": [{"role": "user", "content": "hello"}], "max_tokens": 4},
     TOKENIZE: {"prompt": "hello world"},
     DETOKENIZE: {"tokens": [5, 6], "model": "tiny-llama"},
+    MESSAGES: {"model": "tiny-llama", "max_tokens": 4, "messages": [{"role": "user", "content": "hello"}]},
+    COUNT: {"model": "tiny-llama", "messages": [{"role": "user", "content": "hello"}]},
 }
 # Where a body nests deep, a 5000-digit number in a field that takes one, and a string of the good body.
-_NESTED_KEY = {COMPLETIONS: "prompt", CHAT: "messages", TOKENIZE: "prompt", DETOKENIZE: "tokens"}
-_TEXT = {COMPLETIONS: b"hello", CHAT: b"hello", TOKENIZE: b"hello", DETOKENIZE: b"tiny-llama"}
+_NESTED_KEY = {
+    COMPLETIONS: "prompt",
+    CHAT: "messages",
+    TOKENIZE: "prompt",
+    DETOKENIZE: "tokens",
+    MESSAGES: "messages",
+    COUNT: "messages",
+}
+_TEXT = {**dict.fromkeys(_NESTED_KEY, b"hello"), DETOKENIZE: b"tiny-llama"}
 _HUGE_NUMBER = b"1" + b"0" * 5000
 
 
@@ -530,11 +551,191 @@ _DETOKENIZE_CASES: list[tuple[str, dict[str, object], int, str | None, str]] = [
     ("model-unknown", {"model": "gpt-4"}, 404, "model", "'gpt-4' does not exist"),
     ("model-number", {"model": 5}, 400, "model", "valid string"),
 ]
+_PIECE = {"role": "user", "content": "hello"}
+_WEATHER = {"name": "get_weather", "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}}}
+_CALL = {"type": "tool_use", "id": "toolu_1", "name": "get_weather", "input": {"city": "Oslo"}}
+_RESULT = {"type": "tool_result", "tool_use_id": "toolu_1", "content": "sunny"}
+_TOOL_TURN = [_PIECE, {"role": "assistant", "content": [_CALL]}]
+
+
+def _blocks(*blocks: object, role: str = "user") -> dict[str, object]:
+    return {"messages": [{"role": role, "content": list(blocks)}]}
+
+
+# The Messages API and count_tokens alike: the message starts with the field's path (Anthropic's errors have no
+# `param`; the server keeps the top-level field there for its logs, which these check through the path).
+_ANTHROPIC_CASES: list[tuple[str, dict[str, object], int, str | None, str]] = [
+    ("model-missing", {"model": _DROP}, 400, "model", "model: field required"),
+    ("model-unknown", {"model": "claude-sonnet-4-5"}, 404, "model", "model: the model 'claude-sonnet-4-5' does not"),
+    ("model-number", {"model": 5}, 400, "model", "model: input should be a valid string"),
+    ("messages-missing", {"messages": _DROP}, 400, "messages", "messages: field required"),
+    ("messages-empty", {"messages": []}, 400, "messages", "at least 1 item"),
+    ("messages-string", {"messages": "hello"}, 400, "messages", "messages: input should be a valid array"),
+    ("role-system", {"messages": [{"role": "system", "content": "hi"}]}, 400, "messages", "messages.0.role:"),
+    ("role-missing", {"messages": [{"content": "hi"}]}, 400, "messages", "messages.0.role: field required"),
+    ("content-number", {"messages": [{"role": "user", "content": 5}]}, 400, "messages", "messages.0.content: "),
+    ("content-missing", {"messages": [{"role": "user"}]}, 400, "messages", "messages.0.content: field required"),
+    ("block-image", _blocks({"type": "image", "source": {}}), 400, "messages", "of type 'image' are not supported"),
+    ("block-document", _blocks({"type": "document"}), 400, "messages", "messages.0.content.0.type: blocks of"),
+    ("block-thinking", _blocks({"type": "thinking", "thinking": "x"}, role="assistant"), 400, "messages", "'thinking'"),
+    ("block-no-type", _blocks({"text": "hi"}), 400, "messages", "messages.0.content.0: a content block needs"),
+    ("block-string", _blocks("hi"), 400, "messages", "messages.0.content"),
+    ("text-number", _blocks({"type": "text", "text": 5}), 400, "messages", "messages.0.content.0.text: "),
+    ("text-missing", _blocks({"type": "text"}), 400, "messages", "messages.0.content.0.text: field required"),
+    ("tool_use-in-user-turn", _blocks(_CALL), 400, "messages", "belong in an assistant turn"),
+    (
+        "tool_result-in-assistant-turn",
+        {"messages": [_PIECE, _blocks(_RESULT, role="assistant")["messages"][0]]},
+        400,
+        "messages",
+        "belong in a user turn",
+    ),
+    ("tool_result-unmatched", _blocks(_RESULT), 400, "messages", "messages.0.content.0.tool_use_id: 'toolu_1' answers"),
+    (
+        "tool_result-wrong-id",
+        {"messages": [*_TOOL_TURN, _blocks({**_RESULT, "tool_use_id": "toolu_9"})["messages"][0]]},
+        400,
+        "messages",
+        "messages.2.content.0.tool_use_id",
+    ),
+    (
+        "tool_result-image",
+        {"messages": [*_TOOL_TURN, _blocks({**_RESULT, "content": [{"type": "image"}]})["messages"][0]]},
+        400,
+        "messages",
+        "messages.2.content.0.content.0.type",
+    ),
+    (
+        "tool_result-is_error-string",
+        {"messages": [*_TOOL_TURN, _blocks({**_RESULT, "is_error": "yes"})["messages"][0]]},
+        400,
+        "messages",
+        "messages.2.content.0.is_error",
+    ),
+    (
+        "tool_use-input-string",
+        {"messages": [_PIECE, _blocks({**_CALL, "input": "{}"}, role="assistant")["messages"][0]]},
+        400,
+        "messages",
+        "messages.1.content.0.input",
+    ),
+    (
+        "tool_use-id-twice",
+        {"messages": [_PIECE, _blocks(_CALL, _CALL, role="assistant")["messages"][0]]},
+        400,
+        "messages",
+        "used twice",
+    ),
+    ("tool_use-unanswered-last", {"messages": _TOOL_TURN}, 400, "messages", "need a user turn with their tool_result"),
+    (
+        "tool_use-name-control-text",
+        {
+            "messages": [
+                _PIECE,
+                _blocks({**_CALL, "name": "f<|eos|>"}, role="assistant")["messages"][0],
+                _blocks(_RESULT)["messages"][0],
+            ]
+        },
+        400,
+        "messages",
+        "control token's text",
+    ),
+    ("system-number", {"system": 5}, 400, "system", "system: input should be a valid array"),
+    ("system-image-block", {"system": [{"type": "image"}]}, 400, "system", "system.0.type: input should be 'text'"),
+    ("tools-object", {"tools": {"name": "f"}}, 400, "tools", "tools: input should be a valid array"),
+    ("tools-no-input_schema", {"tools": [{"name": "f"}]}, 400, "tools", "tools.0.input_schema: field required"),
+    ("tools-name-empty", {"tools": [{**_WEATHER, "name": ""}]}, 400, "tools", "tools.0.name: "),
+    ("tools-server-tool", {"tools": [{"type": "bash_20250124", "name": "bash"}]}, 400, "tools", "tools.0.type: "),
+    (
+        "tools-schema-not-object",
+        {"tools": [{**_WEATHER, "input_schema": {"type": "array"}}]},
+        400,
+        "tools",
+        "tools.0.input_schema: the schema's type must be 'object'",
+    ),
+    ("tools-twice", {"tools": [_WEATHER, _WEATHER]}, 400, "tools", "tools.1.name: the tool 'get_weather' is defined"),
+    (
+        "tools-control-text",
+        {"tools": [{**_WEATHER, "description": "<|eos|>"}], "tool_choice": {"type": "none"}},
+        400,
+        "tools",
+        "control token's text",
+    ),
+    ("tool_choice-string", {"tools": [_WEATHER], "tool_choice": "any"}, 400, "tool_choice", "tool_choice: input"),
+    (
+        "tool_choice-unknown",
+        {"tools": [_WEATHER], "tool_choice": {"type": "some"}},
+        400,
+        "tool_choice",
+        "tool_choice.type: ",
+    ),
+    (
+        "tool_choice-tool-not-in-tools",
+        {"tools": [_WEATHER], "tool_choice": {"type": "tool", "name": "f"}},
+        400,
+        "tool_choice",
+        "tool_choice.name: 'f' is not one of the tools",
+    ),
+    (
+        "tool_choice-tool-no-name",
+        {"tools": [_WEATHER], "tool_choice": {"type": "tool"}},
+        400,
+        "tool_choice",
+        "tool_choice.name: field required",
+    ),
+    ("tool_choice-any-no-tools", {"tool_choice": {"type": "any"}}, 400, "tool_choice", "needs tools"),
+]
+_MESSAGES_CASES: list[tuple[str, dict[str, object], int, str | None, str]] = [
+    ("max_tokens-missing", {"max_tokens": _DROP}, 400, "max_tokens", "max_tokens: field required"),
+    ("max_tokens-negative", {"max_tokens": -1}, 400, "max_tokens", "max_tokens: input should be greater than"),
+    ("max_tokens-string", {"max_tokens": "4"}, 400, "max_tokens", "max_tokens: input should be a valid integer"),
+    ("max_tokens-huge", {"max_tokens": 10**9}, 400, "max_tokens", "maximum context length"),
+    ("max_tokens-huge-stream", {"max_tokens": 10**9, "stream": True}, 400, "max_tokens", "maximum context length"),
+    (
+        "messages-longer-than-context",
+        {"messages": [{"role": "user", "content": LONG_TEXT}]},
+        400,
+        "messages",
+        "messages: ",
+    ),
+    ("temperature-2", {"temperature": 2}, 400, "temperature", "temperature: input should be less than or equal to 1"),
+    ("temperature-nan", {"temperature": float("nan")}, 400, "temperature", "temperature: input should be a finite"),
+    ("top_p-zero", {"top_p": 0}, 400, "top_p", "top_p: input should be greater than 0"),
+    ("top_k-negative", {"top_k": -1}, 400, "top_k", "top_k: input should be greater than or equal to 0"),
+    ("top_k-beyond-int32", {"top_k": 2**40}, 400, "top_k", "top_k: input should be less than or equal to"),
+    ("stop_sequences-string", {"stop_sequences": "END"}, 400, "stop_sequences", "stop_sequences: input should be"),
+    ("stop_sequences-empty", {"stop_sequences": [""]}, 400, "stop_sequences", "1 to 256 characters"),
+    (
+        "stop_sequences-too-many",
+        {"stop_sequences": [f"s{i}" for i in range(100)]},
+        400,
+        "stop_sequences",
+        f"at most {MAX_STOPS} stop strings",
+    ),
+    ("stream-string", {"stream": "yes"}, 400, "stream", "stream: input should be a valid boolean"),
+    ("metadata-string", {"metadata": "u1"}, 400, "metadata", "metadata: input should be"),
+    (
+        "output_config-format-bad-schema",
+        {"output_config": {"format": {"type": "json_schema", "schema": {"type": 5}}}},
+        400,
+        "output_config",
+        "output_config.format: ",
+    ),
+    (
+        "output_config-format-type",
+        {"output_config": {"format": {"type": "xml"}}},
+        400,
+        "output_config",
+        "output_config.format.type: ",
+    ),
+]
 _SPECIFIC_CASES = {
     COMPLETIONS: [*_FIELD_CASES, *_COMPLETION_CASES],
     CHAT: [*_FIELD_CASES, *_CHAT_CASES],
     TOKENIZE: _TOKENIZE_CASES,
     DETOKENIZE: _DETOKENIZE_CASES,
+    MESSAGES: [*_ANTHROPIC_CASES, *_MESSAGES_CASES],
+    COUNT: _ANTHROPIC_CASES,
 }
 
 
@@ -568,7 +769,7 @@ def _raw_cases(endpoint: str) -> list[Bad]:
             endpoint,
             b'{"%s": ' % nested_key.encode() + b"[" * 150 + b"]" * 150 + b"}",
             param=nested_key,
-            fragment=f"invalid value for '{nested_key}'",
+            fragment=f"{nested_key}.0: " if endpoint in ANTHROPIC_ENDPOINTS else f"invalid value for '{nested_key}'",
         ),
         _raw(
             "content-type-text-plain",
@@ -594,7 +795,7 @@ def _raw_cases(endpoint: str) -> list[Bad]:
 
 def _corpus() -> list[Bad]:
     cases = []
-    for endpoint in (*ENDPOINTS, *TOKEN_ENDPOINTS):
+    for endpoint in (*ENDPOINTS, *TOKEN_ENDPOINTS, *ANTHROPIC_ENDPOINTS):
         cases += _raw_cases(endpoint)
         cases += [_bad(name, endpoint, *rest) for name, *rest in _SPECIFIC_CASES[endpoint]]  # type: ignore[arg-type]
     return cases
@@ -607,7 +808,7 @@ def test_the_corpus_is_large_and_covers_every_endpoint() -> None:
     assert len({case.id for case in CORPUS}) == len(CORPUS) >= 60
     for endpoint in ENDPOINTS:
         assert sum(case.endpoint == endpoint for case in CORPUS) >= 40
-    for endpoint in TOKEN_ENDPOINTS:
+    for endpoint in (*TOKEN_ENDPOINTS, *ANTHROPIC_ENDPOINTS):
         assert sum(case.endpoint == endpoint for case in CORPUS) >= 25
 
 
@@ -644,12 +845,28 @@ def _check_error(response: httpx.Response, case: Bad) -> None:
     assert "Traceback" not in text and 'File "' not in text
     assert response.status_code == case.status, text
     assert response.headers["content-type"].startswith("application/json")
+    if case.endpoint in ANTHROPIC_ENDPOINTS:
+        _check_anthropic_error(response.json(), case)
+        return
     error = response.json()["error"]
     assert set(error) == {"message", "type", "param", "code"}
     assert error["type"] == ("not_found_error" if case.status == 404 else "invalid_request_error")
     assert error["param"] == case.param, error
     assert case.fragment.lower() in error["message"].lower(), error
     assert isinstance(error["code"], str) and error["code"]
+
+
+_ANTHROPIC_TYPES = {400: "invalid_request_error", 404: "not_found_error", 413: "request_too_large"}
+
+
+def _check_anthropic_error(body: dict[str, object], case: Bad) -> None:
+    assert set(body) == {"type", "error"} and body["type"] == "error"
+    error = body["error"]
+    assert isinstance(error, dict) and set(error) == {"type", "message"}
+    assert error["type"] == _ANTHROPIC_TYPES[case.status]
+    assert case.fragment.lower() in error["message"].lower(), error
+    if case.param is not None:  # the message leads with the field's path
+        assert error["message"].split(".")[0].split(":")[0] == case.param, error
 
 
 @pytest.mark.parametrize("case", CORPUS, ids=[case.id for case in CORPUS])
@@ -678,6 +895,10 @@ def test_after_the_whole_corpus_the_server_serves_and_holds_nothing(
         assert body["choices"][0]["finish_reason"] == "length"
     for endpoint in TOKEN_ENDPOINTS:
         assert client.post(endpoint, json=GOOD[endpoint]).status_code == 200
+    message = client.post(MESSAGES, json={**GOOD[MESSAGES], "temperature": 0.0})
+    assert message.status_code == 200 and message.json()["type"] == "message", message.text
+    count = client.post(COUNT, json=GOOD[COUNT])
+    assert count.status_code == 200 and count.json() == {"input_tokens": message.json()["usage"]["input_tokens"]}
     assert client.get("/health").status_code == 200
     _assert_holds_nothing(server)
 

@@ -103,6 +103,37 @@ def test_two_authorization_headers_are_refused(
     assert KEY not in logs.text
 
 
+@pytest.mark.parametrize("path", ["/v1/messages", "/v1/messages/count_tokens", "/v1/chat/completions"])
+def test_x_api_key_is_a_key_too_and_every_key_sent_must_be_the_one(
+    keyed: RunningServer, logs: pytest.LogCaptureFixture, path: str
+) -> None:
+    """Anthropic's clients send `x-api-key`; the Messages API's paths refuse in Anthropic's shape."""
+    body = {**GOOD_BODIES["/v1/chat/completions"], "model": "tiny-llama"}
+    anthropic = path.startswith("/v1/messages")
+    with httpx.Client(base_url=keyed.base_url, timeout=60) as client:
+        for headers in (
+            {},
+            {"x-api-key": ""},
+            {"x-api-key": "wrong"},
+            {"x-api-key": KEY[:-1]},
+            {"x-api-key": f"Bearer {KEY}"},
+            {"x-api-key": KEY, "Authorization": "Bearer wrong"},
+            {"x-api-key": "wrong", "Authorization": f"Bearer {KEY}"},
+        ):
+            response = client.post(path, json=body, headers=headers)
+            assert response.status_code == 401, (headers, response.text)
+            error = response.json()["error"]
+            assert error["type"] == "authentication_error" and "x-api-key" in error["message"]
+            assert set(response.json()) == ({"type", "error"} if anthropic else {"error"})
+            _assert_no_key(response)
+        for headers in ({"x-api-key": KEY}, {"x-api-key": KEY, "Authorization": f"Bearer {KEY}"}):
+            response = client.post(path, json=body, headers=headers)
+            assert response.status_code == 200, response.text
+        twice = client.post(path, json=body, headers=[("x-api-key", KEY), ("x-api-key", KEY)])
+        assert twice.status_code == 400 and "2 x-api-key headers" in twice.json()["error"]["message"]
+    assert KEY not in logs.text
+
+
 def test_two_api_key_query_parameters_are_refused_by_their_own_name(keyed: RunningServer) -> None:
     with httpx.Client(base_url=keyed.base_url, timeout=60) as client:
         response = client.get("/v1/events", params=[("api_key", KEY), ("api_key", KEY)])
