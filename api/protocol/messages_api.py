@@ -92,7 +92,7 @@ ContentBlock = Annotated[TextBlock | ToolUseBlock | ToolResultBlock, Field(discr
 
 
 class InputMessage(_Lenient):
-    role: Literal["user", "assistant"]
+    role: Literal["user", "assistant", "system"]  # "system": text at its place in the conversation
     content: str | list[ContentBlock]
 
     def blocks(self) -> list[TextBlock | ToolUseBlock | ToolResultBlock]:

@@ -1,12 +1,13 @@
 """Anthropic's Messages API onto the chat path: a request becomes a ChatCompletionRequest, and the chat answer a
 Message.
 
-Turns map one to one, in order: `system` (text or text blocks) is a system message; a user turn's text blocks are
-a user message and each `tool_result` a `tool` message answering its `tool_use` id (`is_error` renders as
-`Error: ...`); an assistant turn's text is its content and its `tool_use` blocks its `tool_calls`. A last assistant
-turn of text is a prefill the answer continues (the chat path's `continue_final_message`). `tools` become
-functions whose parameters are the `input_schema`; `tool_choice` auto, any, tool and none are the chat path's
-"auto", "required", a named function and "none". A tool call's id is the chat call's with `toolu_` for `call_`.
+Turns map one to one, in order: `system` (text or text blocks) is a system message, as is a `system` turn among
+the messages; a user turn's text blocks are a user message and each `tool_result` a `tool` message answering its
+`tool_use` id (`is_error` renders as `Error: ...`); an assistant turn's text is its content and its `tool_use` blocks
+its `tool_calls`. A last assistant turn of text is a prefill the answer continues (the chat path's
+`continue_final_message`). `tools` become functions whose parameters are the `input_schema`; `tool_choice` auto,
+any, tool and none are the chat path's "auto", "required", a named function and "none"; `output_config.format` is
+its `response_format`. A tool call's id is the chat call's with `toolu_` for `call_`.
 """
 
 from __future__ import annotations
@@ -142,6 +143,9 @@ def _messages(request: CountTokensRequest) -> list[dict[str, Any]]:
         if message.role == "assistant":
             chat.append(_assistant(i, message))
             previous_calls = {block.id for block in message.blocks() if isinstance(block, ToolUseBlock)}
+        elif message.role == "system":
+            chat.append(_system(i, message))
+            previous_calls = set()
         else:
             chat.extend(_user(i, message, previous_calls))
             previous_calls = set()
@@ -153,6 +157,15 @@ def _messages(request: CountTokensRequest) -> list[dict[str, Any]]:
             param="messages",
         )
     return chat
+
+
+def _system(i: int, message: InputMessage) -> dict[str, Any]:
+    text = []
+    for j, block in enumerate(message.blocks()):
+        if not isinstance(block, TextBlock):
+            raise bad_request(f"messages.{i}.content.{j}: a system turn holds text blocks only", param="messages")
+        text.append(block.text)
+    return {"role": "system", "content": "".join(text)}
 
 
 def _assistant(i: int, message: InputMessage) -> dict[str, Any]:

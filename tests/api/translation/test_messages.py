@@ -99,6 +99,17 @@ def test_tool_choice_maps_onto_the_chat_path(choice: dict[str, str], expected: o
     assert to_chat(_request(tools=[WEATHER], tool_choice=choice)).tool_choice == expected
 
 
+def test_a_system_turn_among_the_messages_stays_in_its_place() -> None:
+    system = {"role": "system", "content": [{"type": "text", "text": "Now answer in French."}]}
+    chat = to_chat(_request(messages=[USER, {"role": "assistant", "content": "Hi."}, system, USER]))
+    assert [(m.role, m.content) for m in chat.messages] == [
+        ("user", "hello world"),
+        ("assistant", "Hi."),
+        ("system", "Now answer in French."),
+        ("user", "hello world"),
+    ]
+
+
 def test_an_assistant_turn_last_is_a_prefill_the_answer_continues() -> None:
     chat = to_chat(_request(messages=[USER, {"role": "assistant", "content": "The answer is"}]))
     assert chat.continue_final_message and not chat.add_generation_prompt
@@ -149,7 +160,7 @@ def test_inconsistent_requests_are_a_400_naming_the_field(fields: dict[str, obje
 
 def test_a_chat_answer_becomes_a_message() -> None:
     call = {"id": "call_abc", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Oslo"}'}}
-    chat = {
+    chat: dict[str, Any] = {
         "id": "chatcmpl-xyz",
         "model": "m",
         "choices": [
