@@ -3,9 +3,12 @@ framing of the server's chunks round-trips arbitrary text."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
 import re
+from collections.abc import AsyncGenerator
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -19,6 +22,7 @@ from api.endpoints.tokenization import detokenize, tokenize
 from api.endpoints.tool_call_formatting import ToolCallFormatter
 from api.protocol.deltas import TokenLogprob
 from api.protocol.errors import APIError
+from api.protocol.messages_api import CountTokensRequest, MessagesRequest, parse_messages_request
 from api.protocol.openai_api import (
     INT64_MAX,
     MAX_ID,
@@ -34,6 +38,10 @@ from api.structured.limits import GrammarLimits
 from api.structured.requests import request_grammar
 from api.structured.spec import GrammarCompileError
 from api.structured.tools import ToolCallMode
+from api.text.chat_template import control_token_texts
+from api.text.prompts import chat_prompt
+from api.translation.messages import refuse_control_text, to_chat
+from api.translation.messages_stream import StreamStart, message_events
 from tests.server_harness import tiny_tokenizer
 
 MODELS: list[type[BaseModel]] = [CompletionRequest, ChatCompletionRequest]
@@ -340,6 +348,142 @@ def test_any_tokenize_or_detokenize_body_answers_or_is_a_named_400(
         assert all(0 <= t < len(tokenizer) for t in tokens)
     else:
         assert set(answer) == {"prompt"} and isinstance(answer["prompt"], str)
+
+
+# ----- the Messages API: its bodies onto the chat path -----
+_block = st.fixed_dictionaries(
+    {"type": st.sampled_from(["text", "tool_use", "tool_result", "image", "thinking", ""]) | _json},
+    optional={
+        "text": st.text(max_size=8) | _json,
+        "id": st.sampled_from(["toolu_1", "toolu_2", "", "<|eos|>"]) | _json,
+        "name": st.sampled_from(["f", "g", "", "f<|eos|>"]) | _json,
+        "input": st.dictionaries(st.text(max_size=4), _json, max_size=2) | _json,
+        "tool_use_id": st.sampled_from(["toolu_1", "toolu_2", "x"]) | _json,
+        "content": st.text(max_size=8)
+        | st.lists(st.fixed_dictionaries({"type": st.just("text"), "text": st.text(max_size=4)}), max_size=2)
+        | _json,
+        "is_error": _json,
+        "cache_control": _json,
+    },
+)
+_turn = st.fixed_dictionaries(
+    {},
+    optional={
+        "role": st.sampled_from(["user", "assistant", "system", "tool", ""]) | _json,
+        "content": st.text(max_size=12) | st.lists(_block, max_size=3) | _json,
+    },
+)
+_anthropic_tool = st.fixed_dictionaries(
+    {},
+    optional={
+        "name": st.sampled_from(["f", "g", "", "f<|eos|>"]) | _json,
+        "description": st.text(max_size=8) | _json,
+        "input_schema": _schema | _json,
+        "type": st.sampled_from(["custom", "bash_20250124"]) | _json,
+    },
+)
+_MESSAGES_FIELD_VALUES = {
+    "model": _json,
+    "max_tokens": _json,
+    "messages": st.lists(_turn, max_size=4) | _json,
+    "system": st.text(max_size=8) | st.lists(_block, max_size=2) | _json,
+    "tools": st.lists(_anthropic_tool, max_size=2) | _json,
+    "tool_choice": st.fixed_dictionaries(
+        {"type": st.sampled_from(["auto", "any", "tool", "none", "x"]) | _json},
+        optional={"name": st.sampled_from(["f", "g"]) | _json, "disable_parallel_tool_use": _json},
+    )
+    | _json,
+    "stop_sequences": st.lists(st.text(max_size=5), max_size=6) | _json,
+    "stream": _json,
+    "temperature": _json,
+    "top_p": _json,
+    "top_k": _json,
+    "metadata": st.fixed_dictionaries({}, optional={"user_id": _json}) | _json,
+    "output_config": st.fixed_dictionaries(
+        {}, optional={"format": st.fixed_dictionaries({"type": st.just("json_schema"), "schema": _schema | _json})}
+    )
+    | _json,
+    "unknown": _json,
+}
+_MESSAGES_BASE = {"model": "tiny-llama", "max_tokens": 8, "messages": [{"role": "user", "content": "hello"}]}
+
+
+def _messages_bodies() -> st.SearchStrategy[bytes]:
+    overlay = st.lists(st.sampled_from(sorted(_MESSAGES_FIELD_VALUES)), min_size=1, max_size=3, unique=True).flatmap(
+        lambda keys: st.fixed_dictionaries({k: _MESSAGES_FIELD_VALUES[k] for k in keys})
+    )
+    return st.one_of(
+        overlay.map(lambda fields: json.dumps({**_MESSAGES_BASE, **fields}).encode()),
+        st.fixed_dictionaries({}, optional=_MESSAGES_FIELD_VALUES).map(lambda d: json.dumps(d).encode()),
+        _json.map(lambda v: json.dumps(v).encode()),
+        st.binary(max_size=64),
+    )
+
+
+@pytest.mark.parametrize("model", [MessagesRequest, CountTokensRequest], ids=lambda m: m.__name__)
+@FUZZ
+@given(data=st.data())
+def test_any_messages_body_reaches_the_chat_path_or_is_a_named_400(
+    model: type[CountTokensRequest], data: st.DataObject
+) -> None:
+    """Parsing, the translation, its control-text check, the chat rendering and the grammar: a rendered prompt, or
+    a 400 whose message names the field (it starts with the field's path, or names `param`), never another error."""
+    tokenizer = tiny_tokenizer()
+    body = data.draw(_messages_bodies(), label="body")
+    try:
+        request = parse_messages_request(model, body)
+        refuse_control_text(request, control_token_texts(tokenizer))
+        chat = to_chat(request)
+        request_grammar(chat)
+        ids = chat_prompt(chat, tokenizer, 256)
+    except APIError as exc:
+        assert exc.status == 400 and exc.message and "Traceback" not in exc.message
+        if isinstance(_loads_or_none(body), dict):
+            assert exc.param is not None and exc.param.split(".")[0] in exc.message, exc.message
+        json.dumps(exc.body())
+        return
+    assert ids and all(0 <= i < len(tokenizer) for i in ids)
+
+
+@FUZZ
+@given(data=st.data(), named=st.booleans(), reason=st.sampled_from(["stop", "length"]))
+def test_a_streamed_tool_call_becomes_one_tool_use_whose_pieces_join_into_its_input(
+    data: st.DataObject, named: bool, reason: str
+) -> None:
+    """A forced call's chat stream, in any pieces, as Anthropic's events: a whole call is one tool_use block whose
+    `partial_json` pieces join into the chat call's arguments, ending with stop_reason tool_use; the blocks open and
+    close in order."""
+    pieces = data.draw(_answers(named), label="pieces")
+    formatter = ToolCallFormatter(ToolCallMode("toggle" if named else None), "chatcmpl-fuzz", "tiny", tiny_tokenizer())
+    choices = [formatter.opening_choice(0), *(formatter.stream_choice(0, piece, None, None) for piece in pieces)]
+    choices.append(formatter.stream_choice(0, "", reason, None))
+    chunks = [json.dumps(formatter.chunk([choice])) for choice in choices if choice is not None] + ["[DONE]"]
+
+    async def source() -> AsyncGenerator[str, None]:
+        for chunk in chunks:
+            yield chunk
+
+    async def run() -> list[dict[str, Any]]:
+        start = StreamStart("chatcmpl-fuzz", "tiny", 3, None)
+        return [json.loads(str(e.data)) async for e in message_events(source(), start)]
+
+    events = asyncio.run(run())
+    assert [e["type"] for e in events[:2]] == ["message_start", "ping"] and events[-1]["type"] == "message_stop"
+    opened = [e["index"] for e in events if e["type"] == "content_block_start"]
+    closed = [e["index"] for e in events if e["type"] == "content_block_stop"]
+    assert opened == closed == list(range(len(opened)))
+    finish = str(json.loads(chunks[-2])["choices"][0]["finish_reason"])
+    reasons = {"tool_calls": "tool_use", "stop": "end_turn", "length": "max_tokens"}
+    assert events[-2]["delta"]["stop_reason"] == reasons[finish]
+    if finish == "tool_calls":
+        whole: Any = formatter.final_choice(0, "".join(pieces), reason, None)["message"]
+        joined = "".join(
+            e["delta"]["partial_json"]
+            for e in events
+            if e["type"] == "content_block_delta" and e["delta"]["type"] == "input_json_delta"
+        )
+        assert json.loads(joined) == json.loads(whole["tool_calls"][0]["function"]["arguments"])
+        assert [e["content_block"]["type"] for e in events if e["type"] == "content_block_start"][-1] == "tool_use"
 
 
 _SCHEMA_TEXT_FIELDS = {
