@@ -16,6 +16,7 @@ from api.protocol.errors import APIError
 from api.protocol.messages_api import CountTokensRequest, MessagesRequest, parse_messages_request
 from api.translation.messages import to_chat, to_message
 from api.translation.messages_stream import StreamStart, message_events
+from tests.api.endpoints.test_api import metric_value, num_running, seats_all_free, wait_until
 from tests.server_harness import RunningServer, mode_config, running_server
 
 MODES = ("dynamic", "continuous")
@@ -364,3 +365,16 @@ def test_errors_are_in_anthropics_shape_on_these_routes_only(server: RunningServ
     assert too_many.status_code == 400 and too_many.json()["error"]["message"].startswith("stop_sequences: at most")
     chat = http.post("/v1/chat/completions", json={"model": "claude-x", "messages": [USER]})
     assert chat.status_code == 404 and set(chat.json()) == {"error"}  # OpenAI's shape elsewhere
+
+
+def test_a_stream_the_client_leaves_aborts_its_request(server: RunningServer) -> None:
+    steps_before = metric_value(server.base_url, "batchserve:steps_total")
+    body = _body(server, max_tokens=200, stream=True)
+    with httpx.stream("POST", f"{server.base_url}/v1/messages", json=body, timeout=60) as response:
+        lines = response.iter_lines()
+        while next(lines) != "event: content_block_delta":  # it is running: a first token arrived
+            pass
+        assert num_running(server) == 1
+    # Leaving the block closes the connection mid-stream.
+    wait_until(lambda: seats_all_free(server), "the abandoned stream's request to be aborted")
+    assert metric_value(server.base_url, "batchserve:steps_total") - steps_before < 200
