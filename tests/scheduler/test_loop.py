@@ -74,6 +74,12 @@ def wait_idle(wake: RecordingEvent) -> None:
     assert wake.idle.wait(EVENT_TIMEOUT_S), "the loop never went idle"
 
 
+def assert_blocked(wake: RecordingEvent) -> None:
+    """The loop thread is inside a wait with no deadline on an event nobody has set: it cannot step until a
+    submit or stop sets it (a spinning loop would wait with a timeout, or on an event left set)."""
+    assert wake.idle.is_set() and wake.timeouts[-1] is None and not wake.is_set()
+
+
 async def collect(stream: asyncio.Queue[RequestEvent]) -> list[RequestEvent]:
     events: list[RequestEvent] = []
     while not events or not isinstance(events[-1], FinishEvent):
@@ -123,9 +129,8 @@ def test_idle_loop_blocks_on_its_event_instead_of_stepping() -> None:
     loop.start()
     try:
         wait_idle(wake)
-        assert wake.timeouts == [None]  # no deadline: it sleeps until woken
-        time.sleep(0.2)
-        # One step found nothing to do; a spinning loop would have stepped thousands of times by now.
+        assert_blocked(wake)
+        assert wake.timeouts == [None]  # after one step that found nothing to do
         assert counter.calls == 1
 
         async def main() -> list[RequestEvent]:
@@ -134,10 +139,7 @@ def test_idle_loop_blocks_on_its_event_instead_of_stepping() -> None:
         events = asyncio.run(main())
         assert isinstance(events[-1], FinishEvent) and events[-1].outcome is Outcome.LENGTH
         wait_idle(wake)
-        calls = counter.calls
-        assert wake.timeouts[-1] is None
-        time.sleep(0.2)
-        assert counter.calls == calls  # idle again, and not stepping
+        assert_blocked(wake)  # idle again, and not stepping
         # 1 idle step, 1 woken by the submit (it may already see the request), 3 steps with tokens, 1 finding
         # nothing left: never more than a handful.
         assert counter.calls <= 7
