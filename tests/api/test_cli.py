@@ -28,8 +28,13 @@ from tests.toolchain import CAN_BUILD_KERNELS
 BATCHSERVE = str(Path(sys.executable).with_name("batchserve"))
 
 
-def run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "api", *args], capture_output=True, text=True, timeout=60, env=env)
+def parse_cli(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int | str | None, str, str]:
+    """The command line's parse in-process, as `main` runs it first: (exit code, stdout, stderr). Only the
+    console-script test and the server process below pay for a new interpreter."""
+    with pytest.raises(SystemExit) as exit_info:
+        build_parser().parse_args(argv)
+    out, err = capsys.readouterr()
+    return exit_info.value.code, out, err
 
 
 def option_help(help_text: str) -> dict[str, str]:
@@ -47,10 +52,13 @@ def option_help(help_text: str) -> dict[str, str]:
     return {flag: " ".join(text.split()) for flag, text in blocks.items()}
 
 
-def test_serve_help_lists_every_flag_with_its_default() -> None:
-    result = run_cli("serve", "--help")
-    assert result.returncode == 0, result.stderr
-    options = option_help(result.stdout)
+def test_serve_help_lists_every_flag_with_its_default(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("COLUMNS", "80")  # the width a command's captured output gets
+    code, out, err = parse_cli(["serve", "--help"], capsys)
+    assert code == 0, err
+    options = option_help(out)
     fields = dataclasses.fields(ServerConfig)
     for field in fields:
         flag = "--" + field.name.replace("_", "-")
@@ -118,6 +126,7 @@ def test_api_key_comes_from_the_environment_when_not_given(monkeypatch: pytest.M
 
 
 def test_unknown_mode_exits_non_zero_naming_the_choices() -> None:
+    # the installed console script, a real process: the entry point itself works
     result = subprocess.run([BATCHSERVE, "serve", "--mode", "bogus"], capture_output=True, text=True, timeout=60)
     assert result.returncode != 0
     assert "--mode" in result.stderr and "bogus" in result.stderr
@@ -128,19 +137,19 @@ def test_unknown_mode_exits_non_zero_naming_the_choices() -> None:
     "argv",
     [("serve", "--max-n", "0"), ("serve", "--batch-timeout-ms", "inf"), ("compare", "--batch-window-ms", "1e-320")],
 )
-def test_invalid_limit_exits_2_with_one_line_naming_the_flag(argv: tuple[str, ...]) -> None:
-    # the real command, before anything loads (tests/api/test_flag_ranges.py walks every flag in-process)
-    result = run_cli(*argv)
-    assert result.returncode == 2
-    assert result.stderr.count("\n") == 1 and result.stderr.startswith(
-        f"batchserve {argv[0]}: error: argument {argv[1]}: "
-    )
-    assert "Traceback" not in result.stderr
+def test_invalid_limit_exits_2_with_one_line_naming_the_flag(
+    argv: tuple[str, ...], capsys: pytest.CaptureFixture[str]
+) -> None:
+    # the command's parser, before anything loads (tests/api/test_flag_ranges.py walks every flag)
+    code, _, err = parse_cli(list(argv), capsys)
+    assert code == 2
+    assert err.count("\n") == 1 and err.startswith(f"batchserve {argv[0]}: error: argument {argv[1]}: ")
+    assert "Traceback" not in err
 
 
-def test_missing_subcommand_exits_non_zero() -> None:
-    result = run_cli()
-    assert result.returncode != 0 and "serve" in result.stderr
+def test_missing_subcommand_exits_non_zero(capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = parse_cli([], capsys)
+    assert code not in (0, None) and "serve" in err
 
 
 # ----- a real server process -----
