@@ -72,17 +72,11 @@ class ContinuousPolicy(Policy):
         return True
 
     def _victim(self, ctx: PolicyContext, request: SequenceRequest) -> SequenceRequest:
-        """The newest running sequence that may still grow, or `request` itself if none is newer. One whose whole
-        length is reserved will finish without asking for more: preempting it would only repeat its work. By
-        priority: the lowest-priority one that may still grow (the newest among equals), `request` itself when it
-        is that one."""
-        if self.config.by_priority:
-            growing = [c for c in ctx.running if c is request or ctx.reserved_tokens(c) < c.max_total_tokens]
-            return max(reversed(growing), key=lambda c: (c.priority, c.arrival))  # reversed: the newest of ties
-        for candidate in reversed(ctx.running):
-            if candidate is request or ctx.reserved_tokens(candidate) < candidate.max_total_tokens:
-                return candidate
-        return request
+        """The lowest-ranked running sequence that may still grow (by the queue's order: the newest, or by priority
+        the lowest-priority one, the newest among equals), `request` itself when it is that one. One whose whole
+        length is reserved will finish without asking for more: preempting it would only repeat its work."""
+        victim = ctx.lowest_ranked_running(lambda c: c is request or ctx.reserved_tokens(c) < c.max_total_tokens)
+        return request if victim is None else victim
 
     def _displace(self, ctx: PolicyContext, request: SequenceRequest, plan: StepPlan, budget: int) -> int | None:
         """--priority-preemption, when the seats are full: if `request` beats the lowest-priority running request
@@ -90,11 +84,8 @@ class ContinuousPolicy(Policy):
         start, preempt it, take it out of this step's plan and return the budget it frees. None: nothing changed."""
         if not self.config.priority_preemption or (request.num_preemptions == 0 and ctx.free_rows == 0):
             return None  # off, or no engine row to seat a fresh request in: displacing would free a seat for nothing
-        seated = [r for r in ctx.running if r.status is RequestStatus.RUNNING]
-        if not seated:
-            return None
-        victim = max(reversed(seated), key=lambda r: (r.priority, r.arrival))  # reversed: the newest of ties
-        if victim.priority - request.priority < self.config.priority_preemption_threshold:
+        victim = ctx.lowest_ranked_running(lambda r: r.status is RequestStatus.RUNNING)  # not a held answer
+        if victim is None or victim.priority - request.priority < self.config.priority_preemption_threshold:
             return None
         freed = sum(count for r, count in plan if r is victim)
         if budget + freed == 0:

@@ -25,6 +25,7 @@ from scheduler.lifecycle import Lifecycle
 from scheduler.policies import check_seats
 from scheduler.policy import Policy, StepPlan
 from scheduler.policy_guard import PolicyGuard, RequestRefused
+from scheduler.queue import request_queue
 from scheduler.request import (
     FinishEvent,
     Outcome,
@@ -55,7 +56,7 @@ class Scheduler:
         self.config = config
         self.clock = clock
         self.on_step = on_step
-        self.lifecycle = Lifecycle(engine, config.seats, self._on_released, by_priority=config.by_priority)
+        self.lifecycle = Lifecycle(engine, config.seats, self._on_released, request_queue(config.by_priority))
         self._requests: dict[str, SequenceRequest] = {}  # every request not yet released, by id
         self._lock = threading.Lock()
         self._inbox: deque[tuple[str, SequenceRequest | str]] = deque()

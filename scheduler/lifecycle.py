@@ -8,10 +8,10 @@ the real engine. Loop thread only.
 from __future__ import annotations
 
 import heapq
-from collections import deque
 from collections.abc import Callable, Sequence
 
 from scheduler.engine_port import SchedulerEngine
+from scheduler.queue import RequestQueue
 from scheduler.request import Outcome, RequestStatus, SequenceRequest
 
 
@@ -23,13 +23,12 @@ class Lifecycle:
         engine: SchedulerEngine,
         seats: int,
         on_released: Callable[[SequenceRequest], None],
-        by_priority: bool = False,
+        queue: RequestQueue,
     ) -> None:
         self.engine = engine
         self.seats = seats
-        self.by_priority = by_priority  # the queue by (priority, arrival), preempted requests included
         self._on_released = on_released  # the core hands the completion to the request's consumer
-        self._waiting: deque[SequenceRequest] = deque()
+        self._waiting = queue  # its order: first come first served, or by priority (scheduler/queue.py)
         self._running: list[SequenceRequest] = []
         self._free_seat_numbers = list(range(seats))  # a heap: a new request takes the lowest free lane
 
@@ -51,12 +50,8 @@ class Lifecycle:
         return self.engine.num_free_seats
 
     @property
-    def free_blocks(self) -> int:
-        return self.engine.allocator.num_free
-
-    @property
     def free_cache_tokens(self) -> int:
-        return self.free_blocks * self.engine.block_size
+        return self.engine.allocator.num_free * self.engine.block_size
 
     @property
     def held_seats(self) -> int:
@@ -78,6 +73,9 @@ class Lifecycle:
 
     def reserved_tokens(self, request: SequenceRequest) -> int:
         return self.engine.reserved_tokens(request.seq_id) if self.engine.has_sequence(request.seq_id) else 0
+
+    def lowest_ranked_running(self, where: Callable[[SequenceRequest], bool]) -> SequenceRequest | None:
+        return self._waiting.lowest_ranked(self._running, where)
 
     # ----- what a policy asks for -----
     def admit(self, request: SequenceRequest, total_tokens: int) -> bool:
@@ -112,10 +110,7 @@ class Lifecycle:
         self._free_seat(request)
         request.status = RequestStatus.WAITING
         request.num_preemptions += 1
-        if self.by_priority:
-            self._insert_by_priority(request)
-        else:
-            self._waiting.appendleft(request)
+        self._waiting.requeue(request)
 
     def release(self, request: SequenceRequest) -> None:
         assert request.status is RequestStatus.FINISHED, request.status
@@ -133,24 +128,10 @@ class Lifecycle:
 
     # ----- what the core does -----
     def enqueue(self, request: SequenceRequest) -> None:
-        """Behind every request that arrived earlier and every preempted one (they keep the head); by priority,
-        behind every request of a better (lower) priority or of the same one that arrived earlier."""
-        if self.by_priority:
-            self._insert_by_priority(request)
-        else:
-            self._insert(request, lambda ahead: ahead.arrival <= request.arrival or ahead.num_preemptions > 0)
-
-    def _insert_by_priority(self, request: SequenceRequest) -> None:
-        key = (request.priority, request.arrival)
-        self._insert(request, lambda ahead: (ahead.priority, ahead.arrival) <= key)
-
-    def _insert(self, request: SequenceRequest, stays_ahead: Callable[[SequenceRequest], bool]) -> None:
-        """Walk back from the tail past every request that belongs behind `request`: almost always none, since
-        tokenising rarely reorders arrivals."""
-        index = len(self._waiting)
-        while index > 0 and not stays_ahead(self._waiting[index - 1]):
-            index -= 1
-        self._waiting.insert(index, request)
+        """At its arrival's place in the queue's order: behind every request that arrived earlier and every
+        preempted one; by priority, behind every request of a better (lower) priority or of the same one that
+        arrived earlier."""
+        self._waiting.add(request)
 
     def abandon(self, request: SequenceRequest, reason: str) -> None:
         """End `request` without the engine (the loop thread is dying; the engine may be what broke): a held answer

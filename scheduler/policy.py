@@ -8,7 +8,7 @@ fake or simulated engine satisfies the same protocol, so the policies run unchan
 from __future__ import annotations
 
 import abc
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Protocol
 
 from scheduler.config import Mode, SchedulerConfig
@@ -24,7 +24,8 @@ class PolicyContext(Protocol):
 
     @property
     def waiting(self) -> Sequence[SequenceRequest]:
-        """The queue, head first: preempted requests, then the rest by arrival."""
+        """The queue, head first, in `--scheduling-policy`'s order (scheduler/queue.py): first come first served
+        (preempted requests, then the rest by arrival), or by priority then arrival."""
 
     @property
     def running(self) -> Sequence[SequenceRequest]:
@@ -39,12 +40,8 @@ class PolicyContext(Protocol):
         tokens), so rows can run out before seats do."""
 
     @property
-    def free_blocks(self) -> int:
-        """Free KV cache blocks."""
-
-    @property
     def free_cache_tokens(self) -> int:
-        """Tokens the free blocks hold."""
+        """Tokens the free KV cache blocks hold."""
 
     def pending_tokens(self, request: SequenceRequest) -> int:
         """Known tokens of the sequence not in its cache yet: a fresh request's whole prompt, then one per step;
@@ -56,6 +53,11 @@ class PolicyContext(Protocol):
 
     def reserved_tokens(self, request: SequenceRequest) -> int:
         """Tokens its reserved cache can hold."""
+
+    def lowest_ranked_running(self, where: Callable[[SequenceRequest], bool]) -> SequenceRequest | None:
+        """Of the running requests for which `where` holds, the one the queue's order ranks last: the one to preempt
+        first. First come first served: the one seated last; by priority: the highest priority value, the latest
+        arrival among equals. None if `where` holds for none."""
 
     def admit(self, request: SequenceRequest, total_tokens: int) -> bool:
         """Seat a waiting request with `total_tokens` of cache reserved, or change nothing and return False (no

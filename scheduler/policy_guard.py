@@ -73,10 +73,6 @@ class CheckedContext:
         return self._lifecycle.free_rows
 
     @property
-    def free_blocks(self) -> int:
-        return self._lifecycle.free_blocks
-
-    @property
     def free_cache_tokens(self) -> int:
         return self._lifecycle.free_cache_tokens
 
@@ -91,6 +87,9 @@ class CheckedContext:
     def reserved_tokens(self, request: SequenceRequest) -> int:
         self._expect(request)
         return self._guarded(self._lifecycle.reserved_tokens, request)
+
+    def lowest_ranked_running(self, where: Callable[[SequenceRequest], bool]) -> SequenceRequest | None:
+        return self._lifecycle.lowest_ranked_running(where)
 
     def admit(self, request: SequenceRequest, total_tokens: int) -> bool:
         self._expect(request, RequestStatus.WAITING, total_tokens)

@@ -7,7 +7,7 @@ lifecycle's single release of an engine row, and the counts snapshot other threa
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import pytest
@@ -62,7 +62,11 @@ class FakeContext:
         return self.seats - len(self.seated)
 
     @property
-    def free_blocks(self) -> int:
+    def free_rows(self) -> int:
+        return self.seats - len(self.seated)  # a row per seat: nothing keeps a row while it waits here
+
+    @property
+    def free_blocks(self) -> int:  # not part of the contract: this fake's own bookkeeping
         return self.blocks - sum(self.reserved_blocks.values())
 
     @property
@@ -78,6 +82,9 @@ class FakeContext:
 
     def reserved_tokens(self, request: SequenceRequest) -> int:
         return self.reserved_blocks.get(request.seq_id, 0) * self.block_size
+
+    def lowest_ranked_running(self, where: Callable[[SequenceRequest], bool]) -> SequenceRequest | None:
+        return next((r for r in reversed(self.seated) if where(r)), None)  # first come first served
 
     def admit(self, request: SequenceRequest, total_tokens: int) -> bool:
         if self.free_seats == 0 or not self.reserve(request, total_tokens):
