@@ -20,7 +20,7 @@ from engine.outputs import PromptLogprobs, TokenOutput
 from scheduler.config import SchedulerConfig
 from scheduler.engine_port import SchedulerEngine
 from scheduler.errors import EngineLoopStoppedError, QueueFullError, SchedulerClosedError
-from scheduler.events import EventFeed, PointKind, Snapshot, StepEvent, request_point, snapshot_lanes, step_lanes
+from scheduler.events import EventFeed, PointKind
 from scheduler.lifecycle import Lifecycle
 from scheduler.policies import check_seats
 from scheduler.policy import Policy, StepPlan
@@ -154,8 +154,7 @@ class Scheduler:
             self._command("snapshot", "")
 
     def _rejected(self, request: SequenceRequest, reason: str) -> None:
-        if self.events.enabled:  # on the submitting thread: delivered at once, alone
-            self.events.deliver([request_point(PointKind.REJECTED, request, self.clock(), reason=reason)])
+        self.events.rejected(request, self.clock(), reason)
 
     @property
     def num_queued(self) -> int:
@@ -195,7 +194,7 @@ class Scheduler:
             return None
         # Prefill work: prompt chunks, and recomputation after preemption; the rest are decode tokens.
         prefill = sum(count for request, count in plan if count > 1 or request.first_token is None)
-        lanes = step_lanes(plan, self.running) if self.events.enabled else ()  # before: a release empties a seat
+        lanes = self.events.lanes(plan, self.running)  # before the step: a release empties a seat
         for request, _ in plan:
             self._mark_scheduled(request, now)
         failed = False
@@ -216,13 +215,7 @@ class Scheduler:
         self._num_steps += 1
         if self.on_step is not None:
             self.on_step(stats)
-        if self.events.enabled:
-            self.events.add(
-                StepEvent(
-                    now, self._num_steps, stats.duration, lanes, stats.num_waiting, stats.num_running,
-                    stats.held_seats, num_tokens, prefill, generated,
-                )
-            )  # fmt: skip
+        self.events.step(self._num_steps, stats, lanes)
         return stats
 
     def _plan(self, now: float) -> StepPlan:
@@ -254,8 +247,7 @@ class Scheduler:
             request.scheduled = now
             with self._lock:
                 self._num_queued -= 1
-            if self.events.enabled:
-                self.events.add(request_point(PointKind.ADMITTED, request, now))
+            self.events.point(PointKind.ADMITTED, request, now)
 
     def _deliver(self, tokens: Sequence[TokenOutput], prompt_logprobs: Sequence[PromptLogprobs] = ()) -> int:
         by_seq = {r.seq_id: r for r in self.running}
@@ -273,8 +265,7 @@ class Scheduler:
                 continue
             if request.first_token is None:
                 request.first_token = now
-                if self.events.enabled:
-                    self.events.add(request_point(PointKind.FIRST_TOKEN, request, now))
+                self.events.point(PointKind.FIRST_TOKEN, request, now)
             request.last_token = now
             request.output_token_ids.append(token.token_id)
             delivered += 1
@@ -293,10 +284,9 @@ class Scheduler:
                 assert isinstance(item, SequenceRequest)
                 self._requests[item.request_id] = item
                 self.lifecycle.enqueue(item)
-                if self.events.enabled:
-                    self.events.add(request_point(PointKind.QUEUED, item, item.queued))
+                self.events.point(PointKind.QUEUED, item, item.queued)
             elif kind == "snapshot":
-                self._add_snapshot()
+                self.events.snapshot(self.clock(), self.running, len(self.waiting))
             elif kind == "drain":
                 self._begin_drain_now()
             elif kind == "shutdown":
@@ -328,8 +318,8 @@ class Scheduler:
             with self._lock:
                 self._num_queued -= 1
         now = self.clock()
-        if self.events.enabled and request.status in (RequestStatus.WAITING, RequestStatus.RUNNING):
-            self.events.add(request_point(PointKind.FINISHED, request, now, outcome))
+        if request.status in (RequestStatus.WAITING, RequestStatus.RUNNING):
+            self.events.point(PointKind.FINISHED, request, now, outcome)
         self._finishing = (request, now)
         try:
             self.lifecycle.finish(request, outcome, error)
@@ -342,19 +332,8 @@ class Scheduler:
         outcome = request.outcome or Outcome.FAILED
         finishing = self._finishing
         now = finishing[1] if finishing is not None and finishing[0] is request else self.clock()
-        if self.events.enabled:
-            self.events.add(request_point(PointKind.RELEASED, request, now))
+        self.events.point(PointKind.RELEASED, request, now)
         self._emit(request, FinishEvent(outcome, request.timings(self.mode, now), request.error))
-
-    def _add_snapshot(self) -> None:
-        if not self.events.enabled:
-            return
-        lifecycle = self.lifecycle
-        running = lifecycle.running
-        snapshot = Snapshot(
-            self.clock(), snapshot_lanes(running), len(lifecycle.waiting), len(running), lifecycle.held_seats
-        )
-        self.events.add(snapshot)
 
     @staticmethod
     def _emit(request: SequenceRequest, event: RequestEvent) -> bool:

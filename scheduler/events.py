@@ -1,9 +1,10 @@
 """The scheduler's event feed: what each step ran in which seat, and each point of a request's life.
 
-The core records events on the loop thread only while a listener wants them (`enabled`, one flag read per step and
-per lifecycle point otherwise), collects a step's events in a list and hands the whole list to the listener once,
-after the step. The listener must not block: the API's hub passes the list to its event loop and returns.
-Encoding, text and fan-out happen there, never on this thread. Field meanings: docs/events.md.
+The core calls the feed at every step and lifecycle point; while no listener wants events (`enabled` is False) each
+call returns at once, having built nothing. Otherwise the feed collects a step's events in a list and hands the
+whole list to the listener once, after the step. The listener must not block: the API's hub passes the list to its
+event loop and returns. Encoding, text and fan-out happen there, never on this thread. Field meanings:
+docs/events.md.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from scheduler.request import Outcome, RequestStatus, SequenceRequest
+from scheduler.stats import StepStats
 
 logger = logging.getLogger("batchserve.scheduler")
 
@@ -94,9 +96,35 @@ class EventFeed:
     def attach(self, listener: EventListener) -> None:
         self._listener = listener
 
-    def add(self, event: SchedulerEvent) -> None:
-        """Loop thread only."""
-        self._pending.append(event)
+    # ----- loop thread: each returns at once while disabled -----
+    def point(self, kind: PointKind, request: SequenceRequest, now: float, outcome: Outcome | None = None) -> None:
+        if self.enabled:
+            self._pending.append(request_point(kind, request, now, outcome))
+
+    def lanes(
+        self, plan: Sequence[tuple[SequenceRequest, int]], running: Sequence[SequenceRequest]
+    ) -> tuple[Lane, ...]:
+        """A step's lanes, taken before it runs (a request released by the step still shows where it ran)."""
+        return step_lanes(plan, running) if self.enabled else ()
+
+    def step(self, number: int, stats: StepStats, lanes: tuple[Lane, ...]) -> None:
+        if self.enabled:
+            self._pending.append(
+                StepEvent(
+                    stats.start, number, stats.duration, lanes, stats.num_waiting, stats.num_running,
+                    stats.held_seats, stats.num_tokens, stats.num_prompt_tokens, stats.num_generated,
+                )
+            )  # fmt: skip
+
+    def snapshot(self, now: float, running: Sequence[SequenceRequest], waiting: int) -> None:
+        if self.enabled:
+            held = sum(1 for r in running if r.status is RequestStatus.FINISHED)
+            self._pending.append(Snapshot(now, snapshot_lanes(running), waiting, len(running), held))
+
+    def rejected(self, request: SequenceRequest, now: float, reason: str) -> None:
+        """On the submitting thread: delivered at once, alone."""
+        if self.enabled:
+            self.deliver([request_point(PointKind.REJECTED, request, now, reason=reason)])
 
     def flush(self) -> None:
         """Loop thread only: hand the events collected since the last flush to the listener."""
