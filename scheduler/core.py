@@ -1,26 +1,24 @@
 """The scheduler: takes requests in, asks its policy what runs, has `Lifecycle` carry it out, one step at a time.
 
-Everything here runs on the engine loop thread except `submit`, `abort`, `stop_request`, `close`, `begin_drain`
-and `shutdown`, which only append to a locked inbox or set a flag under its lock. `step()` is synchronous and
-takes an injectable clock, so policy tests drive it directly. Every call into the policy goes through
-`PolicyGuard` (scheduler/policy_guard.py): a policy that raises fails no innocent request.
+A step is: take in what other threads sent (`Inbox.apply`: submissions, aborts, stop-string finishes, drain and
+shutdown, queue timeouts), plan, run one engine step, deliver its tokens, finish and release. Everything runs on the
+engine loop thread except the inbox's entry points (scheduler/inbox.py), which only append to its locked list or
+set a flag under its lock. `step()` is synchronous and takes an injectable clock, so policy tests drive it
+directly. Every call into the policy goes through `PolicyGuard` (scheduler/policy_guard.py): a policy that raises
+fails no innocent request.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import itertools
 import logging
-import threading
 import time
-from collections import deque
 from collections.abc import Callable, Sequence
 
 from engine.outputs import PromptLogprobs, TokenOutput
 from scheduler.config import SchedulerConfig
 from scheduler.engine_port import SchedulerEngine
-from scheduler.errors import EngineLoopStoppedError, QueueFullError, SchedulerClosedError
 from scheduler.events import EventFeed, PointKind
+from scheduler.inbox import Inbox
 from scheduler.lifecycle import Lifecycle
 from scheduler.policies import check_seats
 from scheduler.policy import Policy, StepPlan
@@ -56,22 +54,19 @@ class Scheduler:
         self.config = config
         self.clock = clock
         self.on_step = on_step
-        self.lifecycle = Lifecycle(engine, config.seats, self._on_released, request_queue(config.by_priority))
-        self._requests: dict[str, SequenceRequest] = {}  # every request not yet released, by id
-        self._lock = threading.Lock()
-        self._inbox: deque[tuple[str, SequenceRequest | str]] = deque()
-        self._num_queued = 0  # submitted and never scheduled; bounded by max_queue
-        self._seq_ids = itertools.count()
-        self._closed = False
-        self._stopped: str | None = None  # why the loop thread died, once it has (`abandon`)
-        self._counts = SchedulerCounts(config.seats, 0, 0, 0, 0, engine.cache_usage, False)
         self.events = EventFeed()  # records only while a listener is enabled (api/endpoints/event_hub.py)
+        queue = request_queue(config.by_priority)
+        self.lifecycle = Lifecycle(engine, config.seats, self._on_released, queue)
+        self.guard = PolicyGuard(config, self.lifecycle, self._held, clock, on_policy_fallback)
+        self.inbox = Inbox(config, clock, self.events, self.lifecycle, self.guard, self._finish)
         self._num_steps = 0
         # (request, when) while `_finish` runs: a request its policy releases at once (continuous batching) is
         # released at the instant it finished, not a clock reading later: it was held for no time.
         self._finishing: tuple[SequenceRequest, float] | None = None
-        held = lambda request: self._requests.get(request.request_id) is request  # noqa: E731
-        self.guard = PolicyGuard(config, self.lifecycle, held, clock, on_policy_fallback)
+
+    def _held(self, request: SequenceRequest) -> bool:
+        """One of this scheduler's requests, not yet released (a policy may act only on those)."""
+        return self.inbox.requests.get(request.request_id) is request
 
     @property
     def policy(self) -> Policy:
@@ -91,90 +86,46 @@ class Scheduler:
     def running(self) -> Sequence[SequenceRequest]:
         return self.lifecycle.running
 
-    def counts(self) -> SchedulerCounts:
-        """The counts as of the last step boundary or command; safe from any thread."""
-        return self._counts
-
-    # ----- thread-safe entry points -----
+    # ----- any thread: the inbox's entry points (scheduler/inbox.py says what each does) -----
     def submit(self, request: SequenceRequest, arrival: float | None = None) -> None:
-        """Queue a request. Raises EngineInputError (bad input) or QueueFullError at once.
-
-        `arrival` (this scheduler's clock; default: now) is when the request reached the server. The API stamps
-        it before tokenising, which runs on a thread pool and can finish out of order: the queue is ordered by
-        arrival, so first come is first served by when a request came, not by when its tokens were ready.
-        """
-        self.engine.validate(request.prompt_token_ids, request.params)
-        with self._lock:
-            if self._stopped is not None:
-                self._rejected(request, "loop_stopped")
-                raise EngineLoopStoppedError(self._stopped)
-            if self._closed:
-                self._rejected(request, "shutting_down")
-                raise SchedulerClosedError("the server is shutting down")
-            if self._num_queued >= self.config.max_queue:
-                self._rejected(request, "queue_full")
-                raise QueueFullError(f"the waiting queue is full ({self.config.max_queue} requests)")
-            self._num_queued += 1
-            request.seq_id = next(self._seq_ids)
-            request.queued = self.clock()
-            request.arrival = request.queued if arrival is None else min(arrival, request.queued)
-            self._command("submit", request)
+        self.inbox.submit(request, arrival)
 
     def abort(self, request_id: str) -> None:
-        """Cancel a request wherever it is; its consumer receives a FinishEvent with ABORT."""
-        with self._lock:
-            self._command("abort", request_id)
+        self.inbox.abort(request_id)
 
     def stop_request(self, request_id: str) -> None:
-        """Finish a request with STOP (the API matched a stop string)."""
-        with self._lock:
-            self._command("stop", request_id)
+        self.inbox.stop_request(request_id)
 
     def close(self) -> None:
-        """Refuse new submissions from now on."""
-        with self._lock:
-            self._closed = True
+        self.inbox.close()
 
     def begin_drain(self) -> None:
-        """Shutdown begins: refuse new submissions; at the next step boundary, fail the requests never started
-        (SHUTDOWN, the API's 503) and let the policy release finished answers it holds. Running ones go on."""
-        with self._lock:
-            self._closed = True
-            self._command("drain", "")
+        self.inbox.begin_drain()
 
     def shutdown(self) -> None:
-        """The grace period is over: at the next step boundary, end every request still held with SHUTDOWN."""
-        with self._lock:
-            self._closed = True
-            self._command("shutdown", "")
+        self.inbox.shutdown()
 
     def request_snapshot(self) -> None:
-        """Put the current state in the event feed at the next step boundary (a subscriber's `hello`)."""
-        with self._lock:
-            self._command("snapshot", "")
-
-    def _rejected(self, request: SequenceRequest, reason: str) -> None:
-        self.events.rejected(request, self.clock(), reason)
+        self.inbox.request_snapshot()
 
     @property
     def num_queued(self) -> int:
-        with self._lock:
-            return self._num_queued
+        return self.inbox.num_queued
 
-    def _command(self, kind: str, item: SequenceRequest | str) -> None:
-        """Queue a command for the loop thread; the caller holds the lock."""
-        self._inbox.append((kind, item))
-        self._counts = dataclasses.replace(self._counts, queued=self._num_queued, pending_work=True)
+    def counts(self) -> SchedulerCounts:
+        """The counts as of the last step boundary or command; safe from any thread."""
+        return self.inbox.counts()
+
+    def abandon(self, reason: str) -> None:
+        """The loop thread is dying: end every request at once and refuse new ones (`Inbox.abandon`)."""
+        self.inbox.abandon(reason)
 
     # ----- loop thread -----
     def has_pending_work(self) -> bool:
-        return bool(self._inbox) or bool(self._requests)
+        return self.inbox.has_pending_work()
 
     def next_deadline(self) -> float | None:
-        deadlines = [self.guard.next_deadline()]
-        if self.config.queue_timeout_s is not None and self.waiting:
-            deadlines.append(min(r.queued for r in self.waiting) + self.config.queue_timeout_s)
-        present = [d for d in deadlines if d is not None]
+        present = [d for d in (self.guard.next_deadline(), self.inbox.next_timeout()) if d is not None]
         return min(present) if present else None
 
     def step(self) -> StepStats | None:
@@ -182,13 +133,12 @@ class Scheduler:
         try:
             return self._step()
         finally:
-            self._publish()
+            self.inbox.publish()
             self.events.flush()
 
     def _step(self) -> StepStats | None:
         now = self.clock()
-        self._drain_inbox()
-        self._expire_waiting(now)
+        self.inbox.apply(now)
         plan = self._plan(now)
         if not plan:
             return None
@@ -229,24 +179,11 @@ class Scheduler:
                 reason = f"internal error while admitting the request: {type(refused.cause).__name__}"
                 self._finish(refused.request, Outcome.FAILED, reason)
 
-    def _publish(self) -> None:
-        lifecycle = self.lifecycle
-        running, held = len(lifecycle.running), lifecycle.held_seats
-        preempted = sum(1 for r in lifecycle.waiting if r.scheduled is not None)
-        usage = self.engine.cache_usage
-        cached_free = self.engine.allocator.num_cached_free / self.engine.allocator.num_blocks
-        with self._lock:  # under the lock, so that a submission's own update is never lost
-            pending = bool(self._inbox) or bool(self._requests)
-            self._counts = SchedulerCounts(
-                self.config.seats, running, held, self._num_queued, preempted, usage, pending, cached_free
-            )
-
     def _mark_scheduled(self, request: SequenceRequest, now: float) -> None:
         request.num_steps += 1
         if request.scheduled is None:
             request.scheduled = now
-            with self._lock:
-                self._num_queued -= 1
+            self.inbox.started()
             self.events.point(PointKind.ADMITTED, request, now)
 
     def _deliver(self, tokens: Sequence[TokenOutput], prompt_logprobs: Sequence[PromptLogprobs] = ()) -> int:
@@ -275,48 +212,9 @@ class Scheduler:
                 self._finish(request, Outcome.from_engine(token.finish_reason))
         return delivered
 
-    def _drain_inbox(self) -> None:
-        with self._lock:
-            commands = list(self._inbox)
-            self._inbox.clear()
-        for kind, item in commands:
-            if kind == "submit":
-                assert isinstance(item, SequenceRequest)
-                self._requests[item.request_id] = item
-                self.lifecycle.enqueue(item)
-                self.events.point(PointKind.QUEUED, item, item.queued)
-            elif kind == "snapshot":
-                self.events.snapshot(self.clock(), self.running, len(self.waiting))
-            elif kind == "drain":
-                self._begin_drain_now()
-            elif kind == "shutdown":
-                self._shutdown_now()
-            else:
-                assert isinstance(item, str)
-                request = self._requests.get(item)
-                if request is None:
-                    continue
-                if request.status in (RequestStatus.WAITING, RequestStatus.RUNNING):
-                    self._finish(request, Outcome.ABORTED if kind == "abort" else Outcome.STOPPED)
-                elif kind == "abort" and request.status is RequestStatus.FINISHED:
-                    # A finished answer held by its batch: its consumer left, so free the seat now.
-                    self._finish(request, Outcome.ABORTED)
-
-    def _expire_waiting(self, now: float) -> None:
-        limit = self.config.queue_timeout_s
-        if limit is None:
-            return
-        for request in [r for r in self.waiting if r.scheduled is None and now - r.queued > limit]:
-            self._finish(
-                request,
-                Outcome.QUEUE_TIMEOUT,
-                f"the request waited in the queue longer than {limit} s; the server is overloaded",
-            )
-
     def _finish(self, request: SequenceRequest, outcome: Outcome, error: str | None = None) -> None:
         if request.scheduled is None:
-            with self._lock:
-                self._num_queued -= 1
+            self.inbox.started()
         now = self.clock()
         if request.status in (RequestStatus.WAITING, RequestStatus.RUNNING):
             self.events.point(PointKind.FINISHED, request, now, outcome)
@@ -328,7 +226,7 @@ class Scheduler:
             self._finishing = None
 
     def _on_released(self, request: SequenceRequest) -> None:
-        self._requests.pop(request.request_id, None)
+        self.inbox.requests.pop(request.request_id, None)
         outcome = request.outcome or Outcome.FAILED
         finishing = self._finishing
         now = finishing[1] if finishing is not None and finishing[0] is request else self.clock()
@@ -345,36 +243,6 @@ class Scheduler:
             logger.exception("the consumer of request %s failed; aborting it", request.request_id)
             return False
         return True
-
-    def _begin_drain_now(self) -> None:
-        # Preempted requests wait too, but they already ran: like the running ones, they may finish.
-        for request in [r for r in self.waiting if r.scheduled is None]:
-            self._finish(request, Outcome.SHUTDOWN, "the server is shutting down; retry the request")
-        self.guard.begin_drain()
-
-    def abandon(self, reason: str) -> None:
-        """The loop thread is dying (`reason`): refuse every submission from now on, and end every request held,
-        the inbox's too, at once (`Lifecycle.abandon`: neither the engine nor the policy, either may be what broke)."""
-        with self._lock:
-            self._closed, self._stopped = True, reason
-            submitted = [item for _, item in self._inbox if isinstance(item, SequenceRequest)]
-            self._inbox.clear()
-            self._num_queued = 0
-            self._counts = SchedulerCounts(self.config.seats, 0, 0, 0, 0, self._counts.cache_usage, False)
-        for request in [*self._requests.values(), *submitted]:
-            try:
-                self.lifecycle.abandon(request, reason)
-            except Exception:  # the others must still hear
-                logger.exception("ending request %s failed", request.request_id)
-
-    def _shutdown_now(self) -> None:
-        for request in list(self._requests.values()):
-            if request.status in (RequestStatus.WAITING, RequestStatus.RUNNING):
-                self._finish(
-                    request,
-                    Outcome.SHUTDOWN,
-                    "the server shut down before the request finished (its shutdown grace period ran out); retry it",
-                )
 
 
 __all__ = ["Scheduler", "StepPlan"]

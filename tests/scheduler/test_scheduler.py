@@ -517,12 +517,12 @@ def test_queue_order_is_arrival_order_even_when_submitted_out_of_order(mode: Mod
 def test_an_early_arrival_submitted_late_does_not_pass_a_preempted_request() -> None:
     h = build(Mode.CONTINUOUS, seats=1, clock=FakeClock(10.0))
     preempted = h.submit(request_id="preempted", arrival=5.0)
-    h.scheduler._drain_inbox()
+    h.scheduler.inbox.apply(h.clock())
     assert preempted.request is not None
     preempted.request.num_preemptions = 1  # as if it had run and been pushed back to the head
     h.submit(request_id="early", arrival=1.0)
     h.submit(request_id="later", arrival=7.0)
-    h.scheduler._drain_inbox()
+    h.scheduler.inbox.apply(h.clock())
     assert [r.request_id for r in h.scheduler.waiting] == ["preempted", "early", "later"]
 
 
