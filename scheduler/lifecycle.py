@@ -28,7 +28,8 @@ class Lifecycle:
         self.engine = engine
         self.seats = seats
         self._on_released = on_released  # the core hands the completion to the request's consumer
-        self._waiting = queue  # its order: first come first served, or by priority (scheduler/queue.py)
+        self._queue = queue  # its order: first come first served, or by priority (scheduler/queue.py)
+        self._waiting = queue.requests
         self._running: list[SequenceRequest] = []
         self._free_seat_numbers = list(range(seats))  # a heap: a new request takes the lowest free lane
 
@@ -75,7 +76,7 @@ class Lifecycle:
         return self.engine.reserved_tokens(request.seq_id) if self.engine.has_sequence(request.seq_id) else 0
 
     def lowest_ranked_running(self, where: Callable[[SequenceRequest], bool]) -> SequenceRequest | None:
-        return self._waiting.lowest_ranked(self._running, where)
+        return self._queue.lowest_ranked(self._running, where)
 
     # ----- what a policy asks for -----
     def admit(self, request: SequenceRequest, total_tokens: int) -> bool:
@@ -93,7 +94,7 @@ class Lifecycle:
             return False
         if added:
             request.num_cached_tokens = self.engine.num_computed(request.seq_id)
-        self._waiting.remove(request)
+        self._queue.remove(request)
         request.status = RequestStatus.RUNNING
         request.seat = heapq.heappop(self._free_seat_numbers)
         self._running.append(request)
@@ -110,7 +111,7 @@ class Lifecycle:
         self._free_seat(request)
         request.status = RequestStatus.WAITING
         request.num_preemptions += 1
-        self._waiting.requeue(request)
+        self._queue.requeue(request)
 
     def release(self, request: SequenceRequest) -> None:
         assert request.status is RequestStatus.FINISHED, request.status
@@ -131,7 +132,7 @@ class Lifecycle:
         """At its arrival's place in the queue's order: behind every request that arrived earlier and every
         preempted one; by priority, behind every request of a better (lower) priority or of the same one that
         arrived earlier."""
-        self._waiting.add(request)
+        self._queue.add(request)
 
     def abandon(self, request: SequenceRequest, reason: str) -> None:
         """End `request` without the engine (the loop thread is dying; the engine may be what broke): a held answer
@@ -147,7 +148,7 @@ class Lifecycle:
         """End a waiting or running request (or re-end a held one, when its consumer left). One that ended early or
         holds no seat is released at once; one that ran to its end keeps its seat until the policy releases it."""
         if request.status is RequestStatus.WAITING:
-            self._waiting.remove(request)
+            self._queue.remove(request)
         request.status = RequestStatus.FINISHED
         request.outcome = outcome
         request.error = error

@@ -9,17 +9,21 @@ from __future__ import annotations
 
 import abc
 from collections import deque
-from collections.abc import Callable, Iterator, Sequence
-from typing import overload
+from collections.abc import Callable, Sequence
 
 from scheduler.request import SequenceRequest
 
 
-class RequestQueue(Sequence[SequenceRequest], abc.ABC):
-    """The waiting requests, head first."""
+class RequestQueue(abc.ABC):
+    """The waiting requests, head first (`requests`), and the order that places and ranks them."""
 
     def __init__(self) -> None:
         self._requests: deque[SequenceRequest] = deque()
+
+    @property
+    def requests(self) -> Sequence[SequenceRequest]:
+        """Head first. The deque itself: reading it costs what a list's would, with no call through this class."""
+        return self._requests
 
     @abc.abstractmethod
     def add(self, request: SequenceRequest) -> None:
@@ -46,24 +50,6 @@ class RequestQueue(Sequence[SequenceRequest], abc.ABC):
         while index > 0 and not stays_ahead(self._requests[index - 1]):
             index -= 1
         self._requests.insert(index, request)
-
-    def __len__(self) -> int:
-        return len(self._requests)
-
-    def __iter__(self) -> Iterator[SequenceRequest]:
-        return iter(self._requests)
-
-    def __contains__(self, request: object) -> bool:
-        return request in self._requests
-
-    @overload
-    def __getitem__(self, index: int) -> SequenceRequest: ...
-
-    @overload
-    def __getitem__(self, index: slice) -> Sequence[SequenceRequest]: ...
-
-    def __getitem__(self, index: int | slice) -> SequenceRequest | Sequence[SequenceRequest]:
-        return list(self._requests)[index] if isinstance(index, slice) else self._requests[index]
 
 
 class FirstComeFirstServed(RequestQueue):
