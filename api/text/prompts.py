@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
+
 from transformers import PreTrainedTokenizerBase
 
 from api.config import ServerConfig
@@ -112,13 +114,19 @@ def _refuse_control_text(request: ChatCompletionRequest, controls: list[str]) ->
         ("tools", "tools", request.tools),
         ("chat_template_kwargs", "chat_template_kwargs", request.chat_template_kwargs),
     ]
+    refuse_control_text_in(fields, controls, allowed="message content may hold it (as plain text)")
+
+
+def refuse_control_text_in(fields: Iterable[tuple[str, str, object]], controls: Sequence[str], allowed: str) -> None:
+    """A 400 for the first of `fields` (where, param, value) that spells a control token (`controls`), naming the
+    field and the path inside it; `allowed` says which fields may hold such text instead (each API names its own)."""
     for where, param, value in fields:
         found = control_text_in(value, controls)
         if found is not None:
             path, control = found
             raise bad_request(
-                f"{where}{path} holds {control!r}, a control token's text; only message content may hold it (as "
-                "plain text): the chat template would render it here as the control token itself",
+                f"{where}{path} holds {control!r}, a control token's text; only {allowed}: the chat template would "
+                "render it here as the control token itself",
                 param=param,
             )
 

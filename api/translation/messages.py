@@ -29,7 +29,7 @@ from api.protocol.messages_api import (
     named_error,
 )
 from api.protocol.openai_api import ChatCompletionRequest, parse_json_text
-from api.text.chat_template import control_text_in
+from api.text.prompts import refuse_control_text_in
 
 # finish_reason -> stop_reason; "stop" is "stop_sequence" when a stop string ended it (the choice's stop_reason).
 _STOP_REASONS = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use", "abort": "end_turn"}
@@ -83,25 +83,16 @@ def refuse_control_text(request: CountTokensRequest, controls: Sequence[str]) ->
     """A 400 naming the field, for control-token text (`controls`) where the chat template renders it raw: tool_use
     ids, names and inputs, tool_result ids, tools. The chat path refuses it too, but names its own messages; here
     the path is the request's. Text content may hold it: it is kept plain text (api/text/chat_template.py)."""
-    fields: list[tuple[str, object]] = []
+    fields: list[tuple[str, str, object]] = []
     for i, message in enumerate(request.messages):
         for j, block in enumerate(message.blocks()):
+            where = f"messages.{i}.content.{j}"
             if isinstance(block, ToolUseBlock):
-                fields += [
-                    (f"messages.{i}.content.{j}.{name}", getattr(block, name)) for name in ("id", "name", "input")
-                ]
+                fields += [(f"{where}.{name}", "messages", getattr(block, name)) for name in ("id", "name", "input")]
             elif isinstance(block, ToolResultBlock):
-                fields.append((f"messages.{i}.content.{j}.tool_use_id", block.tool_use_id))
-    fields += [(f"tools.{i}", tool.model_dump()) for i, tool in enumerate(request.tools or ())]
-    for where, value in fields:
-        found = control_text_in(value, controls)
-        if found is not None:
-            path, control = found
-            raise bad_request(
-                f"{where}{path} holds {control!r}, a control token's text; only text content may hold it: the chat "
-                "template would render it here as the control token itself",
-                param=where.split(".")[0],
-            )
+                fields.append((f"{where}.tool_use_id", "messages", block.tool_use_id))
+    fields += [(f"tools.{i}", "tools", tool.model_dump()) for i, tool in enumerate(request.tools or ())]
+    refuse_control_text_in(fields, controls, allowed="text content may hold it")
 
 
 def _tools(request: CountTokensRequest) -> list[dict[str, Any]]:
