@@ -303,10 +303,15 @@ def _assert_grammar_or_named_400(request: BaseModel) -> None:
             assert str(exc)
 
 
-def _token_bodies(model: type[BaseModel]) -> st.SearchStrategy[bytes]:
-    overlay = st.lists(st.sampled_from(sorted(_TOKEN_FIELD_VALUES)), min_size=1, max_size=3, unique=True).flatmap(
-        lambda keys: st.fixed_dictionaries({k: _TOKEN_FIELD_VALUES[k] for k in keys})
+def _field_overlay(values: dict[str, st.SearchStrategy[Any]]) -> st.SearchStrategy[dict[str, Any]]:
+    """One to three of the fields in `values`, each with a value drawn from its strategy."""
+    return st.lists(st.sampled_from(sorted(values)), min_size=1, max_size=3, unique=True).flatmap(
+        lambda keys: st.fixed_dictionaries({k: values[k] for k in keys})
     )
+
+
+def _token_bodies(model: type[BaseModel]) -> st.SearchStrategy[bytes]:
+    overlay = _field_overlay(_TOKEN_FIELD_VALUES)
     base = st.sampled_from(_TOKEN_BASES[model])
     return st.one_of(
         st.tuples(base, overlay).map(lambda pair: json.dumps({**pair[0], **pair[1]}).encode()),
@@ -409,9 +414,7 @@ _MESSAGES_BASE = {"model": "tiny-llama", "max_tokens": 8, "messages": [{"role": 
 
 
 def _messages_bodies() -> st.SearchStrategy[bytes]:
-    overlay = st.lists(st.sampled_from(sorted(_MESSAGES_FIELD_VALUES)), min_size=1, max_size=3, unique=True).flatmap(
-        lambda keys: st.fixed_dictionaries({k: _MESSAGES_FIELD_VALUES[k] for k in keys})
-    )
+    overlay = _field_overlay(_MESSAGES_FIELD_VALUES)
     return st.one_of(
         overlay.map(lambda fields: json.dumps({**_MESSAGES_BASE, **fields}).encode()),
         st.fixed_dictionaries({}, optional=_MESSAGES_FIELD_VALUES).map(lambda d: json.dumps(d).encode()),
