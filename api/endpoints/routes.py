@@ -77,6 +77,13 @@ async def read_json_body(request: Request, limit: int) -> bytes:
     return bytes(body)
 
 
+def log_ignored_fields(request: Request, ignored: list[str]) -> None:
+    """As vLLM: fields this server does not use are ignored, not refused; logged by name only, never values."""
+    if ignored:
+        names = ", ".join(repr(name[:40]) for name in ignored[:10])
+        logger.info("%s %s: ignoring fields this server does not use: %s", request.method, request.url.path, names)
+
+
 def _check_model(requested: str | None, runtime: Runtime) -> None:
     if requested is not None and requested != runtime.model_name:
         raise APIError(
@@ -157,10 +164,7 @@ def _accept_parsed(request: Request, body: _Request) -> _Accepted[_Request]:
     if refused is not None:
         raise refused
     check_common_limits(body, config.max_n, config.max_stop_strings)
-    ignored = body.ignored_fields()
-    if ignored:  # as vLLM: fields this server does not use are ignored, not refused (names only, never values)
-        names = ", ".join(repr(name[:40]) for name in ignored[:10])
-        logger.info("%s %s: ignoring fields this server does not use: %s", request.method, request.url.path, names)
+    log_ignored_fields(request, body.ignored_fields())
     # After the upload, before tokenising.
     return _Accepted(config, runtime, body, runtime.service.now(), time.time())
 
@@ -323,10 +327,7 @@ async def _accept_tokens(
     runtime = _runtime(request)
     body = parse_request(schema, await read_json_body(request, config.max_body_bytes))
     _check_model(body.model, runtime)
-    ignored = body.ignored_fields()
-    if ignored:
-        names = ", ".join(repr(name[:40]) for name in ignored[:10])
-        logger.info("%s %s: ignoring fields this server does not use: %s", request.method, request.url.path, names)
+    log_ignored_fields(request, body.ignored_fields())
     return config, runtime, body
 
 

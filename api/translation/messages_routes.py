@@ -11,7 +11,15 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from api.endpoints import responses
-from api.endpoints.routes import chat_prompt_ids, check_serving, collect_chat, event_stream, read_json_body, start_chat
+from api.endpoints.routes import (
+    chat_prompt_ids,
+    check_serving,
+    collect_chat,
+    event_stream,
+    log_ignored_fields,
+    read_json_body,
+    start_chat,
+)
 from api.endpoints.state import ServerState
 from api.protocol.errors import APIError
 from api.protocol.messages_api import CountTokensRequest, MessagesRequest, error_response, parse_messages_request
@@ -63,7 +71,7 @@ async def _parse(request: Request, model: type[_Body]) -> _Body:
     """Readiness, the body, its schema and what its translation cannot take."""
     config = check_serving(request)
     body = parse_messages_request(model, await read_json_body(request, config.max_body_bytes))
-    _log_ignored(request, body.ignored_fields())
+    log_ignored_fields(request, body.ignored_fields())
     refuse_control_text(body, control_token_texts(ServerState.of(request.app).loaded().tokenizer))
     return body
 
@@ -87,10 +95,3 @@ def _named(error: APIError) -> APIError:
     if error.message.startswith(field):
         return error
     return APIError(error.status, f"{field}: {error.message}", field, error.code, error.headers)
-
-
-def _log_ignored(request: Request, ignored: list[str]) -> None:
-    """As the chat path does: fields this server does not use are ignored, not refused (names only, never values)."""
-    if ignored:
-        names = ", ".join(repr(name[:40]) for name in ignored[:10])
-        logger.info("%s %s: ignoring fields this server does not use: %s", request.method, request.url.path, names)
