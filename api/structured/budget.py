@@ -30,7 +30,7 @@ def budget_problem(spec: GrammarSpec, limits: GrammarLimits) -> str | None:
         return f"is {size} bytes, over the limit of {limits.max_bytes} ({flag('max_bytes')})"
     if spec.kind in (GrammarKind.REGEX, GrammarKind.EBNF):
         return _repetition_problem(spec.text, limits, "")
-    if spec.kind is GrammarKind.JSON_SCHEMA:
+    if spec.kind in (GrammarKind.JSON_SCHEMA, GrammarKind.STRUCTURAL_TAG):  # a structural tag holds the tools' schemas
         return _schema_problem(json.loads(spec.text), limits)
     return None
 

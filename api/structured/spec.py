@@ -23,6 +23,7 @@ class GrammarKind(enum.Enum):
     REGEX = "regex"
     CHOICE = "choice"  # exactly one of a list of strings
     EBNF = "ebnf"
+    STRUCTURAL_TAG = "structural_tag"  # a tool parser's lazy grammar, as xgrammar's structural tag JSON
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import xgrammar as xgr
 
@@ -28,6 +28,8 @@ if TYPE_CHECKING:
 MAX_JSON_WHITESPACE = 4
 _CACHE_BYTES = 64 * 2**20  # the worker's own cache: a spec whose grammar the server evicted recompiles fast
 _ANY_OBJECT = json.dumps({"type": "object"})
+# Where a structural tag's formats hold other formats.
+_FORMAT_KEYS = frozenset({"format", "tags", "content", "elements"})
 # xgrammar's messages start with "[time] /path/file.cc:line: "; the rest is the reason.
 _SOURCE_PREFIX = re.compile(r"^\[[^\]]*\]\s*\S+:\d+:\s*")
 
@@ -114,10 +116,27 @@ class XGrammarCompiler:
             return compiler.compile_json_schema(_ANY_OBJECT, strict_mode=False, max_whitespace_cnt=self.max_whitespace)
         if spec.kind is GrammarKind.REGEX:
             return compiler.compile_regex(spec.text)
+        if spec.kind is GrammarKind.STRUCTURAL_TAG:
+            return compiler.compile_structural_tag(_bounded_whitespace(json.loads(spec.text), self.max_whitespace))
         if spec.kind is GrammarKind.CHOICE:
             # JSON string literals are EBNF string literals (the same escapes).
             return compiler.compile_grammar("root ::= " + " | ".join(json.dumps(c) for c in spec.choices))
         return compiler.compile_grammar(spec.text)
+
+
+def _bounded_whitespace(structural_tag: Any, limit: int) -> str:
+    """The structural tag's JSON with every JSON-schema part bounded in whitespace as compiled schemas are."""
+    stack = [structural_tag]
+    while stack:  # not recursive: tags nest formats, and the schemas inside them are not walked (only formats)
+        item = stack.pop()
+        if isinstance(item, list):
+            stack.extend(item)
+        elif isinstance(item, dict):
+            if item.get("type") == "json_schema" and "json_schema" in item:
+                item.setdefault("max_whitespace_cnt", limit)
+                continue
+            stack.extend(value for key, value in item.items() if key in _FORMAT_KEYS)
+    return json.dumps(structural_tag)
 
 
 def _admits_a_first_token(compiled: xgr.CompiledGrammar, vocab_size: int) -> bool:
