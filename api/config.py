@@ -13,6 +13,7 @@ from typing import Any
 
 from api.structured.limits import RANGES as GRAMMAR_RANGES
 from api.structured.limits import GrammarLimits
+from api.structured.tool_parsers.registry import PARSERS
 from engine.config import DEFAULT_MAX_QUANTIZED_ROWS, DTYPES, QUANTIZATIONS, EngineConfig, LoadConfig
 from scheduler.config import RANGES, SCHEDULING_POLICIES, Mode, SchedulerConfig
 from scheduler.policies import load_policy
@@ -43,6 +44,8 @@ class RuntimeOptions:
     int8_activations: bool = True
     enable_prefix_caching: bool = True
     grammar_limits: GrammarLimits = field(default_factory=GrammarLimits)
+    tool_call_parser: str | None = None  # None: the model's default (api/structured/tool_parsers/registry.py)
+    chat_template: str | None = None  # a Jinja file every chat request renders through
 
     def __post_init__(self) -> None:
         LoadConfig(self.dtype, self.quantization)  # raises ValueError naming the bad value
@@ -235,6 +238,22 @@ class ServerConfig:
         "Structured outputs: grammar compiles running or waiting beyond this get 429",
         range=GRAMMAR_RANGES["max_pending"],
     )
+    tool_call_parser: str | None = _opt(
+        None,
+        "How tool calls are read out of the model's answer under tool_choice auto, and shown to it: hermes, smollm2, "
+        "llama3_json or generic (default: the model's own, read off its template; smollm2 for the default model; "
+        "docs/tool_calling.md)",
+        choices=tuple(PARSERS),
+    )
+    enable_auto_tool_choice: bool = _opt(
+        False, "Accepted for vLLM command lines; tool_choice auto is always on (a parser is always chosen)"
+    )
+    chat_template: str | None = _opt(
+        None,
+        "A Jinja chat template file that renders every chat request instead of the model's own (default: the "
+        "model's, or for a ChatML model whose template ignores tools, the server's tool-aware one when a request "
+        "involves tools)",
+    )
     max_workloads: int = _opt(
         1,
         "The compare page's workloads (POST /v1/compare/workload, up to --max-prompts sequences in every pane each) "
@@ -253,6 +272,10 @@ class ServerConfig:
         self.grammar_limits()
         if self.policy is not None:
             load_policy(self.policy)  # a policy that cannot load is a config error, named at start
+        if self.tool_call_parser is not None and self.tool_call_parser not in PARSERS:
+            raise ValueError(f"tool_call_parser must be one of {', '.join(PARSERS)}, got {self.tool_call_parser!r}")
+        if self.chat_template is not None and not Path(self.chat_template).is_file():
+            raise ValueError(f"chat_template: no such file: {self.chat_template}")
 
     @property
     def seats(self) -> int:
@@ -292,4 +315,6 @@ class ServerConfig:
             dtype=self.dtype,
             quantization=self.quantization,
             grammar_limits=self.grammar_limits(),
+            tool_call_parser=self.tool_call_parser,
+            chat_template=self.chat_template,
         )

@@ -42,6 +42,7 @@ def metered_model(
     model = build_model_runtime(
         options, loaded, on_step=metrics.observe_step, runner=runner, on_policy_fallback=metrics.observe_policy_fallback
     )
+    metrics.expect_tool_parser(model.chat.parser.name)
     counts = model.scheduler.counts  # a snapshot published by the loop thread: safe to read from any thread
     metrics.bind_gauges(
         running=lambda: counts().running,

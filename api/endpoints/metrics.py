@@ -101,6 +101,14 @@ class ServerMetrics:
             names,
             registry=self.registry,
         )
+        self.tool_calls = Counter(
+            "batchserve:tool_calls",
+            "Chat answers' tool calls by parser and outcome: parsed (a whole call), unfinished (the answer ended "
+            "inside one), no_call (an answer that could call a tool and called none); parser `forced` counts "
+            "tool_choice required and named calls",
+            [*names, "parser", "outcome"],
+            registry=self.registry,
+        )
         self.prefix_queries = counter("vllm:prefix_cache_queries", "Prompt tokens looked up in the prefix cache")
         self.prefix_hits = counter("vllm:prefix_cache_hits", "Prompt tokens found in the prefix cache")
         self.by_priority = by_priority
@@ -193,6 +201,15 @@ class ServerMetrics:
             if timings.time_to_first_token is not None:
                 self.priority_ttft.labels(**by_class).observe(timings.time_to_first_token)
             self.priority_preemptions.labels(**by_class).inc(timings.num_preemptions)
+
+    def observe_tool_calls(self, parser: str, outcome: str, count: int = 1) -> None:
+        self.tool_calls.labels(**self._labels, parser=parser, outcome=outcome).inc(count)
+
+    def expect_tool_parser(self, parser: str) -> None:
+        """Create the parser's series (and forced calls'), so scrapes see zeros before the first call."""
+        for name in (parser, "forced"):
+            for outcome in ("parsed", "unfinished", "no_call"):
+                self.tool_calls.labels(**self._labels, parser=name, outcome=outcome)
 
     def observe_failure(self) -> None:
         self.failures.labels(**self._labels).inc()

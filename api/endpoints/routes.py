@@ -16,6 +16,7 @@ from starlette.responses import JSONResponse, Response
 
 from api.config import ServerConfig
 from api.endpoints import responses, tokenization
+from api.endpoints.auto_tool_formatting import AutoToolFormatter
 from api.endpoints.formatting import ChatFormatter, CompletionFormatter
 from api.endpoints.responses import ResponseShape
 from api.endpoints.server_info import model_card, version_info
@@ -181,8 +182,7 @@ async def completions(request: Request) -> Response:
     prompts = await asyncio.to_thread(
         completion_prompts, body, runtime.tokenizer, accepted.config, runtime.max_model_len
     )
-    spec, _ = request_grammar(body)
-    grammar = await _grammar(request, runtime, spec)
+    grammar = await _grammar(request, runtime, request_grammar(body).spec)
     echo_logprobs = body.echo and body.logprobs is not None
     prompt_k = _prompt_scores_wanted(body.prompt_logprobs, body.logprobs if echo_logprobs else None)
     inputs = choice_inputs(body, prompts, body.max_tokens, body.logprobs, prompt_k, grammar)
@@ -215,9 +215,11 @@ async def _chat_inputs(
     body, runtime = accepted.body, accepted.runtime
     if body.top_logprobs is not None and not body.logprobs:
         raise bad_request("top_logprobs requires logprobs to be true", param="top_logprobs")
-    spec, tool_mode = request_grammar(body)
+    plan = request_grammar(body, runtime.chat.parser)
     prompt = await _render_chat(runtime, body)
-    grammar = await _grammar(request, runtime, spec)
+    # Without xgrammar, "auto" still reads calls out of the answer, unconstrained (a forced call is a 400).
+    lazy_only = plan.parser is not None and runtime.grammars is None
+    grammar = await _grammar(request, runtime, None if lazy_only else plan.spec)
     max_tokens = chat_max_tokens(body, len(prompt), runtime.max_model_len)
     logprobs = (body.top_logprobs or 0) if body.logprobs else None
     inputs = choice_inputs(body, [prompt], max_tokens, logprobs, body.prompt_logprobs, grammar)
@@ -225,7 +227,13 @@ async def _chat_inputs(
         accepted.public_id("chatcmpl"), runtime.model_name, runtime.tokenizer, body.return_tokens_as_token_ids,
         runtime.token_bytes,
     )  # fmt: skip
-    formatter = ChatFormatter(*formatter_args) if tool_mode is None else ToolCallFormatter(tool_mode, *formatter_args)
+    formatter: ChatFormatter
+    if plan.forced is not None:
+        formatter = ToolCallFormatter(plan.forced, runtime.metrics.observe_tool_calls, *formatter_args)
+    elif plan.parser is not None:
+        formatter = AutoToolFormatter(plan.parser, runtime.metrics.observe_tool_calls, *formatter_args)
+    else:
+        formatter = ChatFormatter(*formatter_args)
     echo = chat_echo_text(body)
     shape = ResponseShape(
         formatter, body.n, None if echo is None else [echo], logprobs, False, body.prompt_logprobs,
@@ -243,7 +251,7 @@ async def chat_prompt_ids(request: Request, body: ChatCompletionRequest) -> list
 
 async def _render_chat(runtime: Runtime, body: ChatCompletionRequest) -> list[int]:
     # Tokenising a long conversation takes a while: off the event loop, so other streams keep flowing.
-    return await asyncio.to_thread(chat_prompt, body, runtime.tokenizer, runtime.max_model_len)
+    return await asyncio.to_thread(chat_prompt, body, runtime.tokenizer, runtime.max_model_len, runtime.chat)
 
 
 @dataclass(frozen=True)
@@ -335,7 +343,9 @@ async def tokenize(request: Request) -> Response:
     """vLLM's `POST /tokenize`: a prompt's or messages' token ids, as the generation endpoints would count them."""
     config, runtime, body = await _accept_tokens(request, TokenizeRequest)
     # Off the event loop, as the generation endpoints tokenise: a long prompt must not stall other streams.
-    answer = await asyncio.to_thread(tokenization.tokenize, body, runtime.tokenizer, config, runtime.max_model_len)
+    answer = await asyncio.to_thread(
+        tokenization.tokenize, body, runtime.tokenizer, config, runtime.max_model_len, runtime.chat
+    )
     return JSONResponse(answer)
 
 

@@ -10,23 +10,28 @@ from api.config import ServerConfig
 from api.protocol.errors import bad_request
 from api.protocol.openai_api import DetokenizeRequest, TokenizeRequest, refusal
 from api.text.prompts import chat_prompt, completion_prompts
+from api.text.tool_template import ChatSetup
 
 
 def tokenize(
-    request: TokenizeRequest, tokenizer: PreTrainedTokenizerBase, config: ServerConfig, max_model_len: int
+    request: TokenizeRequest,
+    tokenizer: PreTrainedTokenizerBase,
+    config: ServerConfig,
+    max_model_len: int,
+    chat: ChatSetup | None = None,
 ) -> dict[str, object]:
     """`{"count", "max_model_len", "tokens"}`, with `token_strs` when asked. A prompt longer than the context is
-    counted, not refused: comparing `count` with `max_model_len` is what a client tokenises for."""
+    counted, not refused: comparing `count` with `max_model_len` is what a client tokenises for. `chat`: the server's
+    chat rendering, so messages count as the chat endpoint renders them."""
     if request.prompt is None and request.messages is None:
         raise bad_request("the request needs 'prompt' (text or token ids) or 'messages'", param="prompt")
     if request.prompt is not None and request.messages is not None:
         raise bad_request("give 'prompt' or 'messages', not both", param="messages")
     if request.messages is not None:
-        chat = request.as_chat()
-        refused = refusal(chat)  # what the chat endpoint refuses before rendering: unknown part types and the like
+        refused = refusal(request.as_chat())  # what the chat endpoint refuses before rendering (unknown part types)
         if refused is not None:
             raise refused
-        ids = chat_prompt(chat, tokenizer, max_model_len)
+        ids = chat_prompt(request.as_chat(), tokenizer, max_model_len, chat)
     else:
         [ids] = completion_prompts(request.as_completion(), tokenizer, config, max_model_len)
         check_vocabulary(ids, tokenizer, "prompt")

@@ -11,6 +11,7 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
+from api.endpoints.auto_tool_formatting import OutcomeSink
 from api.endpoints.formatting import ChatFormatter
 from api.structured.tools import CallText, ToolCall, ToolCallMode, new_call_id, split_call
 
@@ -30,9 +31,10 @@ class _CallProgress:
 class ToolCallFormatter(ChatFormatter):
     """A ChatFormatter for requests with tool_choice "required" or a named function (api/structured/tools.py)."""
 
-    def __init__(self, mode: ToolCallMode, *args: Any, **kwargs: Any) -> None:
+    def __init__(self, mode: ToolCallMode, on_outcome: OutcomeSink | None, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.mode = mode
+        self._on_outcome = on_outcome
         self._progress: dict[int, _CallProgress] = {}
 
     def _call(self, index: int) -> _CallProgress:
@@ -70,7 +72,7 @@ class ToolCallFormatter(ChatFormatter):
             delta["content"] = progress.text
         if not delta and not final and logprobs is None:
             return None
-        reason = _reason(finish_reason, call)
+        reason = self._finished(finish_reason, call)
         return {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": reason}
 
     def final_choice(
@@ -86,11 +88,15 @@ class ToolCallFormatter(ChatFormatter):
             "index": index,
             "message": message,
             "logprobs": logprobs,
-            "finish_reason": _reason(finish_reason, call),
+            "finish_reason": self._finished(finish_reason, call),
         }
 
-
-def _reason(finish_reason: str | None, call: CallText | None) -> str | None:
-    """A whole call ends with "tool_calls"; an answer cut short keeps what cut it ("stop" for a stop string or a
-    stop token, "length" for max_tokens), never "tool_calls" with arguments that do not parse."""
-    return "tool_calls" if finish_reason is not None and call is not None and call.whole else finish_reason
+    def _finished(self, finish_reason: str | None, call: CallText | None) -> str | None:
+        """A whole call ends with "tool_calls"; an answer cut short keeps what cut it ("stop" for a stop string or a
+        stop token, "length" for max_tokens), never "tool_calls" with arguments that do not parse."""
+        if finish_reason is None:
+            return None
+        whole = call is not None and call.whole
+        if self._on_outcome is not None:
+            self._on_outcome("forced", "parsed" if whole else "unfinished", 1)
+        return "tool_calls" if whole else finish_reason

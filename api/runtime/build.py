@@ -14,6 +14,7 @@ from transformers import PreTrainedTokenizerBase
 from api.config import RuntimeOptions
 from api.structured.grammars import build_grammars
 from api.text.token_bytes import TokenBytes
+from api.text.tool_template import ChatSetup
 from engine.config import DEFAULT_MAX_QUANTIZED_ROWS
 from engine.engine import Engine
 from engine.format_probe import load_auto
@@ -45,6 +46,7 @@ class ModelRuntime:
     max_model_len: int
     token_bytes: TokenBytes  # the tokenizer's byte lookup, built once (chat logprobs' `bytes`)
     grammars: Grammars | None  # structured outputs' compiler; None without xgrammar
+    chat: ChatSetup  # the tool parser and the chat templates (api/text/tool_template.py)
 
 
 def build_runner(options: RuntimeOptions, loaded: LoadedModel) -> TransformersRunner:
@@ -92,4 +94,5 @@ def build_model_runtime(
         engine.max_model_len,
         TokenBytes(loaded.tokenizer),
         build_grammars(loaded.tokenizer, runner.vocab_size, loaded.eos_token_ids, options.grammar_limits),
+        ChatSetup.for_model(loaded.tokenizer, loaded.source, options.tool_call_parser, options.chat_template),
     )

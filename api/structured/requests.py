@@ -1,5 +1,5 @@
-"""A request's structured output: its grammar spec, whether the answer is a forced tool call, and the grammar
-compiled for it."""
+"""A request's structured output: its grammar spec, how its tools shape the answer, and the grammar compiled for
+it."""
 
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ from api.protocol.errors import bad_request
 from api.protocol.openai_api import ChatCompletionRequest, SamplingFields
 from api.structured.grammars import INSTALL_HINT
 from api.structured.spec import GrammarSpec, grammar_spec
-from api.structured.tools import ToolCallMode, forced_tool_call
+from api.structured.tool_choice import ToolPlan, tool_plan
+from api.structured.tool_parsers.base import ToolParser
 from engine.grammar import Grammar
 
 if TYPE_CHECKING:
@@ -18,19 +19,15 @@ if TYPE_CHECKING:
 _GUIDED = ("guided_json", "guided_regex", "guided_choice", "guided_grammar")
 
 
-def request_grammar(body: SamplingFields) -> tuple[GrammarSpec | None, ToolCallMode | None]:
-    """What the request's answer must match (None: free text), and the tool-call mode when it must call a tool."""
+def request_grammar(body: SamplingFields, parser: ToolParser | None = None) -> ToolPlan:
+    """What the request's answer must match (`spec`, None: free text), and how its tools read out of it (chat;
+    `parser`: the server's tool parser, for `tool_choice` "auto")."""
     guided = {name: getattr(body, name) for name in _GUIDED if getattr(body, name) is not None}
     response_format = body.response_format.model_dump() if body.response_format is not None else None
     spec = grammar_spec(response_format, body.structured_outputs, guided)
     if not isinstance(body, ChatCompletionRequest):
-        return spec, None
-    forced = forced_tool_call(body.tools, body.tool_choice)
-    if forced is None:
-        return spec, None
-    if spec is not None:
-        raise bad_request(f"a forced tool call cannot be combined with {spec.param}", param="tool_choice")
-    return forced
+        return ToolPlan(spec)
+    return tool_plan(body.tools, body.tool_choice, body.parallel_tool_calls, spec, parser)
 
 
 async def compile_grammar(grammars: Grammars | None, spec: GrammarSpec) -> Grammar:

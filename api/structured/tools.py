@@ -1,10 +1,10 @@
 """Forced tool calls: `tools` with `tool_choice` "required" or a named function become a grammar, and the
-constrained answer becomes `tool_calls`.
+constrained answer becomes `tool_calls`; and the checks every request's `tools` pass (`checked_tools`).
 
 A named function's answer is its arguments object. Under "required" the answer is `{"name": ..., "parameters": ...}`
 for exactly one of the tools (a schema that is the union of one such object per tool), generated name first, so a
-stream can announce the call as soon as the name is complete. `tool_choice` "auto" needs a parser for the model's
-own tool-call format, which is not built: it is refused with a 400 that says so.
+stream can announce the call as soon as the name is complete. `tool_choice` "auto" is api/structured/tool_choice.py's:
+a tool parser reads calls out of free generation.
 """
 
 from __future__ import annotations
@@ -17,7 +17,9 @@ from typing import Any
 from api.protocol.errors import bad_request
 from api.protocol.openai_api import parse_json_text
 from api.structured.refs import rebase
+from api.structured.schema_check import check_schema
 from api.structured.spec import GrammarSpec, schema_spec
+from api.structured.tool_parsers.base import FunctionTool
 
 # The start of a "required" answer up to its arguments: whitespace is bounded by the grammar, the name is a JSON string.
 _CALL_HEAD = re.compile(r'\A\{\s*"name"\s*:\s*("(?:[^"\\]|\\.)*")\s*,\s*"parameters"\s*:\s*')
@@ -43,20 +45,15 @@ class ToolCall:
 
 
 def forced_tool_call(tools: list[dict[str, Any]] | None, tool_choice: Any) -> tuple[GrammarSpec, ToolCallMode] | None:
-    """The grammar and mode of a request that must call a tool; None when it need not (no tools, or "none")."""
+    """The grammar and mode of a request that must call a tool; None when it need not (no tools, "none" or
+    "auto")."""
     if not tools:
         if tool_choice not in (None, "none", "auto"):
             raise bad_request("tool_choice names a tool, but the request has no tools", param="tool_choice")
         return None
-    if tool_choice == "none":
+    functions = {tool.name: tool.parameters for tool in checked_tools(tools)}
+    if tool_choice in (None, "none", "auto"):
         return None
-    functions = _functions(tools)
-    if tool_choice in (None, "auto"):
-        raise bad_request(
-            "tool_choice 'auto' (the default when tools are given) needs a tool-call parser for this model's output "
-            "format, which this server does not have; use tool_choice 'required' or name a function",
-            param="tool_choice",
-        )
     if tool_choice == "required":
         return schema_spec(_required_schema(functions), "tools"), ToolCallMode(None)
     name = _named_function(tool_choice)
@@ -65,8 +62,10 @@ def forced_tool_call(tools: list[dict[str, Any]] | None, tool_choice: Any) -> tu
     return schema_spec(functions[name], "tools"), ToolCallMode(name)
 
 
-def _functions(tools: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    functions: dict[str, dict[str, Any]] = {}
+def checked_tools(tools: list[dict[str, Any]]) -> list[FunctionTool]:
+    """The request's functions, each checked: a name, once, and parameters that are a schema the grammar backend
+    enforces whole. Parameters left out mean none, as OpenAI reads it (`{"type": "object", "properties": {}}`)."""
+    functions: dict[str, FunctionTool] = {}
     for i, tool in enumerate(tools):
         function = tool.get("function") if isinstance(tool, dict) else None
         if not isinstance(tool, dict) or tool.get("type", "function") != "function" or not isinstance(function, dict):
@@ -77,10 +76,16 @@ def _functions(tools: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
         if name in functions:
             raise bad_request(f"tools name the function {name!r} twice", param="tools")
         parameters = function.get("parameters")
+        if parameters is None:
+            parameters = {"type": "object", "properties": {}}
         if not isinstance(parameters, dict):
-            raise bad_request(f"tools[{i}].function ({name!r}) needs a 'parameters' JSON schema object", param="tools")
-        functions[name] = parameters
-    return functions
+            raise bad_request(f"tools[{i}].function ({name!r}): 'parameters' must be a JSON schema object", "tools")
+        problem = check_schema(parameters)
+        if problem is not None:
+            raise bad_request(f"tools[{i}].function ({name!r}).parameters: {problem}", param="tools")
+        description = function.get("description")
+        functions[name] = FunctionTool(name, description if isinstance(description, str) else None, parameters)
+    return list(functions.values())
 
 
 def _named_function(tool_choice: Any) -> str:

@@ -16,6 +16,7 @@ from api.text.chat_template import (
     control_token_texts,
     encode_chat,
 )
+from api.text.tool_template import SERVER_TEMPLATE_OPTIONS, ChatSetup
 
 
 def completion_prompts(
@@ -54,11 +55,17 @@ def truncate(ids: list[int], keep: int | None, max_model_len: int) -> list[int]:
     return ids[-limit:] if limit > 0 else ids
 
 
-def chat_prompt(request: ChatCompletionRequest, tokenizer: PreTrainedTokenizerBase, max_model_len: int) -> list[int]:
-    if tokenizer.chat_template is None:
+def chat_prompt(
+    request: ChatCompletionRequest,
+    tokenizer: PreTrainedTokenizerBase,
+    max_model_len: int,
+    setup: ChatSetup | None = None,
+) -> list[int]:
+    """`setup`: the server's chat rendering (api/text/tool_template.py); None: the model's own template."""
+    if tokenizer.chat_template is None and (setup is None or setup.override is None):
         raise bad_request("this model has no chat template; use /v1/completions", param="messages")
     options = dict(request.chat_template_kwargs or {})
-    reserved = sorted(RESERVED_TEMPLATE_OPTIONS & options.keys())
+    reserved = sorted((RESERVED_TEMPLATE_OPTIONS | SERVER_TEMPLATE_OPTIONS) & options.keys())
     if reserved:
         raise bad_request(
             f"chat_template_kwargs may not set {', '.join(reserved)}; use the request's own fields",
@@ -68,6 +75,9 @@ def chat_prompt(request: ChatCompletionRequest, tokenizer: PreTrainedTokenizerBa
     if request.tools:  # the template shows them to the model, if it knows how (a forced call's grammar does not care)
         options["tools"] = request.tools
     messages = [_template_message(m) for m in request.messages]
+    if setup is not None:
+        messages, server_options = setup.template_inputs(request, messages)
+        options.update(server_options)
     if request.continue_final_message and request.messages[-1].role != "assistant":
         raise bad_request(
             "continue_final_message needs the last message to be the assistant's", param="continue_final_message"

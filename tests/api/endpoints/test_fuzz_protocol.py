@@ -292,7 +292,7 @@ def _assert_grammar_or_named_400(request: BaseModel) -> None:
     """Past parsing, the structured-output fields give a grammar that compiles, or a 400 naming a field: never
     another exception (the compiler is the one the server builds, over the tiny tokenizer)."""
     try:
-        spec, _ = request_grammar(request)  # type: ignore[arg-type]
+        spec = request_grammar(request).spec  # type: ignore[arg-type]
     except APIError as exc:
         assert exc.status == 400 and exc.param is not None and "Traceback" not in exc.message
         return
@@ -504,7 +504,7 @@ def test_schema_text_gives_a_grammar_or_a_400_naming_its_field(model: type[BaseM
     body = json.dumps({**_BASES[model], field: _SCHEMA_TEXT_FIELDS[field](text)}).encode()
     request = parse_request(model, body)  # a string is a string: only its own parse can fail
     try:
-        spec, _ = request_grammar(request)  # type: ignore[arg-type]
+        spec = request_grammar(request).spec  # type: ignore[arg-type]
     except APIError as exc:
         assert exc.status == 400 and exc.param == field, exc.message
         assert "Traceback" not in exc.message
@@ -554,7 +554,8 @@ def test_a_tool_call_is_reported_only_when_its_arguments_parse(data: st.DataObje
     pieces = data.draw(_answers(named), label="pieces")
     mode = ToolCallMode("toggle" if named else None)
     text = "".join(pieces)
-    choice = ToolCallFormatter(mode, "chatcmpl-fuzz", "tiny", tiny_tokenizer()).final_choice(0, text, reason, None)
+    formatter = ToolCallFormatter(mode, None, "chatcmpl-fuzz", "tiny", tiny_tokenizer())
+    choice = formatter.final_choice(0, text, reason, None)
     message = choice["message"]
     assert isinstance(message, dict)
     if choice["finish_reason"] == "tool_calls":
@@ -562,7 +563,7 @@ def test_a_tool_call_is_reported_only_when_its_arguments_parse(data: st.DataObje
         json.loads(arguments)
     else:
         assert choice["finish_reason"] == reason and message["content"] == text and "tool_calls" not in message
-    streaming = ToolCallFormatter(mode, "chatcmpl-fuzz", "tiny", tiny_tokenizer())
+    streaming = ToolCallFormatter(mode, None, "chatcmpl-fuzz", "tiny", tiny_tokenizer())
     streaming.opening_choice(0)
     chunks = [streaming.stream_choice(0, piece, None, None) for piece in pieces]
     chunks.append(streaming.stream_choice(0, "", reason, None))

@@ -1,5 +1,5 @@
-"""Request fields to grammar specs and forced tool calls: every accepted spelling, and each malformed one a 400 that
-names its field. Pure functions: no server, no model."""
+"""Request fields to grammar specs, forced tool calls and tool_choice auto: every accepted spelling, and each
+malformed one a 400 that names its field. Pure functions: no server, no model."""
 
 from __future__ import annotations
 
@@ -11,7 +11,10 @@ from hypothesis import strategies as st
 
 from api.protocol.errors import APIError
 from api.structured.spec import GrammarKind, grammar_spec
-from api.structured.tools import ToolCallMode, forced_tool_call, split_call
+from api.structured.tool_choice import ToolPlan, tool_plan
+from api.structured.tool_parsers.base import FunctionTool
+from api.structured.tool_parsers.registry import PARSERS
+from api.structured.tools import ToolCallMode, checked_tools, forced_tool_call, split_call
 
 SCHEMA = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
 TOOLS = [
@@ -84,28 +87,55 @@ def test_forced_tool_calls_named_and_required() -> None:
     variants = json.loads(spec.text)["anyOf"]
     assert [v["properties"]["name"] for v in variants] == [{"const": "weather"}, {"const": "add"}]
     assert forced_tool_call(TOOLS, "none") is None and forced_tool_call(None, None) is None
+    assert forced_tool_call(TOOLS, "auto") is None and forced_tool_call(TOOLS, None) is None
+
+
+@pytest.mark.parametrize("tool_choice", ["auto", None])
+@pytest.mark.parametrize("parallel", [True, False])
+def test_auto_is_the_parsers_lazy_grammar(tool_choice, parallel) -> None:
+    parser = PARSERS["hermes"]
+    plan = tool_plan(TOOLS, tool_choice, parallel, None, parser)
+    assert plan.parser is parser and plan.forced is None and plan.spec is not None
+    assert plan.spec.kind is GrammarKind.STRUCTURAL_TAG and plan.spec.param == "tools"
+    assert json.loads(plan.spec.text)["format"]["stop_after_first"] is not parallel
+
+
+def test_none_other_outputs_and_no_parser_read_no_calls() -> None:
+    other = grammar_spec({"type": "json_object"}, None, {})
+    parser = PARSERS["generic"]
+    assert tool_plan(TOOLS, "none", True, None, parser) == ToolPlan(None)
+    assert tool_plan(TOOLS, "auto", True, other, parser) == ToolPlan(other)  # the structured output wins
+    assert tool_plan(TOOLS, "auto", True, None, None) == ToolPlan(None)
+    assert tool_plan(None, "auto", True, None, parser) == ToolPlan(None)
+    with pytest.raises(APIError) as raised:
+        tool_plan(TOOLS, "required", True, other, parser)
+    assert raised.value.param == "tool_choice"
+
+
+def test_a_tool_without_parameters_takes_none() -> None:
+    [tool] = checked_tools([{"type": "function", "function": {"name": "now", "description": "the time"}}])
+    assert tool == FunctionTool("now", "the time", {"type": "object", "properties": {}})
 
 
 @pytest.mark.parametrize(
     ("tools", "tool_choice", "param", "words"),
     [
-        (TOOLS, "auto", "tool_choice", "tool-call parser"),
-        (TOOLS, None, "tool_choice", "tool-call parser"),
         (TOOLS, {"type": "function", "function": {"name": "nope"}}, "tool_choice", "'nope', which is not in tools"),
         (TOOLS, {"function": {}}, "tool_choice", "must be"),
         (TOOLS, "sometimes", "tool_choice", "must be"),
         (None, "required", "tool_choice", "no tools"),
-        ([{"type": "function", "function": {"name": "f"}}], "required", "tools", "'parameters'"),
+        ([{"type": "function", "function": {"name": "f", "parameters": [1]}}], "auto", "tools", "'parameters'"),
         ([{"type": "function", "function": {"parameters": SCHEMA}}], "required", "tools", "'name'"),
-        ([{"type": "retrieval"}], "required", "tools", "tools[0]"),
-        ([TOOLS[0], TOOLS[0]], "required", "tools", "twice"),
-        ([{"type": "function", "function": {"name": "f", "parameters": {"uniqueItems": True}}}], "required", "tools",
+        ([{"type": "function", "function": {"parameters": SCHEMA}}], "none", "tools", "'name'"),
+        ([{"type": "retrieval"}], "auto", "tools", "tools[0]"),
+        ([TOOLS[0], TOOLS[0]], None, "tools", "twice"),
+        ([{"type": "function", "function": {"name": "f", "parameters": {"uniqueItems": True}}}], "auto", "tools",
          "uniqueItems"),
     ],
 )  # fmt: skip
 def test_bad_tools_are_a_400_naming_the_field(tools, tool_choice, param, words) -> None:
     with pytest.raises(APIError) as raised:
-        forced_tool_call(tools, tool_choice)
+        tool_plan(tools, tool_choice, True, None, PARSERS["hermes"])
     assert raised.value.status == 400 and raised.value.param == param and words in str(raised.value.message)
 
 
