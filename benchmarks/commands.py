@@ -30,6 +30,11 @@ COMMANDS: tuple[Command, ...] = (
         "benchmarks.online.compile_stall",
         "a plain request's latency and a stream's longest gap while N hostile grammars compile",
     ),
+    Command(
+        "tool-routing",
+        "benchmarks.online.tool_routing",
+        "tool_choice auto per tool-call parser: does the model call the right tool, or answer, on a small set",
+    ),
     Command("ray", "benchmarks.online.ray_bench", "what Ray Serve's proxy costs against a plain server"),
     Command("compare", "benchmarks.online.compare_bench", "fairness and event-stream cost of `batchserve compare`"),
     Command(
@@ -78,6 +83,11 @@ COMMANDS: tuple[Command, ...] = (
         "structured",
         "benchmarks.micro.structured_bench",
         "structured outputs: schema compile time, and decode with half the batch constrained against none",
+    ),
+    Command(
+        "tool-cost",
+        "benchmarks.micro.tool_grammar_cost",
+        "tool_choice auto's lazy grammar: decode with half the batch under it, free and inside a call, against none",
     ),
     Command(
         "gc",
