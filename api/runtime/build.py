@@ -94,5 +94,5 @@ def build_model_runtime(
         engine.max_model_len,
         TokenBytes(loaded.tokenizer),
         build_grammars(loaded.tokenizer, runner.vocab_size, loaded.eos_token_ids, options.grammar_limits),
-        ChatSetup.for_model(loaded.tokenizer, loaded.source, options.tool_call_parser, options.chat_template),
+        ChatSetup.for_model(loaded.tokenizer, options.tool_call_parser, options.chat_template),
     )

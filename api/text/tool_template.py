@@ -66,13 +66,12 @@ class ChatSetup:
     def for_model(
         cls,
         tokenizer: PreTrainedTokenizerBase,
-        source: str,
         parser: str | None = None,
         template_file: str | None = None,
     ) -> ChatSetup:
         """`parser`: --tool-call-parser (None: the model's default); `template_file`: --chat-template."""
         own = tokenizer.chat_template if isinstance(tokenizer.chat_template, str) else None
-        name = parser or default_parser_name(own, list(tokenizer.all_special_tokens), source)
+        name = parser or default_parser_name(own, list(tokenizer.all_special_tokens))
         if template_file is not None:
             return cls(parser_named(name), override=Path(template_file).read_text())
         if own is None or shows_tools(tokenizer):

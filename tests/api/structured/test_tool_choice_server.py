@@ -22,7 +22,7 @@ from tests.server_harness import RunningServer, mode_config, openai_client, runn
 
 from .test_structured_server import MESSAGES, TOOL_SCHEMAS, TOOLS
 
-SEEDS = range(6)
+SEEDS = range(8)
 
 
 @pytest.fixture(scope="module", params=["dynamic-generic", "continuous-hermes"])
@@ -37,13 +37,13 @@ def _model(server: RunningServer) -> str:
 
 
 def _post(server: RunningServer, **body: Any) -> httpx.Response:
-    body = {"model": _model(server), "messages": MESSAGES, "max_tokens": 80, **body}
+    body = {"model": _model(server), "messages": MESSAGES, "max_tokens": 200, **body}
     return httpx.post(f"{server.base_url}/v1/chat/completions", json=body, timeout=120)
 
 
 def _streamed(server: RunningServer, **body: Any) -> tuple[str | None, list[dict[str, Any]], str, list[dict]]:
     """(content, calls, finish_reason, chunks) assembled from a stream as a client does."""
-    body = {"model": _model(server), "messages": MESSAGES, "max_tokens": 80, "stream": True, **body}
+    body = {"model": _model(server), "messages": MESSAGES, "max_tokens": 200, "stream": True, **body}
     content, calls, reason, chunks = None, [], "", []
     with httpx.stream("POST", f"{server.base_url}/v1/chat/completions", json=body, timeout=120) as response:
         assert response.status_code == 200
@@ -73,11 +73,11 @@ def _check_calls(calls: list[dict[str, Any]]) -> None:
         jsonschema.validate(json.loads(call["arguments"]), TOOL_SCHEMAS[call["name"]])
 
 
-@pytest.mark.parametrize("tool_choice", ["auto", None])
-def test_auto_calls_validate_and_the_stream_agrees_with_the_whole_answer(server, tool_choice) -> None:
+def test_auto_calls_validate_and_the_stream_agrees_with_the_whole_answer(server) -> None:
+    """`tool_choice` "auto", and left out (the default with tools), on alternate seeds."""
     branches = set()
-    extra = {} if tool_choice is None else {"tool_choice": tool_choice}
     for seed in SEEDS:
+        extra = {"tool_choice": "auto"} if seed % 2 else {}
         body = {"tools": TOOLS, "temperature": 1.0, "seed": seed, **extra}
         whole = _post(server, **body).json()["choices"][0]
         message = whole["message"]
@@ -111,17 +111,19 @@ def test_none_answers_as_if_there_were_no_tools(server) -> None:
 
 
 def test_the_sdk_reads_auto_calls_whole_and_streamed(server) -> None:
+    if server.runtime.chat.parser.name != "generic":
+        pytest.skip("the tiny model calls under the generic envelope only")
     client = openai_client(server)
-    seed = next(s for s in SEEDS if _post(server, tools=TOOLS, temperature=1.0, seed=s).json()["choices"][0][
-        "message"].get("tool_calls")) if server.runtime.chat.parser.name == "generic" else 0  # fmt: skip
+    answers = {s: _post(server, tools=TOOLS, temperature=1.0, seed=s).json()["choices"][0] for s in SEEDS}
+    seed = next(s for s, choice in answers.items() if choice["finish_reason"] == "tool_calls")
     kwargs: dict[str, Any] = dict(model=_model(server), messages=MESSAGES, tools=TOOLS, temperature=1.0, seed=seed)
-    whole = client.chat.completions.create(max_tokens=80, **kwargs).choices[0].message
-    with client.chat.completions.stream(max_tokens=80, **kwargs) as stream:
+    whole = client.chat.completions.create(max_tokens=200, **kwargs).choices[0].message
+    with client.chat.completions.stream(max_tokens=200, **kwargs) as stream:
         final = stream.get_final_completion().choices[0].message
     assert [(c.function.name, c.function.arguments) for c in whole.tool_calls or []] == [
         (c.function.name, c.function.arguments) for c in final.tool_calls or []
     ]
-    assert whole.content == final.content
+    assert (whole.content or "") == (final.content or "")  # a stream opens with content "", as vLLM's
 
 
 def test_tool_calls_are_counted_by_parser_and_outcome(server) -> None:
