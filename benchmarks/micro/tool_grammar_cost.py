@@ -1,7 +1,7 @@
 """What tool_choice auto's lazy grammar costs a decode step: a batch in which half the rows carry a tool parser's
 lazy grammar, against the same batch with every row free, and against half the rows inside a constrained call.
 
-    python -m benchmarks tool-cost [--parser smollm2] [--batch 16] [--decode-steps 48] [--repeats 4] [--out FILE]
+    python -m benchmarks tool-cost [--parser hermes] [--batch 16] [--decode-steps 48] [--repeats 4] [--out FILE]
 
 Three batches run interleaved on one engine and one set of weights, medians compared (as `structured` does):
 - `free`: no row constrained;
@@ -10,7 +10,8 @@ Three batches run interleaved on one engine and one set of weights, medians comp
 - `in_call`: half the rows inside a call (the parser's tag, begun at once, with an argument list long enough that
   no call ends within the measured steps): what a row costs while its arguments are constrained.
 The generic parser's grammar is a JSON schema's from the first token: `structured` measures that.
-Every row ignores EOS so that none ends early; the sampler's time is `sample_and_record`'s.
+No row may end (its end tokens are biased away), so the batches stay whole; the sampler's time is
+`sample_and_record`'s.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -29,12 +31,13 @@ from api.structured.tool_parsers.base import FunctionTool
 from api.structured.tool_parsers.registry import PARSERS
 from api.structured.xgrammar_backend import XGrammarCompiler
 from benchmarks.micro.model_flags import add_model_arguments, load_from_args
-from benchmarks.micro.structured_bench import decode_pass
+from benchmarks.micro.structured_bench import timed_sampler
 from benchmarks.results_io.report import write_json
 from engine.config import EngineConfig
 from engine.engine import Engine
 from engine.grammar import Grammar
 from engine.model_runner import TransformersRunner
+from engine.sampling_params import SamplingParams
 
 KINDS = ("free", "lazy", "in_call")
 _CITY = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
@@ -61,6 +64,36 @@ def grammars(compiler: XGrammarCompiler, parser: str) -> dict[str, Grammar]:
     return {"lazy": compiler.compile(lazy), "in_call": compiler.compile(forced)}
 
 
+def decode_pass(
+    engine: Engine,
+    prompts: list[list[int]],
+    rows: list[Grammar | None],
+    steps: int,
+    no_end: tuple[tuple[int, float], ...],
+) -> tuple[float, float]:
+    """(seconds per decode step, sampler seconds per decode step) after one prefill step of every prompt. Every row
+    has its end tokens biased away (`no_end`), free rows too: a lazy grammar lets the end through wherever text is
+    free, and ignore_eos does not stop a grammar from ending on it."""
+    ids = list(range(len(prompts)))
+    for seq_id, prompt, grammar in zip(ids, prompts, rows, strict=True):
+        params = SamplingParams(
+            max_tokens=steps + 1, temperature=0.0, ignore_eos=True, logit_bias=no_end, grammar=grammar
+        )
+        engine.add(seq_id, prompt, params)
+        assert engine.reserve(seq_id, len(prompt) + steps + 1)
+    engine.step([(s, len(p)) for s, p in zip(ids, prompts, strict=True)])
+    with timed_sampler() as sampler:
+        start = time.perf_counter()
+        for step in range(steps):
+            out = engine.step([(s, 1) for s in ids])
+            ended = [t.seq_id for t in out.tokens if t.finish_reason is not None]
+            assert step == steps - 1 or not ended, f"rows {ended} ended early: the batches would not compare"
+        elapsed = time.perf_counter() - start
+    for seq_id in ids:
+        engine.remove(seq_id)
+    return elapsed / steps, sum(sampler) / steps
+
+
 @torch.inference_mode()
 def step_costs(loaded: Any, parser: str, batch: int, steps: int, repeats: int, prompt_len: int = 32) -> dict:
     runner = TransformersRunner(loaded.model, quantized=loaded.quantized)
@@ -73,6 +106,7 @@ def step_costs(loaded: Any, parser: str, batch: int, steps: int, repeats: int, p
     )
     compiler = XGrammarCompiler.for_tokenizer(loaded.tokenizer, runner.vocab_size, loaded.eos_token_ids)
     compiled = grammars(compiler, parser)
+    no_end = tuple((int(token), -100.0) for token in loaded.eos_token_ids)
     generator = torch.Generator().manual_seed(batch)
     results: dict[str, list[tuple[float, float]]] = {kind: [] for kind in KINDS}
     order = [*KINDS, *reversed(KINDS)]
@@ -82,7 +116,7 @@ def step_costs(loaded: Any, parser: str, batch: int, steps: int, repeats: int, p
             torch.randint(100, runner.vocab_size - 1, (prompt_len,), generator=generator).tolist() for _ in range(batch)
         ]
         rows: list[Grammar | None] = [compiled[kind] if kind != "free" and i % 2 else None for i in range(batch)]
-        result = decode_pass(engine, prompts, rows, steps)
+        result = decode_pass(engine, prompts, rows, steps, no_end)
         if attempt >= len(KINDS):
             results[kind].append(result)
     out: dict[str, Any] = {"parser": parser, "batch": batch, "constrained_rows": batch // 2}
@@ -100,7 +134,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     )
     add_model_arguments(parser)
     lazy_parsers = sorted(name for name in PARSERS if name != "generic")  # generic's grammar is a JSON schema's
-    parser.add_argument("--parser", default="smollm2", choices=lazy_parsers)
+    parser.add_argument("--parser", default="hermes", choices=lazy_parsers)
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--decode-steps", type=int, default=48)
     parser.add_argument("--repeats", type=int, default=4, help="measured passes per batch kind")
