@@ -59,7 +59,7 @@ def _ask(name: str, text: str, tool: str | None = None, **arguments: Any) -> Cas
 
 def _after(name: str, question: str, tool: str, arguments: dict[str, Any], result: str) -> Case:
     call = {"id": f"call_{name}", "type": "function", "function": {"name": tool, "arguments": json.dumps(arguments)}}
-    messages = [
+    messages: list[dict[str, Any]] = [
         {"role": "user", "content": question},
         {"role": "assistant", "content": None, "tool_calls": [call]},
         {"role": "tool", "tool_call_id": f"call_{name}", "content": result},
