@@ -29,6 +29,16 @@ class AutoToolFormatter(ChatFormatter):
         self._streams: dict[int, StreamParser] = {}
         self._ids: dict[int, list[str]] = {}
 
+    def opening_choice(self, index: int) -> dict[str, object] | None:
+        # content null, as OpenAI opens a stream that may hold calls: a client that assembles the deltas then has
+        # null content for an answer that is calls only, as the whole response has
+        return {
+            "index": index,
+            "delta": {"role": "assistant", "content": None},
+            "logprobs": None,
+            "finish_reason": None,
+        }
+
     def stream_choice(
         self, index: int, text: str | None, finish_reason: str | None, logprobs: dict | None
     ) -> dict[str, object] | None:

@@ -502,7 +502,7 @@ def test_invalid_completion_request_is_a_400_naming_the_param(server: RunningSer
         ({"messages": []}, "messages"),
         ({"messages": [{"role": 5, "content": "hi"}]}, "messages"),
         ({"messages": CHAT, "top_logprobs": 2}, "top_logprobs"),
-        ({"messages": CHAT, "tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
+        ({"messages": CHAT, "tools": [{"type": "function", "function": {"description": "no name"}}]}, "tools"),
         ({"messages": CHAT, "max_tokens": 1000}, "max_tokens"),
     ],
 )

@@ -380,19 +380,13 @@ _CHAT_CASES: list[tuple[str, dict[str, object], int, str | None, str]] = [
         "greater than or equal to 0",
     ),
     ("tool_choice-without-tools", {"tool_choice": "required"}, 400, "tool_choice", "no tools"),
+    ("tools-without-name", {"tools": [{"type": "function", "function": {"parameters": {}}}]}, 400, "tools", "'name'"),
     (
-        "tools-without-parameters",
-        {"tools": [{"type": "function", "function": {"name": "f"}}], "tool_choice": "required"},
-        400,
-        "tools",
-        "'parameters'",
-    ),
-    (
-        "tool_choice-auto",
-        {"tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}]},
+        "tool_choice-unknown-string",
+        {"tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}], "tool_choice": "sometimes"},
         400,
         "tool_choice",
-        "tool-call parser",
+        "'auto'",
     ),
     (
         "tool_choice-unknown-function",

@@ -457,7 +457,9 @@ def test_a_streamed_tool_call_becomes_one_tool_use_whose_pieces_join_into_its_in
     `partial_json` pieces join into the chat call's arguments, ending with stop_reason tool_use; the blocks open and
     close in order."""
     pieces = data.draw(_answers(named), label="pieces")
-    formatter = ToolCallFormatter(ToolCallMode("toggle" if named else None), "chatcmpl-fuzz", "tiny", tiny_tokenizer())
+    formatter = ToolCallFormatter(
+        ToolCallMode("toggle" if named else None), None, "chatcmpl-fuzz", "tiny", tiny_tokenizer()
+    )
     choices = [formatter.opening_choice(0), *(formatter.stream_choice(0, piece, None, None) for piece in pieces)]
     choices.append(formatter.stream_choice(0, "", reason, None))
     chunks = [json.dumps(formatter.chunk([choice])) for choice in choices if choice is not None] + ["[DONE]"]

@@ -38,7 +38,7 @@ def server(request: pytest.FixtureRequest) -> Iterator[RunningServer]:
 def _create(server: RunningServer, stream: bool = False, **kwargs: Any) -> tuple[Any, list[tuple[str, str]], str]:
     """(message content, [(name, arguments)], finish_reason), whole or assembled from the SDK's stream helper."""
     client = openai_client(server).with_options(timeout=900)  # a 2-core machine under load: tens of seconds
-    body: dict[str, Any] = dict(model=server.runtime.model_name, temperature=0, max_tokens=60, **kwargs)
+    body: dict[str, Any] = {"model": server.runtime.model_name, "temperature": 0, "max_tokens": 60, **kwargs}
     if stream:
         with client.chat.completions.stream(**body) as events:
             choice = events.get_final_completion().choices[0]

@@ -152,14 +152,8 @@ def test_a_tool_turn_forced_then_answered(server: RunningServer, client: anthrop
 
 
 def test_tool_choice_auto(server: RunningServer, client: anthropic.Anthropic) -> None:
-    """Anthropic's default with tools: the model answers or calls, and every call validates. Until the chat path
-    takes tool_choice "auto" this is an expected failure, for that reason only."""
-    try:
-        message = _create(server, client, messages=WEATHER_QUESTION, tools=TOOLS, max_tokens=64)
-    except anthropic.BadRequestError as exc:
-        if "tool-call parser" in str(exc):
-            pytest.xfail("tool_choice 'auto' is not on the chat path yet")
-        raise
+    """Anthropic's default with tools: the model answers or calls, and every call validates; streamed, the same."""
+    message = _create(server, client, messages=WEATHER_QUESTION, tools=TOOLS, max_tokens=64)
     with client.messages.stream(
         model=_model(server), max_tokens=64, messages=WEATHER_QUESTION, tools=TOOLS, tool_choice={"type": "auto"},
         extra_body=GREEDY,
