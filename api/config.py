@@ -254,6 +254,18 @@ class ServerConfig:
         "model's, or for a ChatML model whose template ignores tools, the server's tool-aware one when a request "
         "involves tools)",
     )
+    responses_store_max_count: int = _opt(
+        4096,
+        "POST /v1/responses: most responses kept for GET /v1/responses/{id} and previous_response_id; the oldest go "
+        "first (0: none are kept)",
+        range=Range(0, 1_000_000, integer=True),
+    )
+    responses_store_max_bytes: int = _opt(
+        64 << 20,
+        "POST /v1/responses: most bytes the kept responses take, each with its conversation as compact JSON; the "
+        "oldest go first, and one larger than this is not kept",
+        range=Range(0, 1 << 36, integer=True),
+    )
     max_workloads: int = _opt(
         1,
         "The compare page's workloads (POST /v1/compare/workload, up to --max-prompts sequences in every pane each) "

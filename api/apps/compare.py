@@ -52,7 +52,7 @@ def mode_config(config: ServerConfig, entry: Entry) -> ServerConfig:
 def _mode_app(config: ServerConfig, name: str) -> tuple[Starlette, ServerState]:
     """One entry's API, as `serve` has it; mounted under its prefix, started by the root's lifespan."""
     app = Starlette(
-        routes=[*serve_app.openai_routes(), Route("/v1/events", stream_routes.events, methods=["GET"])],
+        routes=[*serve_app.openai_routes(config), Route("/v1/events", stream_routes.events, methods=["GET"])],
         exception_handlers=EXCEPTION_HANDLERS,
     )
     entry = stream_routes.mode_entry(config, f"/{name}", name)

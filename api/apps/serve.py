@@ -20,6 +20,8 @@ from api.endpoints.state import Phase, Runtime, ServerState
 from api.live import page, stream_routes, workload
 from api.process.drain import drain
 from api.translation import messages_routes
+from api.translation.response_store import ResponseStore, StoreLimits
+from api.translation.responses import ResponsesRoutes
 
 
 def live_routes() -> list[Route]:
@@ -34,13 +36,19 @@ def live_routes() -> list[Route]:
     ]
 
 
-def openai_routes() -> list[Route]:
-    """One mode's API: what `serve` answers at its root, and `compare` under each mode's prefix."""
+def openai_routes(config: ServerConfig) -> list[Route]:
+    """One mode's API: what `serve` answers at its root, and `compare` under each mode's prefix. The Responses
+    routes share one store, made here: each app (each of compare's modes) keeps its own."""
+    limits = StoreLimits(config.responses_store_max_count, config.responses_store_max_bytes)
+    responses_api = ResponsesRoutes(ResponseStore(limits))
     return [
         Route("/v1/completions", routes.completions, methods=["POST"]),
         Route("/v1/chat/completions", routes.chat_completions, methods=["POST"]),
         Route("/v1/messages", messages_routes.messages, methods=["POST"]),
         Route("/v1/messages/count_tokens", messages_routes.count_tokens, methods=["POST"]),
+        Route("/v1/responses", responses_api.create, methods=["POST"]),
+        Route("/v1/responses/{response_id}", responses_api.retrieve, methods=["GET"]),
+        Route("/v1/responses/{response_id}", responses_api.delete, methods=["DELETE"]),
         Route("/v1/models", routes.models, methods=["GET"]),
         Route("/v1/models/{model_id:path}", routes.model, methods=["GET"]),
         Route("/tokenize", routes.tokenize, methods=["POST"]),
@@ -70,7 +78,7 @@ def create_app(config: ServerConfig, loader: ModelLoader = default_loader, freez
         await drain(state, config.shutdown_grace_s)  # at once if the server already drained on a signal
 
     app = Starlette(
-        routes=[*openai_routes(), *live_routes()],
+        routes=[*openai_routes(config), *live_routes()],
         middleware=middleware_stack(config, page.OPEN_PATHS),
         exception_handlers=EXCEPTION_HANDLERS,
         lifespan=lifespan,

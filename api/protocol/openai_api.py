@@ -215,6 +215,14 @@ def parse_request(model: type[_Model], body: bytes) -> _Model:
         raise _to_api_error(exc) from None
 
 
+def validate_request(model: type[_Model], data: dict[str, Any]) -> _Model:
+    """`parse_request` for a body built in the server (another API's request translated into this one's)."""
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        raise _to_api_error(exc) from None
+
+
 def parse_json_text(text: str) -> Any:
     """JSON out of a string a request carries (a schema sent as text) or the model wrote (a tool call), under the
     limits the body itself is parsed under: the same parser as `parse_request` (pydantic-core's), which refuses
