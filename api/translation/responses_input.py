@@ -23,10 +23,16 @@ EMPTY_PARAMETERS: dict[str, Any] = {"type": "object", "properties": {}}  # a fun
 # Chat's field names in what the chat path says, and the Responses fields they came from.
 _PARAMS = {
     "messages": "input",
+    "prompt": "input",
     "max_completion_tokens": "max_output_tokens",
     "max_tokens": "max_output_tokens",
     "response_format": "text",
 }
+_WORDS = (
+    ("max_completion_tokens", "max_output_tokens"),
+    ("max_tokens", "max_output_tokens"),
+    ("response_format", "text.format"),
+)
 _MESSAGE_INDEX = re.compile(r"messages\[(\d+)\]")
 
 Message = dict[str, Any]  # a chat message as the chat request takes it
@@ -43,17 +49,17 @@ class ChatPlan:
 
     def renamed(self, error: APIError) -> APIError:
         """The chat path's error in Responses terms: its param, and the messages it names by where they came from."""
-        if error.param not in _PARAMS and "messages" not in error.message:
-            return error
 
         def origin(match: re.Match[str]) -> str:
             index = int(match.group(1))
             return self.origins[index] if index < len(self.origins) else match.group(0)
 
         message = _MESSAGE_INDEX.sub(origin, error.message)
-        for chat_name, name in (("max_completion_tokens", "max_output_tokens"), ("response_format", "text.format")):
+        for chat_name, name in _WORDS:
             message = message.replace(chat_name, name)
-        param = _PARAMS.get(error.param or "", error.param)
+        param = _PARAMS.get(error.param, error.param) if error.param is not None else None
+        if message == error.message and param == error.param:
+            return error
         return APIError(error.status, message, param=param, code=error.code, headers=error.headers)
 
 
