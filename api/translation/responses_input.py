@@ -187,7 +187,8 @@ def _call_ids(history: Sequence[Message]) -> set[str]:
 def chat_tools(tools: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Flat function tools (`{"type": "function", "name", "description", "parameters", "strict"}`) in chat's
     nested shape. Tools of other types (web_search, file_search, mcp, ...) run on OpenAI's side: refused."""
-    nested = []
+    nested: list[dict[str, Any]] = []
+    names: set[str] = set()
     for i, tool in enumerate(tools):
         kind = tool.get("type")
         if kind != "function":
@@ -196,6 +197,9 @@ def chat_tools(tools: list[dict[str, Any]]) -> list[dict[str, Any]]:
         name = tool.get("name")
         if not isinstance(name, str) or not name:
             raise bad_request(f"tools[{i}] needs a non-empty 'name'", param="tools")
+        if name in names:
+            raise bad_request(f"tools name the function {name[:64]!r} twice", param="tools")
+        names.add(name)
         parameters = tool.get("parameters")
         if parameters is None:
             parameters = EMPTY_PARAMETERS

@@ -1,5 +1,5 @@
-"""A corpus of bad requests against both generation endpoints, /tokenize and /detokenize, and the Messages API's
-two, in both batching modes.
+"""A corpus of bad requests against both generation endpoints, /tokenize and /detokenize, the Messages API's two
+and /v1/responses, in both batching modes.
 
 Every bad request gets its documented status and an error body that names the problem (and the parameter, where
 there is one), never a traceback: OpenAI's shape, and Anthropic's on the Messages API (whose message starts with the
@@ -25,6 +25,7 @@ TOKENIZE = "/tokenize"
 DETOKENIZE = "/detokenize"
 MESSAGES = "/v1/messages"
 COUNT = "/v1/messages/count_tokens"
+RESPONSES = "/v1/responses"
 ENDPOINTS = (COMPLETIONS, CHAT)  # the generation endpoints: every sampling field's case goes to both
 TOKEN_ENDPOINTS = (TOKENIZE, DETOKENIZE)
 ANTHROPIC_ENDPOINTS = (MESSAGES, COUNT)  # errors in Anthropic's shape
@@ -35,6 +36,7 @@ _SHORT = {
     DETOKENIZE: "detokenize",
     MESSAGES: "messages",
     COUNT: "count_tokens",
+    RESPONSES: "responses",
 }
 JSON = (("content-type", "application/json"),)
 MAX_MODEL_LEN = 128
@@ -51,6 +53,7 @@ GOOD: dict[str, dict[str, object]] = {
     DETOKENIZE: {"tokens": [5, 6], "model": "tiny-llama"},
     MESSAGES: {"model": "tiny-llama", "max_tokens": 4, "messages": [{"role": "user", "content": "hello"}]},
     COUNT: {"model": "tiny-llama", "messages": [{"role": "user", "content": "hello"}]},
+    RESPONSES: {"input": "hello", "max_output_tokens": 4},
 }
 # Where a body nests deep, a 5000-digit number in a field that takes one, and a string of the good body.
 _NESTED_KEY = {
@@ -60,6 +63,7 @@ _NESTED_KEY = {
     DETOKENIZE: "tokens",
     MESSAGES: "messages",
     COUNT: "messages",
+    RESPONSES: "input",
 }
 _TEXT = {**dict.fromkeys(_NESTED_KEY, b"hello"), DETOKENIZE: b"tiny-llama"}
 _HUGE_NUMBER = b"1" + b"0" * 5000
@@ -725,6 +729,92 @@ _MESSAGES_CASES: list[tuple[str, dict[str, object], int, str | None, str]] = [
         "output_config.format.type: ",
     ),
 ]
+_CALL_ITEM = {"type": "function_call", "call_id": "c1", "name": "f", "arguments": "{}"}
+_FLAT_TOOL = {"type": "function", "name": "f", "parameters": {"type": "object"}}
+_RESPONSES_CASES: list[tuple[str, dict[str, object], int, str | None, str]] = [
+    ("input-missing", {"input": _DROP}, 400, "input", "'input' is missing"),
+    ("input-number", {"input": 5}, 400, "input", "invalid value for 'input'"),
+    ("input-empty", {"input": []}, 400, "input", "input is empty"),
+    ("input-too-long", {"input": LONG_TEXT}, 400, "input", "context"),
+    ("item-unknown-type", {"input": [{"type": "image_generation_call"}]}, 400, "input", "input[0].type"),
+    ("item-reference", {"input": [{"type": "item_reference", "id": "msg_1"}]}, 400, "input", "input[0].type"),
+    ("item-string-list", {"input": ["hello"]}, 400, "input", "invalid value for 'input'"),
+    ("message-tool-role", {"input": [{"role": "tool", "content": "x"}]}, 400, "input", "input[0].role"),
+    ("message-no-role", {"input": [{"content": "x"}]}, 400, "input", "input[0].role"),
+    ("message-no-content", {"input": [{"role": "user"}]}, 400, "input", "needs its 'content'"),
+    (
+        "message-image-part",
+        {"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "http://x/y.png"}]}]},
+        400,
+        "input",
+        "text model",
+    ),
+    ("part-no-text", {"input": [{"role": "user", "content": [{"type": "input_text"}]}]}, 400, "input", "'text'"),
+    ("call-no-call_id", {"input": [{**_CALL_ITEM, "call_id": None}]}, 400, "input", "'call_id'"),
+    ("call-empty-name", {"input": [{**_CALL_ITEM, "name": ""}]}, 400, "input", "'name'"),
+    ("call-no-arguments", {"input": [{**_CALL_ITEM, "arguments": None}]}, 400, "input", "'arguments'"),
+    ("call-arguments-object", {"input": [{**_CALL_ITEM, "arguments": {}}]}, 400, "input", "valid string"),
+    (
+        "call-name-control-text",
+        {"input": [{**_CALL_ITEM, "name": "f<|eos|>"}]},
+        400,
+        "input",
+        "input[0].tool_calls",
+    ),
+    (
+        "output-without-call",
+        {"input": [{"type": "function_call_output", "call_id": "c9", "output": "4"}]},
+        400,
+        "input",
+        "no function_call with that call_id",
+    ),
+    (
+        "output-missing",
+        {"input": [_CALL_ITEM, {"type": "function_call_output", "call_id": "c1"}]},
+        400,
+        "input",
+        "input[1].output",
+    ),
+    ("previous-unknown", {"previous_response_id": "resp_missing"}, 404, "previous_response_id", "'resp_missing'"),
+    ("previous-empty", {"previous_response_id": ""}, 400, "previous_response_id", "at least 1 character"),
+    ("tools-web_search", {"tools": [{"type": "web_search"}]}, 400, "tools", "function tools only"),
+    ("tools-nested-shape", {"tools": [_tool()]}, 400, "tools", "needs a non-empty 'name'"),
+    ("tools-parameters-list", {"tools": [{**_FLAT_TOOL, "parameters": [1]}]}, 400, "tools", "JSON schema object"),
+    ("tools-twice", {"tools": [_FLAT_TOOL, _FLAT_TOOL], "tool_choice": "none"}, 400, "tools", "twice"),
+    (
+        "tool_choice-unknown-function",
+        {"tools": [_FLAT_TOOL], "tool_choice": {"type": "function", "name": "g"}},
+        400,
+        "tool_choice",
+        "'g', which is not in tools",
+    ),
+    ("tool_choice-hosted", {"tools": [_FLAT_TOOL], "tool_choice": {"type": "web_search"}}, 400, "tool_choice", "only"),
+    ("tool_choice-word", {"tool_choice": "sometimes"}, 400, "tool_choice", "must be one of"),
+    ("parallel_tool_calls-string", {"parallel_tool_calls": "no"}, 400, "parallel_tool_calls", "valid boolean"),
+    ("text-format-unknown", {"text": {"format": {"type": "xml"}}}, 400, "text", "text.format.type"),
+    ("text-format-no-schema", {"text": {"format": {"type": "json_schema", "name": "x"}}}, 400, "text", "'schema'"),
+    (
+        "text-format-bad-schema",
+        {"text": {"format": {"type": "json_schema", "name": "x", "schema": {"type": "bogus"}}}},
+        400,
+        "text",
+        "does not compile",
+    ),
+    ("max_output_tokens-zero", {"max_output_tokens": 0}, 400, "max_output_tokens", "greater than or equal to 1"),
+    ("max_output_tokens-string", {"max_output_tokens": "4"}, 400, "max_output_tokens", "valid integer"),
+    ("max_output_tokens-past-context", {"max_output_tokens": 10_000}, 400, "max_output_tokens", "max_output_tokens"),
+    ("temperature-negative", {"temperature": -1}, 400, "temperature", "greater than or equal to 0"),
+    ("top_p-zero", {"top_p": 0}, 400, "top_p", "greater than 0"),
+    ("store-string", {"store": "yes"}, 400, "store", "valid boolean"),
+    ("stream-number", {"stream": 1}, 400, "stream", "valid boolean"),
+    ("instructions-number", {"instructions": 5}, 400, "instructions", "valid string"),
+    ("metadata-17-pairs", {"metadata": {str(i): "v" for i in range(17)}}, 400, "metadata", "at most 16"),
+    ("metadata-number", {"metadata": {"k": 1}}, 400, "metadata", "valid string"),
+    ("background", {"background": True}, 400, "background", "not supported"),
+    ("truncation-auto", {"truncation": "auto"}, 400, "truncation", "not supported"),
+    ("conversation", {"conversation": "conv_1"}, 400, "conversation", "not supported"),
+    ("model-unknown", {"model": "gpt-4"}, 404, "model", "'gpt-4' does not exist"),
+]
 _SPECIFIC_CASES = {
     COMPLETIONS: [*_FIELD_CASES, *_COMPLETION_CASES],
     CHAT: [*_FIELD_CASES, *_CHAT_CASES],
@@ -732,12 +822,15 @@ _SPECIFIC_CASES = {
     DETOKENIZE: _DETOKENIZE_CASES,
     MESSAGES: [*_ANTHROPIC_CASES, *_MESSAGES_CASES],
     COUNT: _ANTHROPIC_CASES,
+    RESPONSES: _RESPONSES_CASES,
 }
 
 
 def _huge_number_body(endpoint: str) -> bytes:
     if endpoint in ENDPOINTS:
         return _body(endpoint).replace(b'"max_tokens": 4', b'"max_tokens": ' + _HUGE_NUMBER)
+    if endpoint == RESPONSES:
+        return _body(endpoint).replace(b'"max_output_tokens": 4', b'"max_output_tokens": ' + _HUGE_NUMBER)
     return b'{"%s": [%s]}' % (_NESTED_KEY[endpoint].encode(), _HUGE_NUMBER)
 
 
@@ -791,7 +884,7 @@ def _raw_cases(endpoint: str) -> list[Bad]:
 
 def _corpus() -> list[Bad]:
     cases = []
-    for endpoint in (*ENDPOINTS, *TOKEN_ENDPOINTS, *ANTHROPIC_ENDPOINTS):
+    for endpoint in (*ENDPOINTS, *TOKEN_ENDPOINTS, *ANTHROPIC_ENDPOINTS, RESPONSES):
         cases += _raw_cases(endpoint)
         cases += [_bad(name, endpoint, *rest) for name, *rest in _SPECIFIC_CASES[endpoint]]  # type: ignore[arg-type]
     return cases
@@ -806,6 +899,7 @@ def test_the_corpus_is_large_and_covers_every_endpoint() -> None:
         assert sum(case.endpoint == endpoint for case in CORPUS) >= 40
     for endpoint in (*TOKEN_ENDPOINTS, *ANTHROPIC_ENDPOINTS):
         assert sum(case.endpoint == endpoint for case in CORPUS) >= 25
+    assert sum(case.endpoint == RESPONSES for case in CORPUS) >= 60
 
 
 @pytest.fixture(scope="module", params=["dynamic", "continuous"])
@@ -895,6 +989,9 @@ def test_after_the_whole_corpus_the_server_serves_and_holds_nothing(
     assert message.status_code == 200 and message.json()["type"] == "message", message.text
     count = client.post(COUNT, json=GOOD[COUNT])
     assert count.status_code == 200 and count.json() == {"input_tokens": message.json()["usage"]["input_tokens"]}
+    response = client.post(RESPONSES, json={**GOOD[RESPONSES], "temperature": 0.0})
+    assert response.status_code == 200, response.text
+    assert response.json()["usage"]["output_tokens"] <= 4
     assert client.get("/health").status_code == 200
     _assert_holds_nothing(server)
 

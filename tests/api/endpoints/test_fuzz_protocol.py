@@ -33,6 +33,7 @@ from api.protocol.openai_api import (
     parse_json_text,
     parse_request,
 )
+from api.protocol.responses_api import ResponsesRequest, responses_refusal
 from api.structured.budget import budget_problem
 from api.structured.limits import GrammarLimits
 from api.structured.requests import request_grammar
@@ -42,6 +43,7 @@ from api.text.chat_template import control_token_texts
 from api.text.prompts import chat_prompt
 from api.translation.messages import refuse_control_text, to_chat
 from api.translation.messages_stream import StreamStart, message_events
+from api.translation.responses_input import chat_plan
 from tests.server_harness import tiny_tokenizer
 
 MODELS: list[type[BaseModel]] = [CompletionRequest, ChatCompletionRequest]
@@ -579,6 +581,106 @@ def test_a_tool_call_is_reported_only_when_its_arguments_parse(data: st.DataObje
     assert final is not None and final["finish_reason"] == choice["finish_reason"]
     if choice["finish_reason"] == "tool_calls":
         assert streamed == arguments
+
+
+# ----- /v1/responses: its body onto the chat request it runs as -----
+_part = st.fixed_dictionaries(
+    {"type": st.sampled_from(["input_text", "output_text", "input_image", "refusal"]) | _json},
+    optional={"text": st.text(max_size=8) | _json},
+)
+_item = st.fixed_dictionaries(
+    {},
+    optional={
+        "type": st.sampled_from(["message", "function_call", "function_call_output", "item_reference"]) | _json,
+        "role": st.sampled_from(["user", "assistant", "system", "developer", "tool"]) | _json,
+        "content": st.text(max_size=8) | st.lists(_part, max_size=2) | _json,
+        "call_id": st.sampled_from(["c1", "c2", ""]) | _json,
+        "name": st.sampled_from(["f", "g", ""]) | _json,
+        "arguments": st.sampled_from(["{}", '{"a": 1}', "{"]) | _json,
+        "output": st.text(max_size=8) | st.lists(_part, max_size=2) | _json,
+    },
+)
+_flat_tool = st.fixed_dictionaries(
+    {"type": st.sampled_from(["function", "web_search"]) | _json},
+    optional={
+        "name": st.sampled_from(["f", "g", ""]) | _json,
+        "parameters": _schema | _json,
+        "description": _json,
+        "strict": _json,
+    },
+)
+_RESPONSES_FIELD_VALUES = {
+    "input": st.text(max_size=20) | st.lists(_item, max_size=4) | _json,
+    "instructions": st.text(max_size=8) | _json,
+    "tools": st.lists(_flat_tool, max_size=2) | _json,
+    "tool_choice": st.sampled_from(["none", "auto", "required", "x"])
+    | st.fixed_dictionaries({"type": st.sampled_from(["function", "web_search"]), "name": st.sampled_from(["f", "g"])})
+    | _json,
+    "parallel_tool_calls": _json,
+    "max_output_tokens": _json,
+    "temperature": _json,
+    "top_p": _json,
+    "text": st.fixed_dictionaries(
+        {},
+        optional={
+            "format": st.fixed_dictionaries(
+                {"type": st.sampled_from(["text", "json_object", "json_schema", "x"]) | _json},
+                optional={"name": _json, "schema": _schema | _json | _json_text, "strict": _json},
+            )
+            | _json
+        },
+    )
+    | _json,
+    "stream": _json,
+    "store": _json,
+    "previous_response_id": _json,
+    "metadata": st.dictionaries(st.text(max_size=70), st.text(max_size=8) | _json, max_size=3) | _json,
+    "user": _json,
+    "truncation": st.sampled_from(["disabled", "auto"]) | _json,
+    "background": _json,
+    "reasoning": _json,
+    "model": _json,
+    "unknown": _json,
+}
+
+
+def _responses_bodies() -> st.SearchStrategy[bytes]:
+    overlay = st.lists(st.sampled_from(sorted(_RESPONSES_FIELD_VALUES)), min_size=1, max_size=3, unique=True).flatmap(
+        lambda keys: st.fixed_dictionaries({k: _RESPONSES_FIELD_VALUES[k] for k in keys})
+    )
+    return st.one_of(
+        overlay.map(lambda fields: json.dumps({"input": "hello", **fields}).encode()),
+        st.fixed_dictionaries({}, optional=_RESPONSES_FIELD_VALUES).map(lambda d: json.dumps(d).encode()),
+        _json.map(lambda v: json.dumps(v).encode()),
+        st.binary(max_size=64),
+    )
+
+
+@FUZZ
+@given(body=_responses_bodies())
+def test_any_responses_body_becomes_a_chat_request_or_a_named_400(body: bytes) -> None:
+    """Parsing, the Responses checks and the translation onto a chat request (then the chat request's structured
+    output, as the chat path takes it): a chat request, or a 400 whose param is a Responses field, never another
+    exception. The chat path's own errors come back under the Responses field (ChatPlan.renamed)."""
+    try:
+        request = parse_request(ResponsesRequest, body)
+        refused = responses_refusal(request)
+        if refused is not None:
+            raise refused
+        plan = chat_plan(request, [])
+    except APIError as exc:
+        assert exc.status == 400 and exc.message and "Traceback" not in exc.message
+        if isinstance(_loads_or_none(body), dict):
+            assert exc.param in ResponsesRequest.model_fields, exc.param  # always one of the request's fields
+        json.dumps(exc.body())
+        return
+    assert plan.chat.messages and len(plan.origins) == len(plan.chat.messages)
+    _assert_storable(plan.chat)
+    try:
+        request_grammar(plan.chat)
+    except APIError as exc:
+        renamed = plan.renamed(exc)
+        assert renamed.status == 400 and renamed.param in ResponsesRequest.model_fields, renamed.param
 
 
 def _integer_fields(model: type[BaseModel]) -> list[str]:
