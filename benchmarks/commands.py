@@ -35,6 +35,11 @@ COMMANDS: tuple[Command, ...] = (
         "benchmarks.online.tool_routing",
         "tool_choice auto per tool-call parser: does the model call the right tool, or answer, on a small set",
     ),
+    Command(
+        "responses",
+        "benchmarks.online.responses_bench",
+        "TTFT of turn n of a conversation through previous_response_id against its history resent",
+    ),
     Command("ray", "benchmarks.online.ray_bench", "what Ray Serve's proxy costs against a plain server"),
     Command("compare", "benchmarks.online.compare_bench", "fairness and event-stream cost of `batchserve compare`"),
     Command(
