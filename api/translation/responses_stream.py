@@ -18,6 +18,7 @@ from typing import Any
 
 from sse_starlette import ServerSentEvent
 
+from api.protocol.errors import APIError
 from api.translation.response_objects import (
     Item,
     ResponseDraft,
@@ -158,15 +159,20 @@ async def response_events(
     for event in translator.opening():
         yield event
     async with aclosing(chunks):  # the client gone, the chat stream closes too: its generation is aborted
-        async for chunk in chunks:
-            if chunk == "[DONE]":
-                break
-            data = json.loads(chunk)
-            if "error" in data:
-                yield translator.failed(data["error"])
-                return
-            for event in translator.on_chunk(data):
-                yield event
+        try:
+            async for chunk in chunks:
+                if chunk == "[DONE]":
+                    break
+                data = json.loads(chunk)
+                if "error" in data:
+                    yield translator.failed(data["error"])
+                    return
+                for event in translator.on_chunk(data):
+                    yield event
+        except Exception:  # the stream has started: report the fault in-band, as the chat stream does
+            logger.exception("streaming response %s failed", draft.id)
+            yield translator.failed(APIError(500, "internal server error while streaming").body()["error"])
+            return
     events, response = translator.closing()
     on_complete(response)
     for event in events:

@@ -85,6 +85,17 @@ def test_each_prefix_serves_tokenize_detokenize_version_and_the_model_card(serve
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "tokens"
 
 
+def test_each_prefix_serves_responses_from_its_own_store(server: CompareServer) -> None:
+    dynamic, continuous = client(server, "dynamic"), client(server, "continuous")
+    first = dynamic.responses.create(model="tiny-llama", input="hello", max_output_tokens=2)
+    again = dynamic.responses.create(
+        model="tiny-llama", input="more", previous_response_id=first.id, max_output_tokens=2
+    )
+    assert again.previous_response_id == first.id and dynamic.responses.retrieve(first.id) == first
+    with pytest.raises(openai.NotFoundError):  # each mode's app keeps its own
+        continuous.responses.retrieve(first.id)
+
+
 def test_health_answers_for_both_modes_and_metrics_label_every_series_by_mode(server: CompareServer) -> None:
     health = httpx.get(f"{server.base_url}/health")
     assert health.status_code == 200 and health.json()["modes"] == {"dynamic": "ok", "continuous": "ok"}

@@ -182,3 +182,14 @@ def test_an_error_after_the_start_fails_the_response_and_nothing_is_stored() -> 
     assert response["output"][0]["status"] == "incomplete"
     assert [event["sequence_number"] for event in events] == list(range(len(events)))
     assert completed == []
+
+
+def test_a_fault_while_translating_fails_the_response_in_band() -> None:
+    formatter = ChatFormatter("chatcmpl-7", "tiny", tiny_tokenizer())
+    chunks = [*_chunks(formatter, ["a"], "stop")[:2], "not JSON", "[DONE]"]
+    events, completed = _run(chunks, _draft())
+    assert events[-1]["type"] == "response.failed" and completed == []
+    assert events[-1]["response"]["error"] == {
+        "code": "server_error",
+        "message": "internal server error while streaming",
+    }
