@@ -75,7 +75,7 @@ def test_a_call_with_no_text_before_it_is_an_assistant_turn_of_its_own() -> None
 
 
 def test_the_stored_conversation_comes_between_the_instructions_and_the_input() -> None:
-    history = [
+    history: list[dict[str, Any]] = [
         {"role": "user", "content": "first"},
         {"role": "assistant", "content": None, "tool_calls": [{"id": "c9", "type": "function", "function": {}}]},
     ]

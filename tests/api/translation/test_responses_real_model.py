@@ -12,18 +12,25 @@ from typing import Any
 import jsonschema
 import openai
 import pytest
+from openai.types.responses import FunctionToolParam
 
 from tests.server_harness import RunningServer, mode_config, openai_client, real_loaded_model, running_server
 
 pytestmark = pytest.mark.slow
 
-WEATHER = {
+WEATHER: dict[str, Any] = {
     "type": "object",
     "properties": {"city": {"type": "string"}, "unit": {"type": "string", "enum": ["c", "f"]}},
     "required": ["city", "unit"],
     "additionalProperties": False,
 }
-TOOL = {"type": "function", "name": "get_weather", "description": "Get the weather in a city", "parameters": WEATHER}
+TOOL: FunctionToolParam = {
+    "type": "function",
+    "name": "get_weather",
+    "description": "Get the weather in a city",
+    "parameters": WEATHER,
+    "strict": True,
+}
 ASK = "What is the weather in Paris, in celsius?"
 
 
@@ -74,13 +81,14 @@ def test_previous_response_id_answers_as_the_whole_history_resent(client: openai
     second = client.responses.create(
         model=model, input="What is my name?", previous_response_id=first.id, max_output_tokens=24, temperature=0
     )
+    history: list[Any] = [
+        {"role": "user", "content": "My name is Ada."},
+        *[item.model_dump(exclude_none=True) for item in first.output],  # output items go back as input
+        {"role": "user", "content": "What is my name?"},
+    ]
     resent = client.responses.create(
         model=model,
-        input=[
-            {"role": "user", "content": "My name is Ada."},
-            *[item.model_dump(exclude_none=True) for item in first.output],  # output items go back as input
-            {"role": "user", "content": "What is my name?"},
-        ],
+        input=history,
         max_output_tokens=24,
         temperature=0,
         store=False,
@@ -153,7 +161,8 @@ def test_text_format_json_schema(client: openai.OpenAI, model: str) -> None:
     )
     assert response.status == "completed"
     jsonschema.validate(json.loads(response.output_text), schema)
-    assert response.text is not None and response.text.format.type == "json_schema"
+    assert response.text is not None and response.text.format is not None
+    assert response.text.format.type == "json_schema"
 
 
 def _check_auto_output(output: list[Any]) -> None:

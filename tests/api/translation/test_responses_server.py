@@ -53,7 +53,7 @@ def test_a_response_is_the_chat_answer_to_the_same_turns(server: RunningServer, 
     assert response.usage.input_tokens == chat["usage"]["prompt_tokens"]
     assert response.usage.output_tokens == chat["usage"]["completion_tokens"]
     assert response.usage.total_tokens == response.usage.input_tokens + response.usage.output_tokens
-    assert response.instructions == "be brief" and response.metadata == {"k": "v"} and response.store
+    assert response.instructions == "be brief" and response.metadata == {"k": "v"} and response.to_dict()["store"]
     if chat["choices"][0]["finish_reason"] == "length":
         assert response.status == "incomplete" and response.incomplete_details is not None
         assert response.incomplete_details.reason == "max_output_tokens"
@@ -121,7 +121,7 @@ def test_function_call_items_and_their_outputs_reach_the_prompt(server: RunningS
     ]
     response = client.responses.create(model=MODEL, input=items, max_output_tokens=3, temperature=0)
     call = {"id": "call_1", "type": "function", "function": {"name": "add", "arguments": '{"a": 1, "b": 2}'}}
-    messages = [
+    messages: list[dict[str, Any]] = [
         {"role": "user", "content": "add 1 and 2"},
         {"role": "assistant", "content": None, "tool_calls": [call]},
         {"role": "tool", "tool_call_id": "call_1", "content": "3"},
@@ -146,7 +146,7 @@ def test_retrieve_and_delete(server: RunningServer, client: openai.OpenAI) -> No
 
 def test_store_false_keeps_nothing(client: openai.OpenAI) -> None:
     response = client.responses.create(model=MODEL, input="hello", max_output_tokens=2, store=False)
-    assert response.store is False
+    assert response.to_dict()["store"] is False
     with pytest.raises(openai.NotFoundError):
         client.responses.retrieve(response.id)
 

@@ -46,7 +46,7 @@ def _run(chunks: list[str], draft: ResponseDraft) -> tuple[list[dict[str, Any]],
     async def collect() -> list[dict[str, Any]]:
         events = []
         async for event in response_events(source(), draft, completed.append):
-            data = json.loads(event.data)
+            data = json.loads(str(event.data))
             assert event.event == data["type"]
             events.append(data)
         return events
@@ -141,7 +141,7 @@ def test_text_then_calls_are_items_in_order_each_closed_before_the_next() -> Non
         return json.dumps(formatter.chunk([{"index": 0, "delta": delta, "finish_reason": None}]))
 
     chunks = [
-        json.dumps(formatter.chunk([formatter.stream_choice(0, "Let me see.", None, None)])),
+        json.dumps(formatter.chunk([{"index": 0, "delta": {"content": "Let me see."}, "finish_reason": None}])),
         call(0, id="call_a", type="function", function={"name": "f", "arguments": '{"x"'}),
         call(0, function={"arguments": ": 1}"}),
         call(1, id="call_b", type="function", function={"name": "g", "arguments": "{}"}),
