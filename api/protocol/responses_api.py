@@ -59,6 +59,7 @@ class ResponsesRequest(_Lenient):
     previous_response_id: str | None = Field(None, min_length=1, max_length=256)
     metadata: dict[str, str] | None = None
     user: str | None = None
+    cache_salt: str | None = Field(None, min_length=1, max_length=1024)  # vLLM's, as on chat
     truncation: str = "disabled"
     background: bool = False
     conversation: Any = None

@@ -84,6 +84,7 @@ def chat_plan(body: ResponsesRequest, history: Sequence[Message]) -> ChatPlan:
         "top_p": body.top_p,
         "stream": body.stream,
         "user": body.user,
+        "cache_salt": body.cache_salt,
         "max_completion_tokens": body.max_output_tokens,
         "response_format": response_format(body),
     }

@@ -2,14 +2,15 @@
 history resent, turn by turn: time to first token (TTFT) of turn n on a live server, prefix caching on (and off,
 for reference).
 
-    python -m benchmarks responses [--turns 8] [--repeats 3] [--caching on,off] [--out DIR]
+    python -m benchmarks responses [--turns 8] [--repeats 5] [--caching on,off] [--out DIR]
 
 Each conversation opens with a long system prompt (`instructions`, as agents send one) and asks a short question
 per turn, streamed, greedy, with at most `--max-output-tokens` per answer. The chained arm sends only the new
 question and the previous response's id; the resent arm sends every earlier turn as input items (the answers as
 assistant messages) with `store: false`. Greedy answers make the two conversations the same text, so the prompts
-are the same tokens; each conversation starts with its own marker, so no conversation reuses another's cache. The
-arms alternate, one conversation at a time. TTFT runs from sending the request to the first
+are the same tokens (the report says whether every pair matched); each conversation has its own `cache_salt`, so
+none reuses another's cache. The two arms run in lockstep, turn n of one right after turn n of the other, and are
+compared pair by pair (the median of chained / resent). TTFT runs from sending the request to the first
 `response.output_text.delta` event.
 """
 
@@ -92,43 +93,54 @@ def _text(response: dict[str, Any]) -> str:
     return "".join(part["text"] for item in response["output"] if item["type"] == "message" for part in item["content"])
 
 
-async def conversation(
-    client: httpx.AsyncClient, arm: str, turns: int, max_output_tokens: int, caching: bool, repeat: int
-) -> list[Turn]:
-    marker = f"Session {uuid.uuid4().hex[:12]}.\n"  # its own prefix: nothing cached from another conversation
-    history: list[dict[str, Any]] = []
-    previous: str | None = None
-    results = []
-    for n in range(turns):
+class Conversation:
+    """One arm's conversation, a turn at a time."""
+
+    def __init__(self, arm: str, max_output_tokens: int) -> None:
+        self.arm = arm
+        self.max_output_tokens = max_output_tokens
+        self.salt = uuid.uuid4().hex  # its own cache: nothing cached from another conversation
+        self.history: list[dict[str, Any]] = []
+        self.previous: str | None = None
+
+    async def turn(self, client: httpx.AsyncClient, n: int) -> tuple[float, float, dict[str, Any], int]:
         question = QUESTIONS[n % len(QUESTIONS)]
         body: dict[str, Any] = {
-            "instructions": marker + SYSTEM,
-            "max_output_tokens": max_output_tokens,
+            "instructions": SYSTEM,
+            "cache_salt": self.salt,
+            "max_output_tokens": self.max_output_tokens,
             "temperature": 0,
             "stream": True,
         }
-        if arm == "chained":
-            body.update(input=question, previous_response_id=previous)
+        if self.arm == "chained":
+            body.update(input=question, previous_response_id=self.previous)
         else:
-            body.update(input=[*history, {"role": "user", "content": question}], store=False)
-        ttft, total, response, size = await _stream(client, body)
-        usage = response["usage"]
-        tokens = (usage["input_tokens"], usage["input_tokens_details"]["cached_tokens"], usage["output_tokens"])
-        results.append(Turn(caching, arm, repeat, n + 1, ttft, total, *tokens, size))
-        previous = response["id"]
-        history += [{"role": "user", "content": question}, {"role": "assistant", "content": _text(response)}]
-    return results
+            body.update(input=[*self.history, {"role": "user", "content": question}], store=False)
+        measured = await _stream(client, body)
+        response = measured[2]
+        self.previous = response["id"]
+        self.history += [{"role": "user", "content": question}, {"role": "assistant", "content": _text(response)}]
+        return measured
 
 
 async def run(base_url: str, caching: bool, turns: int, repeats: int, max_output_tokens: int) -> list[Turn]:
+    """The two arms' conversations in lockstep, turn n of one beside turn n of the other (which goes first
+    alternates), so that a change in the machine's load falls on both alike."""
     async with httpx.AsyncClient(base_url=base_url, timeout=900) as client:
-        await conversation(client, "chained", 2, max_output_tokens, caching, -1)  # warm-up, not recorded
+        warm = Conversation("chained", max_output_tokens)
+        for n in range(2):  # warm-up, not recorded
+            await warm.turn(client, n)
         results: list[Turn] = []
         for repeat in range(repeats):
-            order = ARMS if repeat % 2 == 0 else ARMS[::-1]
-            for arm in order:
-                results += await conversation(client, arm, turns, max_output_tokens, caching, repeat)
-                print(f"caching {'on' if caching else 'off'}, repeat {repeat}, {arm}: done", flush=True)
+            arms = {arm: Conversation(arm, max_output_tokens) for arm in ARMS}
+            for n in range(turns):
+                for arm in ARMS if (repeat + n) % 2 == 0 else ARMS[::-1]:
+                    ttft, total, response, size = await arms[arm].turn(client, n)
+                    usage = response["usage"]
+                    cached = usage["input_tokens_details"]["cached_tokens"]
+                    tokens = (usage["input_tokens"], cached, usage["output_tokens"])
+                    results.append(Turn(caching, arm, repeat, n + 1, ttft, total, *tokens, size))
+            print(f"caching {'on' if caching else 'off'}, repeat {repeat}: done", flush=True)
     return results
 
 
@@ -145,20 +157,60 @@ def summary(results: Sequence[Turn]) -> list[dict[str, Any]]:
                 row[f"{arm}_request_bytes"] = statistics.median(r.request_bytes for r in mine)
                 row["input_tokens"] = statistics.median(r.input_tokens for r in mine)
             row["ratio"] = row["chained_ttft_s"] / row["resent_ttft_s"]
+            row["paired_ratio"] = statistics.median(_pair_ratios(results, caching, n))
             rows.append(row)
     return rows
 
 
-def markdown(rows: Sequence[dict[str, Any]]) -> str:
+def _pairs(results: Sequence[Turn], caching: bool) -> list[tuple[Turn, Turn]]:
+    """(chained, resent) of the same repeat and turn: measured one right after the other."""
+    by_key = {(r.repeat, r.turn, r.arm): r for r in results if r.caching == caching}
+    return [(r, by_key[(r.repeat, r.turn, "resent")]) for r in results if r.caching == caching and r.arm == "chained"]
+
+
+def _pair_ratios(results: Sequence[Turn], caching: bool, turn: int | None = None) -> list[float]:
+    pairs = _pairs(results, caching)
+    return [a.ttft_s / b.ttft_s for a, b in pairs if (a.turn == turn if turn is not None else a.turn > 1)]
+
+
+def overall(results: Sequence[Turn]) -> list[dict[str, Any]]:
+    """Per caching setting, over turns 2 and later: the median of the paired ratios, each arm's median TTFT, and
+    whether every pair's prompts were the same number of tokens."""
+    rows = []
+    for caching in sorted({r.caching for r in results}, reverse=True):
+        later = [r for r in results if r.caching == caching and r.turn > 1]
+        rows.append(
+            {
+                "caching": caching,
+                "paired_ratio": statistics.median(_pair_ratios(results, caching)),
+                "chained_ttft_s": statistics.median(r.ttft_s for r in later if r.arm == "chained"),
+                "resent_ttft_s": statistics.median(r.ttft_s for r in later if r.arm == "resent"),
+                "same_prompts": all(a.input_tokens == b.input_tokens for a, b in _pairs(results, caching)),
+            }
+        )
+    return rows
+
+
+def markdown(rows: Sequence[dict[str, Any]], totals: Sequence[dict[str, Any]]) -> str:
     lines = [
-        "| prefix caching | turn | prompt tokens | chained TTFT | resent TTFT | chained / resent | cached (chained, "
-        "resent) | request bytes (chained, resent) |",
+        "| prefix caching | turns 2+: chained TTFT | resent TTFT | paired chained / resent | same prompts |",
+        "|---|---|---|---|---|",
+    ]
+    for t in totals:
+        lines.append(
+            f"| {'on' if t['caching'] else 'off'} | {t['chained_ttft_s'] * 1000:.0f} ms | "
+            f"{t['resent_ttft_s'] * 1000:.0f} ms | {t['paired_ratio']:.2f} | {'yes' if t['same_prompts'] else 'no'} |"
+        )
+    lines += [
+        "",
+        "| prefix caching | turn | prompt tokens | chained TTFT | resent TTFT | paired chained / resent | cached "
+        "(chained, resent) | request bytes (chained, resent) |",
         "|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         lines.append(
             f"| {'on' if r['caching'] else 'off'} | {r['turn']} | {r['input_tokens']:.0f} | "
-            f"{r['chained_ttft_s'] * 1000:.0f} ms | {r['resent_ttft_s'] * 1000:.0f} ms | {r['ratio']:.2f} | "
+            f"{r['chained_ttft_s'] * 1000:.0f} ms | {r['resent_ttft_s'] * 1000:.0f} ms | {r['paired_ratio']:.2f} | "
             f"{r['chained_cached']:.0%}, {r['resent_cached']:.0%} | "
             f"{r['chained_request_bytes']:.0f}, {r['resent_request_bytes']:.0f} |"
         )
@@ -168,7 +220,7 @@ def markdown(rows: Sequence[dict[str, Any]]) -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks responses", description=__doc__.split("\n")[0])
     parser.add_argument("--turns", type=int, default=8)
-    parser.add_argument("--repeats", type=int, default=3, help="conversations per arm and caching setting")
+    parser.add_argument("--repeats", type=int, default=5, help="conversations per arm and caching setting")
     parser.add_argument("--max-output-tokens", type=int, default=32)
     parser.add_argument("--caching", default="on,off", help="prefix caching settings to run: on, off or both")
     parser.add_argument("--server-arg", action="append", default=[], help="one more flag for the server (repeatable)")
@@ -182,8 +234,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         launch = LaunchConfig((*target.argv, *args.server_arg), health_timeout_s=300)
         with ServerProcess(launch, out / f"server-caching-{setting}.log") as server:
             results += asyncio.run(run(server.base_url, caching, args.turns, args.repeats, args.max_output_tokens))
-    rows = summary(results)
-    table = markdown(rows)
+    rows, totals = summary(results), overall(results)
+    table = markdown(rows, totals)
     print(table, end="")
     document = {
         "mode": "continuous",
@@ -191,6 +243,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "repeats": args.repeats,
         "max_output_tokens": args.max_output_tokens,
         "server_args": list(args.server_arg),
+        "overall": totals,
         "summary": rows,
         "turns_measured": [asdict(r) for r in results],
     }

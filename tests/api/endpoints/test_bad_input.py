@@ -806,6 +806,7 @@ _RESPONSES_CASES: list[tuple[str, dict[str, object], int, str | None, str]] = [
     ("temperature-negative", {"temperature": -1}, 400, "temperature", "greater than or equal to 0"),
     ("top_p-zero", {"top_p": 0}, 400, "top_p", "greater than 0"),
     ("store-string", {"store": "yes"}, 400, "store", "valid boolean"),
+    ("cache_salt-empty", {"cache_salt": ""}, 400, "cache_salt", "at least 1 character"),
     ("stream-number", {"stream": 1}, 400, "stream", "valid boolean"),
     ("instructions-number", {"instructions": 5}, 400, "instructions", "valid string"),
     ("metadata-17-pairs", {"metadata": {str(i): "v" for i in range(17)}}, 400, "metadata", "at most 16"),

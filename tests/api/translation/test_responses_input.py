@@ -36,10 +36,11 @@ def _refused(**fields: Any) -> APIError:
 
 
 def test_a_string_input_is_one_user_message_after_the_instructions() -> None:
-    plan = _plan(instructions="be brief", max_output_tokens=7, temperature=0, top_p=0.5, user="u1")
+    plan = _plan(instructions="be brief", max_output_tokens=7, temperature=0, top_p=0.5, user="u1", cache_salt="s")
     assert _messages(plan) == [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}]
     chat = plan.chat
     assert (chat.max_completion_tokens, chat.temperature, chat.top_p, chat.user) == (7, 0, 0.5, "u1")
+    assert chat.cache_salt == "s"
     assert plan.turn == [{"role": "user", "content": "hi"}]  # the instructions are not part of the conversation
     assert not chat.stream and chat.tools is None and chat.response_format is None
 
