@@ -9,11 +9,9 @@ from collections.abc import AsyncGenerator
 from typing import Any
 
 from api.endpoints.formatting import ChatFormatter
-from api.endpoints.tool_call_formatting import ToolCallFormatter
 from api.protocol.errors import APIError
 from api.protocol.openai_api import parse_request
 from api.protocol.responses_api import ResponsesRequest
-from api.structured.tools import ToolCallMode
 from api.translation.response_objects import ResponseDraft
 from api.translation.responses_stream import response_events
 from tests.server_harness import tiny_tokenizer
@@ -94,9 +92,22 @@ def test_text_streams_as_one_message_item() -> None:
     assert completed == [final]
 
 
-def test_a_forced_call_streams_as_a_function_call_item() -> None:
-    formatter = ToolCallFormatter(ToolCallMode("add"), "chatcmpl-2", "tiny", tiny_tokenizer())
-    events, completed = _run(_chunks(formatter, ['{"a"', ": 1", "}"], "stop"), _draft())
+def _call_chunks(formatter: ChatFormatter, name: str, pieces: list[str]) -> list[str]:
+    """A chat stream of one tool call as OpenAI streams it (and the chat path's tool formatters write it): the
+    id, type and name once with empty arguments, then the arguments in pieces, then finish_reason tool_calls."""
+
+    def chunk(delta: dict[str, Any], finish: str | None = None) -> str:
+        return json.dumps(formatter.chunk([{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}]))
+
+    opening = {"id": "call_1", "type": "function", "function": {"name": name, "arguments": ""}}
+    chunks = [chunk({"role": "assistant", "content": None, "tool_calls": [{"index": 0, **opening}]})]
+    chunks += [chunk({"tool_calls": [{"index": 0, "function": {"arguments": piece}}]}) for piece in pieces]
+    return [*chunks, chunk({}, "tool_calls"), json.dumps(formatter.chunk([], usage=USAGE)), "[DONE]"]
+
+
+def test_a_call_streams_as_a_function_call_item() -> None:
+    formatter = ChatFormatter("chatcmpl-2", "tiny", tiny_tokenizer())
+    events, completed = _run(_call_chunks(formatter, "add", ['{"a"', ": 1", "}"]), _draft())
     assert _types(events)[2:] == [
         "response.output_item.added",
         *["response.function_call_arguments.delta"] * 3,
@@ -106,7 +117,7 @@ def test_a_forced_call_streams_as_a_function_call_item() -> None:
     ]
     added, done = events[2]["item"], events[-2]["item"]
     assert added["type"] == "function_call" and added["name"] == "add" and added["status"] == "in_progress"
-    assert added["call_id"].startswith("call_") and added["id"].startswith("fc_")
+    assert added["call_id"] == "call_1" and added["id"].startswith("fc_")
     assert events[-3]["arguments"] == '{"a": 1}' and events[-3]["name"] == "add"
     assert done == {**added, "arguments": '{"a": 1}', "status": "completed"}
     assert completed[0]["output"] == [done]
