@@ -18,7 +18,7 @@ from typing import Any
 import httpx
 import pytest
 
-from api.endpoints.app import create_app
+from api.apps.serve import create_app
 from benchmarks.loadgen.server_proc import free_port
 from tests.server_harness import mode_config, real_loaded_model, serving_app
 
