@@ -77,6 +77,10 @@ class _Server(uvicorn.Server):
 
 def serve(config: ServerConfig, lineup: tuple[Entry, ...] | None = None) -> None:
     """`lineup`: those modes side by side on one port (`compare`, api/apps/compare.py); else `config.mode` alone."""
+    # Importing torch and transformers takes seconds on a small CPU: say so, the first start is long enough quiet.
+    logging.getLogger("batchserve.api").info(
+        "loading torch and transformers, then the model (%s)", config.model or "the default, SmolLM2-135M-Instruct"
+    )
     from api.apps.compare import create_compare_app, drain_all
     from api.apps.serve import create_app
     from api.endpoints.state import Phase, ServerState

@@ -7,8 +7,9 @@ rows and the prefill chunk, is smallest; for a quantised format the row count up
 run (above it, the dense copy) is the largest measured count at which they beat the dense format of the same
 dtype, and every size when that is the prefill chunk. (The prefill matters: on a CPU without native bf16, a dense
 bf16 prefill is an order of magnitude slower than float32's, however fast int4 decodes.) The choice is cached by
-the CPU (under BATCHSERVE_CPU_ISA), the kernel build, torch and the model file, beside the converted checkpoint, and
-logged in one line; later starts read it.
+the CPU (under BATCHSERVE_CPU_ISA), the kernel build, torch and the model file, beside the converted checkpoint; the
+measurement is logged as a phase (engine/phases.py: a line per candidate, its time, where the choice is cached and
+how to measure again), after the kernels it times are built; later starts read the choice.
 
 Every candidate meets the quality bar (perplexity within 1 % of float32, docs/quantization.md): the table below
 names the measured cost of each; a format whose quality is unmeasured is never a candidate.
@@ -32,9 +33,19 @@ import torch
 from engine.config import DEFAULT_MAX_QUANTIZED_ROWS, EngineConfig
 from engine.cpu_features import cpu_features
 from engine.engine import Engine
-from engine.loader import LoadedModel, checkpoint_dtype, file_sha256, load_model, resolve_cache_dir, resolve_device
+from engine.loader import (
+    LoadedModel,
+    checkpoint_dtype,
+    convert_gguf,
+    file_sha256,
+    load_model,
+    resolve_cache_dir,
+    resolve_device,
+    resolve_source,
+)
 from engine.model_runner import TransformersRunner
-from engine.native import best_build
+from engine.native import best_build, load_kernels
+from engine.phases import phase
 from engine.sampling_params import SamplingParams
 
 logger = logging.getLogger("batchserve.loader")
@@ -202,41 +213,46 @@ def measured_format(
     measure: Callable[[str, str], dict[int, float]] | None = None,
 ) -> FormatChoice:
     """The cached choice among `pairs` for this machine, measuring it first if there is none. `measure(dtype,
-    quantization)` times one candidate (default: load it and `time_steps`)."""
+    quantization)` times one candidate (default: load it and `time_steps`, after building the kernels the runner
+    uses, so that their build is a phase of its own rather than a silent part of the first candidate's)."""
     cached = _cache_file(source, pairs, device, cache_dir)
+    redo = f"cached in {cached}; delete it to measure again"
     try:
         stored = json.loads(cached.read_text())
         choice = FormatChoice(
             **{**stored, "step_ms": {k: {int(r): t for r, t in v.items()} for k, v in stored["step_ms"].items()}}
         )
-        logger.info("weights: %s chosen by auto, measured here before (%s)", choice.label, cached)
+        logger.info("weights: %s chosen by auto, measured here before (%s)", choice.label, redo)
         return choice
     except (OSError, ValueError, TypeError, KeyError):
         pass
 
     def load_and_time(dtype: str, quantization: str) -> dict[int, float]:
-        return time_steps(load_model(source, device, cache_dir, dtype, quantization))
+        return time_steps(load_model(source, device, cache_dir, dtype, quantization, quiet=True))
 
+    if measure is None:
+        load_kernels()  # logged as its own phase when it builds (engine/native.py)
     measure = measure or load_and_time
-    started = time.monotonic()
-    step_ms = {_label(d, q): measure(d, q) for d, q in pairs}
-    choice = choose(step_ms, pairs)
-    cached.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.NamedTemporaryFile("w", dir=cached.parent, delete=False, suffix=".partial") as partial:
-        json.dump(asdict(choice), partial, indent=2)
-    os.replace(partial.name, cached)
-    limit = choice.max_quantized_rows
-    rows = (
-        "" if not limit else ", quantised at every size" if limit == EVERY_STEP else f", quantised up to {limit} rows"
+    labels = [_label(d, q) for d, q in pairs]
+    what = (
+        f"{len(pairs)} candidates ({', '.join(labels)}), each loaded and timed: decode steps of "
+        f"{'/'.join(map(str, PROBE_ROWS))} rows and a {PREFILL_ROWS}-token prefill"
     )
-    logger.info(
-        "weights: %s chosen by auto%s, measured in %.0f s (%s; cached in %s)",
-        choice.label,
-        rows,
-        time.monotonic() - started,
-        choice.reason,
-        cached,
-    )
+    with phase(logger, "measuring weight formats once for this CPU", what, steps=len(pairs)) as running:
+        step_ms = {}
+        for (dtype, quantization), label in zip(pairs, labels, strict=True):
+            running.step(label)
+            step_ms[label] = measure(dtype, quantization)
+        choice = choose(step_ms, pairs)
+        cached.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile("w", dir=cached.parent, delete=False, suffix=".partial") as partial:
+            json.dump(asdict(choice), partial, indent=2)
+        os.replace(partial.name, cached)
+        limit = choice.max_quantized_rows
+        rows = f", quantised up to {limit} rows" if limit else ""
+        rows = ", quantised at every size" if limit == EVERY_STEP else rows
+        logger.info("weights: %s chosen by auto%s (%s)", choice.label, rows, choice.reason)
+        running.result = redo
     return choice
 
 
@@ -247,19 +263,27 @@ def load_auto(
     dtype: str = "auto",
     quantization: str = "auto",
 ) -> LoadedModel:
-    """`load_model`, with whatever is `auto` measured on a CPU where more than one candidate is left."""
-    loaded = load_model(path, device, cache_dir, dtype, quantization)
-    source = Path(loaded.source)
-    if "auto" not in (dtype, quantization) or resolve_device(device).type != "cpu":
+    """`load_model`, with whatever is `auto` measured on a CPU where more than one candidate is left. A first start's
+    slow steps are logged as phases, one after the other (engine/phases.py): the GGUF's conversion, loading the
+    weights, the kernel build and the measurement (engine/native.py builds the kernels before it times them)."""
+    source = resolve_source(path)
+    if source.is_file():
+        convert_gguf(source, cache_dir)  # before the load's phase, not inside it
+    measuring = "auto" in (dtype, quantization) and resolve_device(device).type == "cpu"
+    with phase(logger, "loading the weights", announce=False):
+        loaded = load_model(source, device, cache_dir, dtype, quantization, quiet=measuring)
+    if not measuring:
         return loaded
     stored_float32 = source.is_dir() and checkpoint_dtype(source) in (None, torch.float32)
     pairs = candidates(dtype, quantization, loaded.weight_format.quantization == "int4", stored_float32)
     if len(pairs) < 2:
+        logger.info("weights: %s (%d quantised matmuls)", loaded.weight_format.label, len(loaded.quantized))
         return loaded
-    choice = measured_format(source, pairs, device, cache_dir)
+    choice = measured_format(source, pairs, device, cache_dir)  # logs the choice
     if _label(choice.dtype, choice.quantization) == loaded.weight_format.label:
         chosen = loaded
     else:
         del loaded
-        chosen = load_model(source, device, cache_dir, choice.dtype, choice.quantization)
+        with phase(logger, f"loading the weights as {choice.label}", announce=False):
+            chosen = load_model(source, device, cache_dir, choice.dtype, choice.quantization, quiet=True)
     return chosen.with_row_switch(choice.max_quantized_rows)

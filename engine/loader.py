@@ -30,6 +30,7 @@ from torch import nn
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from engine.config import LoadConfig
+from engine.phases import phase
 from engine.quantization import (
     GROUP_SIZE,
     INT4_GGUF_TYPES,
@@ -151,19 +152,22 @@ def load_model(
     cache_dir: Path | None = None,
     dtype: str = "float32",
     quantization: str = "none",
+    quiet: bool = False,
 ) -> LoadedModel:
     """Load a checkpoint directory or a .gguf file (None: the default SmolLM2 GGUF) onto `device`.
 
     `dtype` (auto, float32, bfloat16) and `quantization` (auto, none, int8, int4) as vLLM names them; the defaults
-    here are the exact ones, the server's are `auto`."""
+    here are the exact ones, the server's are `auto`. `quiet`: the routine lines (a cache hit, the format loaded)
+    at debug level, for the loads that measure formats (engine/format_probe.py)."""
+    level = logging.DEBUG if quiet else logging.INFO
     config = LoadConfig(dtype, quantization)
     target = resolve_device(device)
-    source = _resolve_source(path)
+    source = resolve_source(path)
     gguf: Any = None
     if source.is_dir():
         model, tokenizer = _load_checkpoint_dir(source)
     else:
-        model, tokenizer = _load_gguf_cached(source, gguf_checkpoint_dir(source, cache_dir))
+        model, tokenizer = _load_gguf_cached(source, gguf_checkpoint_dir(source, cache_dir), level)
         gguf = open_gguf(source) if config.quantization in ("auto", "int4") else None
     layer_types = [kind for name, kind in gguf_projection_types(gguf).items() if name != "lm_head"] if gguf else []
     gguf_int4 = bool(layer_types) and all(kind in INT4_GGUF_TYPES for kind in layer_types)
@@ -172,7 +176,7 @@ def load_model(
     # Module.to moves in place; mypy mis-types PreTrainedModel.to (functools.wraps on a method).
     model.to(target, dtype=weight_format.dtype)  # type: ignore[arg-type]
     model.eval()
-    logger.info("weights: %s (%d quantised matmuls)", weight_format.label, len(quantized))
+    logger.log(level, "weights: %s (%d quantised matmuls)", weight_format.label, len(quantized))
     return LoadedModel(
         model=model,
         tokenizer=tokenizer,
@@ -222,7 +226,7 @@ def _quantize(model: PreTrainedModel, weight_format: WeightFormat, gguf: Any) ->
     return quantized
 
 
-def _resolve_source(path: str | Path | None) -> Path:
+def resolve_source(path: str | Path | None) -> Path:
     """Check the path points at something loadable, so failures read as 'no model here', not a hub error."""
     if path is None:
         return default_model_path()
@@ -251,14 +255,28 @@ def _load_checkpoint_dir(directory: Path) -> tuple[PreTrainedModel, PreTrainedTo
     return model, tokenizer
 
 
-def _load_gguf_cached(gguf: Path, entry: Path) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
-    """Serve from the conversion cache entry, converting (and filling it) on a miss."""
+def _load_gguf_cached(
+    gguf: Path, entry: Path, level: int = logging.INFO
+) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """Serve from the conversion cache entry (saying so at `level`), converting (and filling it) on a miss."""
     if (entry / "config.json").is_file():
-        logger.info("loaded from cache %s (converted from %s)", entry, gguf)
+        logger.log(level, "loaded from cache %s (converted from %s)", entry, gguf)
         return _load_checkpoint_dir(entry)
-    logger.info("converting GGUF %s into %s (first run only, ~20-40 s)", gguf, entry)
-    model, tokenizer = _load_gguf(gguf)
-    _write_dir_atomically(entry, lambda tmp: _save_checkpoint(model, tokenizer, tmp))
+    return _convert(gguf, entry)
+
+
+def convert_gguf(gguf: Path, cache_dir: Path | None = None) -> None:
+    """Convert `gguf` into its cached float32 checkpoint unless that exists: a first start's phase of its own."""
+    entry = gguf_checkpoint_dir(gguf, cache_dir)
+    if not (entry / "config.json").is_file():
+        _convert(gguf, entry)
+
+
+def _convert(gguf: Path, entry: Path) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    with phase(logger, "converting the GGUF into a float32 checkpoint", f"once per model file: {gguf}") as running:
+        model, tokenizer = _load_gguf(gguf)
+        _write_dir_atomically(entry, lambda tmp: _save_checkpoint(model, tokenizer, tmp))
+        running.result = f"cached in {entry}; delete it to convert again"
     return model, tokenizer
 
 

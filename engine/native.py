@@ -7,8 +7,9 @@ scalar (SSE2) build that runs anywhere. The engine loads the best build that `cp
 and compare each with torch. Separate builds rather than one library of target-attributed functions: every
 build is then a whole program for one instruction set, and code the CPU cannot execute is never loaded.
 
-torch's extension builder compiles a build once (seconds, needs a C++ compiler and ninja) into its cache
-(`$TORCH_EXTENSIONS_DIR`, default ~/.cache/torch_extensions); later processes only load it. The extension's name
+torch's extension builder compiles a build once (a minute or so on 2 cores, needs a C++ compiler and ninja) into
+its cache (`$TORCH_EXTENSIONS_DIR`, default ~/.cache/torch_extensions); later processes only load it. A first start
+logs the build as a phase (engine/phases.py), with progress lines while it compiles. The extension's name
 carries a hash of the sources, the flags and the torch version. Where no compiler is present the build fails
 with a warning and the engine runs its pure-torch attention, prompt scoring and element-wise ops (engine/fused.py).
 """
@@ -28,6 +29,7 @@ from typing import Any
 import torch
 
 from engine.cpu_features import CpuFeatures, cpu_features, torch_capability
+from engine.phases import phase
 
 logger = logging.getLogger(__name__)
 
@@ -163,22 +165,33 @@ def extension_name(build: KernelBuild) -> str:
     return f"batchserve_kernels_{build.name}_{hashlib.sha256(key.encode()).hexdigest()[:12]}"
 
 
+def build_directory(build: KernelBuild) -> Path:
+    """Where torch's extension builder keeps `build` (under $TORCH_EXTENSIONS_DIR); created if missing."""
+    from torch.utils import cpp_extension
+
+    return Path(cpp_extension._get_build_directory(extension_name(build), verbose=False))
+
+
 def _compile(build: KernelBuild) -> bool:
     """Compile (or load the cached build of) the extension, registering its ops; False where it cannot."""
     try:
         from torch.utils import cpp_extension
 
         name = extension_name(build)
-        _clear_stale_lock(Path(cpp_extension._get_build_directory(name, verbose=False)) / "lock")
-        started = time.monotonic()
-        cpp_extension.load(
-            name=name,
-            sources=[str(source) for source in _SOURCES],
-            extra_cflags=["-O3", *build.flags, "-fopenmp", f"-DBATCHSERVE_OPS={build.namespace}"],
-            extra_ldflags=["-fopenmp"],
-            is_python_module=False,
-        )
-        logger.debug("kernels %s ready in %.1f s", build.name, time.monotonic() - started)
+        directory = build_directory(build)
+        _clear_stale_lock(directory / "lock")
+        built = (directory / f"{name}.so").is_file()  # then ninja only checks it (unless a path or flag changed)
+        title = f"{'loading' if built else 'building'} the C++ kernels ({build.name})"
+        once = f"once per CPU kind and torch version (a minute or so on 2 cores), into {directory}"
+        with phase(logger, title, once, announce=not built) as running:
+            cpp_extension.load(
+                name=name,
+                sources=[str(source) for source in _SOURCES],
+                extra_cflags=["-O3", *build.flags, "-fopenmp", f"-DBATCHSERVE_OPS={build.namespace}"],
+                extra_ldflags=["-fopenmp"],
+                is_python_module=False,
+            )
+            running.result = f"cached in {directory}; delete it to build again"
     except Exception as exc:  # no compiler, no ninja, a read-only cache: all mean "use the torch path"
         logger.warning("native CPU kernels (%s) unavailable, using the torch path: %s", build.name, exc)
         return False

@@ -182,6 +182,14 @@ def tiny_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return directory
 
 
+@pytest.fixture(scope="session")
+def tiny_gguf(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny model as a GGUF file with Q4_1 projections (tests/tiny_gguf.py)."""
+    from tests.tiny_gguf import write_tiny_gguf  # imports the harness, which imports this module
+
+    return write_tiny_gguf(tmp_path_factory.mktemp("tiny-gguf") / "tiny.Q4_1.gguf")
+
+
 @pytest.fixture(scope="module", params=kernel_build_params())
 def kernels(request: pytest.FixtureRequest) -> native.Kernels:
     """Each build of the compiled kernels this CPU can execute, in turn (engine/native.py); the others skip."""

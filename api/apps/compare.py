@@ -23,7 +23,14 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Mount, Route
 
 from api.apps import serve as serve_app
-from api.apps.loading import ModelLoader, default_loader, load_in_background, metered_model, serving_runtime
+from api.apps.loading import (
+    PREPARING,
+    ModelLoader,
+    default_loader,
+    load_in_background,
+    metered_model,
+    serving_runtime,
+)
 from api.config import ServerConfig
 from api.endpoints.event_hub import EventHub
 from api.endpoints.merge_metrics import LabelledMerge, exposition
@@ -33,6 +40,7 @@ from api.live import page, stream_routes
 from api.process.drain import drain
 from api.protocol.errors import APIError
 from api.runtime.build import build_runner
+from engine.phases import phase
 from scheduler.config import Mode
 from scheduler.fair_share import FairShareLoop
 from scheduler.lineup import DEFAULT, Entry, parse_lineup
@@ -108,15 +116,16 @@ def _build_runtimes(
     """Load the model once; build one runner (one copy of the weights) and, per entry, its own engine and cache,
     behind one fair-share loop (not started)."""
     loaded = loader(config)
-    runner = build_runner(config.runtime_options(), loaded)
-    models = {name: metered_model(mode_state.config, loaded, runner, name) for name, mode_state in modes.items()}
-    fair = FairShareLoop([model.scheduler for model, _ in models.values()])
-    runtimes = {
-        mode: serving_runtime(
-            modes[mode].config, dataclasses.replace(model, loop=fair.handle(model.scheduler)), mode_metrics
-        )
-        for mode, (model, mode_metrics) in models.items()
-    }
+    with phase(logger, PREPARING, announce=False):
+        runner = build_runner(config.runtime_options(), loaded)
+        models = {name: metered_model(mode_state.config, loaded, runner, name) for name, mode_state in modes.items()}
+        fair = FairShareLoop([model.scheduler for model, _ in models.values()])
+        runtimes = {
+            mode: serving_runtime(
+                modes[mode].config, dataclasses.replace(model, loop=fair.handle(model.scheduler)), mode_metrics
+            )
+            for mode, (model, mode_metrics) in models.items()
+        }
     return fair, runtimes
 
 

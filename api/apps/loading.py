@@ -16,10 +16,13 @@ from api.runtime.build import ModelRuntime, build_model_runtime, load
 from api.runtime.heap import frozen_after_loading
 from engine.loader import LoadedModel
 from engine.model_runner import ModelRunner
+from engine.phases import phase
 
 logger = logging.getLogger("batchserve.api")
 
 ModelLoader = Callable[[ServerConfig], LoadedModel]
+# After loading: the weights packed for the kernels, the grammar compiler's vocabulary (seconds on a small CPU).
+PREPARING = "preparing the engine"
 _Built = TypeVar("_Built")
 
 
@@ -61,7 +64,8 @@ def serving_runtime(config: ServerConfig, model: ModelRuntime, metrics: ServerMe
 
 def build_runtime(config: ServerConfig, loaded: LoadedModel) -> Runtime:
     """`serve`'s runtime: the model under its own scheduler loop, with the server's metrics and service."""
-    return serving_runtime(config, *metered_model(config, loaded))
+    with phase(logger, PREPARING, announce=False):
+        return serving_runtime(config, *metered_model(config, loaded))
 
 
 def load_in_background(

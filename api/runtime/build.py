@@ -20,6 +20,7 @@ from engine.engine import Engine
 from engine.format_probe import load_auto
 from engine.loader import LoadedModel
 from engine.model_runner import ModelRunner, TransformersRunner
+from engine.native import load_kernels
 from scheduler.core import Scheduler
 from scheduler.loop import SchedulerLoop
 from scheduler.stats import StepStats
@@ -29,8 +30,13 @@ if TYPE_CHECKING:
 
 
 def load(options: RuntimeOptions) -> LoadedModel:
-    """The model in the options' format; what is `auto` is measured on this machine (engine/format_probe.py)."""
-    return load_auto(options.model, device=options.device, dtype=options.dtype, quantization=options.quantization)
+    """The model in the options' format; what is `auto` is measured on this machine (engine/format_probe.py). The
+    kernels the runner will use are built here, if not yet, so that their build (a first start's phase, with its
+    progress lines) is not hidden inside preparing the engine."""
+    loaded = load_auto(options.model, device=options.device, dtype=options.dtype, quantization=options.quantization)
+    if options.cpu_kernels and next(loaded.model.parameters()).device.type == "cpu":
+        load_kernels()
+    return loaded
 
 
 @dataclass(frozen=True)

@@ -295,7 +295,7 @@ def test_real_gguf_converts_once_then_loads_identically_from_cache(
 
     with caplog.at_level(logging.INFO, logger="batchserve.loader"):
         converted = load_model(None, cache_dir=tmp_path)
-    assert any("converting GGUF" in record.getMessage() for record in caplog.records)
+    assert any("converting the GGUF" in record.getMessage() for record in caplog.records)
     (entry,) = tmp_path.iterdir()  # exactly one entry, no temp dir left behind
     assert entry.name.startswith("SmolLM2-135M-Instruct.Q4_1-")
     for name in ("model.safetensors", "config.json", "generation_config.json", "tokenizer.json"):
@@ -306,7 +306,7 @@ def test_real_gguf_converts_once_then_loads_identically_from_cache(
     with caplog.at_level(logging.INFO, logger="batchserve.loader"):
         cached = load_model(None, cache_dir=tmp_path)
     assert any("loaded from cache" in record.getMessage() for record in caplog.records)
-    assert not any("converting GGUF" in record.getMessage() for record in caplog.records)
+    assert not any("converting the GGUF" in record.getMessage() for record in caplog.records)
 
     assert converted.eos_token_ids == cached.eos_token_ids
     assert converted.tokenizer.eos_token_id in cached.eos_token_ids
