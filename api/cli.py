@@ -17,7 +17,15 @@ from typing import Any, NoReturn
 import uvicorn
 
 from api.config import ServerConfig
-from api.flags import LOG_FORMAT, REPLICAS, REPLICAS_HELP, NumberFlag, add_config_flags, config_from_args
+from api.flags import (
+    LOG_FORMAT,
+    REPLICAS,
+    REPLICAS_DEFAULT,
+    REPLICAS_HELP,
+    NumberFlag,
+    add_config_flags,
+    config_from_args,
+)
 from engine.config import DTYPES, QUANTIZATIONS
 from engine.cpu_features import CpuIsaError, cpu_features
 from scheduler.config import Mode
@@ -172,7 +180,8 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True, metavar="{serve,compare,generate}")
     serve_parser = commands.add_parser("serve", help="Start the OpenAI-compatible HTTP server", allow_abbrev=False)
     add_config_flags(serve_parser)
-    serve_parser.add_argument("--replicas", type=NumberFlag(REPLICAS), default=1, help=REPLICAS_HELP)
+    replicas_help = f"{REPLICAS_HELP}; {REPLICAS.span()} {REPLICAS_DEFAULT}"
+    serve_parser.add_argument("--replicas", type=NumberFlag(REPLICAS), default=1, help=replicas_help)
     compare = commands.add_parser(
         "compare", help="Serve batching modes side by side on one port, with the live page", allow_abbrev=False
     )

@@ -167,14 +167,16 @@ class ServerConfig:
     served_model_name: str | None = _opt(None, "Model name in the API (default: the model file's stem)")
     dtype: str = _opt(
         "auto",
-        "Activations, KV cache and dense weights; auto: bfloat16 where the CPU has native bf16 dot products and the "
-        "weights are dense, float32 otherwise (see the README's weight formats)",
+        "Activations, KV cache and dense weights; auto, on a CPU: the fastest of float32 and bfloat16 (not bfloat16 "
+        "for a checkpoint stored in float32), measured with --quantization's candidates at the first start and "
+        "cached per machine and model; on a GPU: the checkpoint's dtype, float32 for a GGUF (docs/quantization.md)",
         choices=DTYPES,
     )
     quantization: str = _opt(
         "auto",
-        "Weight-only quantisation of the projections and LM head; auto: int4 for a GGUF whose projections are "
-        "Q4_0/Q4_1 (the file's own blocks), none otherwise",
+        "Weight-only quantisation of the projections and LM head; auto, on a CPU: int4 (the file's own blocks) or "
+        "none for a GGUF whose projections are Q4_0/Q4_1, whichever measured faster with --dtype's candidates at "
+        "the first start, none for other models; on a GPU: none (docs/quantization.md)",
         choices=QUANTIZATIONS,
     )
     max_body_bytes: int = _opt(

@@ -21,11 +21,12 @@ from scheduler.ranges import Range
 
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 # `batchserve serve`'s one flag that is not a ServerConfig field (api/cli.py adds it; the table lists it too).
-REPLICAS_HELP = (
-    "Replicas behind one endpoint; above 1 starts a local Ray Serve (pip install -e '.[ray]'; see "
-    "docs/scale_out.md), each replica with these flags and the machine's CPUs / N threads (default: 1, no Ray)"
-)
 REPLICAS = Range(1, 1024, integer=True)
+REPLICAS_HELP = (  # the table gives the range and default columns of their own; `--help` adds them (api/cli.py)
+    "Replicas behind one endpoint; above 1 starts a local Ray Serve (pip install -e '.[ray]'; see "
+    "docs/scale_out.md), each replica with these flags and the machine's CPUs / N threads"
+)
+REPLICAS_DEFAULT = "(default: 1, no Ray)"
 FLAGS_DOC = Path(__file__).resolve().parents[1] / "docs" / "flags.md"
 FLAGS_START = "<!-- FLAGS_START -->"
 FLAGS_END = "<!-- FLAGS_END -->"

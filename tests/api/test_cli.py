@@ -18,7 +18,7 @@ import pytest
 from api.apps.loading import build_runtime
 from api.cli import build_parser, main
 from api.config import API_KEY_ENV, ServerConfig
-from api.flags import config_from_args
+from api.flags import FLAGS_DOC, config_from_args
 from engine.linear import Linear, onednn_available
 from engine.model_runner import TransformersRunner
 from tests.api.endpoints.test_api import PROMPT, wait_until
@@ -72,6 +72,39 @@ def test_serve_help_lists_every_flag_with_its_default(
     assert "(default: 127.0.0.1)" in options["--host"]
     assert "(default: 50.0)" in options["--batch-timeout-ms"]
     assert "(default: 256)" in options["--max-queue"]
+
+
+def flags_doc_rows() -> dict[str, tuple[str, str, str]]:
+    """docs/flags.md's table: flag -> (default, range, help), as the generated file holds them."""
+    rows = {}
+    for line in FLAGS_DOC.read_text().splitlines():
+        cells = [cell.strip().replace("\\|", "|") for cell in re.split(r"(?<!\\)\|", line)[1:-1]]
+        flag = re.match(r"`(--[a-z-]+)`", cells[0]) if len(cells) == 4 else None
+        if flag is not None:
+            rows[flag.group(1)] = (cells[1], cells[2], cells[3])
+    return rows
+
+
+def test_serve_help_says_what_the_generated_docs_flags_md_says() -> None:
+    """`serve --help` (unwrapped) and docs/flags.md come from the same fields: each flag's help, range, default and
+    choices read the same in both, so neither can describe a rule the other has dropped."""
+    result = run_cli("serve", "--help", env={**os.environ, "COLUMNS": "10000"})
+    assert result.returncode == 0, result.stderr
+    options = option_help(result.stdout)
+    rows = flags_doc_rows()
+    assert set(rows) == {flag for flag in options if flag.startswith("--")}
+    defaults = {"on": "True", "off": "False", "unset": "None"}
+    for flag, (default, span, text) in rows.items():
+        help_text = options[flag]
+        described, _, choices = text.partition(" (one of: ")
+        assert described in help_text, f"{flag}: --help says {help_text!r}, docs/flags.md {described!r}"
+        assert span in help_text, flag
+        value = defaults.get(default, default.strip("`"))
+        if "(default:" not in described:  # else the help says what unset means, in both
+            assert f"(default: {value}" in help_text or (default == "unset" and "(default: ()" in help_text), flag
+        if choices:
+            assert "{" + choices.rstrip(")").replace(", ", ",") + "}" in help_text, flag
+    assert "measured" in options["--dtype"] and "measured" in options["--quantization"]  # auto is measured
 
 
 def test_abbreviated_flags_are_refused_not_guessed(capsys: pytest.CaptureFixture[str]) -> None:
