@@ -22,15 +22,18 @@ class LaunchConfig:
     argv: tuple[str, ...]  # "{host}" and "{port}" are filled in at launch
     host: str = "127.0.0.1"
     health_path: str = "/health"
-    health_timeout_s: float = 180.0  # a first batchserve start converts the model, about 40 s on a CPU
+    # Seconds without a new line in the server's log before a start counts as failed: a first batchserve start
+    # (conversion, kernel build, format measurement) takes minutes, but logs progress every few seconds.
+    health_timeout_s: float = 180.0
+    max_start_s: float = 1800.0  # however much it logs, a start that takes longer has failed
     stop_grace_s: float = 15.0
     env: tuple[tuple[str, str], ...] = ()  # (name, value) pairs over this process's environment
 
     def __post_init__(self) -> None:
         if not self.argv:
             raise ValueError("argv must not be empty")
-        if self.health_timeout_s <= 0 or self.stop_grace_s <= 0:
-            raise ValueError("health_timeout_s and stop_grace_s must be > 0")
+        if self.health_timeout_s <= 0 or self.stop_grace_s <= 0 or self.max_start_s <= 0:
+            raise ValueError("health_timeout_s, max_start_s and stop_grace_s must be > 0")
 
     def command(self, port: int) -> list[str]:
         return [arg.replace("{host}", self.host).replace("{port}", str(port)) for arg in self.argv]
@@ -87,12 +90,22 @@ class ServerProcess:
     ) -> None:
         self.stop()
 
+    def _log_size(self) -> int:
+        try:
+            return self.log_path.stat().st_size
+        except OSError:
+            return 0
+
     def _wait_healthy(self) -> None:
+        """Until /health answers 200. The deadline moves on while the log grows (a slow first start that reports
+        its progress is still starting), up to max_start_s in all."""
         assert self._proc is not None
-        deadline = time.monotonic() + self.config.health_timeout_s
+        start = time.monotonic()
+        deadline = start + self.config.health_timeout_s
+        logged = self._log_size()
         url = self.base_url + self.config.health_path
         with httpx.Client(timeout=5.0) as client:
-            while time.monotonic() < deadline:
+            while time.monotonic() < min(deadline, start + self.config.max_start_s):
                 if self._proc.poll() is not None:
                     raise ServerStartError(
                         f"server exited with code {self._proc.returncode} before it was healthy; "
@@ -103,9 +116,14 @@ class ServerProcess:
                         return
                 except httpx.HTTPError:
                     pass  # not listening yet
+                size = self._log_size()
+                if size != logged:
+                    logged, deadline = size, time.monotonic() + self.config.health_timeout_s
                 time.sleep(0.5)
         raise ServerStartError(
-            f"{url} not healthy after {self.config.health_timeout_s:.0f}s; log tail:\n{self.log_tail()}"
+            f"{url} not healthy after {time.monotonic() - start:.0f}s (its log silent for up to "
+            f"{self.config.health_timeout_s:.0f}s, {self.config.max_start_s:.0f}s at most in all); "
+            f"log tail:\n{self.log_tail()}"
         )
 
     def stop(self) -> int | None:
