@@ -112,12 +112,19 @@ def timed_sampler() -> Iterator[list[float]]:
 
 
 def decode_pass(
-    engine: Engine, prompts: list[list[int]], grammars: list[Grammar | None], steps: int
+    engine: Engine,
+    prompts: list[list[int]],
+    grammars: list[Grammar | None],
+    steps: int,
+    logit_bias: tuple[tuple[int, float], ...] = (),
 ) -> tuple[float, float]:
-    """(seconds per decode step, sampler seconds per decode step) after one prefill step of every prompt."""
+    """(seconds per decode step, sampler seconds per decode step) after one prefill step of every prompt; every
+    row gets `logit_bias` (tool-cost biases end tokens away: ignore_eos does not stop a grammar ending on one)."""
     ids = list(range(len(prompts)))
     for seq_id, prompt, grammar in zip(ids, prompts, grammars, strict=True):
-        params = SamplingParams(max_tokens=steps + 1, temperature=0.0, ignore_eos=True, grammar=grammar)
+        params = SamplingParams(
+            max_tokens=steps + 1, temperature=0.0, ignore_eos=True, logit_bias=logit_bias, grammar=grammar
+        )
         engine.add(seq_id, prompt, params)
         assert engine.reserve(seq_id, len(prompt) + steps + 1)
     engine.step([(s, len(p)) for s, p in zip(ids, prompts, strict=True)])

@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -31,13 +30,12 @@ from api.structured.tool_parsers.base import FunctionTool
 from api.structured.tool_parsers.registry import PARSERS
 from api.structured.xgrammar_backend import XGrammarCompiler
 from benchmarks.micro.model_flags import add_model_arguments, load_from_args
-from benchmarks.micro.structured_bench import timed_sampler
+from benchmarks.micro.structured_bench import decode_pass
 from benchmarks.results_io.report import write_json
 from engine.config import EngineConfig
 from engine.engine import Engine
 from engine.grammar import Grammar
 from engine.model_runner import TransformersRunner
-from engine.sampling_params import SamplingParams
 
 KINDS = ("free", "lazy", "in_call")
 _CITY = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
@@ -62,36 +60,6 @@ def grammars(compiler: XGrammarCompiler, parser: str) -> dict[str, Grammar]:
     tag["format"] = tag["format"]["tags"][0]  # the call's tag at the root: the answer begins inside it
     forced = GrammarSpec(GrammarKind.STRUCTURAL_TAG, json.dumps(tag), forced.param)
     return {"lazy": compiler.compile(lazy), "in_call": compiler.compile(forced)}
-
-
-def decode_pass(
-    engine: Engine,
-    prompts: list[list[int]],
-    rows: list[Grammar | None],
-    steps: int,
-    no_end: tuple[tuple[int, float], ...],
-) -> tuple[float, float]:
-    """(seconds per decode step, sampler seconds per decode step) after one prefill step of every prompt. Every row
-    has its end tokens biased away (`no_end`), free rows too: a lazy grammar lets the end through wherever text is
-    free, and ignore_eos does not stop a grammar from ending on it."""
-    ids = list(range(len(prompts)))
-    for seq_id, prompt, grammar in zip(ids, prompts, rows, strict=True):
-        params = SamplingParams(
-            max_tokens=steps + 1, temperature=0.0, ignore_eos=True, logit_bias=no_end, grammar=grammar
-        )
-        engine.add(seq_id, prompt, params)
-        assert engine.reserve(seq_id, len(prompt) + steps + 1)
-    engine.step([(s, len(p)) for s, p in zip(ids, prompts, strict=True)])
-    with timed_sampler() as sampler:
-        start = time.perf_counter()
-        for step in range(steps):
-            out = engine.step([(s, 1) for s in ids])
-            ended = [t.seq_id for t in out.tokens if t.finish_reason is not None]
-            assert step == steps - 1 or not ended, f"rows {ended} ended early: the batches would not compare"
-        elapsed = time.perf_counter() - start
-    for seq_id in ids:
-        engine.remove(seq_id)
-    return elapsed / steps, sum(sampler) / steps
 
 
 @torch.inference_mode()
