@@ -27,20 +27,33 @@ class Phase:
         self._lock = threading.Lock()
         self._step = 0
         self._step_name = ""
+        self._unit = ""
 
-    def step(self, name: str) -> None:
-        """The next of the phase's steps begins: one line at once ("TITLE: 2 of 4 (NAME)")."""
+    def step(self, name: str = "", steps: int | None = None) -> None:
+        """The next of the phase's steps begins: one line at once ("TITLE: 2 of 4 (NAME)"); `steps`: a new total,
+        where the work found it has more to do."""
         with self._lock:
             self._step += 1
             self._step_name = name
+            self.steps = self.steps if steps is None else steps
         self.logger.info("%s: %s", self.title, self._progress())
+
+    def stage(self, unit: str, steps: int, done: int = 0) -> None:
+        """Count steps afresh, `steps` of them (`done` of which are behind), each named by `unit` ("TITLE: round 2
+        of 5"); no line until the next step."""
+        with self._lock:
+            self._unit, self._step, self.steps, self._step_name = unit, done, steps, ""
 
     def elapsed_s(self) -> float:
         return time.monotonic() - self.started
 
     def _progress(self) -> str:
         with self._lock:
-            return f"{self._step} of {self.steps} ({self._step_name})" if self._step else ""
+            if not self._step:
+                return ""
+            unit = f"{self._unit} " if self._unit else ""
+            name = f" ({self._step_name})" if self._step_name else ""
+            return f"{unit}{self._step} of {self.steps}{name}"
 
     def _beat(self, stop: threading.Event, every_s: float) -> None:
         while not stop.wait(every_s):

@@ -67,3 +67,17 @@ def test_a_phase_that_raises_says_it_stopped_and_raises(caplog: pytest.LogCaptur
         raise RuntimeError("no compiler")
     lines = messages(caplog)
     assert lines[0] == "building" and lines[-1].startswith("building: stopped after ")
+
+
+def test_a_phase_can_count_a_second_kind_of_step_and_raise_its_total(caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.INFO, logger=LOGGER.name), phase(LOGGER, "timing", steps=1) as running:
+        running.step("loading")
+        running.stage("round", 2)
+        running.step()
+        running.step("busy: more rounds", steps=3)
+    lines = messages(caplog)
+    assert lines[1:4] == [
+        "timing: 1 of 1 (loading)",
+        "timing: round 1 of 2",
+        "timing: round 2 of 3 (busy: more rounds)",
+    ]
