@@ -1,15 +1,22 @@
 """`auto` weight formats, measured on this machine rather than guessed from its CPU flags.
 
-At the first load on a machine, each candidate format (dtype x quantization, those `auto` leaves open) is loaded
-and its decode step timed on the real model at 1, 4, 8 and 16 rows, and a 128-token prefill chunk, through the
-same runner and engine that serve. The format kept is the one whose worst ratio to the best time, at 1 row, 16
-rows and the prefill chunk, is smallest; for a quantised format the row count up to which its quantised weights
-run (above it, the dense copy) is the largest measured count at which they beat the dense format of the same
-dtype, and every size when that is the prefill chunk. (The prefill matters: on a CPU without native bf16, a dense
-bf16 prefill is an order of magnitude slower than float32's, however fast int4 decodes.) The choice is cached by
-the CPU (under BATCHSERVE_CPU_ISA), the kernel build, torch and the model file, beside the converted checkpoint; the
-measurement is logged as a phase (engine/phases.py: a line per candidate, its time, where the choice is cached and
-how to measure again), after the kernels it times are built; later starts read the choice.
+At the first load on a machine, each candidate format (dtype x quantization, those `auto` leaves open) is loaded,
+and then all of them are timed in turns (engine/format_timing.py): round after round, each one's decode step on the
+real model at 1, 4, 8 and 16 rows and a 128-token prefill chunk, through the same runner and engine that serve
+(engine/format_steps.py). Each figure is the candidate's best time over the rounds, so another process's burst of
+work, which slows some rounds, cannot pick the winner; while a calibration op says the machine is busy, more rounds
+are timed. The format kept is the one whose worst ratio to the best time, at 1 row, 16 rows and the prefill chunk,
+is smallest; for a quantised format the row count up to which its quantised weights run (above it, the dense copy)
+is the largest measured count at which they beat the dense format of the same dtype, and every size when that is
+the prefill chunk. (The prefill matters: on a CPU without native bf16, a dense bf16 prefill is an order of magnitude
+slower than float32's, however fast int4 decodes.)
+
+The choice is cached (engine/format_choice.py) by the CPU (under BATCHSERVE_CPU_ISA), the kernel build, torch and
+the model file, only when it would still win with its own figures raised by their noise and the runner-up's lowered
+by theirs; else it is served as provisional and measured again at the next start. A later start re-times the
+calibration op and measures again when the machine's speed no longer matches the cached one (another CPU with the
+same flags). The measurement is logged as a phase (engine/phases.py: a line per candidate loaded and per round,
+where the choice is cached and how to measure again), after the kernels it times are built.
 
 Every candidate meets the quality bar (perplexity within 1 % of float32, docs/quantization.md): the table below
 names the measured cost of each; a format whose quality is unmeasured is never a candidate.
@@ -17,51 +24,70 @@ names the measured cost of each; a format whose quality is unmeasured is never a
 
 from __future__ import annotations
 
-import hashlib
-import json
+import dataclasses
 import logging
-import os
-import statistics
-import tempfile
-import time
-from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from engine.config import DEFAULT_MAX_QUANTIZED_ROWS, EngineConfig
-from engine.cpu_features import cpu_features
-from engine.engine import Engine
+from engine.config import DEFAULT_MAX_QUANTIZED_ROWS
+from engine.format_choice import EVERY_STEP, FormatChoice, cache_file, format_label, machine, read_entry, write_entry
+from engine.format_steps import (
+    MEASURED_ROWS,
+    PREFILL_ROWS,
+    PROBE_ROWS,
+    EngineStepper,
+    Pair,
+    available_memory,
+    resident_groups,
+    time_steps,
+)
+from engine.format_timing import (
+    DEFAULT_PLAN,
+    Calibration,
+    Clock,
+    RoundPlan,
+    Rounds,
+    Stepper,
+    SystemClock,
+    default_calibration,
+    recheck,
+    time_rounds,
+)
 from engine.loader import (
     LoadedModel,
     checkpoint_dtype,
     convert_gguf,
-    file_sha256,
     load_model,
-    resolve_cache_dir,
     resolve_device,
     resolve_source,
 )
-from engine.model_runner import TransformersRunner
-from engine.native import best_build, load_kernels
+from engine.native import load_kernels
 from engine.phases import phase
-from engine.sampling_params import SamplingParams
+
+# Also this module's names for the probe's parts (the tests and benchmarks/micro/format_matrix.py use them).
+__all__ = [
+    "EVERY_STEP",
+    "MEASURED_ROWS",
+    "PREFILL_ROWS",
+    "PROBE_ROWS",
+    "FormatChoice",
+    "candidates",
+    "choose",
+    "load_auto",
+    "measured_format",
+    "time_steps",
+]
 
 logger = logging.getLogger("batchserve.loader")
 
-PROBE_VERSION = 2  # bump when what is measured changes: old choices are then measured again
-PROBE_ROWS = (1, 4, 8, 16)  # decode steps of this many sequences
-PREFILL_ROWS = 128  # and one sequence's prompt chunk of this many tokens
-MEASURED_ROWS = (*PROBE_ROWS, PREFILL_ROWS)
-EVERY_STEP = 2**31 - 1  # a row switch past any step: the quantised weights run at every size
 _SCORED_ROWS = (1, 16, PREFILL_ROWS)
-_REPEATS = 5
-_PROMPT_TOKENS = 32
 
 # Perplexity against float32 on SmolLM2-135M (`python -m benchmarks quality`, docs/quantization.md).
 # Only these are candidates.
-MEASURED_QUALITY: Mapping[tuple[str, str], float] = {
+MEASURED_QUALITY: Mapping[Pair, float] = {
     ("float32", "none"): 0.0,
     ("bfloat16", "none"): 0.11,
     ("float32", "int4"): 0.30,
@@ -70,20 +96,7 @@ MEASURED_QUALITY: Mapping[tuple[str, str], float] = {
 QUALITY_BAR_PERCENT = 1.0
 
 
-@dataclass(frozen=True)
-class FormatChoice:
-    dtype: str
-    quantization: str
-    max_quantized_rows: int | None  # None: not quantised
-    step_ms: Mapping[str, Mapping[int, float]]  # per candidate label, per row count: median step time
-    reason: str
-
-    @property
-    def label(self) -> str:
-        return self.dtype if self.quantization == "none" else f"{self.quantization}/{self.dtype}"
-
-
-def candidates(dtype: str, quantization: str, gguf_int4: bool, stored_float32: bool) -> list[tuple[str, str]]:
+def candidates(dtype: str, quantization: str, gguf_int4: bool, stored_float32: bool) -> list[Pair]:
     """The (dtype, quantization) pairs `auto` may pick: measured quality within the bar, int4 only from a GGUF's
     own Q4 blocks (anything else would mean requantising, whose quality is not measured), and bf16 not for a
     checkpoint stored in float32 (`stored_float32`: its bf16 quality is not measured at load)."""
@@ -96,164 +109,216 @@ def candidates(dtype: str, quantization: str, gguf_int4: bool, stored_float32: b
     return found
 
 
-def _label(dtype: str, quantization: str) -> str:
-    return dtype if quantization == "none" else f"{quantization}/{dtype}"
+@dataclass(frozen=True)
+class _Score:
+    reads: dict[int, str]  # at each measured size, whose figure this format serves it in: its own, or its dense copy's
+    limit: int | None  # the row switch
+    worst: float  # its worst ratio to the fastest at the scored sizes
 
 
-def choose(step_ms: Mapping[str, Mapping[int, float]], pairs: list[tuple[str, str]]) -> FormatChoice:
-    """The format whose worst ratio to the fastest, at 1 row, 16 rows and a prefill chunk, is smallest, with its
-    row switch."""
-    switched: dict[tuple[str, str], tuple[dict[int, float], int | None]] = {}
+def _scores(step_ms: Mapping[str, Mapping[int, float]], pairs: Sequence[Pair]) -> dict[Pair, _Score]:
+    reads: dict[Pair, tuple[dict[int, str], int | None]] = {}
     for dtype, quantization in pairs:
-        own = step_ms[_label(dtype, quantization)]
-        dense = step_ms.get(_label(dtype, "none"))
-        if quantization == "none" or dense is None:
+        label, dense = format_label(dtype, quantization), format_label(dtype, "none")
+        if quantization == "none" or dense not in step_ms:
             limit = None if quantization == "none" else DEFAULT_MAX_QUANTIZED_ROWS  # no dense format to compare
-            switched[(dtype, quantization)] = (dict(own), limit)
+            reads[(dtype, quantization)] = ({rows: label for rows in MEASURED_ROWS}, limit)
             continue
-        wins = [rows for rows in MEASURED_ROWS if own[rows] <= dense[rows]]
+        wins = [rows for rows in MEASURED_ROWS if step_ms[label][rows] <= step_ms[dense][rows]]
         limit = max(wins) if wins else 0
         if limit == MEASURED_ROWS[-1]:
             # Winning at the largest size measured: no reason to expect the dense copy to win past it (on a CPU
             # without native bf16 a 512-token dense bf16 prefill is many times the int4 one).
             limit = EVERY_STEP
-        times = {rows: own[rows] if rows <= limit else dense[rows] for rows in MEASURED_ROWS}
-        switched[(dtype, quantization)] = (times, limit)
-    ends = _SCORED_ROWS
-    best = {rows: min(times[rows] for times, _ in switched.values()) for rows in ends}
+        reads[(dtype, quantization)] = ({rows: label if rows <= limit else dense for rows in MEASURED_ROWS}, limit)
+    times = {
+        pair: {rows: step_ms[read][rows] for rows, read in by_size.items()} for pair, (by_size, _) in reads.items()
+    }
+    best = {rows: min(t[rows] for t in times.values()) for rows in _SCORED_ROWS}
+    return {
+        pair: _Score(by_size, limit, max(times[pair][rows] / best[rows] for rows in _SCORED_ROWS))
+        for pair, (by_size, limit) in reads.items()
+    }
 
-    def worst_ratio(pair: tuple[str, str]) -> float:
-        return max(switched[pair][0][rows] / best[rows] for rows in ends)
 
+def _ranking(scores: Mapping[Pair, _Score]) -> list[Pair]:
     # Ties go to the more exact format (the table's order: float32 first).
-    chosen = min(pairs, key=lambda pair: (round(worst_ratio(pair), 3), MEASURED_QUALITY[pair]))
-    times, limit = switched[chosen]
+    return sorted(scores, key=lambda pair: (round(scores[pair].worst, 3), MEASURED_QUALITY[pair]))
+
+
+def _contested(
+    step_ms: Mapping[str, Mapping[int, float]],
+    spread: Mapping[str, Mapping[int, float]],
+    pairs: Sequence[Pair],
+    scores: Mapping[Pair, _Score],
+    chosen: Pair,
+    rival: Pair,
+) -> tuple[bool, float]:
+    """Whether the noise could hand `rival` the win: does `chosen` still rank first with each figure only it reads
+    raised by that figure's noise and each figure only `rival` reads lowered by as much? (Figures both read, as a
+    quantised format's dense copy, move together and cannot tell them apart.) And the largest of those noises."""
+    own = {(scores[chosen].reads[rows], rows) for rows in _SCORED_ROWS}
+    theirs = {(scores[rival].reads[rows], rows) for rows in _SCORED_ROWS}
+    shifted = {label: dict(sizes) for label, sizes in step_ms.items()}
+    for label, rows in own - theirs:
+        shifted[label][rows] *= 1 + spread[label][rows]
+    for label, rows in theirs - own:
+        shifted[label][rows] /= 1 + spread[label][rows]
+    noise = max((spread[label][rows] for label, rows in own ^ theirs), default=0.0)
+    return _ranking(_scores(shifted, pairs))[0] != chosen, noise
+
+
+def choose(
+    step_ms: Mapping[str, Mapping[int, float]],
+    pairs: list[Pair],
+    spread: Mapping[str, Mapping[int, float]] | None = None,
+) -> FormatChoice:
+    """The format whose worst ratio to the fastest, at 1 row, 16 rows and a prefill chunk, is smallest, with its
+    row switch, its margin over the runner-up and, given each figure's noise (`spread`), whether that margin is
+    inside it (provisional)."""
+    scores = _scores(step_ms, pairs)
+    ranking = _ranking(scores)
+    chosen = ranking[0]
     dtype, quantization = chosen
+    limit = scores[chosen].limit
     if quantization != "none" and limit == 0:
         quantization, limit = "none", None  # the dense weights won at every size: no reason to hold int4
-    reason = ", ".join(
-        f"{_label(*pair)} " + "/".join(f"{switched[pair][0][rows]:.1f}" for rows in ends) + " ms" for pair in pairs
+    figures = []
+    for pair in pairs:  # each format's own figures (not those of the dense copy it may switch to)
+        label, switch = format_label(*pair), scores[pair].limit
+        copy = ""
+        if switch not in (None, EVERY_STEP) and format_label(pair[0], "none") in step_ms:
+            copy = f" (its {pair[0]} copy {'at every size' if switch == 0 else f'above {switch} rows'})"
+        figures.append(f"{label} " + "/".join(f"{step_ms[label][rows]:.1f}" for rows in _SCORED_ROWS) + copy)
+    reason = f"ms at 1/16 rows/{PREFILL_ROWS}-token prefill: {', '.join(figures)}"
+    choice = FormatChoice(dtype, quantization, limit, step_ms, reason, spread=spread or {})
+    if len(ranking) < 2:
+        return choice
+    rival = ranking[1]
+    margin = scores[rival].worst / scores[chosen].worst - 1
+    provisional, noise = _contested(step_ms, spread, pairs, scores, chosen, rival) if spread else (False, 0.0)
+    return dataclasses.replace(
+        choice, runner_up=format_label(*rival), margin=margin, noise=noise, provisional=provisional
     )
-    return FormatChoice(dtype, quantization, limit, step_ms, f"ms at 1/16 rows/{PREFILL_ROWS}-token prefill: {reason}")
 
 
-def time_steps(
-    loaded: LoadedModel,
-    rows: tuple[int, ...] = PROBE_ROWS,
-    prefill_tokens: int | None = PREFILL_ROWS,
-    repeats: int = _REPEATS,
-    max_quantized_rows: int | None = None,
-) -> dict[int, float]:
-    """Median decode step time (ms) of `loaded` at each row count, and (keyed by its size) of a prefill chunk of
-    `prefill_tokens`; quantised weights (if any) run up to `max_quantized_rows` rows (None: at every size)."""
-    dtype = next(loaded.model.parameters()).dtype
-    runner = TransformersRunner(loaded.model, quantized=loaded.quantized, max_quantized_rows=max_quantized_rows)
-    seats = max(rows)
-    length = _PROMPT_TOKENS + repeats + 2
-    cache_tokens = seats * 2 * length + 2 * (prefill_tokens or 0) + 32
-    # + a seat for prefills; no prefix caching: the same prompts are timed again and must be computed each time
-    config = EngineConfig(seats=seats + 1, kv_cache_tokens=cache_tokens, block_size=16, enable_prefix_caching=False)
-    engine = Engine(runner, config, dtype=dtype)
-    params = SamplingParams(max_tokens=length, temperature=0.0, ignore_eos=True)
-    prompt = list(range(1, _PROMPT_TOKENS + 1))
-    for seq in range(seats):
-        engine.add(seq, prompt, params)
-        engine.reserve(seq, length + repeats * len(rows))
-    engine.step([(seq, len(prompt)) for seq in range(seats)])
-    times: dict[int, float] = {}
-    with torch.inference_mode():
-        for count in rows:
-            engine.step([(seq, 1) for seq in range(count)])  # warm-up at this size
-            samples = []
-            for _ in range(repeats):
-                started = time.perf_counter()
-                engine.step([(seq, 1) for seq in range(count)])
-                samples.append((time.perf_counter() - started) * 1000)
-            times[count] = statistics.median(samples)
-        if prefill_tokens:
-            samples = []
-            for repeat in range(repeats + 1):  # the first is a warm-up
-                seq = seats + repeat
-                engine.add(seq, list(range(1, prefill_tokens + 1)), params)
-                engine.reserve(seq, prefill_tokens + 1)
-                started = time.perf_counter()
-                engine.step([(seq, prefill_tokens)])
-                samples.append((time.perf_counter() - started) * 1000)
-                engine.remove(seq)
-            times[prefill_tokens] = statistics.median(samples[1:])
-    return times
+def decode_steps(plan: RoundPlan) -> int:
+    """The decode steps one of a candidate's sequences takes in the rounds (a warm-up round, and per round a step
+    that warms its weights and one per row count)."""
+    return (len(PROBE_ROWS) + 1) * (plan.rounds + plan.max_extra_rounds + 1)
 
 
-def _cache_file(source: Path, pairs: list[tuple[str, str]], device: str, cache_dir: Path | None) -> Path:
-    features = cpu_features()
-    model_key = file_sha256(source) if source.is_file() else str(source.resolve())
-    key = json.dumps(
-        [
-            PROBE_VERSION,
-            sorted(features.hardware_flags),
-            features.level,
-            best_build(features).name,
-            torch.__version__,
-            os.cpu_count(),
-            torch.get_num_threads(),
-            model_key,
-            pairs,
-            device,
-        ],
-    )
-    digest = hashlib.sha256(key.encode()).hexdigest()[:16]
-    return resolve_cache_dir(cache_dir) / "format-choice" / f"{digest}.json"
+def _merged(
+    measured: Sequence[Rounds], plan: RoundPlan
+) -> tuple[dict[str, dict[int, float]], dict[str, dict[int, float]]]:
+    best: dict[str, dict[int, float]] = {}
+    spread: dict[str, dict[int, float]] = {}
+    for rounds in measured:
+        best |= rounds.best_ms()
+        spread |= rounds.spread(plan.rounds)
+    return best, spread
 
 
 def measured_format(
     source: Path,
-    pairs: list[tuple[str, str]],
+    pairs: list[Pair],
     device: str = "cpu",
     cache_dir: Path | None = None,
-    measure: Callable[[str, str], dict[int, float]] | None = None,
+    prepare: Callable[[str, str], Stepper] | None = None,
+    clock: Clock | None = None,
+    calibration: Calibration | None = None,
+    plan: RoundPlan = DEFAULT_PLAN,
+    groups: Sequence[Sequence[Pair]] | None = None,
+    reprobe: bool = False,
 ) -> FormatChoice:
-    """The cached choice among `pairs` for this machine, measuring it first if there is none. `measure(dtype,
-    quantization)` times one candidate (default: load it and `time_steps`, after building the kernels the runner
-    uses, so that their build is a phase of its own rather than a silent part of the first candidate's)."""
-    cached = _cache_file(source, pairs, device, cache_dir)
-    redo = f"cached in {cached}; delete it to measure again"
-    try:
-        stored = json.loads(cached.read_text())
-        choice = FormatChoice(
-            **{**stored, "step_ms": {k: {int(r): t for r, t in v.items()} for k, v in stored["step_ms"].items()}}
+    """The cached choice among `pairs` for this machine where there is one and the machine's speed still matches
+    it, else measured now, after building the kernels the candidates run (so that their build is a phase of its own
+    rather than a silent part of the first candidate's). `prepare(dtype, quantization)`: one candidate, ready to
+    time (default: loaded). `groups`: the candidates to hold loaded at once, in turn (default: all). `reprobe`: measure
+    even where a choice is cached. `clock` and `calibration`: the system's and a fixed pair of tensor ops."""
+    cached = cache_file(source, pairs, device, cache_dir)
+    redo = f"cached in {cached}; delete it to measure again (`batchserve formats` lists the choices)"
+    clock = clock or SystemClock()
+    calibration = calibration or default_calibration()
+    if reprobe:
+        cached.unlink(missing_ok=True)
+    entry = read_entry(cached)
+    if entry is not None:
+        same, now = recheck(entry.choice.calibration_ms, clock, calibration)
+        if same:
+            logger.info(
+                "weights: %s, chosen by auto, measured here %s (%s)", entry.choice.summary(), entry.measured_at, redo
+            )
+            return entry.choice
+        logger.info(
+            "weights: the cached choice (%s, measured %s) was measured at another speed than this machine's now "
+            "(calibration %s then, %s now): measuring again",
+            entry.choice.label,
+            entry.measured_at,
+            _ms(entry.choice.calibration_ms),
+            _ms(now),
         )
-        logger.info("weights: %s chosen by auto, measured here before (%s)", choice.label, redo)
-        return choice
-    except (OSError, ValueError, TypeError, KeyError):
-        pass
 
-    def load_and_time(dtype: str, quantization: str) -> dict[int, float]:
-        return time_steps(load_model(source, device, cache_dir, dtype, quantization, quiet=True))
+    load_kernels()  # the candidates' kernels, logged as their own phase when they build (engine/native.py)
+    if prepare is None:
 
-    if measure is None:
-        load_kernels()  # logged as its own phase when it builds (engine/native.py)
-    measure = measure or load_and_time
-    labels = [_label(d, q) for d, q in pairs]
+        def load_and_prepare(dtype: str, quantization: str) -> Stepper:
+            loaded = load_model(source, device, cache_dir, dtype, quantization, quiet=True)
+            return EngineStepper(loaded, decode_steps=decode_steps(plan))
+
+        prepare = load_and_prepare
+    labels = [format_label(d, q) for d, q in pairs]
     what = (
-        f"{len(pairs)} candidates ({', '.join(labels)}), each loaded and timed: decode steps of "
-        f"{'/'.join(map(str, PROBE_ROWS))} rows and a {PREFILL_ROWS}-token prefill"
+        f"{len(pairs)} candidates ({', '.join(labels)}), each loaded, then all timed in turns ({plan.rounds} rounds, "
+        f"more while the machine is busy): decode steps of {'/'.join(map(str, PROBE_ROWS))} rows and a "
+        f"{PREFILL_ROWS}-token prefill"
     )
     with phase(logger, "measuring weight formats once for this CPU", what, steps=len(pairs)) as running:
-        step_ms = {}
-        for (dtype, quantization), label in zip(pairs, labels, strict=True):
-            running.step(label)
-            step_ms[label] = measure(dtype, quantization)
-        choice = choose(step_ms, pairs)
-        cached.parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile("w", dir=cached.parent, delete=False, suffix=".partial") as partial:
-            json.dump(asdict(choice), partial, indent=2)
-        os.replace(partial.name, cached)
-        limit = choice.max_quantized_rows
-        rows = f", quantised up to {limit} rows" if limit else ""
-        rows = ", quantised at every size" if limit == EVERY_STEP else rows
-        logger.info("weights: %s chosen by auto%s (%s)", choice.label, rows, choice.reason)
-        running.result = redo
+        measured: list[Rounds] = []
+
+        def announce(number: int, planned: int) -> None:
+            running.step("the machine is busy: more rounds" if number > plan.rounds else "", planned)
+
+        loaded = 0
+        for group in groups or [pairs]:
+            running.stage("", len(pairs), loaded)
+            steppers = {}
+            for dtype, quantization in group:
+                running.step(format_label(dtype, quantization))
+                steppers[format_label(dtype, quantization)] = prepare(dtype, quantization)
+            loaded += len(group)
+            running.stage("round", plan.rounds)
+            measured.append(time_rounds(steppers, MEASURED_ROWS, clock, calibration, plan, announce))
+            del steppers  # their engines and weight copies, before the next group loads
+        best, spread = _merged(measured, plan)
+        quiet = sum(len(rounds.quiet()) for rounds in measured)
+        total = sum(len(rounds.samples) for rounds in measured)
+        all_calibrations = [cal for rounds in measured for cal in rounds.calibrations]
+        choice = dataclasses.replace(
+            choose(best, pairs, spread),
+            rounds=total,
+            quiet_rounds=quiet,
+            calibration_ms=Rounds([], all_calibrations).calibration_ms(),
+        )
+        rounds_said = f"best of {total} rounds, {quiet} quiet"
+        if choice.provisional:
+            logger.info(
+                "weights: %s, chosen by auto provisionally: its lead is inside the noise measured (%s; %s); not "
+                "cached, measured again at the next start",
+                choice.summary(),
+                rounds_said,
+                choice.reason,
+            )
+            running.result = "not cached (a lead inside the noise): measured again at the next start"
+        else:
+            write_entry(cached, choice, str(source), machine())
+            logger.info("weights: %s, chosen by auto (%s; %s)", choice.summary(), rounds_said, choice.reason)
+            running.result = redo
     return choice
+
+
+def _ms(calibration_ms: Mapping[str, float]) -> str:
+    return ", ".join(f"{name} {ms:.2f} ms" for name, ms in calibration_ms.items()) or "none"
 
 
 def load_auto(
@@ -262,10 +327,12 @@ def load_auto(
     cache_dir: Path | None = None,
     dtype: str = "auto",
     quantization: str = "auto",
+    reprobe: bool = False,
 ) -> LoadedModel:
-    """`load_model`, with whatever is `auto` measured on a CPU where more than one candidate is left. A first start's
-    slow steps are logged as phases, one after the other (engine/phases.py): the GGUF's conversion, loading the
-    weights, the kernel build and the measurement (engine/native.py builds the kernels before it times them)."""
+    """`load_model`, with whatever is `auto` measured on a CPU where more than one candidate is left (`reprobe`:
+    measured even where a choice is cached). A first start's slow steps are logged as phases, one after the other
+    (engine/phases.py): the GGUF's conversion, loading the weights, the kernel build and the measurement
+    (engine/native.py builds the kernels before it times them)."""
     source = resolve_source(path)
     if source.is_file():
         convert_gguf(source, cache_dir)  # before the load's phase, not inside it
@@ -279,11 +346,25 @@ def load_auto(
     if len(pairs) < 2:
         logger.info("weights: %s (%d quantised matmuls)", loaded.weight_format.label, len(loaded.quantized))
         return loaded
-    choice = measured_format(source, pairs, device, cache_dir)  # logs the choice
-    if _label(choice.dtype, choice.quantization) == loaded.weight_format.label:
+    weights = sum(parameter.numel() for parameter in loaded.model.parameters())
+    plan = DEFAULT_PLAN
+
+    def prepare(dtype: str, quantization: str) -> Stepper:
+        # The format already loaded is one of the candidates: timed as it is, not loaded twice.
+        same = format_label(dtype, quantization) == loaded.weight_format.label
+        model = loaded if same else load_model(source, device, cache_dir, dtype, quantization, quiet=True)
+        return EngineStepper(model, decode_steps=decode_steps(plan))
+
+    groups = resident_groups(pairs, weights, available_memory())
+    if len(groups) > 1:
+        logger.info(
+            "weights: the %d candidates do not fit in memory at once: timed in %d groups", len(pairs), len(groups)
+        )
+    choice = measured_format(source, pairs, device, cache_dir, prepare, plan=plan, groups=groups, reprobe=reprobe)
+    if choice.label == loaded.weight_format.label:
         chosen = loaded
     else:
-        del loaded
+        del loaded, prepare
         with phase(logger, f"loading the weights as {choice.label}", announce=False):
             chosen = load_model(source, device, cache_dir, choice.dtype, choice.quantization, quiet=True)
     return chosen.with_row_switch(choice.max_quantized_rows)

@@ -67,7 +67,9 @@ def test_a_first_start_logs_its_phases_in_order_each_with_its_time_and_cache(tin
     first = start_until_ready(tiny_gguf, home)
     cache = home / ".cache" / "batchserve"
     (converted,) = cache.glob("tiny.Q4_1-*")
-    (choice,) = (cache / "format-choice").glob("*.json")
+    # Cached unless the tiny model's formats came out within the noise of each other (then measured at each start).
+    choices = list((cache / "format-choice").glob("*.json"))
+    end = f"cached in {choices[0]}; delete it to measure again" if choices else "not cached (a lead inside the noise)"
     kernels = [f"the C++ kernels ({native.best_build().name}): done in "] if CAN_BUILD_KERNELS else []
     assert_in_order(
         first,
@@ -82,8 +84,9 @@ def test_a_first_start_logs_its_phases_in_order_each_with_its_time_and_cache(tin
             "measuring weight formats once for this CPU: 2 of 4 (bfloat16)",
             "measuring weight formats once for this CPU: 3 of 4 (int4/float32)",
             "measuring weight formats once for this CPU: 4 of 4 (int4/bfloat16)",
+            "measuring weight formats once for this CPU: round 1 of ",
             "chosen by auto",
-            ("measuring weight formats once for this CPU: done in ", f"cached in {choice}; delete it to measure again"),
+            ("measuring weight formats once for this CPU: done in ", end),
             "preparing the engine: done in ",
             _READY,
         ],
