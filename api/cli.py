@@ -1,4 +1,5 @@
-"""`batchserve serve` (the HTTP server) and `batchserve generate` (one prompt, offline), built from ServerConfig."""
+"""`batchserve serve` (the HTTP server) and `batchserve generate` (one prompt, offline), built from ServerConfig;
+`batchserve formats` (api/formats.py)."""
 
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ from api.flags import (
     add_config_flags,
     config_from_args,
 )
+from api.formats import FORMATS_HELP, add_formats_flags, formats
 from engine.config import DTYPES, QUANTIZATIONS
 from engine.cpu_features import CpuIsaError, cpu_features
 from scheduler.config import Mode
@@ -177,7 +179,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="batchserve", description="An LLM server for A/B testing batching policies", allow_abbrev=False
     )
-    commands = parser.add_subparsers(dest="command", required=True, metavar="{serve,compare,generate}")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="{serve,compare,generate,formats}")
     serve_parser = commands.add_parser("serve", help="Start the OpenAI-compatible HTTP server", allow_abbrev=False)
     add_config_flags(serve_parser)
     replicas_help = f"{REPLICAS_HELP}; {REPLICAS.span()} {REPLICAS_DEFAULT}"
@@ -200,6 +202,7 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--temperature", type=float, default=0.0)
     gen.add_argument("--seed", type=int, default=None)
     gen.add_argument("--chat", action="store_true", help="Wrap the prompt in the model's chat template")
+    add_formats_flags(commands.add_parser("formats", help=FORMATS_HELP, allow_abbrev=False))
     return parser
 
 
@@ -233,5 +236,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         except ValueError as exc:
             raise SystemExit(f"batchserve: {exc}") from None
         serve(config, lineup)
+    elif args.command == "formats":
+        formats(args)
     else:
         generate(args)

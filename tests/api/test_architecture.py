@@ -23,6 +23,7 @@ LAYERS = (
     "live",  # the compare page, its event streams and workloads
     "apps",  # the serve and compare apps: wiring
     "scale_out",  # the serve app's replicas behind Ray Serve
+    "formats",  # `batchserve formats`: the weight formats auto chose
     "cli",
     "__main__",
 )
