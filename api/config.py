@@ -169,7 +169,8 @@ class ServerConfig:
         "auto",
         "Activations, KV cache and dense weights; auto, on a CPU: the fastest of float32 and bfloat16 (not bfloat16 "
         "for a checkpoint stored in float32), measured with --quantization's candidates at the first start and "
-        "cached per machine and model; on a GPU: the checkpoint's dtype, float32 for a GGUF (docs/quantization.md)",
+        "cached per machine and model once its lead is clear of the noise (`batchserve formats` shows it); on a GPU: "
+        "the checkpoint's dtype, float32 for a GGUF (docs/quantization.md)",
         choices=DTYPES,
     )
     quantization: str = _opt(
