@@ -104,6 +104,11 @@ COMMANDS: tuple[Command, ...] = (
         "benchmarks.micro.format_matrix",
         "every --dtype x --quantization decode step on this CPU, beside auto's choice",
     ),
+    Command(
+        "busy-start",
+        "benchmarks.micro.busy_start",
+        "auto's weight-format choice made beside busy processes against a quiet start's, both served quietly",
+    ),
     Command("kernels", "benchmarks.micro.kernel_builds", "each quantised kernel in each build this CPU runs"),
     # the simulator
     Command("simulate", "benchmarks.sim.cli", "simulated A/B runs: sweep, replay of real traces, max rate"),
