@@ -10,8 +10,10 @@ build is then a whole program for one instruction set, and code the CPU cannot e
 torch's extension builder compiles a build once (a minute or so on 2 cores, needs a C++ compiler and ninja) into
 its cache (`$TORCH_EXTENSIONS_DIR`, default ~/.cache/torch_extensions); later processes only load it. A first start
 logs the build as a phase (engine/phases.py), with progress lines while it compiles. The extension's name
-carries a hash of the sources, the flags and the torch version. Where no compiler is present the build fails
-with a warning and the engine runs its pure-torch attention, prompt scoring and element-wise ops (engine/fused.py).
+carries a hash of the sources, the flags and the torch version, and it compiles copies of the sources kept in its
+own directory, so every checkout of the same sources shares the build. Where no compiler is present the build
+fails with a warning and the engine runs its pure-torch attention, prompt scoring and element-wise ops
+(engine/fused.py).
 """
 
 from __future__ import annotations
@@ -186,7 +188,7 @@ def _compile(build: KernelBuild) -> bool:
         with phase(logger, title, once, announce=not built) as running:
             cpp_extension.load(
                 name=name,
-                sources=[str(source) for source in _SOURCES],
+                sources=[str(source) for source in _copied_sources(directory)],
                 extra_cflags=["-O3", *build.flags, "-fopenmp", f"-DBATCHSERVE_OPS={build.namespace}"],
                 extra_ldflags=["-fopenmp"],
                 is_python_module=False,
@@ -196,6 +198,22 @@ def _compile(build: KernelBuild) -> bool:
         logger.warning("native CPU kernels (%s) unavailable, using the torch path: %s", build.name, exc)
         return False
     return True
+
+
+def _copied_sources(directory: Path) -> list[Path]:
+    """The sources, copied into the build's own directory: its name hashes their text, and ninja rebuilds whenever
+    a source's path changes, so compiling from the copy lets every checkout of the same sources (worktrees, CI's
+    fresh clones) share one build rather than rebuild it in turn."""
+    copies = directory / "src"
+    copies.mkdir(exist_ok=True)
+    for source in (*_SOURCES, *_HEADERS):
+        copy = copies / source.name
+        text = source.read_bytes()
+        if not copy.is_file() or copy.read_bytes() != text:
+            temporary = copy.with_suffix(copy.suffix + ".tmp")
+            temporary.write_bytes(text)
+            temporary.replace(copy)  # atomic: a process compiling beside this one never reads half a file
+    return [copies / source.name for source in _SOURCES]
 
 
 def _clear_stale_lock(lock: Path) -> None:

@@ -149,3 +149,16 @@ def test_a_stale_build_lock_is_removed_and_a_fresh_one_kept(tmp_path) -> None:
     native._clear_stale_lock(fresh)
     native._clear_stale_lock(tmp_path / "missing.lock")
     assert not stale.exists() and fresh.exists()
+
+
+def test_every_checkout_compiles_the_same_copied_sources(tmp_path) -> None:
+    """The build compiles copies kept in its own directory (named by the sources' hash), so ninja sees the same
+    paths from any checkout and reuses the build; copying again rewrites nothing (ninja compares times)."""
+    sources = native._copied_sources(tmp_path)
+    assert [path.parent for path in sources] == [tmp_path / "src"] * len(native._SOURCES)
+    copied = sorted((tmp_path / "src").iterdir())
+    assert [path.name for path in copied] == sorted(path.name for path in (*native._SOURCES, *native._HEADERS))
+    assert all(copy.read_bytes() == (native._CSRC / copy.name).read_bytes() for copy in copied)
+    times = [copy.stat().st_mtime_ns for copy in copied]
+    assert native._copied_sources(tmp_path) == sources
+    assert [copy.stat().st_mtime_ns for copy in copied] == times
