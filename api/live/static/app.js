@@ -11,7 +11,13 @@
   // requests' text comes from their own streams) and the server then need not decode.
   const EVENTS_PATH = "/v1/events?include_text=false";
   const MAX_BOXES_PER_MODE = 48; // older request boxes leave the DOM, so hundreds of requests stay readable
-  const KEEP_HISTORY_S = 180; // lane history kept for the widest time window, then dropped
+  // What the lanes keep: every bar of the last workload's run, from its send to its end, until the next workload
+  // starts ("fit the last workload" compresses time to span it, however long it ran); anything else for keepS
+  // seconds (`?keep_s=` in the page's address, for tools and tests; the default covers the widest live window).
+  const DEFAULT_KEEP_S = 180;
+  const MAX_KEEP_S = 3600;
+  const MAX_BARS_PER_SEAT = 4096; // a bound whatever the traffic (a paused page too): past it the oldest go first
+  const MAX_QUEUE_POINTS = 16384;
   const SEGMENT_GAP_S = 0.5; // a seat idle longer than this between two steps shows a gap, not one long bar
   const TOKEN_RATE_WINDOW_S = 5;
   const TTFT_SAMPLES = 1000;
@@ -35,11 +41,19 @@
     maxDelay: DEFAULT_MAX_DELAY_S,
     clockOffset: null, // server "t" minus the page clock (s): the most recent events' least delayed estimate
     workload: null, // {startT, endT, pending}
+    keepS: keepSeconds(),
+    frozenNow: null, // the lanes' now while "pause" is ticked
     lastSendMs: -Infinity,
     nextBoxId: 0,
   };
 
   const $ = (selector, root = document) => root.querySelector(selector);
+
+  function keepSeconds() {
+    const raw = new URLSearchParams(location.search).get("keep_s");
+    const value = Number(raw);
+    return raw !== null && Number.isFinite(value) && value > 0 ? Math.min(value, MAX_KEEP_S) : DEFAULT_KEEP_S;
+  }
 
   function headers(extra = {}) {
     return page.key ? { ...extra, Authorization: `Bearer ${page.key}` } : extra;
@@ -278,20 +292,30 @@
       applyServerTimes(box, record);
     }
 
-    prune(now) {
-      const horizon = now - KEEP_HISTORY_S;
-      for (const list of this.segments) {
-        let drop = 0;
-        while (drop < list.length && list[drop].t1 < horizon) drop += 1;
-        if (drop) list.splice(0, drop);
+    // Drop what no window shows any more: a bar or queue stretch is kept while it meets one of `spans` (keptSpans).
+    prune(now, spans) {
+      const kept = (t0, t1) => spans.some(([from, until]) => t1 >= from && t0 <= until);
+      const bars = new Map(); // request id -> its bars kept
+      let total = 0;
+      for (let seat = 0; seat < this.seats; seat += 1) {
+        const list = this.segments[seat].filter((segment) => kept(segment.t0, segment.t1));
+        if (list.length > MAX_BARS_PER_SEAT) list.splice(0, list.length - MAX_BARS_PER_SEAT);
+        this.segments[seat] = list;
+        total += list.length;
+        for (const segment of list) bars.set(segment.rid, (bars.get(segment.rid) || 0) + 1);
       }
-      const dropBefore = (list) => {
-        let drop = 0;
-        while (drop < list.length && list[drop][0] < horizon) drop += 1;
-        if (drop) list.splice(0, drop);
-      };
-      dropBefore(this.queue);
-      dropBefore(this.tokenSamples);
+      // A queue point holds until the next one, so the one before a kept stretch stays with it.
+      this.queue = this.queue.filter(([t], i, all) => kept(t, i + 1 < all.length ? all[i + 1][0] : Infinity));
+      if (this.queue.length > MAX_QUEUE_POINTS) this.queue.splice(0, this.queue.length - MAX_QUEUE_POINTS);
+      let stale = 0;
+      while (stale < this.tokenSamples.length && this.tokenSamples[stale][0] < now - TOKEN_RATE_WINDOW_S) stale += 1;
+      if (stale) this.tokenSamples.splice(0, stale);
+      // Hooks for tools and tests: what the lanes hold, and each box's request's share of it.
+      this.canvas.dataset.keptBars = total;
+      this.canvas.dataset.keptRequests = bars.size;
+      for (const box of this.boxes.children) {
+        if (box.dataset.requestId) box.dataset.laneBars = bars.get(box.dataset.requestId) || 0;
+      }
     }
 
     // -- figures beside the lanes --
@@ -360,6 +384,7 @@
 
       // Seat lanes. The canvas's data-drawn-<phase> attributes count the bars in view (for tests and tools).
       const drawn = { prefill: 0, decode: 0, held: 0, idle: 0, cached: 0 };
+      const drawnRequests = new Set();
       for (let seat = 0; seat < this.seats; seat += 1) {
         const y = queueH + seat * laneH;
         ctx.fillStyle = seat % 2 ? colors.laneBackground : colors.laneBackgroundAlt;
@@ -367,6 +392,7 @@
         for (const segment of this.segments[seat]) {
           if (segment.t1 < tStart || segment.t0 > tEnd) continue;
           drawn[segment.phase] += 1;
+          drawnRequests.add(segment.rid);
           ctx.fillStyle = colors[segment.phase];
           const x0 = x(Math.max(segment.t0, tStart));
           const width = Math.max(1, x(segment.t1) - x0);
@@ -384,6 +410,7 @@
       }
 
       for (const [phase, count] of Object.entries(drawn)) canvas.dataset[`drawn${phase[0].toUpperCase()}${phase.slice(1)}`] = count;
+      canvas.dataset.drawnRequests = drawnRequests.size;
 
       // Time axis: seconds before now (or before the window's end).
       const axisY = queueH + laneH * this.seats;
@@ -785,39 +812,73 @@
     document.body.dataset.ready = "true";
   }
 
-  // ---- drawing, a few times a second ----
-  let lastFigures = 0;
-  function frame(nowMs) {
+  // ---- the time window: what the lanes show and what they keep ----
+  // The lanes' now: the server clock, or the moment "pause" was ticked.
+  function viewNow() {
+    const paused = $("#pause").checked;
+    if (!paused) page.frozenNow = null;
+    else page.frozenNow ??= serverNow();
+    return paused ? page.frozenNow : serverNow();
+  }
+
+  // The last workload's run on the server clock, padded a little: what "fit the last workload" shows, kept until the
+  // next workload starts. While it runs it ends now.
+  function workloadSpan(now) {
+    const workload = page.workload;
+    if (!workload) return null;
+    const end = workload.endT ?? now;
+    const pad = Math.max(0.2, 0.03 * (end - workload.startT));
+    return { from: workload.startT - pad, until: end + pad, running: workload.endT == null };
+  }
+
+  // What the lanes keep: the last keepS seconds, and the last workload's whole run (open-ended while it runs).
+  // Without a workload running that is bounded by time; a workload's run by its requests (--max-prompts per pane).
+  function keptSpans(now) {
+    const spans = [[now - page.keepS, Infinity]];
+    const run = workloadSpan(now);
+    if (run) spans.push([run.from, run.running ? Infinity : run.until]);
+    const body = document.body.dataset;
+    body.keptSinceT = now - page.keepS; // hooks: bars that ended before this go, unless in the run below
+    body.runKeptFromT = run ? run.from : "";
+    body.runKeptUntilT = run && !run.running ? run.until : "";
+    return spans;
+  }
+
+  // Drawing follows the screen's frames; keeping and the figures a timer's, so a tab in the background prunes too.
+  function frame() {
     requestAnimationFrame(frame);
     if (document.hidden || !page.modes.length) return;
-    const paused = $("#pause").checked;
-    if (!paused || page.frozenNow == null) page.frozenNow = paused ? serverNow() : null;
-    const now = paused ? page.frozenNow : serverNow();
+    const now = viewNow();
     let tStart;
     let tEnd = now;
     let origin = now;
     const choice = $("#window").value;
-    if (choice === "workload" && page.workload) {
-      const span = (page.workload.endT ?? now) - page.workload.startT;
-      tStart = page.workload.startT - Math.max(0.2, 0.03 * span);
-      tEnd = page.workload.startT + span + Math.max(0.2, 0.03 * span);
+    const run = choice === "workload" ? workloadSpan(now) : null;
+    if (run) {
+      tStart = run.from;
+      tEnd = run.until;
       origin = page.workload.startT;
     } else {
       tStart = now - (choice === "workload" ? 30 : Number(choice));
     }
     for (const view of page.modes) view.draw(tStart, tEnd, origin);
-    if (nowMs - lastFigures > FIGURES_EVERY_MS) {
-      lastFigures = nowMs;
-      for (const view of page.modes) {
-        view.prune(now);
-        view.updateFigures(now);
-      }
+  }
+
+  function refresh() {
+    if (!page.modes.length) return;
+    const now = viewNow();
+    const spans = keptSpans(now);
+    for (const view of page.modes) {
+      view.prune(now, spans);
+      view.updateFigures(now);
     }
   }
 
   readColors();
   $("#workload").addEventListener("submit", sendWorkload);
   $("#key-form").addEventListener("submit", onKeySubmit);
+  document.body.dataset.keepS = page.keepS;
   start();
   requestAnimationFrame(frame);
+  setInterval(refresh, FIGURES_EVERY_MS);
 })();
