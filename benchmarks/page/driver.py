@@ -76,6 +76,7 @@ class RequestBox:
     server_finished_t: float | None
     server_released_t: float | None
     server_held_ms: float | None
+    lane_bars: int | None  # bars of its request the lanes keep (None until it has an id)
     text: str
 
 
@@ -83,9 +84,12 @@ def _float(value: str | None) -> float | None:
     return None if value in (None, "") else float(value)  # type: ignore[arg-type]
 
 
-def load_page(driver: WebDriver, base_url: str, api_key: str | None = None, timeout_s: float = 60.0) -> None:
-    """Open the page; give it the API key if it asks; wait until every pane's events flow."""
-    driver.get(base_url + "/")
+def load_page(
+    driver: WebDriver, base_url: str, api_key: str | None = None, timeout_s: float = 60.0, query: str = ""
+) -> None:
+    """Open the page (`query`: its address's, e.g. "keep_s=1"); give it the API key if it asks; wait until every
+    pane's events flow."""
+    driver.get(base_url + "/" + (f"?{query}" if query else ""))
     wait = WebDriverWait(driver, timeout_s, poll_frequency=0.1)
     wait.until(
         lambda d: d.execute_script(
@@ -159,6 +163,7 @@ def request_boxes(driver: WebDriver, mode: str) -> list[RequestBox]:
             server_finished_t=_float(row.get("serverFinishedT")),
             server_released_t=_float(row.get("serverReleasedT")),
             server_held_ms=_float(row.get("serverHeldMs")),
+            lane_bars=None if row.get("laneBars") in (None, "") else int(row["laneBars"]),
             text=row["text"],
         )
         for row in rows
@@ -182,6 +187,20 @@ def drawn_bars(driver: WebDriver, mode: str, phase: str) -> int:
         "return document.getElementById(arguments[0]).dataset[arguments[1]]", f"lanes-{mode}", attribute
     )
     return int(value or 0)
+
+
+def kept(driver: WebDriver, mode: str, what: str) -> int:
+    """What a pane's lanes keep, as of the page's last prune: "bars", or "requests" (distinct ids with bars)."""
+    attribute = "kept" + what.capitalize()
+    value = driver.execute_script(
+        "return document.getElementById(arguments[0]).dataset[arguments[1]]", f"lanes-{mode}", attribute
+    )
+    return int(value or 0)
+
+
+def body_time(driver: WebDriver, name: str) -> float | None:
+    """A server time the page states on <body> (keptSinceT, runKeptFromT, runKeptUntilT), or None if unset."""
+    return _float(driver.execute_script("return document.body.dataset[arguments[0]]", name))
 
 
 def pause(driver: WebDriver) -> None:

@@ -6,7 +6,9 @@ box ends in both panes; in the dynamic pane the short answers are held (its lane
 counts them) and end with the long one; in the continuous pane nothing is held and the short answers end first.
 Ordering is read from the server times the page shows (the event stream's), never from how long anything took.
 With `--modes static,dynamic,continuous` the page has three panes side by side on a laptop-wide window, and the
-static pane holds its short answers as the bus does.
+static pane holds its short answers as the bus does, and the "held" legend and each pane's held seat-steps show
+without scrolling. With a short `?keep_s` the page is shown to keep the last workload's whole run (the old rule,
+the last keep_s seconds only, would have dropped it) and to drop what lies outside it.
 
 Needs `apt-get install -y chromium chromium-driver` (root); without them the tests skip and say so.
 BATCHSERVE_SCREENSHOT=<path> also saves the compare screenshot there (the pytest tmp dir always has one).
@@ -19,6 +21,7 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 from selenium.webdriver.support.ui import WebDriverWait
 
@@ -27,9 +30,11 @@ from benchmarks.page.driver import (
     INSTALL_HINT,
     PageWorkload,
     RequestBox,
+    body_time,
     browser_errors,
     drawn_bars,
     figure,
+    kept,
     load_page,
     open_browser,
     pane_modes,
@@ -56,7 +61,8 @@ SEATS = HOSTAGE.count
 BATCH_TIMEOUT_MS = 600_000
 WAIT_S = 300.0  # a ceiling for a loaded 2-core machine, not a speed requirement
 THREE_PANES = PageWorkload(kind="hostage", count=4, short_tokens=4, long_tokens=32)  # short: three servers' worth
-LAPTOP = (1366, 900)  # a common laptop screen, in CSS pixels
+LAPTOP = (1280, 800)  # a common laptop screen, in CSS pixels
+KEEP_S = 1  # the page's ?keep_s for the history test: what lies outside the last workload's run goes after 1 s
 
 
 @pytest.fixture(scope="module")
@@ -181,6 +187,21 @@ def _assert_short_answers_held_until_the_long_one_ends(browser: object, boxes: l
     assert drawn_bars(browser, mode, "held") > 0
 
 
+def _assert_on_screen(browser: object, element_id: str, one_line: bool = False) -> None:
+    """Shown, inside the window as it opened (not scrolled), and, if `one_line`, no taller than one line of text."""
+    assert browser.find_element("id", element_id).is_displayed(), element_id  # type: ignore[attr-defined]
+    box = browser.execute_script(  # type: ignore[attr-defined]
+        "const e = document.getElementById(arguments[0]);"
+        "return {...e.getBoundingClientRect().toJSON(), line: parseFloat(getComputedStyle(e).lineHeight),"
+        " width: innerWidth, height: innerHeight, scrolled: scrollY};",
+        element_id,
+    )
+    assert box["scrolled"] == 0 and box["top"] >= 0 and box["left"] >= 0, box
+    assert box["bottom"] <= box["height"] and box["right"] <= box["width"], (element_id, box)
+    if one_line:
+        assert box["bottom"] - box["top"] < 2 * box["line"], (element_id, box)
+
+
 def _assert_short_answers_reached_the_queue_at_once_and_ended_first(panes: dict[str, list[RequestBox]]) -> None:
     """Continuous's short answers arrived with the workload's start (the first arrival in any pane, on the server's
     clock; a second's slack for a loaded machine, far less than the long answer takes) and were released before
@@ -230,9 +251,83 @@ def test_three_panes_side_by_side_each_show_their_requests_finishing(browser, th
         assert drawn_bars(browser, "continuous", "held") == 0
         _assert_short_answers_reached_the_queue_at_once_and_ended_first(panes)
         assert browser.find_element("id", "workload-note").text == f"done: {THREE_PANES.count} requests per mode"
+        # What "held" means, in one line by the lanes, and every pane's held seat-steps: on screen without scrolling.
+        _assert_on_screen(browser, "held-legend", one_line=True)
+        for mode in modes:
+            _assert_on_screen(browser, f"held-seat-steps-{mode}")
         assert browser_errors(browser) == []
     finally:
         browser.set_window_size(1600, 1000)
+
+
+def _wait_past(browser: object, t: float) -> None:
+    """Until the page's keep horizon (its now minus keep_s, stated on <body>) is past server time `t`: by then the
+    old rule, keep the last keep_s seconds and nothing more, has dropped every bar that ended before `t`."""
+    WebDriverWait(browser, WAIT_S, poll_frequency=0.1).until(lambda d: (body_time(d, "keptSinceT") or 0) > t)
+
+
+def test_compare_page_keeps_the_last_workloads_whole_run_and_drops_what_lies_outside_it(
+    browser, compare_server: str
+) -> None:
+    """With ?keep_s=1, the hostage workload's lanes are all still there once the page's clock is past the run's end
+    plus keep_s (the continuous pane's early short answers too), so a run longer than the old 180 s keeps its start.
+    A request from outside the page after the run goes after keep_s, and the next workload's start lets the
+    first run's bars go: what the lanes hold stays bounded."""
+    load_page(browser, compare_server, api_key=API_KEY, query=f"keep_s={KEEP_S}")
+    assert browser.execute_script("return document.body.dataset.keepS") == str(KEEP_S)
+    send_workload(browser, HOSTAGE)
+    wait_workload_done(browser, WAIT_S)
+    modes = ("dynamic", "continuous")
+    first_run = {mode: request_boxes(browser, mode) for mode in modes}
+    # The run's kept stretch ends once the workload has (stated at the page's next refresh, a few times a second).
+    WebDriverWait(browser, WAIT_S, poll_frequency=0.1).until(lambda d: body_time(d, "runKeptUntilT") is not None)
+    run_until = body_time(browser, "runKeptUntilT")
+    assert run_until is not None
+    last_release = max(_server_times(box)[1] for boxes in first_run.values() for box in boxes)
+    _wait_past(browser, max(run_until, last_release))
+
+    for mode in modes:
+        boxes = request_boxes(browser, mode)
+        assert len(boxes) == HOSTAGE.count
+        assert all(box.lane_bars for box in boxes), boxes  # every request's bars, the first to end too
+        assert kept(browser, mode, "requests") == HOSTAGE.count
+        drawn = int(
+            browser.execute_script(
+                "return document.getElementById(arguments[0]).dataset.drawnRequests", f"lanes-{mode}"
+            )
+        )
+        assert drawn == HOSTAGE.count  # "fit the last workload" shows them all
+    assert drawn_bars(browser, "dynamic", "held") > 0
+
+    # A request from elsewhere after the run: shown, then gone keep_s later, as it lies outside the run.
+    answer = httpx.post(
+        compare_server + "/continuous/v1/completions",
+        headers={"Authorization": f"Bearer {API_KEY}"},
+        json={"prompt": "The capital of France is", "max_tokens": 2, "temperature": 0},
+        timeout=WAIT_S,
+    )
+    assert answer.status_code == 200, answer.text
+    wait_for_figure(browser, "finished", "continuous", str(HOSTAGE.count + 1), WAIT_S)
+    WebDriverWait(browser, WAIT_S, poll_frequency=0.1).until(
+        lambda d: kept(d, "continuous", "requests") == HOSTAGE.count
+    )
+
+    # The next workload starts: the first run is no longer kept, the new one is. As many as the seats, so the
+    # dynamic bus leaves full (its timeout never fires here).
+    send_workload(browser, PageWorkload(kind="uniform", count=SEATS, short_tokens=2, long_tokens=2))
+    wait_workload_done(browser, WAIT_S)
+    for mode in modes:
+        first_ids = {box.request_id for box in first_run[mode]}
+        WebDriverWait(browser, WAIT_S, poll_frequency=0.1).until(
+            lambda d, mode=mode, first_ids=first_ids: all(
+                box.lane_bars for box in request_boxes(d, mode) if box.request_id not in first_ids
+            )
+        )
+        boxes = request_boxes(browser, mode)
+        assert len(boxes) == HOSTAGE.count + SEATS
+        assert all(box.lane_bars for box in boxes if box.request_id not in first_ids), boxes
+        assert all(box.lane_bars == 0 for box in boxes if box.request_id in first_ids), boxes
+    assert browser_errors(browser) == []
 
 
 # The widest run of canvas pixels in the cached band's colour (--cached, #56b4e9), per pixel row, in CSS pixels.
