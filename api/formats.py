@@ -42,7 +42,10 @@ def describe(path: Path, entry: CacheEntry | None) -> str:
         [
             str(path),
             f"  model     {entry.model}",
-            f"  chosen    {choice.summary()}",
+            f"  chosen    {choice.summary()}"
+            + (
+                " (provisional: measured again at the next start, settled once two agree)" if choice.provisional else ""
+            ),
             f"  figures   {choice.reason}; best of {choice.rounds} rounds, {choice.quiet_rounds} quiet",
             f"  measured  {entry.measured_at}, {entry.machine}",
             f"  speed     {speed} (calibration; measured again where a later start's differs)",

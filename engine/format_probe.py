@@ -12,8 +12,9 @@ the prefill chunk. (The prefill matters: on a CPU without native bf16, a dense b
 slower than float32's, however fast int4 decodes.)
 
 The choice is cached (engine/format_choice.py) by the CPU (under BATCHSERVE_CPU_ISA), the kernel build, torch and
-the model file, only when it would still win with its own figures raised by their noise and the runner-up's lowered
-by theirs; else it is served as provisional and measured again at the next start. A later start re-times the
+the model file, when it would still win with its own figures raised by their noise and the runner-up's lowered by
+theirs; else it is served and kept as provisional, measured again at the next start, and settled once two
+measurements pick the same format. A later start re-times the
 calibration op and measures again when the machine's speed no longer matches the cached one (another CPU with the
 same flags). The measurement is logged as a phase (engine/phases.py: a line per candidate loaded and per round,
 where the choice is cached and how to measure again), after the kernels it times are built.
@@ -243,7 +244,14 @@ def measured_format(
     if reprobe:
         cached.unlink(missing_ok=True)
     entry = read_entry(cached)
-    if entry is not None:
+    # A provisional entry is a previous start's lead inside its noise: measured again, and settled where both agree.
+    pending = entry.choice if entry is not None and entry.choice.provisional else None
+    if pending is not None:
+        logger.info(
+            "weights: the previous start's choice (%s, %s) was provisional: measuring again", pending.summary(),
+            entry.measured_at if entry is not None else "",
+        )  # fmt: skip
+    elif entry is not None:
         same, now = recheck(entry.choice.calibration_ms, clock, calibration)
         if same:
             logger.info(
@@ -301,15 +309,38 @@ def measured_format(
             calibration_ms=Rounds([], all_calibrations).calibration_ms(),
         )
         rounds_said = f"best of {total} rounds, {quiet} quiet"
-        if choice.provisional:
+        if choice.provisional and pending is not None and pending.label == choice.label:
+            # Two measurements, each with its lead inside its own noise, picked the same format: that is the
+            # evidence one could not give, and measuring at every start would cost each start the probe's time.
+            choice = dataclasses.replace(choice, provisional=False)
+            write_entry(cached, choice, str(source), machine())
             logger.info(
-                "weights: %s, chosen by auto provisionally: its lead is inside the noise measured (%s; %s); not "
-                "cached, measured again at the next start",
+                "weights: %s, chosen by auto as at the previous start, each lead inside its noise: two measurements "
+                "agree (%s; %s)",
                 choice.summary(),
                 rounds_said,
                 choice.reason,
             )
-            running.result = "not cached (a lead inside the noise): measured again at the next start"
+            running.result = redo
+        elif choice.provisional and (entry is None or pending is not None):
+            write_entry(cached, choice, str(source), machine())
+            logger.info(
+                "weights: %s, chosen by auto provisionally: its lead is inside the noise measured (%s; %s); kept as "
+                "provisional, measured again at the next start and cached once two measurements agree",
+                choice.summary(),
+                rounds_said,
+                choice.reason,
+            )
+            running.result = f"provisional in {cached}: measured again at the next start"
+        elif choice.provisional:
+            logger.info(
+                "weights: %s, chosen by auto provisionally: its lead is inside the noise measured (%s; %s); the "
+                "cached choice stays, checked again at the next start",
+                choice.summary(),
+                rounds_said,
+                choice.reason,
+            )
+            running.result = "not cached (a lead inside the noise): the cached choice stays"
         else:
             write_entry(cached, choice, str(source), machine())
             logger.info("weights: %s, chosen by auto (%s; %s)", choice.summary(), rounds_said, choice.reason)
