@@ -247,10 +247,7 @@ def measured_format(
     # A provisional entry is a previous start's lead inside its noise: measured again, and settled where both agree.
     pending = entry.choice if entry is not None and entry.choice.provisional else None
     if pending is not None:
-        logger.info(
-            "weights: the previous start's choice (%s, %s) was provisional: measuring again", pending.summary(),
-            entry.measured_at if entry is not None else "",
-        )  # fmt: skip
+        logger.info("weights: the previous start's choice (%s) was provisional: measuring again", pending.summary())
     elif entry is not None:
         same, now = recheck(entry.choice.calibration_ms, clock, calibration)
         if same:
