@@ -140,8 +140,9 @@ def decode_pass(
     return elapsed / steps, sum(sampler) / steps
 
 
-@torch.inference_mode()
-def decode_costs(loaded: LoadedModel, batch: int, steps: int, repeats: int, prompt_len: int = 32) -> dict[str, float]:
+def decode_engine(loaded: LoadedModel, batch: int, steps: int, prompt_len: int) -> tuple[Engine, XGrammarCompiler]:
+    """An engine with a seat for each of `batch` rows of `prompt_len + steps` tokens, and a grammar compiler for
+    its vocabulary: what decode_pass runs on."""
     runner = TransformersRunner(loaded.model, quantized=loaded.quantized)
     engine = Engine(
         runner,
@@ -150,7 +151,12 @@ def decode_costs(loaded: LoadedModel, batch: int, steps: int, repeats: int, prom
         loaded.max_model_len,
         dtype=runner.dtype,
     )
-    compiler = XGrammarCompiler.for_tokenizer(loaded.tokenizer, runner.vocab_size, loaded.eos_token_ids)
+    return engine, XGrammarCompiler.for_tokenizer(loaded.tokenizer, runner.vocab_size, loaded.eos_token_ids)
+
+
+@torch.inference_mode()
+def decode_costs(loaded: LoadedModel, batch: int, steps: int, repeats: int, prompt_len: int = 32) -> dict[str, float]:
+    engine, compiler = decode_engine(loaded, batch, steps, prompt_len)
     grammar = compiler.compile(_spec(LONG_SCHEMA))
     generator = torch.Generator().manual_seed(batch)
     results: dict[bool, list[tuple[float, float]]] = {False: [], True: []}
@@ -158,7 +164,8 @@ def decode_costs(loaded: LoadedModel, batch: int, steps: int, repeats: int, prom
     for attempt in range(2 * repeats + 2):  # the first two passes warm up
         half = order[attempt % 4]
         prompts = [
-            torch.randint(100, runner.vocab_size - 1, (prompt_len,), generator=generator).tolist() for _ in range(batch)
+            torch.randint(100, engine.runner.vocab_size - 1, (prompt_len,), generator=generator).tolist()
+            for _ in range(batch)
         ]
         grammars: list[Grammar | None] = [grammar if half and i % 2 else None for i in range(batch)]
         result = decode_pass(engine, prompts, grammars, steps)

@@ -30,12 +30,9 @@ from api.structured.tool_parsers.base import FunctionTool
 from api.structured.tool_parsers.registry import PARSERS
 from api.structured.xgrammar_backend import XGrammarCompiler
 from benchmarks.micro.model_flags import add_model_arguments, load_from_args
-from benchmarks.micro.structured_bench import decode_pass
+from benchmarks.micro.structured_bench import decode_engine, decode_pass
 from benchmarks.results_io.report import write_json
-from engine.config import EngineConfig
-from engine.engine import Engine
 from engine.grammar import Grammar
-from engine.model_runner import TransformersRunner
 
 KINDS = ("free", "lazy", "in_call")
 _CITY = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
@@ -64,15 +61,7 @@ def grammars(compiler: XGrammarCompiler, parser: str) -> dict[str, Grammar]:
 
 @torch.inference_mode()
 def step_costs(loaded: Any, parser: str, batch: int, steps: int, repeats: int, prompt_len: int = 32) -> dict:
-    runner = TransformersRunner(loaded.model, quantized=loaded.quantized)
-    engine = Engine(
-        runner,
-        EngineConfig(seats=batch, kv_cache_tokens=batch * (prompt_len + steps + 32)),
-        loaded.eos_token_ids,
-        loaded.max_model_len,
-        dtype=runner.dtype,
-    )
-    compiler = XGrammarCompiler.for_tokenizer(loaded.tokenizer, runner.vocab_size, loaded.eos_token_ids)
+    engine, compiler = decode_engine(loaded, batch, steps, prompt_len)
     compiled = grammars(compiler, parser)
     no_end = tuple((int(token), -100.0) for token in loaded.eos_token_ids)
     generator = torch.Generator().manual_seed(batch)
@@ -81,7 +70,8 @@ def step_costs(loaded: Any, parser: str, batch: int, steps: int, repeats: int, p
     for attempt in range(len(KINDS) * (repeats + 1)):  # the first round warms up
         kind = order[attempt % len(order)]
         prompts = [
-            torch.randint(100, runner.vocab_size - 1, (prompt_len,), generator=generator).tolist() for _ in range(batch)
+            torch.randint(100, engine.runner.vocab_size - 1, (prompt_len,), generator=generator).tolist()
+            for _ in range(batch)
         ]
         rows: list[Grammar | None] = [compiled[kind] if kind != "free" and i % 2 else None for i in range(batch)]
         result = decode_pass(engine, prompts, rows, steps, no_end)
