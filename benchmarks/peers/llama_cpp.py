@@ -1,14 +1,16 @@
-"""Build llama.cpp's `llama-server` and the GGUFs it is compared on, once, into a cache.
+"""Build llama.cpp's `llama-server` and `llama-quantize` and the GGUFs they are compared on, once, into a cache.
 
 The sources come from the `llama-cpp-python` sdist on PyPI, which vendors a pinned llama.cpp: pip can fetch it
 on any machine that reaches PyPI, and the pin keeps runs comparable. Nothing of llama.cpp is kept in this repo.
 
-    python -m benchmarks llama-build build [--sdist FILE] [--jobs 2]   # binary + f32 GGUF (10-30 min on 2 cores)
-    python -m benchmarks llama-build paths                             # where they are (JSON)
+    python -m benchmarks llama-build build [--model M] [--quantize Q4_0,Q4_K_M,Q4_1] [--jobs 2]
+    python -m benchmarks llama-build paths [--model M] [--quantize ...]   # where they are (JSON)
 
 Cache: `<batchserve cache>/llama.cpp/<llama-cpp-python version>/` with `src/` (the vendored llama.cpp, kept for
-its `convert_hf_to_gguf.py`), `bin/llama-server` (static, CPU only, native CPU flags) and `<model>-f32.gguf`,
-converted from the float32 checkpoint batchserve itself loads, so both servers run the same weights.
+its `convert_hf_to_gguf.py`), `bin/llama-server` and `bin/llama-quantize` (static, CPU only, native CPU flags),
+`<model>-f32.gguf`, converted from the float32 checkpoint batchserve itself loads (or from `--model`'s HF folder),
+and `<model>-<TYPE>.gguf`, quantised from that f32 file by llama.cpp's own tool. Every format is then one file
+that both servers load: llama.cpp's fastest CPU layouts are repacked from Q4_0 and the K-quants, not Q4_1.
 """
 
 from __future__ import annotations
@@ -69,11 +71,24 @@ class LlamaCppCache:
         return self.root / "bin" / ("llama-server" if self.isa == "native" else f"llama-server-{self.isa}")
 
     @property
+    def quantize_tool(self) -> Path:
+        return self.server.with_name("llama-quantize" if self.isa == "native" else f"llama-quantize-{self.isa}")
+
+    @property
     def convert_script(self) -> Path:
         return self.source / "convert_hf_to_gguf.py"
 
     def f32_gguf(self, model: Path) -> Path:
-        return self.root / f"{model.stem.split('.')[0]}-f32.gguf"
+        return self.gguf(model, "f32")
+
+    def gguf(self, model: Path, kind: str) -> Path:
+        """`kind`: "f32" or a llama-quantize type (Q4_0, Q4_K_M, ...), from `model` (a GGUF or an HF folder)."""
+        return self.root / f"{model_stem(model)}-{kind}.gguf"
+
+
+def model_stem(model: Path) -> str:
+    """A model's name without its format: `SmolLM2-135M-Instruct` for `SmolLM2-135M-Instruct.Q4_1.gguf`."""
+    return (model.name if model.is_dir() else model.stem).split(".")[0]
 
 
 def default_cache(version: str = LLAMA_CPP_PYTHON_VERSION, isa: str | None = None) -> LlamaCppCache:
@@ -104,8 +119,13 @@ def configure_argv(source: Path, build_dir: Path, isa: str = "native") -> list[s
     return ["cmake", "-S", str(source), "-B", str(build_dir), *(f"-D{key}={value}" for key, value in options.items())]
 
 
+_TOOLS = ("llama-server", "llama-quantize")
+# llama-quantize's types measured here: the two llama.cpp repacks for its fast CPU paths, and the shipped file's.
+QUANT_TYPES = ("Q4_0", "Q4_K_M", "Q4_1")
+
+
 def build_argv(build_dir: Path, jobs: int) -> list[str]:
-    return ["cmake", "--build", str(build_dir), "--target", "llama-server", "-j", str(jobs)]
+    return ["cmake", "--build", str(build_dir), "--target", *_TOOLS, "-j", str(jobs)]
 
 
 def fetch_sdist(dest: Path, version: str = LLAMA_CPP_PYTHON_VERSION) -> Path:
@@ -142,8 +162,8 @@ def extract_source(sdist: Path, dest: Path) -> Path:
 
 
 def build_server(cache: LlamaCppCache, sdist: Path | None = None, jobs: int = 2) -> Path:
-    """Reuses a cached binary; otherwise configures and builds only the llama-server target."""
-    if cache.server.is_file():
+    """Reuses cached binaries; otherwise configures and builds only the llama-server and llama-quantize targets."""
+    if cache.server.is_file() and cache.quantize_tool.is_file():
         return cache.server
     cache.root.mkdir(parents=True, exist_ok=True)
     source = cache.source
@@ -152,11 +172,11 @@ def build_server(cache: LlamaCppCache, sdist: Path | None = None, jobs: int = 2)
     build_dir = cache.root / f"build-{cache.isa}"
     subprocess.run(configure_argv(source, build_dir, cache.isa), check=True)
     subprocess.run(build_argv(build_dir, jobs), check=True)
-    built = build_dir / "bin" / "llama-server"
     cache.server.parent.mkdir(parents=True, exist_ok=True)
-    partial = cache.server.with_name(".llama-server.partial")
-    shutil.copy2(built, partial)
-    os.replace(partial, cache.server)
+    for tool, dest in zip(_TOOLS, (cache.server, cache.quantize_tool), strict=True):
+        partial = dest.with_name(f".{dest.name}.partial")
+        shutil.copy2(build_dir / "bin" / tool, partial)
+        os.replace(partial, dest)
     shutil.rmtree(build_dir, ignore_errors=True)
     return cache.server
 
@@ -166,14 +186,15 @@ def convert_argv(cache: LlamaCppCache, checkpoint: Path, out: Path) -> list[str]
 
 
 def convert_f32(cache: LlamaCppCache, model: Path) -> Path:
-    """The float32 checkpoint batchserve caches for `model`, as an f32 GGUF (the checkpoint is made if missing)."""
+    """`model` as an f32 GGUF: an HF folder converted as it is, a GGUF through the float32 checkpoint batchserve
+    caches for it (made if missing)."""
     out = cache.f32_gguf(model)
     if out.is_file():
         return out
     missing = [name for name in _CONVERTER_MODULES if importlib.util.find_spec(name) is None]
     if missing:
         raise RuntimeError(f"convert_hf_to_gguf.py needs {', '.join(missing)}: pip install {' '.join(missing)}")
-    checkpoint = gguf_checkpoint_dir(model)
+    checkpoint = model if model.is_dir() else gguf_checkpoint_dir(model)
     if not (checkpoint / "config.json").is_file():
         load_model(model)  # fills batchserve's conversion cache
     partial = out.with_name(f".{out.name}.partial")
@@ -182,6 +203,32 @@ def convert_f32(cache: LlamaCppCache, model: Path) -> Path:
     subprocess.run(convert_argv(cache, checkpoint, partial), check=True, env=env)
     os.replace(partial, out)
     return out
+
+
+def quantize_argv(cache: LlamaCppCache, source: Path, out: Path, kind: str, threads: int) -> list[str]:
+    return [str(cache.quantize_tool), str(source), str(out), kind, str(threads)]
+
+
+def quantize(cache: LlamaCppCache, model: Path, kind: str, threads: int = 2) -> Path:
+    """`model` quantised to `kind` by llama-quantize, from its f32 GGUF (both made if missing)."""
+    out = cache.gguf(model, kind)
+    if out.is_file():
+        return out
+    if kind not in QUANT_TYPES:
+        raise ValueError(f"unknown quantisation {kind!r}; choose from {', '.join(QUANT_TYPES)}")
+    source = convert_f32(cache, model)
+    partial = out.with_name(f".{out.name}.partial")
+    subprocess.run(quantize_argv(cache, source, partial, kind, threads), check=True)
+    os.replace(partial, out)
+    return out
+
+
+def parse_quant_types(text: str) -> tuple[str, ...]:
+    kinds = tuple(k.strip().upper() for k in text.split(",") if k.strip())
+    unknown = [k for k in kinds if k not in QUANT_TYPES]
+    if unknown:
+        raise argparse.ArgumentTypeError(f"unknown types {unknown}; choose from {', '.join(QUANT_TYPES)}")
+    return kinds
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -194,6 +241,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     paths_parser = sub.add_parser("paths", help="print the cached paths as JSON")
     for command in (build, paths_parser):
         command.add_argument(
+            "--model", type=Path, default=None, help="a GGUF or HF folder (default: batchserve's default model)"
+        )
+        command.add_argument(
+            "--quantize",
+            type=parse_quant_types,
+            default=(),
+            help=f"comma list of llama-quantize types to make from the f32 GGUF ({','.join(QUANT_TYPES)})",
+        )
+        command.add_argument(
             "--cpu-isa",
             choices=sorted(_ISA_OPTIONS),
             default=None,
@@ -201,12 +257,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
     args = parser.parse_args(argv)
     cache = default_cache(isa=args.cpu_isa)
-    model = default_model_path()
+    model = args.model or default_model_path()
     if args.command == "build":
         print(build_server(cache, args.sdist, args.jobs))
         if not args.skip_convert:
             print(convert_f32(cache, model))
+            for kind in args.quantize:
+                print(quantize(cache, model, kind, args.jobs))
         return 0
-    paths = {"server": cache.server, "f32": cache.f32_gguf(model), "q4_1": model}
+    paths = {"server": cache.server, "quantize": cache.quantize_tool, "f32": cache.f32_gguf(model)}
+    paths |= {kind.lower(): cache.gguf(model, kind) for kind in args.quantize}
     print(json.dumps({name: str(path) for name, path in paths.items()}, indent=2))
     return 0

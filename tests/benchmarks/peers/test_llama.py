@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 import io
+import os
 import subprocess
 import tarfile
 from pathlib import Path
@@ -29,7 +31,7 @@ def llama_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[llama_
     monkeypatch.setattr(targets, "_cpu_threads", lambda: 2)
     monkeypatch.setattr(targets.shutil, "which", lambda name: None)
     cache = llama_cpp.default_cache()
-    for path in (cache.server, cache.f32_gguf(q4)):
+    for path in (cache.server, cache.quantize_tool, cache.f32_gguf(q4)):
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(b"")
     return cache, q4
@@ -77,8 +79,9 @@ def test_unbuilt_or_non_default_model_baselines_say_why(llama_cache: tuple[llama
     cache.f32_gguf(q4).unlink()
     (f32,) = baseline_targets(("llama-f32",), ServerSettings())
     assert isinstance(f32, Unavailable) and "benchmarks llama-build build" in f32.reason
-    (other,) = baseline_targets(("llama-q4_1",), ServerSettings(model="/elsewhere.gguf"))
-    assert isinstance(other, Unavailable) and "default model" in other.reason
+    (other,) = baseline_targets(("llama-q4_0",), ServerSettings(model="/elsewhere.gguf"))
+    assert isinstance(other, Unavailable)
+    assert "llama-build build --model /elsewhere.gguf --quantize Q4_0" in other.reason
     cache.server.unlink()
     (plain,) = baseline_targets(("llama-server",), ServerSettings(model=str(q4)))
     assert isinstance(plain, Unavailable) and "not on PATH" in plain.reason
@@ -101,7 +104,7 @@ def test_build_is_cpu_only_native_static_and_offline(monkeypatch: pytest.MonkeyP
     monkeypatch.setattr(llama_cpp.platform, "machine", lambda: "aarch64")
     assert not any("amx" in arg for arg in llama_cpp.configure_argv(Path("/src"), Path("/build")))
     assert llama_cpp.build_argv(Path("/build"), 2) == [
-        "cmake", "--build", "/build", "--target", "llama-server", "-j", "2"
+        "cmake", "--build", "/build", "--target", "llama-server", "llama-quantize", "-j", "2"
     ]  # fmt: skip
 
 
@@ -116,6 +119,47 @@ def test_cached_binary_and_gguf_are_reused_without_running_anything(
     monkeypatch.setattr(subprocess, "run", refuse)
     assert llama_cpp.build_server(cache) == cache.server
     assert llama_cpp.convert_f32(cache, q4) == cache.f32_gguf(q4)
+    cache.gguf(q4, "Q4_K_M").write_bytes(b"")
+    assert llama_cpp.quantize(cache, q4, "Q4_K_M") == cache.gguf(q4, "Q4_K_M")
+
+
+def test_every_format_is_one_file_both_servers_load(
+    llama_cache: tuple[llama_cpp.LlamaCppCache, Path], tmp_path: Path
+) -> None:
+    """The shipped Q4_1 is served as it is; other formats, and any format of another model, come from the cache."""
+    cache, q4 = llama_cache
+    assert targets.format_gguf("Q4_1", None) == q4
+    assert targets.format_gguf("Q4_0", None) == cache.root / "SmolLM2-135M-Instruct-Q4_0.gguf"
+    folder = tmp_path / "llama-1b"
+    folder.mkdir()
+    assert targets.format_gguf("Q4_K_M", str(folder)) == cache.root / "llama-1b-Q4_K_M.gguf"
+    for kind in ("Q4_0", "Q4_K_M"):
+        cache.gguf(q4, kind).write_bytes(b"")
+    found = baseline_targets(("llama-q4_0", "llama-q4_k_m"), ServerSettings(seats=2))
+    assert [_flag(t.argv, "-m") for t in found if isinstance(t, Target)] == [
+        str(cache.gguf(q4, "Q4_0")),
+        str(cache.gguf(q4, "Q4_K_M")),
+    ]
+
+
+def test_quantize_runs_llama_quantize_on_the_f32_file(
+    llama_cache: tuple[llama_cpp.LlamaCppCache, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cache, q4 = llama_cache
+    ran: list[list[str]] = []
+
+    def fake_run(argv: list[str], check: bool) -> None:
+        ran.append(argv)
+        Path(argv[2]).write_bytes(b"q")  # llama-quantize's output argument
+
+    monkeypatch.setattr(subprocess, "run", fake_run)
+    out = llama_cpp.quantize(cache, q4, "Q4_0", threads=2)
+    assert ran == [
+        [str(cache.quantize_tool), str(cache.f32_gguf(q4)), str(out.with_name(f".{out.name}.partial")), "Q4_0", "2"]
+    ]
+    assert out.read_bytes() == b"q"
+    with pytest.raises(ValueError, match="Q4_K_S"):
+        llama_cpp.quantize(cache, q4, "Q4_K_S")
 
 
 def test_only_the_vendored_llama_cpp_tree_is_extracted(tmp_path: Path) -> None:
@@ -171,3 +215,50 @@ def test_steady_decode_counts_only_while_every_request_decodes() -> None:
 def test_steady_decode_needs_an_overlap() -> None:
     with pytest.raises(ValueError, match="raise --tokens"):
         llama_probe.steady_decode([_record(0, [1.0, 1.1]), _record(1, [2.0, 2.1])])
+
+
+def test_summary_takes_the_long_prompts_median_ttft_and_the_rounds_median() -> None:
+    single = [_record(0, [0.5 + 0.01 * i for i in range(9)])]  # 10 ms a token after the first
+    batch = [_record(1, [1.0 + 0.1 * i for i in range(9)]), _record(2, [1.0 + 0.1 * i for i in range(9)])]
+    long_prompts = [_record(3, [t, t + 0.01]) for t in (0.2, 0.4, 0.3)]  # sent at 0: TTFT 200, 400, 300 ms
+    records = llama_probe.ProbeRecords(single, batch, long_prompts)
+    result = llama_probe.summarise("batchserve-q4_0", "cmd", records, start_s=12.0, peak_rss=300.0)
+    assert result.long_prompt_ttft_ms == pytest.approx(300.0)
+    assert result.long_prompt_tokens == 8  # the server's own count, from usage
+    assert result.batch1_ms_per_token == pytest.approx(10.0)
+    assert (result.start_s, result.peak_rss_mib) == (12.0, 300.0)
+    slower = dataclasses.replace(result, batch1_ms_per_token=30.0, long_prompt_ttft_ms=None, start_s=5.0)
+    faster = dataclasses.replace(result, batch1_ms_per_token=20.0, long_prompt_ttft_ms=100.0, start_s=4.0)
+    combined = llama_probe.combine_rounds([result, slower, faster])
+    assert combined.batch1_ms_per_token == pytest.approx(20.0)
+    assert combined.long_prompt_ttft_ms == pytest.approx(200.0)  # the median of the rounds that measured it
+    assert combined.start_s == 12.0  # the first start, the one that converts and measures formats
+
+
+def test_pairs_compare_each_format_on_the_same_file() -> None:
+    base = llama_probe.summarise(
+        "x", "cmd", llama_probe.ProbeRecords([_record(0, [0.5, 0.51, 0.52])], [_record(1, [1.0, 1.1, 1.2])], [])
+    )
+    ours = dataclasses.replace(base, server="batchserve-q4_0", batch1_ms_per_token=8.0, batch_tok_s=300.0)
+    theirs = dataclasses.replace(base, server="llama-q4_0", batch1_ms_per_token=10.0, batch_tok_s=200.0)
+    lonely = dataclasses.replace(base, server="llama-q4_1")
+    table = llama_probe.format_pairs([ours, theirs, lonely])
+    assert "| q4_0 | 0.80x | 1.50x | - |" in table
+    assert "q4_1" not in table  # no batchserve row on that file
+    assert "long prompt TTFT ms" in llama_probe.format_table([ours, theirs])
+
+
+def test_batchserve_format_servers_load_the_llama_file(llama_cache: tuple[llama_cpp.LlamaCppCache, Path]) -> None:
+    cache, q4 = llama_cache
+    cache.gguf(q4, "Q4_0").write_bytes(b"")
+    found = llama_probe.probe_targets(["batchserve-q4_0", "batchserve-q4_k_m", "batchserve-q4_1"], batch=4)
+    q4_0, q4_k_m, q4_1 = found
+    assert isinstance(q4_0, Target) and _flag(q4_0.argv, "--model") == str(cache.gguf(q4, "Q4_0"))
+    assert isinstance(q4_k_m, Unavailable) and "llama-build" in q4_k_m.reason
+    assert isinstance(q4_1, Target) and _flag(q4_1.argv, "--model") == str(q4)  # the shipped file itself
+
+
+def test_peak_memory_reads_this_process() -> None:
+    peak = llama_probe.peak_rss_mib(os.getpid())
+    assert peak is not None and peak > 10  # an interpreter with torch imported holds more than 10 MiB
+    assert llama_probe.peak_rss_mib(2**22 + 7) is None  # no such process
