@@ -71,6 +71,44 @@ def test_fused_decode_gives_the_per_op_paths_bits(kernels: native.Kernels, tiny_
     assert got == expected
 
 
+@pytest.fixture(scope="module")
+def llama_1b_layer(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One decoder layer of Llama-3.2-1B's shape (hidden 2,048, 32 query and 8 KV heads, MLP 8,192), which the
+    default model's (576, 9 and 3, 1,536) never exercises, with the tiny tokenizer's vocabulary."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from tests.server_harness import tiny_tokenizer
+
+    tokenizer = tiny_tokenizer()
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=2048,
+        intermediate_size=8192,
+        num_hidden_layers=1,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        head_dim=64,
+        max_position_embeddings=256,
+        tie_word_embeddings=True,
+    )
+    torch.manual_seed(7)
+    directory = tmp_path_factory.mktemp("llama-1b-layer")
+    LlamaForCausalLM(config).eval().save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+    return directory
+
+
+def test_fused_decode_at_llama_1b_shapes_gives_the_per_op_paths_bits(
+    kernels: native.Kernels, llama_1b_layer: Path
+) -> None:
+    build = _dot_build(kernels)
+    fused = _runner(llama_1b_layer, "float32", build)
+    assert fused.fused_decode is not None
+    assert _greedy(fused, torch.float32) == _greedy(
+        _runner(llama_1b_layer, "float32", build, fused_decode=False), torch.float32
+    )
+
+
 def test_steps_past_the_row_switch_run_per_op(kernels: native.Kernels, tiny_checkpoint: Path) -> None:
     """With quantised weights for up to 2 rows, the 3-row steps run the dense copy, one op at a time."""
     build = _dot_build(kernels)

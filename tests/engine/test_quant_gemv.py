@@ -65,6 +65,35 @@ def test_int4_gemv_matches_the_dequantised_weights(kernels: native.Kernels, dtyp
     torch.testing.assert_close(got.float(), torch_kernel.float(), rtol=2e-2, atol=2e-2)
 
 
+@pytest.fixture(scope="module")
+def lm_head_128k() -> Int4Weight:
+    """Llama-3.2-1B's LM head shape (128,256 x 2,048), made once for every build."""
+    return _int4(128_256, 2_048, seed=5)
+
+
+def _rows(weight: Int4Weight, index: torch.Tensor) -> Int4Weight:
+    return Int4Weight(weight.values[index], weight.scales[index], weight.zeros[index], weight.group_size)
+
+
+def test_int4_kernels_at_a_128k_vocabulary_lm_head(kernels: native.Kernels, lm_head_128k: Int4Weight) -> None:
+    """A shape the default model (49,152 x 576) never runs: a sample of output columns, spread over the whole
+    vocabulary, against float64 on the same weights; the integer-dot path as close as the float path is."""
+    weight = lm_head_128k
+    x = torch.randn(5, 2_048, generator=torch.Generator().manual_seed(5))
+    sample = torch.arange(384) * 334 + 3  # 384 columns (a multiple of 16, as torch packs), the last near the end
+    sampled = _rows(weight, sample)
+    got = Int4Linear.build(weight, None, torch.float32, kernels)(x)
+    assert got.shape == (5, 128_256)
+    exact = x.double() @ sampled.dequantize(torch.float32).double().t()
+    assert bool(((got[:, sample].double() - exact).abs() <= _tolerance(torch.float32, exact)).all())
+    if kernels.has_int4_dot:
+        bf16_exact = x.double() @ sampled.dequantize(torch.bfloat16).double().t()  # its scales are bf16
+        dot = Int4DotLinear.build(weight, None, kernels)(x)[:, sample].double()
+        float_path = Int4Linear.build(sampled, None, torch.bfloat16)(x.bfloat16()).double()
+        error = (dot - bf16_exact).norm() / bf16_exact.norm()
+        assert error <= 1.25 * (float_path - bf16_exact).norm() / bf16_exact.norm()
+
+
 def test_int4_linear_falls_back_to_torch_for_widths_the_kernel_does_not_tile(kernels: native.Kernels) -> None:
     weight = _int4(48, 64)  # 48 output rows: not a multiple of the 64-row tile
     x = torch.randn(2, 64)
