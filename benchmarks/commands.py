@@ -60,6 +60,16 @@ COMMANDS: tuple[Command, ...] = (
         "decode speed at batch 1 and N: batchserve against llama-server on the same weights",
     ),
     Command("vllm-build", "benchmarks.peers.vllm_cpu", "build the venv that vLLM's CPU server runs from"),
+    Command(
+        "openvino-build",
+        "benchmarks.peers.openvino",
+        "build the venv OpenVINO GenAI runs from and export the default model to its IR (int4, fp32)",
+    ),
+    Command(
+        "openvino-probe",
+        "benchmarks.peers.openvino_probe",
+        "batch 1, batch N and a long prompt's TTFT: OpenVINO GenAI against the engine in-process, interleaved",
+    ),
     Command("hf-export", "benchmarks.peers.hf_export", "export a GGUF model to a folder `transformers serve` loads"),
     # in-process engine measurements
     Command(

@@ -15,6 +15,7 @@ SHARED = ("loadgen", "results_io")  # any job may use these
 ACROSS_JOBS = {
     ("online", "benchmarks.peers.targets"): "the A/B command launches the peers as baselines",
     ("sim", "benchmarks.micro.rows"): "the profiler adds engine rows as the micro benchmarks do",
+    ("peers", "benchmarks.micro.engine_bench"): "openvino-probe times the engine with the engine benchmark's passes",
 }
 PRODUCT = ("api", "engine", "scheduler")
 
