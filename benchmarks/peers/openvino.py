@@ -42,7 +42,7 @@ PINNED = (
     "nncf==3.4.0",
     "transformers==5.5.4",
 )
-# optimum-intel pulls PyPI's torchvision, a CUDA build whose operators fail to register against the CPU torch, and
+# optimum-intel pulls torchvision, built for another torch: its operators fail to register against the CPU one, and
 # transformers then cannot import PreTrainedModel ("operator torchvision::nms does not exist"). A text model needs
 # none of it.
 _UNNEEDED = ("torchvision",)

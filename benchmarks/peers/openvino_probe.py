@@ -44,13 +44,10 @@ from benchmarks.peers.openvino import FORMAT_NOTES, WEIGHT_FORMATS, OpenVinoCach
 from benchmarks.peers.openvino_client import OpenVinoWorker, ov_properties, worker_argv
 from benchmarks.results_io.report import write_json
 from engine.config import DTYPES, QUANTIZATIONS
+from engine.loader import default_model_path
 
-# (figure, unit, lower is better)
-FIGURES = (
-    ("batch1_ms_per_token", "ms/token", True),
-    ("batch_tok_s", "tok/s", False),
-    ("long_prompt_ttft_ms", "ms", True),
-)
+# (figure, lower is better)
+FIGURES = (("batch1_ms_per_token", True), ("batch_tok_s", False), ("long_prompt_ttft_ms", True))
 
 
 @dataclass(frozen=True)
@@ -115,7 +112,7 @@ def token_ids(tokenizer: Any, text: str) -> list[int]:
 def summarise(rounds: Sequence[dict[str, Sample]]) -> dict[str, dict[str, float]]:
     """Per figure: each side's median over the rounds and the median of the per-round batchserve/OpenVINO ratios."""
     out: dict[str, dict[str, float]] = {}
-    for name, _unit, _lower in FIGURES:
+    for name, _lower in FIGURES:
         ov = [getattr(r["openvino"], name) for r in rounds]
         bs = [getattr(r["batchserve"], name) for r in rounds]
         out[name] = {
@@ -133,7 +130,7 @@ def format_table(summary: dict[str, dict[str, float]], batch: int, long_tokens: 
         "long_prompt_ttft_ms": f"TTFT, {long_tokens}-token prompt (ms)",
     }
     lines = ["| figure | OpenVINO GenAI | batchserve | batchserve / OpenVINO |", "|---|---:|---:|---:|"]
-    for name, _unit, lower in FIGURES:
+    for name, lower in FIGURES:
         row = summary[name]
         better = "lower is better" if lower else "higher is better"
         lines.append(
@@ -150,7 +147,7 @@ def run_rounds(
     rounds = []
     for index in range(config.rounds):
         values: dict[str, dict[str, float]] = {"openvino": {}, "batchserve": {}}
-        for name, _unit, _lower in FIGURES:
+        for name, _lower in FIGURES:
             sides = [("openvino", openvino), ("batchserve", batchserve)]
             for side, measure in sides if index % 2 == 0 else sides[::-1]:
                 values[side][name] = measure(name)
@@ -189,8 +186,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ValueError as exc:
         parser.error(str(exc))
     cache = default_cache()
-    from engine.loader import default_model_path  # torch: only once the arguments are good
-
     model_dir = cache.model_dir(default_model_path(), args.ov_weights)
     if not cache.is_built() or not is_exported(model_dir):
         print(f"OpenVINO is not built: run `python -m benchmarks openvino-build build` ({model_dir})", file=sys.stderr)

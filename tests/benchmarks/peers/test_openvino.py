@@ -277,6 +277,6 @@ def test_probe_config_refuses_what_it_cannot_measure() -> None:
 def test_probe_without_a_build_says_how_to_build(
     model: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    monkeypatch.setattr("engine.loader.default_model_path", lambda: model)
+    monkeypatch.setattr(openvino_probe, "default_model_path", lambda: model)
     assert openvino_probe.main(["--rounds", "1"]) == 1
     assert "run `python -m benchmarks openvino-build build`" in capsys.readouterr().err
