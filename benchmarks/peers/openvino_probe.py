@@ -206,13 +206,14 @@ def _measure(
     import torch
 
     from api.config import RuntimeOptions
-    from api.runtime.build import build_runner
+    from api.runtime.build import build_runner, load
     from benchmarks.micro.engine_bench import engine_seconds
-    from engine.loader import load_model
 
     torch.set_num_threads(threads)
-    loaded = load_model(None, dtype=args.dtype, quantization=args.quantization)
-    runner = build_runner(RuntimeOptions(dtype=args.dtype, quantization=args.quantization), loaded)
+    # As `serve` loads it: an `auto` format is the one measured and cached for this machine, with its row switch.
+    options = RuntimeOptions(dtype=args.dtype, quantization=args.quantization)
+    loaded = load(options)
+    runner = build_runner(options, loaded)
     prompts = make_prompts(loaded.tokenizer, config)
     single = [token_ids(loaded.tokenizer, prompts.single)]
     batch = [token_ids(loaded.tokenizer, p) for p in prompts.batch]
