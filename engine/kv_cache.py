@@ -1,6 +1,6 @@
-"""The paged KV cache: one preallocated tensor per layer and a free list of fixed-size blocks.
+"""The paged KV cache: one preallocated tensor per layer, addressed in fixed-size blocks.
 
-A sequence owns a list of block ids (its block table); adding or freeing a sequence touches only its own
+Which blocks a sequence holds is engine/block_manager.py's; adding or freeing a sequence touches only its own
 blocks, so sequences join and leave between any two steps without copying anyone else's cache.
 """
 
@@ -22,35 +22,6 @@ class KVCacheShape:
     @property
     def num_slots(self) -> int:
         return self.num_blocks * self.block_size
-
-
-class BlockAllocator:
-    """Hands out block ids; all-or-nothing so a failed request never holds a partial reservation."""
-
-    def __init__(self, num_blocks: int) -> None:
-        self.num_blocks = num_blocks
-        # Popping from the end hands out low ids first, which keeps a lightly loaded cache compact.
-        self._free: list[int] = list(range(num_blocks - 1, -1, -1))
-
-    @property
-    def num_free(self) -> int:
-        return len(self._free)
-
-    @property
-    def num_used(self) -> int:
-        return self.num_blocks - len(self._free)
-
-    def allocate(self, count: int) -> list[int] | None:
-        if count > len(self._free):
-            return None
-        if count == 0:
-            return []
-        taken = self._free[-count:]
-        del self._free[-count:]
-        return taken
-
-    def free(self, blocks: list[int]) -> None:
-        self._free.extend(reversed(blocks))
 
 
 class PagedKVCache:
