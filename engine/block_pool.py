@@ -75,6 +75,7 @@ class BlockPool:
         self._by_key: dict[int, int] = {}  # key -> block id
         self._children: dict[int, dict[int, None]] = {}  # cached block -> its cached children, in order
         self._handed_out_since_hit = 0  # blocks allocated since a lookup last found a cached block
+        self.epoch = 0  # bumped whenever the set of cached blocks changes: a match found before is still right
 
     # ----- counts -----
     @property
@@ -90,6 +91,9 @@ class BlockPool:
     def num_cached_free(self) -> int:
         """Parked blocks: free to take, but still holding a cached prefix."""
         return len(self._parked)
+
+    def is_parked(self, block: int) -> bool:
+        return self._refs[block] == 0
 
     @property
     def evicts_most_recent(self) -> bool:
@@ -147,6 +151,7 @@ class BlockPool:
         holder = self._by_key.get(key)
         if holder is None:
             self._cached[block] = CachedBlock(key, parent, tokens)
+            self.epoch += 1
             self._by_key[key] = block
             parent_block = _block_of(parent)
             if parent_block is not None:
@@ -173,8 +178,12 @@ class BlockPool:
             keys.append(key)
             parent, parent_key = self.identity(block), key
         if blocks:
-            self._handed_out_since_hit = 0  # the cache is being hit: evict least recently released first again
+            self.note_hit()
         return PrefixMatch(tuple(blocks), tuple(keys))
+
+    def note_hit(self) -> None:
+        """A lookup found cached blocks: the cache is being hit, so evict least recently released first again."""
+        self._handed_out_since_hit = 0
 
     def _is_cached(self, parent: Parent) -> bool:
         """A root, or a block that is cached still under this identity (not reused since)."""
@@ -184,6 +193,7 @@ class BlockPool:
     def _forget(self, block: int) -> None:
         """Drop an evicted block from the cache, and its cached descendants, which no lookup could reach any more:
         parked ones become plain free blocks; ones in use stay with their sequences, uncached."""
+        self.epoch += 1
         parent = _block_of(self._cached[block].parent)
         if parent is not None:
             self._children.get(parent, {}).pop(block, None)

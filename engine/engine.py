@@ -12,7 +12,7 @@ from collections.abc import Sequence
 
 import torch
 
-from engine.block_pool import BlockPool, PrefixMatch
+from engine.block_manager import BlockManager
 from engine.config import EngineConfig
 from engine.errors import CacheCapacityError, ContextLengthError, EngineInputError, InputField
 from engine.forward_batch import PromptScoring, build_forward_batch, move_batch
@@ -20,7 +20,6 @@ from engine.grammar import GrammarMatcher
 from engine.kv_cache import PagedKVCache
 from engine.model_runner import ModelRunner
 from engine.outputs import PromptLogprobs, StepOutput
-from engine.prefix_cache import NO_MATCH, PrefixCache
 from engine.prompt_scoring import PromptScores
 from engine.rows import SequenceRows
 from engine.sampling_params import SamplingParams
@@ -42,28 +41,25 @@ class Engine:
         self.max_model_len = min(limits) if limits else config.kv_cache_tokens
         self.block_size = config.block_size
         self.device = torch.device(config.device)
-        self.allocator = BlockPool(config.num_blocks)
-        self.prefix_cache = PrefixCache(self.allocator, config.block_size, config.enable_prefix_caching)
+        # The one owner of the cache's blocks; block_table below mirrors each row's list for the forward.
+        self.blocks = BlockManager(
+            config.num_blocks, config.block_size, config.enable_prefix_caching, self.max_model_len
+        )
         self.cache = PagedKVCache(runner.kv_cache_shape(config.num_blocks, config.block_size), dtype, self.device)
         self.eos_token_ids = torch.tensor(sorted(set(eos_token_ids)), dtype=torch.long)
         self.rows = SequenceRows(config, self.max_model_len, runner.vocab_size)
-        self._blocks_of: dict[int, list[int]] = {}  # each sequence's cache blocks, in order
         self._salt_of: dict[int, str | None] = {}
         self._matcher_of: dict[int, GrammarMatcher] = {}  # the grammar state of each constrained sequence
-        self._registered = torch.zeros(config.seats, dtype=torch.long)  # per row: blocks in the prefix cache
 
     # ----- capacity -----
     @property
     def cache_usage(self) -> float:
         """Fraction of KV cache blocks in use, 0..1."""
-        return self.allocator.num_used / self.allocator.num_blocks
+        return self.blocks.usage
 
     @property
     def num_free_seats(self) -> int:
         return self.rows.num_free
-
-    def _blocks_for(self, num_tokens: int) -> int:
-        return -(-num_tokens // self.block_size)
 
     def has_sequence(self, seq_id: int) -> bool:
         return seq_id in self.rows
@@ -75,22 +71,38 @@ class Engine:
     def num_computed(self, seq_id: int) -> int:
         """Tokens of the sequence in the cache. One that holds no cache yet (fresh or preempted) will start from
         the cached prefix of its known tokens when `reserve` gives it cache: that is counted already."""
-        if self._blocks_of[seq_id]:
+        if self.blocks.holds(seq_id):
             return int(self.rows.num_computed[self.rows.row(seq_id)])
-        return len(self._cached_prefix(seq_id).blocks) * self.block_size
+        if not self.blocks.enabled:
+            return 0
+        known, salt, reads = self._known(seq_id)
+        return len(self.blocks.lookup(seq_id, known, salt, reads).blocks) * self.block_size
 
-    def num_cached(self, prompt_token_ids: Sequence[int], params: SamplingParams, cache_salt: str | None) -> int:
-        """Prompt tokens a new sequence would find in the prefix cache now; changes nothing."""
-        match = self.prefix_cache.lookup(prompt_token_ids, cache_salt, params.prompt_logprobs is None)
+    def num_cached(
+        self, seq_id: int, prompt_token_ids: Sequence[int], params: SamplingParams, cache_salt: str | None
+    ) -> int:
+        """Prompt tokens sequence `seq_id`, not added yet, would find in the prefix cache now; changes nothing."""
+        match = self.blocks.lookup(seq_id, prompt_token_ids, cache_salt, params.prompt_logprobs is None)
         return len(match.blocks) * self.block_size
 
-    def _cached_prefix(self, seq_id: int) -> PrefixMatch:
+    def can_admit(
+        self,
+        seq_id: int,
+        prompt_token_ids: Sequence[int],
+        params: SamplingParams,
+        cache_salt: str | None,
+        total_tokens: int,
+    ) -> bool:
+        """Whether `add` then `reserve(seq_id, total_tokens)` would find the cache for it now; changes nothing."""
+        reads = params.prompt_logprobs is None
+        return self.blocks.can_admit(seq_id, prompt_token_ids, cache_salt, reads, total_tokens)
+
+    def _known(self, seq_id: int) -> tuple[list[int], str | None, bool]:
+        """The sequence's known tokens, its salt, and whether it reads the cache (prompt logprobs need every
+        position computed)."""
         row = self.rows.row(seq_id)
-        reads = int(self.rows.prompt_top_k[row]) < 0  # prompt logprobs need every position computed
-        if not (self.prefix_cache.enabled and reads):
-            return NO_MATCH
-        known = self.rows.token_buffer[row, : int(self.rows.seq_len[row])].tolist()
-        return self.prefix_cache.lookup(known, self._salt_of[seq_id], reads)
+        reads = int(self.rows.prompt_top_k[row]) < 0
+        return self.rows.token_buffer[row, : int(self.rows.seq_len[row])].tolist(), self._salt_of[seq_id], reads
 
     # ----- sequence lifecycle -----
     def validate(self, prompt_token_ids: Sequence[int], params: SamplingParams) -> None:
@@ -118,9 +130,9 @@ class Engine:
                 f"({len(prompt_token_ids)} in the prompt, {params.max_tokens} for the completion)",
                 InputField.MAX_TOKENS if len(prompt_token_ids) < self.max_model_len else InputField.PROMPT,
             )
-        if self._blocks_for(total) > self.allocator.num_blocks:
+        if -(-total // self.block_size) > self.config.num_blocks:
             raise CacheCapacityError(
-                f"the KV cache holds {self.allocator.num_blocks * self.block_size} tokens, fewer than the "
+                f"the KV cache holds {self.config.num_blocks * self.block_size} tokens, fewer than the "
                 f"{total} this sequence needs",
                 InputField.MAX_TOKENS,
             )
@@ -162,7 +174,6 @@ class Engine:
         self.validate(prompt_token_ids, params)
         matcher = params.grammar.matcher() if params.grammar is not None else None
         self.rows.seat(seq_id, prompt_token_ids, params)
-        self._blocks_of[seq_id] = []
         self._salt_of[seq_id] = cache_salt
         if matcher is not None:
             self._matcher_of[seq_id] = matcher
@@ -170,64 +181,38 @@ class Engine:
     def reserve(self, seq_id: int, total_tokens: int) -> bool:
         """Make the sequence's cache hold `total_tokens` positions; all or nothing. False if blocks ran out.
         A sequence that holds no cache first takes the cached blocks of its prefix (see `num_computed`)."""
-        blocks = self._blocks_of[seq_id]
-        if not blocks:
-            return self._start_cache(seq_id, total_tokens)
-        missing = self._blocks_for(min(total_tokens, self.max_model_len)) - len(blocks)
-        if missing <= 0:
-            return True
-        new = self.allocator.allocate(missing)
-        if new is None:
-            return False
-        self._append_blocks(seq_id, new)
-        return True
-
-    def _start_cache(self, seq_id: int, total_tokens: int) -> bool:
-        match = self._cached_prefix(seq_id)
-        self.allocator.acquire(match.blocks)  # first: allocating must not evict the blocks we are about to read
-        missing = self._blocks_for(min(total_tokens, self.max_model_len)) - len(match.blocks)
-        new = self.allocator.allocate(missing) if missing > 0 else []
-        if new is None:
-            self.allocator.free(match.blocks)
-            return False
         row = self.rows.row(seq_id)
-        self._append_blocks(seq_id, [*match.blocks, *new])
-        cached_tokens = len(match.blocks) * self.block_size
-        self.rows.num_computed[row] = cached_tokens
-        self._registered[row] = len(match.blocks)
-        self.prefix_cache.start(seq_id, self._salt_of[seq_id], match, int(self.rows.seq_len[row]))
+        start = len(self.blocks.blocks(seq_id))
+        if start == 0:
+            known, salt, reads = self._known(seq_id) if self.blocks.enabled else ([], None, False)
+            match = self.blocks.admit(seq_id, known, salt, reads, total_tokens)
+            if match is None:
+                return False
+            self.rows.num_computed[row] = len(match.blocks) * self.block_size
+            new = self.blocks.blocks(seq_id)
+        else:
+            grown = self.blocks.grow(seq_id, total_tokens)
+            if grown is None:
+                return False
+            new = grown
+        if new:
+            self.rows.block_table[row, start : start + len(new)] = torch.tensor(new, dtype=torch.long)
         return True
-
-    def _append_blocks(self, seq_id: int, new: list[int]) -> None:
-        blocks = self._blocks_of[seq_id]
-        missing = len(new)
-        row = self.rows.row(seq_id)
-        self.rows.block_table[row, len(blocks) : len(blocks) + missing] = torch.tensor(new, dtype=torch.long)
-        blocks.extend(new)
-        self.rows.num_blocks[row] = len(blocks)
 
     def reserved_tokens(self, seq_id: int) -> int:
-        return len(self._blocks_of[seq_id]) * self.block_size
+        return self.blocks.num_blocks(seq_id) * self.block_size
 
     def release_cache(self, seq_id: int) -> None:
         """Free the sequence's cache and mark it for recomputation (preemption); its tokens are kept."""
-        self.allocator.free(self._blocks_of[seq_id])
-        self._blocks_of[seq_id] = []
-        self.prefix_cache.end(seq_id)
-        row = self.rows.row(seq_id)
-        self.rows.num_computed[row] = 0
-        self.rows.num_blocks[row] = 0
-        self._registered[row] = 0
+        self.blocks.free(seq_id)
+        self.rows.num_computed[self.rows.row(seq_id)] = 0
 
     def remove(self, seq_id: int) -> None:
         """Forget the sequence and free its row and cache. Unknown ids are ignored (idempotent)."""
-        row = self.rows.release(seq_id)
-        if row is not None:
-            self.allocator.free(self._blocks_of.pop(seq_id))
+        if self.rows.release(seq_id) is not None:
+            self.blocks.free(seq_id)
             del self._salt_of[seq_id]
             self._matcher_of.pop(seq_id, None)
-            self.prefix_cache.end(seq_id)
-            self._registered[row] = 0
 
     # ----- the step -----
     def step(self, schedule: Sequence[tuple[int, int]]) -> StepOutput:
@@ -265,19 +250,14 @@ class Engine:
     def _register_full_blocks(self, seq_ids: list[int], rows: torch.Tensor) -> None:
         """Put the blocks this step filled into the prefix cache. Only rows that crossed a block boundary are
         visited: after prefill, one in `block_size` decode steps."""
-        if not self.prefix_cache.enabled:
+        if not self.blocks.enabled:
             return
-        full = self.rows.num_computed[rows] // self.block_size
-        due = (full > self._registered[rows]).nonzero().flatten().tolist()
-        if not due:
-            return
-        size = self.block_size
-        for index in due:
-            seq_id, row, num_full = seq_ids[index], int(rows[index]), int(full[index])
-            first = int(self._registered[row])
-            new_tokens = self.rows.token_buffer[row, first * size : num_full * size].tolist()
-            blocks = self._blocks_of[seq_id]
-            self._registered[row] = self.prefix_cache.register(seq_id, blocks, new_tokens, num_full)
+        size, manager = self.block_size, self.blocks
+        full = (self.rows.num_computed[rows] // size).tolist()
+        for seq_id, row, num_full in zip(seq_ids, rows.tolist(), full, strict=True):
+            first = manager.registered(seq_id)
+            if num_full > first:
+                manager.register(seq_id, self.rows.token_buffer[row, first * size : num_full * size].tolist(), num_full)
 
     def _record_prompt_scores(
         self, seq_ids: list[int], rows: torch.Tensor, scoring: PromptScoring | None, scores: PromptScores | None
@@ -319,7 +299,7 @@ class Engine:
     def _check_schedule(self, seq_ids: list[int], rows: torch.Tensor, counts: torch.Tensor) -> None:
         computed = self.rows.num_computed[rows]
         pending = self.rows.seq_len[rows] - computed
-        reserved = self.rows.num_blocks[rows] * self.block_size
+        reserved = torch.tensor([self.blocks.num_blocks(s) for s in seq_ids], dtype=torch.long) * self.block_size
         if bool((counts < 1).any() or (counts > pending).any()):
             raise ValueError("schedule asks for more tokens than a sequence has pending, or for none")
         if bool((computed + counts > reserved).any()):

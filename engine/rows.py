@@ -22,8 +22,8 @@ class SequenceRows:
         self.max_model_len = max_model_len
         # [rows] unless noted.
         self.token_buffer = torch.zeros(rows, max_model_len, dtype=torch.long)  # [rows, max_model_len]
-        self.block_table = torch.zeros(rows, max_blocks, dtype=torch.long)  # [rows, max blocks per sequence]
-        self.num_blocks = torch.zeros(rows, dtype=torch.long)  # blocks reserved, the valid prefix of the table
+        # [rows, max blocks per sequence]: a mirror of engine.block_manager's lists, the forward's block tables
+        self.block_table = torch.zeros(rows, max_blocks, dtype=torch.long)
         self.num_computed = torch.zeros(rows, dtype=torch.long)
         self.seq_len = torch.zeros(rows, dtype=torch.long)
         self.prompt_len = torch.zeros(rows, dtype=torch.long)
@@ -130,6 +130,5 @@ class SequenceRows:
         """Free the sequence's row; returns it, or None for an unknown id."""
         row = self._row_of.pop(seq_id, None)
         if row is not None:
-            self.num_blocks[row] = 0
             self._free.append(row)
         return row

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol
 
-from engine.block_pool import BlockPool
+from engine.block_manager import BlockManager
 from engine.config import EngineConfig
 from engine.outputs import StepOutput
 from engine.sampling_params import SamplingParams
@@ -20,7 +20,7 @@ class SchedulerEngine(Protocol):
     def config(self) -> EngineConfig: ...
 
     @property
-    def allocator(self) -> BlockPool: ...
+    def blocks(self) -> BlockManager: ...
 
     @property
     def block_size(self) -> int: ...
@@ -39,7 +39,18 @@ class SchedulerEngine(Protocol):
 
     def num_computed(self, seq_id: int) -> int: ...
 
-    def num_cached(self, prompt_token_ids: Sequence[int], params: SamplingParams, cache_salt: str | None) -> int: ...
+    def num_cached(
+        self, seq_id: int, prompt_token_ids: Sequence[int], params: SamplingParams, cache_salt: str | None
+    ) -> int: ...
+
+    def can_admit(
+        self,
+        seq_id: int,
+        prompt_token_ids: Sequence[int],
+        params: SamplingParams,
+        cache_salt: str | None,
+        total_tokens: int,
+    ) -> bool: ...
 
     def reserved_tokens(self, seq_id: int) -> int: ...
 

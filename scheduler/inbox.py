@@ -186,7 +186,8 @@ class Inbox:
         running, held = len(lifecycle.running), lifecycle.held_seats
         preempted = sum(1 for r in lifecycle.waiting if r.scheduled is not None)
         usage = lifecycle.engine.cache_usage
-        cached_free = lifecycle.engine.allocator.num_cached_free / lifecycle.engine.allocator.num_blocks
+        pool = lifecycle.engine.blocks.pool
+        cached_free = pool.num_cached_free / pool.num_blocks
         with self._lock:  # under the lock, so that a submission's own update is never lost
             pending = bool(self._commands) or bool(self.requests)
             self._counts = SchedulerCounts(

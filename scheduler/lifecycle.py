@@ -52,7 +52,7 @@ class Lifecycle:
 
     @property
     def free_cache_tokens(self) -> int:
-        return self.engine.allocator.num_free * self.engine.block_size
+        return self.engine.blocks.free_tokens
 
     @property
     def held_seats(self) -> int:
@@ -70,7 +70,7 @@ class Lifecycle:
         return self.engine.num_computed(request.seq_id)
 
     def _cached_prompt_tokens(self, request: SequenceRequest) -> int:
-        return self.engine.num_cached(request.prompt_token_ids, request.params, request.cache_salt)
+        return self.engine.num_cached(request.seq_id, request.prompt_token_ids, request.params, request.cache_salt)
 
     def reserved_tokens(self, request: SequenceRequest) -> int:
         return self.engine.reserved_tokens(request.seq_id) if self.engine.has_sequence(request.seq_id) else 0
@@ -85,8 +85,10 @@ class Lifecycle:
             return False
         added = not self.engine.has_sequence(request.seq_id)  # a preempted request kept its row and tokens
         if added:
-            if self.engine.num_free_seats == 0:
-                return False
+            if self.engine.num_free_seats == 0 or not self.engine.can_admit(
+                request.seq_id, request.prompt_token_ids, request.params, request.cache_salt, total_tokens
+            ):
+                return False  # checked before `add`: a request that does not fit is not added and removed again
             self.engine.add(request.seq_id, request.prompt_token_ids, request.params, request.cache_salt)
         if not self.engine.reserve(request.seq_id, total_tokens):
             if added:

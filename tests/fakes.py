@@ -293,7 +293,7 @@ class Harness:
         return (
             f"waiting={[(r.request_id, r.status.value) for r in self.scheduler.waiting]} "
             f"running={[(r.request_id, r.status.value) for r in self.scheduler.running]} "
-            f"free_rows={self.engine.num_free_seats} free_blocks={self.engine.allocator.num_free}"
+            f"free_rows={self.engine.num_free_seats} free_blocks={self.engine.blocks.pool.num_free}"
         )
 
 

@@ -76,21 +76,21 @@ def measure(loaded: LoadedModel, batch: int, prompt_len: int, steps: int, cycles
     warm_up = 2 * len(CYCLE)
     for attempt in range(warm_up + len(CYCLE) * cycles):
         setting = CYCLE[attempt % len(CYCLE)]
-        engine.prefix_cache.enabled = setting == "on"
+        engine.blocks.enabled = setting == "on"
         prompts = [torch.randint(100, vocab - 1, (prompt_len,), generator=generator).tolist() for _ in range(batch)]
         before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
         result = one_pass(engine, prompts, steps)
         if attempt >= warm_up:
             times[setting].append(result)
             faults[setting].append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
-    assert engine.prefix_cache.hits == 0, "fresh prompts must never hit"
+    assert engine.blocks.hits == 0, "fresh prompts must never hit"
     prefill = {setting: _median_ms(times[setting], 0) for setting in SETTINGS}
     decode = {setting: _median_ms(times[setting], 1) for setting in SETTINGS}
     row: dict[str, float] = {
         "batch": batch,
         "prompt_tokens": prompt_len,
         "cycles": cycles,
-        "tokens_looked_up": engine.prefix_cache.queries,  # by the attempts with caching on, warm-up included
+        "tokens_looked_up": engine.blocks.queries,  # by the attempts with caching on, warm-up included
     }
     for setting in SETTINGS:
         row[f"prefill_ms_{setting}"] = prefill[setting]

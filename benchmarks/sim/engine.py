@@ -6,9 +6,9 @@ computes nothing: it advances the sequences' counters exactly as `engine.engine.
 finishes by the same rules (a natural stop at a replayed output length, else max_tokens or the context window),
 and moves a `VirtualClock` forward by the cost model's time for the step.
 
-Cache blocks come from the engine's own `BlockPool`, and with prefix caching on (`EngineConfig.enable_prefix_caching`)
-the engine's own `PrefixCache` registers every full block and hands a new (or resumed) sequence the cached blocks
-its known tokens start with, by the engine's rules: admission, preemption and eviction see the same counts, and a
+Cache blocks are held by the engine's own `BlockManager`, and with prefix caching on
+(`EngineConfig.enable_prefix_caching`) it registers every full block and hands a new (or resumed) sequence the cached
+blocks its known tokens start with, by the engine's rules: admission, preemption and eviction see the same counts, and a
 step computes (and is charged for) only the uncached tokens. The ids a sequence generates are synthetic, a function
 of its prompt (`answer_ids`): equal prompts get equal answers, as with greedy decoding, so a conversation's next
 turn, whose prompt holds the previous answer, finds it cached.
@@ -18,15 +18,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from benchmarks.sim.cost.model import CostModel, StepShape
 from benchmarks.sim.prompts import answer_base
-from engine.block_pool import BlockPool, PrefixMatch
+from engine.block_manager import BlockManager
 from engine.config import EngineConfig
 from engine.errors import CacheCapacityError, ContextLengthError, EngineInputError, InputField
 from engine.outputs import FinishReason, StepOutput, TokenOutput
-from engine.prefix_cache import NO_MATCH, PrefixCache
 from engine.sampling_params import SamplingParams
 
 SIM_TOKEN_ID = 0  # every simulated token; nothing downstream of the scheduler reads it
@@ -54,15 +53,13 @@ class _Sequence:
     max_tokens: int
     stop_after: int | None  # replayed natural stop: generated tokens at which the model said EOS
     computed: int = 0
-    blocks: list[int] = field(default_factory=list)
     token: TokenOutput | None = None  # the one unfinished token this sequence ever reports, reused every step
     # The prefix cache's view (read only with caching on): the prompt's ids, the first id of its answer, the salt,
-    # whether it may read the cache (not with prompt logprobs), and how many of its blocks are registered.
+    # whether it may read the cache (not with prompt logprobs).
     prompt: Sequence[int] = ()
     answer_base: int = 0
     salt: str | None = None
     reads: bool = True
-    registered: int = 0
 
 
 class SimEngine:
@@ -75,8 +72,9 @@ class SimEngine:
         limits = [v for v in (config.max_model_len, model_max_len) if v is not None]
         self.max_model_len = min(limits) if limits else config.kv_cache_tokens
         self.block_size = config.block_size
-        self.allocator = BlockPool(config.num_blocks)
-        self.prefix_cache = PrefixCache(self.allocator, config.block_size, config.enable_prefix_caching)
+        self.blocks = BlockManager(
+            config.num_blocks, config.block_size, config.enable_prefix_caching, self.max_model_len
+        )
         self._seqs: dict[int, _Sequence] = {}
         self._stop_after: dict[int, int] = {}  # seq_id -> replayed output length, until the sequence is added
         self._last_step_end = -math.inf  # the first step is cold, as a fresh server's is
@@ -84,7 +82,7 @@ class SimEngine:
     # ----- what the scheduler reads -----
     @property
     def cache_usage(self) -> float:
-        return self.allocator.num_used / self.allocator.num_blocks
+        return self.blocks.usage
 
     @property
     def num_free_seats(self) -> int:
@@ -99,12 +97,14 @@ class SimEngine:
     def num_computed(self, seq_id: int) -> int:
         """As the engine's: a sequence that holds no cache counts the cached prefix it will start from."""
         seq = self._seqs[seq_id]
-        if seq.blocks or not self.prefix_cache.enabled:
+        if not self.blocks.enabled or self.blocks.holds(seq_id):
             return seq.computed
-        return len(self._cached_prefix(seq).blocks) * self.block_size
+        return len(self.blocks.lookup(seq_id, self._known(seq, 0, seq.seq_len), seq.salt, seq.reads).blocks) * (
+            self.block_size
+        )
 
     def reserved_tokens(self, seq_id: int) -> int:
-        return len(self._seqs[seq_id].blocks) * self.block_size
+        return self.blocks.num_blocks(seq_id) * self.block_size
 
     # ----- sequence lifecycle -----
     def expect_output(self, seq_id: int, output_tokens: int) -> None:
@@ -121,21 +121,29 @@ class SimEngine:
                 f"this model's maximum context length is {self.max_model_len} tokens, but {total} were requested",
                 InputField.MAX_TOKENS,
             )
-        if -(-total // self.block_size) > self.allocator.num_blocks:
+        if -(-total // self.block_size) > self.config.num_blocks:
             raise CacheCapacityError(
-                f"the KV cache holds {self.allocator.num_blocks * self.block_size} tokens, fewer than {total}",
+                f"the KV cache holds {self.config.num_blocks * self.block_size} tokens, fewer than {total}",
                 InputField.MAX_TOKENS,
             )
 
-    def num_cached(self, prompt_token_ids: Sequence[int], params: SamplingParams, cache_salt: str | None) -> int:
-        """Prompt tokens a new sequence would find in the prefix cache now; changes nothing."""
-        match = self.prefix_cache.lookup(prompt_token_ids, cache_salt, params.prompt_logprobs is None)
+    def num_cached(
+        self, seq_id: int, prompt_token_ids: Sequence[int], params: SamplingParams, cache_salt: str | None
+    ) -> int:
+        """Prompt tokens sequence `seq_id`, not added yet, would find in the prefix cache now; changes nothing."""
+        match = self.blocks.lookup(seq_id, prompt_token_ids, cache_salt, params.prompt_logprobs is None)
         return len(match.blocks) * self.block_size
 
-    def _cached_prefix(self, seq: _Sequence) -> PrefixMatch:
-        if not (self.prefix_cache.enabled and seq.reads):
-            return NO_MATCH
-        return self.prefix_cache.lookup(self._known(seq, 0, seq.seq_len), seq.salt, seq.reads)
+    def can_admit(
+        self,
+        seq_id: int,
+        prompt_token_ids: Sequence[int],
+        params: SamplingParams,
+        cache_salt: str | None,
+        total_tokens: int,
+    ) -> bool:
+        reads = params.prompt_logprobs is None
+        return self.blocks.can_admit(seq_id, prompt_token_ids, cache_salt, reads, total_tokens)
 
     def _known(self, seq: _Sequence, start: int, stop: int) -> list[int]:
         """The ids of the sequence's tokens at positions start..stop: its prompt's, then its synthetic answer's."""
@@ -156,53 +164,29 @@ class SimEngine:
         n = len(prompt_token_ids)
         seq = _Sequence(n, n, params.max_tokens, self._stop_after.pop(seq_id, None))
         seq.token = TokenOutput(seq_id, SIM_TOKEN_ID, None, None, None)
-        if self.prefix_cache.enabled:
+        if self.blocks.enabled:
             seq.prompt, seq.answer_base = prompt_token_ids, answer_base(prompt_token_ids)
             seq.salt, seq.reads = cache_salt, params.prompt_logprobs is None
         self._seqs[seq_id] = seq
 
     def reserve(self, seq_id: int, total_tokens: int) -> bool:
         seq = self._seqs[seq_id]
-        blocks = seq.blocks
-        if not blocks:
-            return self._start_cache(seq_id, seq, total_tokens)
-        missing = -(-min(total_tokens, self.max_model_len) // self.block_size) - len(blocks)
-        if missing <= 0:
-            return True
-        new = self.allocator.allocate(missing)
-        if new is None:
+        if self.blocks.holds(seq_id):
+            return self.blocks.grow(seq_id, total_tokens) is not None
+        known = self._known(seq, 0, seq.seq_len) if self.blocks.enabled else []
+        match = self.blocks.admit(seq_id, known, seq.salt, seq.reads, total_tokens)
+        if match is None:
             return False
-        blocks.extend(new)
-        return True
-
-    def _start_cache(self, seq_id: int, seq: _Sequence, total_tokens: int) -> bool:
-        """The engine's `_start_cache`: take the cached prefix's blocks first (so allocating cannot evict them),
-        then the rest; all or nothing."""
-        match = self._cached_prefix(seq)
-        self.allocator.acquire(match.blocks)
-        missing = -(-min(total_tokens, self.max_model_len) // self.block_size) - len(match.blocks)
-        new = self.allocator.allocate(missing) if missing > 0 else []
-        if new is None:
-            self.allocator.free(match.blocks)
-            return False
-        seq.blocks = [*match.blocks, *new]
         seq.computed = len(match.blocks) * self.block_size
-        seq.registered = len(match.blocks)
-        self.prefix_cache.start(seq_id, seq.salt, match, seq.seq_len)
         return True
 
     def release_cache(self, seq_id: int) -> None:
-        seq = self._seqs[seq_id]
-        self.allocator.free(seq.blocks)
-        self.prefix_cache.end(seq_id)
-        seq.blocks = []
-        seq.computed = seq.registered = 0
+        self.blocks.free(seq_id)
+        self._seqs[seq_id].computed = 0
 
     def remove(self, seq_id: int) -> None:
-        seq = self._seqs.pop(seq_id, None)
-        if seq is not None and seq.blocks:
-            self.allocator.free(seq.blocks)
-        self.prefix_cache.end(seq_id)
+        self._seqs.pop(seq_id, None)
+        self.blocks.free(seq_id)
         self._stop_after.pop(seq_id, None)
 
     # ----- the step -----
@@ -213,19 +197,20 @@ class SimEngine:
         tokens: list[TokenOutput] = []
         num_tokens = attention = kv_tokens = 0
         block_size, seqs = self.block_size, self._seqs
-        caching = self.prefix_cache.enabled
+        manager = self.blocks
+        caching = manager.enabled
         filled: list[tuple[int, _Sequence]] = []  # sequences that filled a block this step, in schedule order
         for seq_id, count in schedule:
             seq = seqs[seq_id]
             computed = seq.computed
             end = computed + count
-            if count < 1 or end > seq.seq_len or end > len(seq.blocks) * block_size:
+            if count < 1 or end > seq.seq_len or end > manager.num_blocks(seq_id) * block_size:
                 raise ValueError("schedule asks for no tokens, more than are pending, or more than are reserved")
             num_tokens += count
             attention += count * computed + count * (count + 1) // 2  # chunk_attention_pairs, inlined
             kv_tokens += end
             seq.computed = end
-            if caching and end // block_size > seq.registered:
+            if caching and end // block_size > manager.registered(seq_id):
                 filled.append((seq_id, seq))
             if end == seq.seq_len:  # its pending tokens ran out: the engine samples one
                 seq.seq_len = end + 1
@@ -233,9 +218,8 @@ class SimEngine:
         if len({seq_id for seq_id, _ in schedule}) != len(schedule):
             raise ValueError("a sequence appears twice in one step")
         for seq_id, seq in filled:  # the engine's _register_full_blocks, after the step's tokens are computed
-            full = seq.computed // block_size
-            new_ids = self._known(seq, seq.registered * block_size, full * block_size)
-            seq.registered = self.prefix_cache.register(seq_id, seq.blocks, new_ids, full)
+            full, first = seq.computed // block_size, manager.registered(seq_id)
+            manager.register(seq_id, self._known(seq, first * block_size, full * block_size), full)
         shape = StepShape(len(schedule), num_tokens, len(tokens), attention, kv_tokens)
         self.clock.advance(self.cost.step_time(shape, idle_s=self.clock() - self._last_step_end))
         self._last_step_end = self.clock()

@@ -57,7 +57,7 @@ def test_batched_greedy_on_cuda_matches_generate_alone(
     assert driver.mixed_steps > 0  # prefill chunks ran beside decodes
     for i, (_, max_tokens) in enumerate(plan):
         assert driver.tokens(i) == cuda_greedy(model, prompts[i], max_tokens), f"sequence {i} diverged on CUDA"
-    assert engine.allocator.num_free == engine.config.num_blocks
+    assert engine.blocks.pool.num_free == engine.config.num_blocks
     assert engine.cache_usage == 0.0
 
 

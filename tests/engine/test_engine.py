@@ -168,7 +168,7 @@ def test_batched_greedy_matches_hf_generate_with_joins_leaves_and_chunked_prefil
     engine = make_engine(model, seats=6, cpu_kernels=cpu_kernels)
     assert (engine.runner.decode_kernel is not None) == (cpu_kernels and CAN_BUILD_KERNELS)  # type: ignore[attr-defined]
     driver = Driver(engine, token_budget=16, max_chunk=7)
-    free_blocks, free_rows = engine.allocator.num_free, engine.num_free_seats
+    free_blocks, free_rows = engine.blocks.pool.num_free, engine.num_free_seats
 
     waiting = list(range(len(plan)))
     for step in range(1000):
@@ -201,7 +201,7 @@ def test_batched_greedy_matches_hf_generate_with_joins_leaves_and_chunked_prefil
         reasons = [t.finish_reason for t in driver.outputs[i]]
         assert reasons == [None] * (max_tokens - 1) + [FinishReason.LENGTH]
 
-    assert engine.allocator.num_free == free_blocks
+    assert engine.blocks.pool.num_free == free_blocks
     assert engine.num_free_seats == free_rows
     assert engine.cache_usage == 0.0
 
@@ -254,9 +254,9 @@ def test_release_cache_then_recompute_continues_exactly_as_without_preemption(
     assert all(len(driver.outputs[s]) >= 3 for s in (0, 1))
 
     for s, prompt in ((0, greedy_prompt), (1, sampled_prompt)):
-        blocks_before, free_before = len(engine._blocks_of[s]), engine.allocator.num_free
+        blocks_before, free_before = engine.blocks.num_blocks(s), engine.blocks.pool.num_free
         driver.preempt(s)
-        assert engine.allocator.num_free == free_before + blocks_before
+        assert engine.blocks.pool.num_free == free_before + blocks_before
         assert engine.reserved_tokens(s) == 0
         # Prompt and outputs are recomputed, but for the full blocks of them still in the prefix cache.
         known = len(prompt) + len(driver.outputs[s])
@@ -342,11 +342,11 @@ def _assert_rejected_without_allocation(
     match: str,
     field: InputField,
 ) -> None:
-    free_blocks, free_rows = engine.allocator.num_free, engine.num_free_seats
+    free_blocks, free_rows = engine.blocks.pool.num_free, engine.num_free_seats
     with pytest.raises(error, match=match) as info:
         engine.add(42, prompt, params)
     assert info.value.field is field
-    assert engine.allocator.num_free == free_blocks
+    assert engine.blocks.pool.num_free == free_blocks
     assert engine.num_free_seats == free_rows
     assert not engine.has_sequence(42)
 
@@ -408,9 +408,9 @@ def test_reserve_is_all_or_nothing(tiny_llama: PreTrainedModel) -> None:
     assert engine.reserve(1, 14)  # 4 blocks
     assert engine.reserved_tokens(1) == 16
     assert not engine.reserve(2, 30)  # needs 8, only 4 free
-    assert engine.allocator.num_free == 4 and engine.reserved_tokens(2) == 0
+    assert engine.blocks.pool.num_free == 4 and engine.reserved_tokens(2) == 0
     assert engine.reserve(2, 16)
-    assert engine.allocator.num_free == 0 and engine.cache_usage == 1.0
+    assert engine.blocks.pool.num_free == 0 and engine.cache_usage == 1.0
     assert engine.reserve(1, 12)  # already covered: no-op
 
 
@@ -442,7 +442,7 @@ def test_step_rejects_more_tokens_than_pending_or_duplicate_sequences(tiny_llama
 
 def test_remove_frees_row_and_blocks(tiny_llama: PreTrainedModel) -> None:
     engine = make_engine(tiny_llama, seats=3, kv_cache_tokens=64, block_size=4)
-    free_blocks, free_rows = engine.allocator.num_free, engine.num_free_seats
+    free_blocks, free_rows = engine.blocks.pool.num_free, engine.num_free_seats
     assert engine.cache_usage == 0.0
     driver = Driver(engine)
     driver.add(1, list(range(9)), SamplingParams(max_tokens=10, **GREEDY))
@@ -450,12 +450,12 @@ def test_remove_frees_row_and_blocks(tiny_llama: PreTrainedModel) -> None:
     for _ in range(4):
         driver.step()
     assert engine.num_free_seats == free_rows - 2
-    assert engine.allocator.num_free < free_blocks and engine.cache_usage > 0
+    assert engine.blocks.pool.num_free < free_blocks and engine.cache_usage > 0
     engine.remove(1)
     engine.remove(2)
     assert not engine.has_sequence(1) and not engine.has_sequence(2)
     assert engine.num_free_seats == free_rows
-    assert engine.allocator.num_free == free_blocks
+    assert engine.blocks.pool.num_free == free_blocks
     assert engine.cache_usage == 0.0
     engine.remove(1)  # idempotent
     assert engine.num_free_seats == free_rows

@@ -50,9 +50,9 @@ def test_a_conversation_computes_only_its_new_tokens_and_answers_as_without_cach
         assert hits == [expected_hit, 0]
         history += expected
     engine = cached_runs.engine
-    assert 0 < engine.prefix_cache.hits < engine.prefix_cache.queries
-    assert plain_runs.engine.prefix_cache.queries == plain_runs.engine.prefix_cache.hits == 0  # nothing looked up
-    assert engine.cache_usage == 0.0 and engine.allocator.num_cached_free > 0
+    assert 0 < engine.blocks.hits < engine.blocks.queries
+    assert plain_runs.engine.blocks.queries == plain_runs.engine.blocks.hits == 0  # nothing looked up
+    assert engine.cache_usage == 0.0 and engine.blocks.pool.num_cached_free > 0
 
 
 def test_a_repeated_prompt_recomputes_only_its_last_block(tiny_llama: PreTrainedModel) -> None:
@@ -100,7 +100,7 @@ def test_prompt_logprobs_never_read_the_cache_but_fill_it(tiny_llama: PreTrained
         assert serve_one(driver, 1, prompt, scored) == 0  # reads nothing
         assert serve_one(driver, 2, prompt, SamplingParams(max_tokens=2, **GREEDY)) == (12 if caching else 0)
         results.append(driver.engine)
-    assert results[0].prefix_cache.hits == 12
+    assert results[0].blocks.hits == 12
 
 
 def test_evicting_cached_blocks_under_pressure_keeps_every_answer_exact(tiny_llama: PreTrainedModel) -> None:
@@ -123,9 +123,9 @@ def test_a_prefix_whose_first_block_was_evicted_first_is_cached_whole_again(tiny
     prompt = random_prompt(20, 7, tiny_llama.config.vocab_size)  # five blocks of 4
     greedy = SamplingParams(max_tokens=4, **GREEDY)
     driver = Driver(make_engine(tiny_llama, kv_cache_tokens=64))
-    pool = driver.engine.allocator
+    pool = driver.engine.blocks.pool
     assert serve_one(driver, 0, prompt, greedy) == 0
-    head, *rest = driver.engine.prefix_cache.lookup([*prompt, 0], None, reads=True).blocks
+    head, *rest = driver.engine.blocks.match([*prompt, 0], None, reads=True).blocks
     assert len(rest) == 4
     pool.acquire(rest)  # used again and released: the head is now the least recently released
     pool.free(rest)
@@ -176,5 +176,5 @@ def test_real_model_conversation_is_the_same_with_caching_on_and_off() -> None:
         reference = generate_exactly(loaded.model, history, 12)
         assert answers[True] == answers[False] == reference, f"turn {turn}"
         history += reference
-    assert engines[True].prefix_cache.hits > len(system)
-    assert engines[False].prefix_cache.hits == 0
+    assert engines[True].blocks.hits > len(system)
+    assert engines[False].blocks.hits == 0

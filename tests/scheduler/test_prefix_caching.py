@@ -58,7 +58,7 @@ def test_requests_with_different_salts_share_nothing(mode: Mode) -> None:
         h.run()
     hits = [s.finish.timings.num_cached_tokens for s in h.streams.values() if s.finish is not None]
     assert hits == [0, 0, 0, 36]
-    assert h.engine.prefix_cache.hits == 36 and h.engine.prefix_cache.queries == 4 * 40
+    assert h.engine.blocks.hits == 36 and h.engine.blocks.queries == 4 * 40
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -70,7 +70,7 @@ def test_a_batch_of_the_same_prompt_leaves_no_block_behind(mode: Mode) -> None:
     h.run()
     for stream in streams:
         assert stream.tokens == expected_tokens(PROMPT, 6)
-    assert h.engine.cache_usage == 0.0 and h.engine.allocator.num_cached_free > 0
+    assert h.engine.cache_usage == 0.0 and h.engine.blocks.pool.num_cached_free > 0
     assert sum(s.finish.timings.num_cached_tokens for s in streams if s.finish is not None) >= 4 * 36
 
 
@@ -99,7 +99,7 @@ def test_a_prompt_whose_first_block_was_evicted_is_cached_whole_again() -> None:
     h.submit(24, max_tokens=2)  # its blocks take the 16 handed out since a hit: the prompt's first block goes
     h.run()
     assert first.request is not None
-    assert h.engine.num_cached(prompt, first.request.params, None) == 0
+    assert h.engine.num_cached(first.request.seq_id, prompt, first.request.params, None) == 0
     again = h.submit(prompt, max_tokens=2)
     h.run()
     third = h.submit(prompt, max_tokens=2)

@@ -31,7 +31,7 @@ MODES = [Mode.DYNAMIC, Mode.CONTINUOUS]
 def assert_drained(h: Harness) -> None:
     """Everything finished: no cache, every row free, nothing running, waiting, queued or held."""
     assert h.engine.cache_usage == 0
-    assert h.engine.allocator.num_free == h.engine.allocator.num_blocks
+    assert h.engine.blocks.pool.num_free == h.engine.blocks.pool.num_blocks
     assert h.engine.num_free_seats == h.seats
     assert list(h.scheduler.running) == []
     assert len(h.scheduler.waiting) == 0
@@ -311,6 +311,24 @@ def test_continuous_preemption_loses_nothing_and_starves_nobody() -> None:
     assert_drained(roomy)
 
 
+def test_continuous_request_that_does_not_fit_waits_outside_the_engine(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The admission check comes before `add`: a fresh request the cache cannot hold yet is not added (nor its
+    grammar matcher built) and removed again on every step it waits, but added once, when it fits."""
+    h = build(Mode.CONTINUOUS, seats=2, kv_cache_tokens=64)  # 16 blocks of 4
+    added: list[int] = []
+    add = h.engine.add
+    monkeypatch.setattr(h.engine, "add", lambda seq, *rest: (added.append(seq), add(seq, *rest))[1])
+    first = h.submit(prompt=40, max_tokens=20)  # 10 blocks at once, growing to 15
+    h.scheduler.step()
+    second = h.submit(prompt=40, max_tokens=4)  # 10 blocks: waits until the first is done
+    h.run()
+    assert_complete(first)
+    assert_complete(second)
+    assert added == [seq_id(first), seq_id(second)]
+    assert second.finish is not None and second.finish.timings.num_preemptions == 0
+    assert_drained(h)
+
+
 def test_continuous_preempted_request_is_resumed_before_younger_waiting_ones() -> None:
     h = build(Mode.CONTINUOUS, seats=3, kv_cache_tokens=40, block_size=4)
     streams = [h.submit(prompt=6, max_tokens=14) for _ in range(4)]
@@ -428,7 +446,7 @@ def test_abort_frees_seat_and_cache_within_one_step(mode: Mode, where: str) -> N
     live = [s for s in h.streams.values() if not s.done]
     assert h.engine.num_free_seats == h.seats - len(live)
     used = sum(h.engine.reserved_tokens(seq_id(s)) // h.engine.block_size for s in live)
-    assert h.engine.allocator.num_used == used
+    assert h.engine.blocks.pool.num_used == used
     if where == "waiting":
         assert victim.finish is not None and victim.finish.timings.scheduled is None
         assert h.scheduler.num_queued == 0

@@ -154,7 +154,7 @@ def drive(
             (t.arrival, t.scheduled, t.first_token, t.last_token, t.released, t.num_steps),
             (t.num_preemptions, t.batch_id),
         )
-    return Run(steps, engine.schedules, requests, tokens, (engine.prefix_cache.queries, engine.prefix_cache.hits))
+    return Run(steps, engine.schedules, requests, tokens, (engine.blocks.queries, engine.blocks.hits))
 
 
 def run_real(model: PreTrainedModel, engine_config: EngineConfig, config: SchedulerConfig, reqs: list[Req]) -> Run:
