@@ -20,6 +20,7 @@ import importlib.util
 import json
 import os
 import platform
+import re
 import shutil
 import subprocess
 import sys
@@ -86,9 +87,16 @@ class LlamaCppCache:
         return self.root / f"{model_stem(model)}-{kind}.gguf"
 
 
+_FORMAT_SUFFIX = re.compile(r"(?i)(i?q\d\w*|f16|f32|bf16)")
+
+
 def model_stem(model: Path) -> str:
-    """A model's name without its format: `SmolLM2-135M-Instruct` for `SmolLM2-135M-Instruct.Q4_1.gguf`."""
-    return (model.name if model.is_dir() else model.stem).split(".")[0]
+    """A model's name without its format: `SmolLM2-135M-Instruct` for `SmolLM2-135M-Instruct.Q4_1.gguf`; a
+    folder's name as it is (`llama-3.2-1b-random`)."""
+    if model.is_dir():
+        return model.name
+    name, _, suffix = model.stem.rpartition(".")
+    return name if name and _FORMAT_SUFFIX.fullmatch(suffix) else model.stem
 
 
 def default_cache(version: str = LLAMA_CPP_PYTHON_VERSION, isa: str | None = None) -> LlamaCppCache:

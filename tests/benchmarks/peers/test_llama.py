@@ -133,6 +133,11 @@ def test_every_format_is_one_file_both_servers_load(
     folder = tmp_path / "llama-1b"
     folder.mkdir()
     assert targets.format_gguf("Q4_K_M", str(folder)) == cache.root / "llama-1b-Q4_K_M.gguf"
+    dotted = tmp_path / "llama-3.2-1b-random"
+    dotted.mkdir()
+    assert llama_cpp.model_stem(dotted) == "llama-3.2-1b-random"  # a folder's dots are its name's
+    assert llama_cpp.model_stem(Path("Llama-3.2-1B.Q4_K_M.gguf")) == "Llama-3.2-1B"
+    assert llama_cpp.model_stem(Path("Llama-3.2-1B.gguf")) == "Llama-3.2-1B"
     for kind in ("Q4_0", "Q4_K_M"):
         cache.gguf(q4, kind).write_bytes(b"")
     found = baseline_targets(("llama-q4_0", "llama-q4_k_m"), ServerSettings(seats=2))
