@@ -199,6 +199,7 @@ def test_serve_and_compare_lines_parse_into_a_config(command: str) -> None:
         compare_config(args), compare_lineup(args)
 
 
+@pytest.mark.slow
 def test_the_curl_and_python_examples_run_against_a_live_server(live_server: tuple[str, Path], tmp_path: Path) -> None:
     url, import_log = live_server
     curls = [command for command in COMMANDS if command.startswith("curl ")]

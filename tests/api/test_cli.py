@@ -240,6 +240,7 @@ def server_process(tiny_checkpoint: Path) -> Iterator[tuple[subprocess.Popen[str
             process.stdout.close()
 
 
+@pytest.mark.slow
 def test_sigterm_lets_the_running_stream_finish_then_exits_zero(
     server_process: tuple[subprocess.Popen[str], str],
 ) -> None:

@@ -16,10 +16,14 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+import pytest
+
 from engine import native
 from engine.format_choice import read_entry
 from tests.server_harness import free_port
 from tests.toolchain import CAN_BUILD_KERNELS
+
+pytestmark = pytest.mark.slow  # a server process converting, building and measuring: tens of seconds
 
 _READY = "batchserve ready on"
 

@@ -47,6 +47,7 @@ def test_formats_lists_each_cached_choice_with_its_figures(
     assert "4567.json\n  unreadable, or an older version's" in out
 
 
+@pytest.mark.slow
 def test_formats_reprobe_measures_again_even_where_a_choice_is_cached(
     tiny_gguf: Path,
     tmp_path: Path,

@@ -46,6 +46,8 @@ from api.translation.messages_stream import StreamStart, message_events
 from api.translation.responses_input import chat_plan
 from tests.server_harness import tiny_tokenizer
 
+pytestmark = pytest.mark.slow
+
 MODELS: list[type[BaseModel]] = [CompletionRequest, ChatCompletionRequest]
 try:
     from api.structured.xgrammar_backend import XGrammarCompiler

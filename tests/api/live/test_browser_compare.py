@@ -49,7 +49,10 @@ from benchmarks.page.driver import (
 from tests.server_harness import mode_config, running_server
 
 CHROMIUM = system_chromium()
-pytestmark = pytest.mark.skipif(CHROMIUM is None, reason=f"no system Chromium and chromedriver: {INSTALL_HINT}")
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(CHROMIUM is None, reason=f"no system Chromium and chromedriver: {INSTALL_HINT}"),
+]
 
 API_KEY = "page-test-key"
 # One long answer among short ones. The long one is many times longer, so in continuous mode the short ones end

@@ -26,6 +26,8 @@ from tests.api.endpoints.test_api import PROMPT, wait_until
 from tests.paced_server import STEP_ENV
 from tests.server_harness import free_port
 
+pytestmark = pytest.mark.slow
+
 REPO = Path(__file__).resolve().parents[3]
 MODES = ["dynamic", "continuous"]
 STEP_S = 0.05

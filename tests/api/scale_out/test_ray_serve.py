@@ -44,6 +44,8 @@ from api.scale_out.ray_serve import (
 from api.scale_out.replica_asgi import ReplicaReport
 from tests.server_harness import free_port
 
+pytestmark = pytest.mark.slow
+
 PROMPT = "the quick brown fox"
 LONG = 200  # tokens: a request that runs for many steps (the tiny model's context is 256)
 SEATS, QUEUE = 2, 4  # per replica: 8 concurrent requests fit the two replicas, 40 do not

@@ -142,6 +142,7 @@ def test_a_grammar_that_admits_no_answer_is_refused_at_compile(default_server: R
     assert error["param"] == next(iter(body)) and "admits no answer" in error["message"], error
 
 
+@pytest.mark.slow
 def test_a_compile_past_its_deadline_is_killed_and_refused_and_the_next_compiles(
     deadline_server: RunningServer,
 ) -> None:
@@ -164,6 +165,7 @@ def test_a_client_that_leaves_stops_its_compile(deadline_server: RunningServer) 
     wait_until(lambda: not alive(running), "the abandoned compile's worker was killed", timeout_s=1.5)
 
 
+@pytest.mark.slow
 def test_compiles_beyond_the_pending_limit_get_a_429(deadline_server: RunningServer) -> None:
     bodies = [{"max_tokens": 2, "guided_json": slow_pattern(f"busy{i}")} for i in range(3)]
     with ThreadPoolExecutor(3) as pool:
@@ -177,6 +179,7 @@ def test_compiles_beyond_the_pending_limit_get_a_429(deadline_server: RunningSer
     assert busy.headers["Retry-After"] and "--grammar-max-pending" in busy.json()["error"]["message"]
 
 
+@pytest.mark.slow
 def test_plain_and_cached_requests_beside_hostile_compiles_get_their_answers(deadline_server: RunningServer) -> None:
     plain = {"max_tokens": 12, "temperature": 0}
     cached = {"max_tokens": 2, "temperature": 0, "guided_regex": "[ab]"}  # compiled by an earlier test

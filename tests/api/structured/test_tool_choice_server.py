@@ -73,6 +73,7 @@ def _check_calls(calls: list[dict[str, Any]]) -> None:
         jsonschema.validate(json.loads(call["arguments"]), TOOL_SCHEMAS[call["name"]])
 
 
+@pytest.mark.slow
 def test_auto_calls_validate_and_the_stream_agrees_with_the_whole_answer(server) -> None:
     """`tool_choice` "auto", and left out (the default with tools), on alternate seeds."""
     branches = set()

@@ -14,6 +14,7 @@ from engine.cpu_features import cpu_features
 pytestmark = pytest.mark.skipif(native.load_kernels() is None, reason="the kernels need a C++ compiler")
 
 
+@pytest.mark.slow
 def test_every_build_reports_every_kernel_it_has(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(kernel_builds, "median_us", lambda call, repeats=50: (call(), 1.0)[1])
     assert kernel_builds.main(["--out", str(tmp_path)]) == 0

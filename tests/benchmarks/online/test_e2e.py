@@ -332,6 +332,7 @@ def test_serve_bench_cli_prints_table_and_writes_json(tmp_path: Path, capsys: py
     assert all(r.output_tokens == 3 for r in run.records)
 
 
+@pytest.mark.slow
 def test_ab_driver_starts_measures_and_stops_a_server_process(tmp_path: Path) -> None:
     code = (
         f"import sys; sys.path.insert(0, {str(ROOT)!r}); from tests.benchmarks.online.test_e2e import serve_forever; "

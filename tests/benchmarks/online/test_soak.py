@@ -29,6 +29,8 @@ from api.endpoints.service import Generation
 from scheduler.request import FinishEvent, RequestEvent, SequenceRequest
 from tests.server_harness import RunningServer, running_server
 
+pytestmark = pytest.mark.slow
+
 REQUESTS_PER_ROUND = 60
 CONCURRENCY = 12
 SEATS = 4

@@ -102,6 +102,7 @@ def test_serve_argv_passes_only_what_differs_from_serves_defaults() -> None:
     assert argv == ["--model", "/m", "--max-model-len", "1024", "--no-cpu-kernels", "--dtype", "float32"]
 
 
+@pytest.mark.slow
 def test_profile_measures_a_served_server_and_the_simulator_reads_it(tiny_checkpoint: Path, tmp_path: Path) -> None:
     """End to end on the tiny model: the profile starts a real `batchserve serve` with its engine flags."""
     out = tmp_path / "cost.json"
