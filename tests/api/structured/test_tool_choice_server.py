@@ -97,6 +97,7 @@ def test_auto_calls_validate_and_the_stream_agrees_with_the_whole_answer(server)
         assert branches == {"call", "text"}
 
 
+@pytest.mark.slow
 def test_parallel_tool_calls_false_makes_at_most_one_call(server) -> None:
     for seed in SEEDS:
         body = {"tools": TOOLS, "temperature": 1.0, "seed": seed, "parallel_tool_calls": False}
@@ -111,6 +112,7 @@ def test_none_answers_as_if_there_were_no_tools(server) -> None:
     assert none == plain and "tool_calls" not in none
 
 
+@pytest.mark.slow
 def test_the_sdk_reads_auto_calls_whole_and_streamed(server) -> None:
     if server.runtime.chat.parser.name != "generic":
         pytest.skip("the tiny model calls under the generic envelope only")
