@@ -8,7 +8,7 @@ sampling and the stop checks are engine/sampling_step.py.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import torch
 
@@ -19,11 +19,12 @@ from engine.forward_batch import PromptScoring, build_forward_batch, move_batch
 from engine.grammar import GrammarMatcher
 from engine.kv_cache import PagedKVCache
 from engine.model_runner import ModelRunner
-from engine.outputs import PromptLogprobs, StepOutput
+from engine.outputs import DraftStats, PromptLogprobs, StepOutput
 from engine.prompt_scoring import PromptScores
 from engine.rows import SequenceRows
 from engine.sampling_params import SamplingParams
 from engine.sampling_step import sample_and_record
+from engine.speculative import verify_and_record
 
 
 class Engine:
@@ -215,8 +216,12 @@ class Engine:
             self._matcher_of.pop(seq_id, None)
 
     # ----- the step -----
-    def step(self, schedule: Sequence[tuple[int, int]]) -> StepOutput:
-        """Compute `count` pending tokens for each (seq_id, count); sample for sequences whose pending ran out."""
+    def step(
+        self, schedule: Sequence[tuple[int, int]], drafts: Mapping[int, Sequence[int]] | None = None
+    ) -> StepOutput:
+        """Compute `count` pending tokens for each (seq_id, count); sample for sequences whose pending ran out.
+        `drafts`: draft tokens to verify after a sampling sequence's last known token (greedy speculation,
+        engine/speculative.py); its reserved cache must hold them too, and the sequence may emit several tokens."""
         if not schedule:
             return StepOutput((), 0, 0)
         state = self.rows
@@ -224,10 +229,13 @@ class Engine:
         rows = state.rows(seq_ids)
         counts = torch.tensor([count for _, count in schedule], dtype=torch.long)
         self._check_schedule(seq_ids, rows, counts)
+        row_drafts = [list(drafts.get(s, ())) for s in seq_ids] if drafts else None
+        num_drafts = self._place_drafts(seq_ids, rows, counts, row_drafts) if row_drafts else None
+        computed = counts if num_drafts is None else counts + num_drafts
 
         batch, samples = build_forward_batch(
             rows,
-            counts,
+            computed,
             state.num_computed,
             state.seq_len,
             state.token_buffer,
@@ -236,16 +244,48 @@ class Engine:
             prompt_len=state.prompt_len,
             prompt_top_k=state.prompt_top_k,
             prompt_scored=state.prompt_scored,
+            num_drafts=num_drafts,
         )
         result = self.runner.forward(move_batch(batch, self.device), self.cache)
-        state.num_computed[rows] += counts
-        self._register_full_blocks(seq_ids, rows)
         prompt_logprobs = self._record_prompt_scores(seq_ids, rows, batch.scoring, result.prompt_scores)
         sampled_ids = [s for s, m in zip(seq_ids, samples.tolist(), strict=True) if m]
-        outputs = sample_and_record(
-            state, rows[samples], result.logits, sampled_ids, self.eos_token_ids, self._matcher_of
+        state.num_computed[rows] += counts
+        if row_drafts is None:
+            outputs = sample_and_record(
+                state, rows[samples], result.logits, sampled_ids, self.eos_token_ids, self._matcher_of
+            )
+            self._register_full_blocks(seq_ids, rows)
+            return StepOutput(outputs, len(seq_ids), batch.num_tokens, prompt_logprobs)
+        sampled_drafts = [d for d, m in zip(row_drafts, samples.tolist(), strict=True) if m]
+        verified = verify_and_record(
+            state, rows[samples], result.logits, sampled_ids, sampled_drafts, self.eos_token_ids, self._matcher_of
         )
-        return StepOutput(outputs, len(seq_ids), batch.num_tokens, prompt_logprobs)
+        # Rollback: only accepted tokens count as computed; what rejected drafts wrote lies past num_computed.
+        state.num_computed[rows[samples]] += verified.emitted - 1
+        self._register_full_blocks(seq_ids, rows)
+        stats = DraftStats(sum(len(d) for d in sampled_drafts), sum(verified.accepted))
+        return StepOutput(verified.tokens, len(seq_ids), batch.num_tokens, prompt_logprobs, stats)
+
+    def _place_drafts(
+        self, seq_ids: list[int], rows: torch.Tensor, counts: torch.Tensor, row_drafts: list[list[int]]
+    ) -> torch.Tensor:
+        """Write each row's drafts past its known tokens; [rows] their number. Only a row whose step completes its
+        known tokens may carry drafts, within its reserved cache and the context window."""
+        state = self.rows
+        num_drafts = torch.tensor([len(d) for d in row_drafts], dtype=torch.long)
+        has = num_drafts > 0
+        end = state.seq_len[rows] + num_drafts
+        reserved = torch.tensor([self.blocks.num_blocks(s) for s in seq_ids]) * self.block_size
+        if bool((has & (state.num_computed[rows] + counts != state.seq_len[rows])).any()):
+            raise ValueError("drafts given for a sequence that does not sample this step")
+        if bool((has & (end > torch.minimum(reserved, torch.tensor(self.max_model_len)))).any()):
+            raise ValueError("drafts run past a sequence's reserved cache or the context window")
+        if any(not 0 <= t < self.runner.vocab_size for tokens in row_drafts for t in tokens):
+            raise ValueError("a draft token is outside the vocabulary")
+        for row, length, tokens in zip(rows.tolist(), state.seq_len[rows].tolist(), row_drafts, strict=True):
+            if tokens:
+                state.token_buffer[row, length : length + len(tokens)] = torch.tensor(tokens, dtype=torch.long)
+        return num_drafts
 
     def _register_full_blocks(self, seq_ids: list[int], rows: torch.Tensor) -> None:
         """Put the blocks this step filled into the prefix cache. Only rows that crossed a block boundary are

@@ -48,7 +48,9 @@ class ForwardBatch:
     positions: torch.Tensor  # [tokens]
     slot_mapping: torch.Tensor  # [tokens] where each token's key and value are written
     groups: tuple[AttentionGroup, ...]
-    sample_index: torch.Tensor  # [sampling rows] packed index of the last token of each sampling row
+    # [sampling positions] packed index of the last token of each sampling row, and of each of its drafts before
+    # it (engine/speculative.py): a row with k drafts contributes its last k + 1 tokens, in order
+    sample_index: torch.Tensor
     scoring: PromptScoring | None = None  # None when no scheduled row scores prompt positions this step
 
     @property
@@ -124,6 +126,7 @@ def build_forward_batch(
     prompt_len: torch.Tensor | None = None,
     prompt_top_k: torch.Tensor | None = None,
     prompt_scored: torch.Tensor | None = None,
+    num_drafts: torch.Tensor | None = None,
 ) -> tuple[ForwardBatch, torch.Tensor]:
     """Pack the scheduled rows. Returns the batch and a bool [rows] telling which rows sample a token.
 
@@ -131,6 +134,8 @@ def build_forward_batch(
     num_computed, seq_len: [max_rows] per-row tokens already in the cache and tokens known.
     prompt_len, prompt_top_k, prompt_scored: [max_rows] per-row prompt length, prompt alternatives wanted (-1: no
     prompt scoring) and the first prompt position not scored yet; all three or none.
+    num_drafts: [rows] draft tokens at the end of each row's `num_tokens` (written in `token_buffer` past its
+    `seq_len`); only a row whose known tokens this step completes may carry drafts.
     """
     start = num_computed[rows]
     total = int(num_tokens.sum())
@@ -141,8 +146,16 @@ def build_forward_batch(
     input_ids = token_buffer[row_of_token, positions]
     slot_mapping = _slots(block_table[row_of_token], positions[:, None], block_size)[:, 0]
 
-    samples = (start + num_tokens) == seq_len[rows]
-    sample_index = (token_start + num_tokens - 1)[samples]
+    last = token_start + num_tokens - 1
+    if num_drafts is None:
+        samples = (start + num_tokens) == seq_len[rows]
+        sample_index = last[samples]
+    else:
+        samples = (start + num_tokens - num_drafts) == seq_len[rows]
+        width = (num_drafts + 1)[samples]
+        count = int(width.sum())
+        within = torch.arange(count) - torch.repeat_interleave(torch.cumsum(width, 0) - width, width, output_size=count)
+        sample_index = torch.repeat_interleave(last[samples] - width + 1, width, output_size=count) + within
 
     groups = []
     for is_decode in (True, False):

@@ -63,8 +63,17 @@ class PromptLogprobs:
 
 
 @dataclass(frozen=True)
+class DraftStats:
+    """Speculation in one step: draft tokens verified, and how many of them the model's own choice matched."""
+
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
+
+
+@dataclass(frozen=True)
 class StepOutput:
     tokens: tuple[TokenOutput, ...]
     num_seqs: int  # sequences computed in the step
     num_tokens: int  # tokens computed in the step (prompt chunks plus decode tokens)
     prompt_logprobs: tuple[PromptLogprobs, ...] = ()  # prompt positions scored in this step, per sequence
+    drafts: DraftStats = DraftStats()  # drafts verified in this step (none without speculation)

@@ -1,0 +1,161 @@
+"""Speculative decoding in the engine (engine/speculative.py): on float32 tiny models, greedy output with drafts is
+identical token for token to output without, whatever the drafts (n-gram, right, wrong, past max_tokens or EOS),
+for several sequences in one ragged batch, and every KV block comes back at the end."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import pytest
+import torch
+from transformers import PreTrainedModel
+
+from engine.engine import Engine
+from engine.ngram_drafter import propose_ngram
+from engine.outputs import FinishReason
+from engine.sampling_params import SamplingParams
+from tests.engine.test_engine import make_engine, random_prompt
+
+Drafter = Callable[[int, list[int]], list[int]]  # (seq id, its tokens so far) -> drafts
+
+
+def run(
+    engine: Engine,
+    prompts: Sequence[list[int]],
+    params: Sequence[SamplingParams],
+    drafter: Drafter | None = None,
+    chunk: int = 6,
+) -> tuple[dict[int, list[int]], dict[int, FinishReason | None], list[tuple[int, int]]]:
+    """Run every sequence to its end, prompts in chunks of `chunk`; returns outputs, finish reasons and each step's
+    (draft tokens, accepted tokens)."""
+    for seq_id, (prompt, p) in enumerate(zip(prompts, params, strict=True)):
+        engine.add(seq_id, prompt, p)
+    outputs: dict[int, list[int]] = {s: [] for s in range(len(prompts))}
+    finished: dict[int, FinishReason | None] = {}
+    stats: list[tuple[int, int]] = []
+    while len(finished) < len(prompts):
+        schedule, drafts = [], {}
+        for seq_id in outputs:
+            if seq_id in finished:
+                continue
+            count = min(engine.num_pending(seq_id), chunk)
+            extra: list[int] = []
+            if drafter is not None and count == engine.num_pending(seq_id):
+                extra = drafter(seq_id, prompts[seq_id] + outputs[seq_id])
+            assert engine.reserve(seq_id, engine.num_computed(seq_id) + count + len(extra))
+            schedule.append((seq_id, count))
+            if extra:
+                drafts[seq_id] = extra
+        out = engine.step(schedule, drafts)
+        stats.append((out.drafts.num_draft_tokens, out.drafts.num_accepted_tokens))
+        for token in out.tokens:
+            assert token.seq_id not in finished
+            outputs[token.seq_id].append(token.token_id)
+            if token.finish_reason is not None:
+                finished[token.seq_id] = token.finish_reason
+    for seq_id in outputs:
+        engine.remove(seq_id)
+    assert engine.blocks.pool.num_used == 0, "a KV block leaked"
+    return outputs, finished, stats
+
+
+def ngram(k: int, n_min: int = 1, n_max: int = 3) -> Drafter:
+    return lambda _, tokens: propose_ngram(torch.tensor(tokens), k, n_min, n_max)
+
+
+def oracle(
+    reference: dict[int, list[int]], prompts: Sequence[list[int]], k: int, wrong_at: int | None = None
+) -> Drafter:
+    """Drafts read from the reference output (right ones), optionally with the draft at `wrong_at` changed."""
+
+    def draft(seq_id: int, tokens: list[int]) -> list[int]:
+        done = len(tokens) - len(prompts[seq_id])
+        proposal = list(reference[seq_id][done : done + k])
+        if wrong_at is not None and wrong_at < len(proposal):
+            proposal[wrong_at] = (proposal[wrong_at] + 1) % 160
+        return proposal
+
+    return draft
+
+
+def prompts_for(vocab: int) -> list[list[int]]:
+    repeating = random_prompt(5, 1, vocab) * 4  # a prompt that repeats: n-gram drafts exist from the start
+    return [repeating, random_prompt(11, 2, vocab), random_prompt(3, 3, vocab) * 3 + [7], random_prompt(17, 4, vocab)]
+
+
+GREEDY = SamplingParams(temperature=0.0, max_tokens=24)
+
+
+@pytest.mark.parametrize("caching", [True, False])
+def test_greedy_output_is_identical_with_ngram_and_oracle_drafts(tiny_llama: PreTrainedModel, caching: bool) -> None:
+    prompts = prompts_for(tiny_llama.config.vocab_size)
+    params = [GREEDY] * len(prompts)
+    reference, reasons, _ = run(make_engine(tiny_llama, enable_prefix_caching=caching), prompts, params)
+    for drafter, name in (
+        (ngram(4), "ngram"),
+        (oracle(reference, prompts, 5), "right"),
+        (oracle(reference, prompts, 5, wrong_at=2), "wrong at 2"),
+        (oracle(reference, prompts, 3, wrong_at=0), "wrong at 0"),
+    ):
+        outputs, got, stats = run(make_engine(tiny_llama, enable_prefix_caching=caching), prompts, params, drafter)
+        assert outputs == reference, name
+        assert got == reasons, name
+        drafted, accepted = sum(s[0] for s in stats), sum(s[1] for s in stats)
+        assert drafted > 0 and (accepted == 0 if name == "wrong at 0" else 0 < accepted <= drafted), name
+        if name == "right":  # right drafts are all accepted; the output takes fewer steps than tokens
+            assert accepted == drafted
+            assert len(stats) < len(prompts[0]) // 6 + 1 + GREEDY.max_tokens
+
+
+def test_max_tokens_and_eos_mid_draft(tiny_qwen2: PreTrainedModel) -> None:
+    vocab = tiny_qwen2.config.vocab_size
+    prompts = prompts_for(vocab)
+    long = SamplingParams(temperature=0.0, max_tokens=30)
+    reference, _, _ = run(make_engine(tiny_qwen2), prompts, [long] * len(prompts))
+    # Drafts of 8 that run past max_tokens (7, 10, 13, 16) and past an EOS that first occurs mid-output.
+    cut = [SamplingParams(temperature=0.0, max_tokens=m) for m in (7, 10, 13, 16)]
+    eos = reference[1][5]
+    plain, plain_reasons = run(make_engine(tiny_qwen2, eos_token_ids=[eos]), prompts, cut)[:2]
+    assert FinishReason.STOP in plain_reasons.values() and FinishReason.LENGTH in plain_reasons.values()
+    for drafter in (oracle(reference, prompts, 8), ngram(8)):
+        outputs, reasons, _ = run(make_engine(tiny_qwen2, eos_token_ids=[eos]), prompts, cut, drafter)
+        assert outputs == plain
+        assert reasons == plain_reasons
+    # A stop token id and min_tokens see each position as without speculation.
+    stop = [
+        SamplingParams(temperature=0.0, max_tokens=20, stop_token_ids=(reference[s][3],), min_tokens=2)
+        for s in range(4)
+    ]
+    plain, plain_reasons = run(make_engine(tiny_qwen2), prompts, stop)[:2]
+    outputs, reasons, _ = run(make_engine(tiny_qwen2), prompts, stop, oracle(reference, prompts, 6))
+    assert (outputs, reasons) == (plain, plain_reasons)
+
+
+def test_prefix_cache_holds_only_accepted_tokens(tiny_llama: PreTrainedModel) -> None:
+    """A sequence that ran with wrong drafts registers its blocks; a later sequence whose prompt is that whole
+    sequence reads them, and continues exactly as one computed from scratch."""
+    vocab = tiny_llama.config.vocab_size
+    prompts = prompts_for(vocab)[:2]
+    reference, _, _ = run(make_engine(tiny_llama), prompts, [GREEDY] * 2)
+    engine = make_engine(tiny_llama)
+    run(engine, prompts, [GREEDY] * 2, oracle(reference, prompts, 4, wrong_at=1))
+    follow = [prompts[0] + reference[0]]
+    hits_before = engine.blocks.hits
+    outputs, _, _ = run(engine, follow, [SamplingParams(temperature=0.0, max_tokens=8)])
+    assert engine.blocks.hits > hits_before
+    fresh, _, _ = run(
+        make_engine(tiny_llama, enable_prefix_caching=False), follow, [SamplingParams(temperature=0.0, max_tokens=8)]
+    )
+    assert outputs == fresh
+
+
+def test_drafts_are_checked(tiny_llama: PreTrainedModel) -> None:
+    engine = make_engine(tiny_llama)
+    engine.add(0, [1, 2, 3, 4, 5], GREEDY)
+    assert engine.reserve(0, 8)
+    with pytest.raises(ValueError, match="does not sample"):
+        engine.step([(0, 3)], {0: [1]})
+    with pytest.raises(ValueError, match="reserved cache"):
+        engine.step([(0, 5)], {0: [1, 2, 3, 4]})
+    with pytest.raises(ValueError, match="vocabulary"):
+        engine.step([(0, 5)], {0: [10_000]})
