@@ -15,6 +15,7 @@ from api.structured.limits import RANGES as GRAMMAR_RANGES
 from api.structured.limits import GrammarLimits
 from api.structured.tool_parsers.registry import PARSERS
 from engine.config import DEFAULT_MAX_QUANTIZED_ROWS, DTYPES, QUANTIZATIONS, EngineConfig, LoadConfig
+from engine.speculative import SpeculativeConfig
 from scheduler.config import RANGES, SCHEDULING_POLICIES, Mode, SchedulerConfig
 from scheduler.policies import load_policy
 from scheduler.ranges import DAY_S, QUEUE, TIMEOUT_S, Range
@@ -137,6 +138,12 @@ class ServerConfig:
         "with the mode's seats and settings (docs/policies.md)",
     )
     max_queue: int = _sched("max_queue", 256, "Waiting requests beyond this are rejected with 429")
+    speculative_config: str | None = _opt(
+        None,
+        'Speculative decoding as vLLM\'s JSON, e.g. \'{"method": "ngram", "num_speculative_tokens": 4, '
+        '"prompt_lookup_min": 2, "prompt_lookup_max": 4}\': greedy requests verify drafts taken from their own '
+        "tokens, several tokens per step with output unchanged; continuous mode only for now (docs/speculative.md)",
+    )
     queue_timeout_s: float | None = _sched(
         "queue_timeout_s", None, "Reject a request that waited longer than this in the queue"
     )
@@ -310,7 +317,16 @@ class ServerConfig:
             policy=self.policy,
             max_queue=self.max_queue,
             queue_timeout_s=self.queue_timeout_s,
+            speculative=self.speculative(),
         )
+
+    def speculative(self) -> SpeculativeConfig | None:
+        if self.speculative_config is None:
+            return None
+        try:
+            return SpeculativeConfig.from_json(self.speculative_config)
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"speculative_config: {exc}") from None
 
     def grammar_limits(self) -> GrammarLimits:
         """The `grammar_*` fields, without their prefix."""

@@ -14,7 +14,7 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 
-from engine.outputs import PromptLogprobs, TokenOutput
+from engine.outputs import DraftStats, PromptLogprobs, TokenOutput
 from scheduler.config import SchedulerConfig
 from scheduler.engine_port import SchedulerEngine
 from scheduler.events import EventFeed, PointKind
@@ -33,6 +33,7 @@ from scheduler.request import (
     SequenceRequest,
     TokenEvent,
 )
+from scheduler.speculation import propose_drafts
 from scheduler.stats import SchedulerCounts, StepStats
 
 logger = logging.getLogger("batchserve.scheduler")
@@ -149,18 +150,22 @@ class Scheduler:
             self._mark_scheduled(request, now)
         failed = False
         try:
-            output = self.engine.step([(r.seq_id, count) for r, count in plan])
+            schedule = [(r.seq_id, count) for r, count in plan]
+            drafts = propose_drafts(self.config, self.lifecycle, plan)
+            output = self.engine.step(schedule, drafts) if drafts else self.engine.step(schedule)
         except Exception as exc:  # a failed step fails its own requests; the loop goes on serving
             logger.exception("engine step failed; failing its %d requests", len(plan))
             failed = True
             for request, _ in plan:
                 self._finish(request, Outcome.FAILED, f"internal error during generation: {type(exc).__name__}")
-            generated, num_tokens = 0, sum(count for _, count in plan)
+            generated, num_tokens, drafted = 0, sum(count for _, count in plan), DraftStats()
         else:
             generated, num_tokens = self._deliver(output.tokens, output.prompt_logprobs), output.num_tokens
+            drafted = output.drafts
         stats = StepStats(
             self.mode, now, self.clock() - now, len(plan), num_tokens, prefill, generated, self.lifecycle.held_seats,
-            len(self.running), len(self.waiting), self.engine.cache_usage, failed,
+            len(self.running), len(self.waiting), self.engine.cache_usage, failed, drafted.num_draft_tokens,
+            drafted.num_accepted_tokens,
         )  # fmt: skip
         self._num_steps += 1
         if self.on_step is not None:

@@ -6,7 +6,7 @@ protocol at a modelled cost per step, so the simulator runs this package's sched
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Protocol
 
 from engine.block_manager import BlockManager
@@ -64,4 +64,6 @@ class SchedulerEngine(Protocol):
 
     def remove(self, seq_id: int) -> None: ...
 
-    def step(self, schedule: Sequence[tuple[int, int]]) -> StepOutput: ...
+    def step(
+        self, schedule: Sequence[tuple[int, int]], drafts: Mapping[int, Sequence[int]] | None = None
+    ) -> StepOutput: ...

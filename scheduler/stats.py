@@ -19,6 +19,8 @@ class StepStats:
     num_waiting: int
     cache_usage: float  # 0..1
     failed: bool = False
+    num_draft_tokens: int = 0  # speculation: draft tokens verified in the step
+    num_accepted_tokens: int = 0  # of those, the ones the model's own choice matched
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ turn, whose prompt holds the previous answer, finds it cached.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from benchmarks.sim.cost.model import CostModel, StepShape
@@ -190,7 +190,11 @@ class SimEngine:
         self._stop_after.pop(seq_id, None)
 
     # ----- the step -----
-    def step(self, schedule: Sequence[tuple[int, int]]) -> StepOutput:
+    def step(
+        self, schedule: Sequence[tuple[int, int]], drafts: Mapping[int, Sequence[int]] | None = None
+    ) -> StepOutput:
+        if drafts:
+            raise NotImplementedError("the simulator does not model speculative decoding yet (issue 43 item 5)")
         if not schedule:
             return StepOutput((), 0, 0)
         # One pass of plain integer arithmetic per row: this loop is most of the simulator's own cost.

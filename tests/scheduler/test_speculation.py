@@ -1,0 +1,97 @@
+"""Speculation through the real scheduler and engine (scheduler/speculation.py): in continuous mode greedy output with
+n-gram drafts is identical to output without, with prefix caching and under preemption; a sampled request gets no
+drafts and keeps its seeded output; the step stats count drafts and acceptances; the cache is all returned."""
+
+from __future__ import annotations
+
+import pytest
+from transformers import PreTrainedModel
+
+from engine.config import EngineConfig
+from engine.engine import Engine
+from engine.model_runner import TransformersRunner
+from engine.sampling_params import SamplingParams
+from engine.speculative import SpeculativeConfig
+from scheduler.config import Mode, SchedulerConfig
+from scheduler.core import Scheduler
+from scheduler.request import SequenceRequest
+from scheduler.stats import StepStats
+from tests.engine.test_engine import random_prompt
+from tests.fakes import FakeClock, Stream
+
+SPEC = SpeculativeConfig(num_speculative_tokens=4, prompt_lookup_min=1, prompt_lookup_max=3)
+
+
+def serve(
+    model: PreTrainedModel,
+    prompts: list[list[int]],
+    params: list[SamplingParams],
+    spec: SpeculativeConfig | None,
+    kv_cache_tokens: int,
+) -> tuple[list[list[int]], list[StepStats]]:
+    engine = Engine(
+        TransformersRunner(model), EngineConfig(seats=len(prompts), kv_cache_tokens=kv_cache_tokens, block_size=4)
+    )
+    config = SchedulerConfig(
+        mode=Mode.CONTINUOUS, max_num_seqs=len(prompts), max_num_batched_tokens=24, speculative=spec
+    )
+    steps: list[StepStats] = []
+    clock = FakeClock()
+    scheduler = Scheduler(engine, config, clock=clock, on_step=steps.append)
+    streams = [Stream(str(i), p, q.max_tokens) for i, (p, q) in enumerate(zip(prompts, params, strict=True))]
+    requests = [SequenceRequest(s.request_id, s.prompt, q, s) for s, q in zip(streams, params, strict=True)]
+    for request in requests:
+        scheduler.submit(request)
+    for _ in range(2000):
+        if all(s.finish is not None for s in streams):
+            break
+        scheduler.step()
+        clock.advance(1.0)
+    assert all(s.finish is not None for s in streams)
+    assert engine.cache_usage == 0 and engine.num_free_seats == len(prompts)
+    assert (sum(r.num_preemptions for r in requests) > 0) == (kv_cache_tokens < 100)
+    return [s.tokens for s in streams], steps
+
+
+@pytest.mark.parametrize("kv_cache_tokens", [1024, 96])  # 96: the sequences cannot all fit, some are preempted
+def test_continuous_greedy_output_is_unchanged_by_ngram_drafts(
+    tiny_llama: PreTrainedModel, kv_cache_tokens: int
+) -> None:
+    vocab = tiny_llama.config.vocab_size
+    prompts = [
+        random_prompt(5, 1, vocab) * 4,
+        random_prompt(13, 2, vocab),
+        random_prompt(5, 1, vocab) * 3,  # shares a prefix with the first: prefix cache hits
+        random_prompt(4, 3, vocab) * 3,
+        random_prompt(9, 4, vocab),
+    ]
+    params = [SamplingParams(temperature=0.0, max_tokens=m) for m in (20, 17, 22, 9, 14)]
+    params[4] = SamplingParams(temperature=0.8, seed=7, max_tokens=14)  # sampled: no drafts, same seeded output
+    plain, plain_steps = serve(tiny_llama, prompts, params, None, kv_cache_tokens)
+    spec, spec_steps = serve(tiny_llama, prompts, params, SPEC, kv_cache_tokens)
+    assert spec == plain
+    drafted = sum(s.num_draft_tokens for s in spec_steps)
+    accepted = sum(s.num_accepted_tokens for s in spec_steps)
+    assert 0 < accepted <= drafted
+    assert sum(s.num_draft_tokens for s in plain_steps) == 0
+    assert sum(s.num_generated for s in spec_steps) == sum(len(t) for t in plain)
+    if kv_cache_tokens == 1024:
+        assert len(spec_steps) < len(plain_steps)  # accepted drafts save steps
+    assert all(s.num_tokens <= 24 for s in spec_steps)  # drafts stay within the step's token budget
+
+
+def test_speculative_config_is_checked() -> None:
+    with pytest.raises(ValueError, match="num_speculative_tokens"):
+        SpeculativeConfig.from_json('{"method": "ngram"}')
+    with pytest.raises(ValueError, match="prompt_lookup_min"):
+        SpeculativeConfig.from_json('{"num_speculative_tokens": 3, "prompt_lookup_min": 4, "prompt_lookup_max": 2}')
+    with pytest.raises(ValueError, match="method"):
+        SpeculativeConfig.from_json('{"num_speculative_tokens": 3, "method": "eagle"}')
+    with pytest.raises(ValueError, match="unknown key 'k'"):
+        SpeculativeConfig.from_json('{"num_speculative_tokens": 3, "k": 1}')
+    with pytest.raises(ValueError, match="JSON object"):
+        SpeculativeConfig.from_json("[3]")
+    assert SpeculativeConfig.from_json('{"num_speculative_tokens": 3, "prompt_lookup_max": 4}').lookup == (4, 4)
+    assert SpeculativeConfig(num_speculative_tokens=2).lookup == (5, 5)
+    with pytest.raises(ValueError, match="continuous"):
+        SchedulerConfig(mode=Mode.DYNAMIC, speculative=SPEC)
