@@ -71,6 +71,10 @@ class ServerMetrics:
         self.held = histogram("batchserve:request_held_time_seconds", "Last token to release (dynamic batching)")
         self.prompt_tokens = counter("vllm:prompt_tokens", "Prompt tokens of finished requests")
         self.generation_tokens = counter("vllm:generation_tokens", "Generated tokens of finished requests")
+        self.draft_tokens = counter("vllm:spec_decode_num_draft_tokens", "Speculative draft tokens verified")
+        self.accepted_tokens = counter(
+            "vllm:spec_decode_num_accepted_tokens", "Speculative draft tokens the model's own choice matched"
+        )
         self.success = Counter(
             "vllm:request_success",
             "Finished requests by finish reason",
@@ -171,6 +175,9 @@ class ServerMetrics:
         self.step_tokens.labels(**labels).observe(stats.num_tokens)
         if stats.held_seats:
             self.held_seats.labels(**labels).inc(stats.held_seats)
+        if stats.num_draft_tokens:
+            self.draft_tokens.labels(**labels).inc(stats.num_draft_tokens)
+            self.accepted_tokens.labels(**labels).inc(stats.num_accepted_tokens)
 
     def observe_request(
         self,
