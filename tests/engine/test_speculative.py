@@ -159,3 +159,37 @@ def test_drafts_are_checked(tiny_llama: PreTrainedModel) -> None:
         engine.step([(0, 5)], {0: [1, 2, 3, 4]})
     with pytest.raises(ValueError, match="vocabulary"):
         engine.step([(0, 5)], {0: [10_000]})
+
+
+def test_logprobs_are_those_of_each_position(tiny_mistral: PreTrainedModel) -> None:
+    """A row that asks for logprobs gets, for every token emitted from a verified position, the logprob and top
+    alternatives the plain step reports."""
+    prompts = prompts_for(tiny_mistral.config.vocab_size)[:3]
+    params = [SamplingParams(temperature=0.0, max_tokens=12, logprobs=3)] * 3
+    engine = make_engine(tiny_mistral)
+    for seq_id, prompt in enumerate(prompts):
+        engine.add(seq_id, prompt, params[seq_id])
+        assert engine.reserve(seq_id, len(prompt) + 12)
+    plain = [engine.step([(s, len(p)) for s, p in enumerate(prompts)]).tokens]
+    while any(t.finish_reason is None for t in plain[-1]):
+        plain.append(engine.step([(t.seq_id, 1) for t in plain[-1] if t.finish_reason is None]).tokens)
+    reference = {s: [t for step in plain for t in step if t.seq_id == s] for s in range(3)}
+    spec_engine = make_engine(tiny_mistral)
+    drafts = oracle({s: [t.token_id for t in reference[s]] for s in range(3)}, prompts, 4, wrong_at=3)
+    got: dict[int, list] = {s: [] for s in range(3)}
+    for seq_id, prompt in enumerate(prompts):
+        spec_engine.add(seq_id, prompt, params[seq_id])
+        assert spec_engine.reserve(seq_id, len(prompt) + 12)
+    live = set(range(3))
+    while live:
+        schedule = [(s, spec_engine.num_pending(s)) for s in sorted(live)]
+        out = spec_engine.step(schedule, {s: drafts(s, prompts[s] + [t.token_id for t in got[s]]) for s in live})
+        for token in out.tokens:
+            got[token.seq_id].append(token)
+            if token.finish_reason is not None:
+                live.discard(token.seq_id)
+    for s in range(3):
+        assert [t.token_id for t in got[s]] == [t.token_id for t in reference[s]]
+        for a, b in zip(got[s], reference[s], strict=True):
+            assert a.logprob == pytest.approx(b.logprob, abs=1e-5)
+            assert [i for i, _ in a.top_logprobs or ()] == [i for i, _ in b.top_logprobs or ()]
