@@ -110,3 +110,18 @@ def test_seeded_sampling_is_the_same_alone_and_beside_others(loaded: LoadedModel
             [prompts[4], prompts[1], prompts[2], prompts[3]], [others[0], seeded, others[1], others[2]]
         )[1].token_ids
     assert alone == crowded
+
+
+def test_ngram_speculation_gives_generate_greedy_text(loaded: LoadedModel) -> None:
+    """Continuous mode with n-gram drafts (docs/speculative.md): the prompts that repeat get drafts accepted, and
+    every output is still `generate()`'s."""
+    from engine.speculative import SpeculativeConfig
+
+    indices = (1, 3, 4, 6)
+    prompts = [_prompts()[i] for i in indices]
+    params = SamplingParams(max_tokens=NEW_TOKENS, temperature=0.0, ignore_eos=True)
+    spec = SpeculativeConfig(num_speculative_tokens=4, prompt_lookup_min=2, prompt_lookup_max=4)
+    with LLM(mode="continuous", loaded=loaded, max_num_seqs=4, max_num_batched_tokens=64, speculative=spec) as llm:
+        outputs = llm.generate(prompts, params)
+    for index, output in zip(indices, outputs, strict=True):
+        assert output.token_ids == _reference(index), f"prompt {index} diverged"
