@@ -193,3 +193,30 @@ def test_logprobs_are_those_of_each_position(tiny_mistral: PreTrainedModel) -> N
         for a, b in zip(got[s], reference[s], strict=True):
             assert a.logprob == pytest.approx(b.logprob, abs=1e-5)
             assert [i for i, _ in a.top_logprobs or ()] == [i for i, _ in b.top_logprobs or ()]
+
+
+def test_grammar_rows_see_only_emitted_tokens(tiny_llama: PreTrainedModel) -> None:
+    """A grammar's matcher is fed only the tokens emitted, never a rejected draft, and the grammar's end finishes the
+    row mid-draft as without speculation."""
+    from tests.engine.test_grammar_sampling import SetGrammar
+
+    vocab = tiny_llama.config.vocab_size
+    prompts = prompts_for(vocab)
+    allowed = frozenset(range(0, vocab, 2))
+
+    def params() -> list[SamplingParams]:
+        return [
+            SamplingParams(temperature=0.0, max_tokens=20, grammar=SetGrammar(allowed, length=length, end=4))
+            for length in (6, 9, 30, 3)
+        ]
+
+    plain_params = params()
+    plain, plain_reasons, _ = run(make_engine(tiny_llama), prompts, plain_params)
+    free, _, _ = run(make_engine(tiny_llama), prompts, [GREEDY] * 4)
+    for drafter in (ngram(5), oracle(free, prompts, 5)):  # the free output's drafts mostly break the grammar
+        spec_params = params()
+        outputs, reasons, _ = run(make_engine(tiny_llama), prompts, spec_params, drafter)
+        assert (outputs, reasons) == (plain, plain_reasons)
+        for seq_id, p in enumerate(spec_params):
+            assert isinstance(p.grammar, SetGrammar)
+            assert p.grammar.made[-1].accepted == outputs[seq_id]
