@@ -115,7 +115,7 @@ def test_seeded_sampling_is_the_same_alone_and_beside_others(loaded: LoadedModel
 def test_ngram_speculation_gives_generate_greedy_text(loaded: LoadedModel) -> None:
     """Continuous mode with n-gram drafts (docs/speculative.md): the prompts that repeat get drafts accepted, and
     every output is still `generate()`'s."""
-    from engine.speculative import SpeculativeConfig
+    from engine.speculative_config import SpeculativeConfig
 
     indices = (1, 3, 4, 6)
     prompts = [_prompts()[i] for i in indices]

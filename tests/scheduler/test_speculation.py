@@ -11,7 +11,7 @@ from engine.config import EngineConfig
 from engine.engine import Engine
 from engine.model_runner import TransformersRunner
 from engine.sampling_params import SamplingParams
-from engine.speculative import SpeculativeConfig
+from engine.speculative_config import SpeculativeConfig
 from scheduler.config import Mode, SchedulerConfig
 from scheduler.core import Scheduler
 from scheduler.request import SequenceRequest
