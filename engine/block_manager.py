@@ -18,8 +18,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from engine.block_pool import BlockPool, Parent, PrefixMatch, block_key, root
+
+if TYPE_CHECKING:
+    from engine.sampling_params import SamplingParams
 
 NO_MATCH = PrefixMatch((), ())
 
@@ -181,3 +185,31 @@ class BlockManager:
             self.pool.free(held.blocks)
         if self._last is not None and self._last.seq_id == seq_id:
             self._last = None
+
+
+class CacheQueries:
+    """The scheduler port's two read-only cache questions, answered from a `BlockManager` the same way by the engine
+    and the simulator's engine. A request asking for prompt logprobs reads no cached block (each position's logits
+    are needed)."""
+
+    blocks: BlockManager
+    block_size: int
+
+    def num_cached(
+        self, seq_id: int, prompt_token_ids: Sequence[int], params: SamplingParams, cache_salt: str | None
+    ) -> int:
+        """Prompt tokens sequence `seq_id`, not added yet, would find in the prefix cache now; changes nothing."""
+        match = self.blocks.lookup(seq_id, prompt_token_ids, cache_salt, params.prompt_logprobs is None)
+        return len(match.blocks) * self.block_size
+
+    def can_admit(
+        self,
+        seq_id: int,
+        prompt_token_ids: Sequence[int],
+        params: SamplingParams,
+        cache_salt: str | None,
+        total_tokens: int,
+    ) -> bool:
+        """Whether `add` then `reserve(seq_id, total_tokens)` would find the cache for it now; changes nothing."""
+        reads = params.prompt_logprobs is None
+        return self.blocks.can_admit(seq_id, prompt_token_ids, cache_salt, reads, total_tokens)

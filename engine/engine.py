@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 
 import torch
 
-from engine.block_manager import BlockManager
+from engine.block_manager import BlockManager, CacheQueries
 from engine.config import EngineConfig
 from engine.errors import CacheCapacityError, ContextLengthError, EngineInputError, InputField
 from engine.forward_batch import PromptScoring, build_forward_batch, move_batch
@@ -27,7 +27,7 @@ from engine.sampling_step import sample_and_record
 from engine.speculative import verify_and_record
 
 
-class Engine:
+class Engine(CacheQueries):
     def __init__(
         self,
         runner: ModelRunner,
@@ -78,25 +78,6 @@ class Engine:
             return 0
         known, salt, reads = self._known(seq_id)
         return len(self.blocks.lookup(seq_id, known, salt, reads).blocks) * self.block_size
-
-    def num_cached(
-        self, seq_id: int, prompt_token_ids: Sequence[int], params: SamplingParams, cache_salt: str | None
-    ) -> int:
-        """Prompt tokens sequence `seq_id`, not added yet, would find in the prefix cache now; changes nothing."""
-        match = self.blocks.lookup(seq_id, prompt_token_ids, cache_salt, params.prompt_logprobs is None)
-        return len(match.blocks) * self.block_size
-
-    def can_admit(
-        self,
-        seq_id: int,
-        prompt_token_ids: Sequence[int],
-        params: SamplingParams,
-        cache_salt: str | None,
-        total_tokens: int,
-    ) -> bool:
-        """Whether `add` then `reserve(seq_id, total_tokens)` would find the cache for it now; changes nothing."""
-        reads = params.prompt_logprobs is None
-        return self.blocks.can_admit(seq_id, prompt_token_ids, cache_salt, reads, total_tokens)
 
     def _known(self, seq_id: int) -> tuple[list[int], str | None, bool]:
         """The sequence's known tokens, its salt, and whether it reads the cache (prompt logprobs need every

@@ -26,6 +26,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from benchmarks.peers.peer_venv import PeerVenv
 from engine.loader import default_model_path, gguf_checkpoint_dir, load_model, resolve_cache_dir
 
 OPENVINO_GENAI_VERSION = "2026.4.1.0"
@@ -60,32 +61,17 @@ FORMAT_NOTES = {
 
 
 @dataclass(frozen=True)
-class OpenVinoCache:
+class OpenVinoCache(PeerVenv):
     root: Path  # <cache>/openvino/<version>
     version: str = OPENVINO_GENAI_VERSION
-
-    @property
-    def venv(self) -> Path:
-        return self.root / "venv"
-
-    @property
-    def python(self) -> Path:
-        return self.venv / "bin" / "python"
 
     @property
     def optimum_cli(self) -> Path:
         return self.venv / "bin" / "optimum-cli"
 
     @property
-    def marker(self) -> Path:
-        return self.venv / ".built"
-
-    @property
     def constraints(self) -> Path:
         return self.root / "constraints.txt"
-
-    def is_built(self) -> bool:
-        return self.marker.is_file() and self.python.exists()
 
     def model_dir(self, model: Path, weight_format: str) -> Path:
         if weight_format not in WEIGHT_FORMATS:

