@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from itertools import accumulate
 
 import torch
 
@@ -41,7 +42,7 @@ def verify_and_record(
     """Accept the drafts of the sampling `rows` (`drafts[j]` for row j, possibly empty) from `logits`, which holds
     each row's 1 + len(drafts[j]) positions in order; records the emitted tokens as `sample_and_record` does."""
     widths = [len(d) + 1 for d in drafts]
-    first = [sum(widths[:j]) for j in range(len(widths))]
+    first = [0, *accumulate(widths)][:-1]  # each row's first position in `logits`
     emitted: list[list[TokenOutput]] = [[] for _ in seq_ids]
     accepted = [0] * len(seq_ids)
     alive = list(range(len(seq_ids)))
