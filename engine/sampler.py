@@ -128,10 +128,18 @@ def filtered_probs(logits: torch.Tensor, params: RowSampling) -> tuple[torch.Ten
     return probs, cand_ids
 
 
-def _sample_random(logits: torch.Tensor, params: RowSampling) -> torch.Tensor:
+def vocab_probs(logits: torch.Tensor, params: RowSampling) -> torch.Tensor:
+    """[rows, vocab] each row's sampling weights (not normalised) in vocabulary order, whatever the filters."""
     probs, cand_ids = filtered_probs(logits, params)
+    return probs if cand_ids is None else torch.zeros_like(logits).scatter_(1, cand_ids, probs)
+
+
+def _sample_random(logits: torch.Tensor, params: RowSampling) -> torch.Tensor:
+    # The inverse CDF in vocabulary order, never in the filters' sorted order: a row's token for a given uniform
+    # then depends only on its own distribution, not on whether another row of the batch (or a draft position,
+    # engine/speculative.py) made the step take the sorted path.
+    probs = vocab_probs(logits, params)
     cdf = torch.cumsum(probs.double(), dim=-1)
     # u in (0, 1) scaled by the total: the first index whose cdf reaches it has a weight > 0.
     u = counter_uniform(params.seed, params.counter).to(cdf.device) * cdf[:, -1]
-    index = torch.searchsorted(cdf, u[:, None])[:, 0].clamp(max=probs.shape[-1] - 1)
-    return index if cand_ids is None else cand_ids.gather(1, index[:, None])[:, 0]
+    return torch.searchsorted(cdf, u[:, None])[:, 0].clamp(max=probs.shape[-1] - 1)

@@ -182,6 +182,23 @@ def test_same_seed_and_counter_give_same_token_whatever_the_batch() -> None:
         assert int(alone.tokens) == int(together[i])
 
 
+@pytest.mark.parametrize("neighbour", [{"top_p": 0.9}, {"top_k": 5}])
+def test_an_unfiltered_row_draws_the_same_token_beside_a_filtered_one(neighbour: dict) -> None:
+    """A filtered row sends the step down the sorted-candidates path; the other rows' tokens must not change with
+    it (the pick is in vocabulary order), or speculation, whose positions change a step's rows, would change them."""
+    n = 256
+    logits = random_logits(n, seed=8)
+    seeds = torch.arange(n, dtype=torch.long) * 7
+    alone = sample(logits, rows(n, seed=seeds)).tokens
+    company = rows(n + 1, seed=torch.cat([seeds, torch.tensor([1])]))
+    filters = {
+        "top_p": torch.cat([company.top_p[:n], torch.tensor([neighbour.get("top_p", 1.0)])]),
+        "top_k": torch.cat([company.top_k[:n], torch.tensor([neighbour.get("top_k", 0)])]),
+    }
+    together = sample(torch.cat([logits, random_logits(1, seed=9)]), RowSampling(**{**company.__dict__, **filters}))
+    assert torch.equal(together.tokens[:n], alone)
+
+
 def test_greedy_and_random_rows_mix_in_one_batch() -> None:
     logits = random_logits(6, seed=5)
     params = rows(6, seed=11)
