@@ -141,8 +141,9 @@ class ServerConfig:
     speculative_config: str | None = _opt(
         None,
         'Speculative decoding as vLLM\'s JSON, e.g. \'{"method": "ngram", "num_speculative_tokens": 4, '
-        '"prompt_lookup_min": 2, "prompt_lookup_max": 4}\': greedy requests verify drafts taken from their own '
-        "tokens, several tokens per step with output unchanged; continuous mode only for now (docs/speculative.md)",
+        '"prompt_lookup_min": 2, "prompt_lookup_max": 4}\': requests verify drafts taken from their own tokens, '
+        "several tokens per step; greedy output unchanged, sampled output of the same distribution; every mode "
+        "(docs/speculative.md)",
     )
     queue_timeout_s: float | None = _sched(
         "queue_timeout_s", None, "Reject a request that waited longer than this in the queue"

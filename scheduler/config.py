@@ -59,7 +59,7 @@ class SchedulerConfig:
     policy: str | None = None
     max_queue: int = 256
     queue_timeout_s: float | None = None
-    # n-gram speculation (docs/speculative.md): greedy rows verify drafts of their own tokens; None: off
+    # n-gram speculation (docs/speculative.md), every mode: rows verify drafts of their own tokens; None: off
     speculative: SpeculativeConfig | None = None
 
     def __post_init__(self) -> None:
@@ -76,11 +76,6 @@ class SchedulerConfig:
             raise ValueError(
                 "--priority-preemption needs --mode continuous: a batch of the other modes runs as one unit, and "
                 "nobody leaves it before it is done"
-            )
-        if self.speculative is not None and self.mode is not Mode.CONTINUOUS:
-            raise ValueError(
-                "speculative_config needs --mode continuous for now: dynamic and static batches are not tested with "
-                "drafts yet (docs/speculative.md)"
             )
         if self.policy is not None and not _IMPORT_PATH.fullmatch(self.policy):
             raise ValueError(f"policy must be an import path MODULE:CLASS, got {self.policy!r}")

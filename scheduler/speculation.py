@@ -1,10 +1,12 @@
 """The scheduler's half of speculative decoding: which rows of a planned step get drafts, how many, and the cache for
 them. The engine verifies them (engine/speculative.py); docs/speculative.md has the design.
 
-Now: greedy rows whose step samples get the configured number of n-gram drafts, capped so that they never run past
+Now: every row whose step samples (greedy or sampled; the engine's acceptance keeps the distribution) gets the
+configured number of n-gram drafts, in every mode, capped so that they never run past
 `max_tokens` (so a sequence never reserves beyond its whole length, which the continuous policy's thrash guard
 relies on) and within what the step's token budget leaves. A row whose cache cannot grow for its drafts gets none:
-drafts never preempt anyone. Sampled rows get none yet.
+drafts never preempt anyone. Dynamic and static reserve a batch's whole length up front, so there the drafts
+always fit.
 """
 
 from __future__ import annotations
@@ -27,8 +29,8 @@ def propose_drafts(config: SchedulerConfig, ctx: PolicyContext, plan: StepPlan) 
     for request, count in plan:
         if budget <= 0:
             break
-        if not request.params.greedy or count != ctx.pending_tokens(request):
-            continue  # sampled rows get no drafts yet; a prompt chunk that does not end the prompt samples nothing
+        if count != ctx.pending_tokens(request):
+            continue  # a prompt chunk that does not end the prompt samples nothing
         room = request.params.max_tokens - len(request.output_token_ids) - 1  # the last token needs no draft after it
         k = min(spec.num_speculative_tokens, room, budget)
         if k <= 0:

@@ -1,6 +1,8 @@
-"""Speculation through the real scheduler and engine (scheduler/speculation.py): in continuous mode greedy output with
-n-gram drafts is identical to output without, with prefix caching and under preemption; a sampled request gets no
-drafts and keeps its seeded output; the step stats count drafts and acceptances; the cache is all returned."""
+"""Speculation through the real scheduler and engine (scheduler/speculation.py): in every mode greedy output with
+n-gram drafts is identical to output without, with prefix caching, and under preemption in continuous mode; seeded
+sampled requests (temperature, top-p, top-k, penalties) get drafts too and keep their output token for token (the
+acceptance draws each position's token with the same (seed, output index) as a plain step); the step stats count
+drafts and acceptances; the cache is all returned."""
 
 from __future__ import annotations
 
@@ -28,12 +30,13 @@ def serve(
     params: list[SamplingParams],
     spec: SpeculativeConfig | None,
     kv_cache_tokens: int,
+    mode: Mode = Mode.CONTINUOUS,
 ) -> tuple[list[list[int]], list[StepStats]]:
     engine = Engine(
         TransformersRunner(model), EngineConfig(seats=len(prompts), kv_cache_tokens=kv_cache_tokens, block_size=4)
     )
     config = SchedulerConfig(
-        mode=Mode.CONTINUOUS, max_num_seqs=len(prompts), max_num_batched_tokens=24, speculative=spec
+        mode=mode, max_num_seqs=len(prompts), max_batch_size=len(prompts), max_num_batched_tokens=24, speculative=spec
     )
     steps: list[StepStats] = []
     clock = FakeClock()
@@ -49,13 +52,16 @@ def serve(
         clock.advance(1.0)
     assert all(s.finish is not None for s in streams)
     assert engine.cache_usage == 0 and engine.num_free_seats == len(prompts)
-    assert (sum(r.num_preemptions for r in requests) > 0) == (kv_cache_tokens < 100)
+    assert (sum(r.num_preemptions for r in requests) > 0) == (kv_cache_tokens < 100 and mode is Mode.CONTINUOUS)
     return [s.tokens for s in streams], steps
 
 
-@pytest.mark.parametrize("kv_cache_tokens", [1024, 96])  # 96: the sequences cannot all fit, some are preempted
-def test_continuous_greedy_output_is_unchanged_by_ngram_drafts(
-    tiny_llama: PreTrainedModel, kv_cache_tokens: int
+@pytest.mark.parametrize(
+    ("mode", "kv_cache_tokens"),
+    [(Mode.CONTINUOUS, 1024), (Mode.CONTINUOUS, 96), (Mode.DYNAMIC, 1024), (Mode.STATIC, 1024)],
+)  # 96: the sequences cannot all fit, some are preempted
+def test_output_is_unchanged_by_ngram_drafts_in_every_mode(
+    tiny_llama: PreTrainedModel, mode: Mode, kv_cache_tokens: int
 ) -> None:
     vocab = tiny_llama.config.vocab_size
     prompts = [
@@ -66,9 +72,10 @@ def test_continuous_greedy_output_is_unchanged_by_ngram_drafts(
         random_prompt(9, 4, vocab),
     ]
     params = [SamplingParams(temperature=0.0, max_tokens=m) for m in (20, 17, 22, 9, 14)]
-    params[4] = SamplingParams(temperature=0.8, seed=7, max_tokens=14)  # sampled: no drafts, same seeded output
-    plain, plain_steps = serve(tiny_llama, prompts, params, None, kv_cache_tokens)
-    spec, spec_steps = serve(tiny_llama, prompts, params, SPEC, kv_cache_tokens)
+    params[3] = SamplingParams(temperature=0.7, top_p=0.9, top_k=20, presence_penalty=0.5, seed=3, max_tokens=9)
+    params[4] = SamplingParams(temperature=0.8, seed=7, max_tokens=14)  # sampled: drafts, same seeded output
+    plain, plain_steps = serve(tiny_llama, prompts, params, None, kv_cache_tokens, mode)
+    spec, spec_steps = serve(tiny_llama, prompts, params, SPEC, kv_cache_tokens, mode)
     assert spec == plain
     drafted = sum(s.num_draft_tokens for s in spec_steps)
     accepted = sum(s.num_accepted_tokens for s in spec_steps)
@@ -77,7 +84,8 @@ def test_continuous_greedy_output_is_unchanged_by_ngram_drafts(
     assert sum(s.num_generated for s in spec_steps) == sum(len(t) for t in plain)
     if kv_cache_tokens == 1024:
         assert len(spec_steps) < len(plain_steps)  # accepted drafts save steps
-    assert all(s.num_tokens <= 24 for s in spec_steps)  # drafts stay within the step's token budget
+    # Drafts stay within the step's token budget (dynamic and static prefill whole prompts beyond it, without drafts)
+    assert all(s.num_tokens <= 24 for s in spec_steps if s.num_draft_tokens)
 
 
 def test_speculative_config_is_checked() -> None:
@@ -93,5 +101,4 @@ def test_speculative_config_is_checked() -> None:
         SpeculativeConfig.from_json("[3]")
     assert SpeculativeConfig.from_json('{"num_speculative_tokens": 3, "prompt_lookup_max": 4}').lookup == (4, 4)
     assert SpeculativeConfig(num_speculative_tokens=2).lookup == (5, 5)
-    with pytest.raises(ValueError, match="continuous"):
-        SchedulerConfig(mode=Mode.DYNAMIC, speculative=SPEC)
+    assert SchedulerConfig(mode=Mode.STATIC, speculative=SPEC).speculative == SPEC  # every mode takes it
