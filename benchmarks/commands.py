@@ -95,6 +95,11 @@ COMMANDS: tuple[Command, ...] = (
         "what prefix caching costs the engine when no prefix is shared: steps with it on and off, interleaved",
     ),
     Command(
+        "spec-accept",
+        "benchmarks.micro.spec_accept",
+        "speculative acceptance alone: the per-position loop against the vectorised acceptance",
+    ),
+    Command(
         "structured",
         "benchmarks.micro.structured_bench",
         "structured outputs: schema compile time, and decode with half the batch constrained against none",

@@ -43,8 +43,43 @@ def sample_and_record(
         return ()
     constrained = state.constrained[rows].nonzero()[:, 0].tolist()  # positions in `rows`
     row_matchers = [matchers[seq_ids[i]] for i in constrained] if matchers else []
+    result, dead_ends = _sample(state, rows, state.seq_len[rows], logits, eos_token_ids, row_matchers, constrained)
+    tokens = result.tokens
+    positions = state.seq_len[rows]
+    state.token_buffer[rows, positions] = tokens
+    state.seq_len[rows] += 1
+    finish = finish_codes(state, rows, state.seq_len[rows], tokens, eos_token_ids)
+    if row_matchers:
+        ended, refused = _advance_grammars(row_matchers, constrained, tokens, seq_ids)
+        finish[ended] = _STOPPED
+        finish[refused] = _DEAD_END
+        finish[dead_ends] = _DEAD_END
+    return package(seq_ids, state.logprobs[rows].tolist(), tokens, finish, result)
+
+
+def sample_at(
+    state: SequenceRows, rows: torch.Tensor, lengths: torch.Tensor, logits: torch.Tensor, eos_token_ids: torch.Tensor
+) -> tuple[SampleResult, torch.Tensor]:
+    """Sample, without recording, the token after the first `lengths[i]` tokens of `rows[i]`'s token buffer (rows
+    may repeat with different lengths: a speculating row's positions, its drafts in the buffer past `seq_len`), as
+    `sample_and_record` would once the row held exactly those tokens. Rows without a grammar only. Returns the
+    sample and each token's finish code as `package` takes them (0: not finished)."""
+    result, _ = _sample(state, rows, lengths, logits, eos_token_ids, [], [])
+    return result, finish_codes(state, rows, lengths + 1, result.tokens, eos_token_ids)
+
+
+def _sample(
+    state: SequenceRows,
+    rows: torch.Tensor,
+    lengths: torch.Tensor,
+    logits: torch.Tensor,
+    eos_token_ids: torch.Tensor,
+    row_matchers: list[GrammarMatcher],
+    constrained: list[int],
+) -> tuple[SampleResult, torch.Tensor]:
+    """Edit and sample `logits` for rows holding `lengths` tokens; also the positions whose grammar allows nothing."""
     logits = logits.to("cpu") if logits.device.type != "cpu" else logits
-    counter = state.seq_len[rows] - state.prompt_len[rows]  # index of the output token being sampled
+    counter = lengths - state.prompt_len[rows]  # index of the output token being sampled
     num_logprobs = int(state.logprobs[rows].max())
     min_p = state.min_p[rows]
     params = RowSampling(
@@ -57,7 +92,7 @@ def sample_and_record(
         want_logprobs=num_logprobs >= 0,
         min_p=min_p if bool((min_p > 0).any()) else None,
     )
-    edits = _edits(state, rows, counter, logits.shape[-1], eos_token_ids)
+    edits = _edits(state, rows, lengths, counter, logits.shape[-1], eos_token_ids)
     dead_ends = torch.zeros(0, dtype=torch.long)
     if row_matchers:
         positions = torch.tensor(constrained, dtype=torch.long)
@@ -68,18 +103,7 @@ def sample_and_record(
         allowed[stuck] = True
         dead_ends = positions[stuck]
         edits = replace(edits, grammar=AllowedTokens(positions, allowed))
-    result = sample(logits, params, edits)
-    tokens = result.tokens
-    positions = state.seq_len[rows]
-    state.token_buffer[rows, positions] = tokens
-    state.seq_len[rows] += 1
-    finish = _finish_codes(state, rows, tokens, eos_token_ids)
-    if row_matchers:
-        ended, refused = _advance_grammars(row_matchers, constrained, tokens, seq_ids)
-        finish[ended] = _STOPPED
-        finish[refused] = _DEAD_END
-        finish[dead_ends] = _DEAD_END
-    return _package(seq_ids, state.logprobs[rows].tolist(), tokens, finish, result)
+    return sample(logits, params, edits), dead_ends
 
 
 def _advance_grammars(
@@ -101,7 +125,12 @@ def _advance_grammars(
 
 
 def _edits(
-    state: SequenceRows, rows: torch.Tensor, counter: torch.Tensor, vocab: int, eos_token_ids: torch.Tensor
+    state: SequenceRows,
+    rows: torch.Tensor,
+    lengths: torch.Tensor,
+    counter: torch.Tensor,
+    vocab: int,
+    eos_token_ids: torch.Tensor,
 ) -> LogitsEdits:
     """The logits edits of this step's sampling rows; a feature no row uses is None (one comparison)."""
     biased = (state.num_bias[rows] > 0).nonzero()[:, 0]
@@ -122,25 +151,25 @@ def _edits(
         banned = BannedTokens(too_early, torch.cat([state.stop_ids[r], eos], dim=1))
     if len(repeating):
         r = rows[repeating]
-        repetition = RepetitionPenalty(repeating, _seen_tokens(state, r, vocab), state.repetition[r])
+        seen = _seen_tokens(state, r, lengths[repeating], vocab)
+        repetition = RepetitionPenalty(repeating, seen, state.repetition[r])
     if len(penalised):
         r = rows[penalised]
-        counts = _output_counts(state, r, vocab)
+        counts = _output_counts(state, r, lengths[penalised], vocab)
         penalties = OutputPenalties(penalised, counts, state.presence[r], state.frequency[r])
     return LogitsEdits(bias=bias, allowed=allowed, banned=banned, repetition=repetition, penalties=penalties)
 
 
-def _seen_tokens(state: SequenceRows, rows: torch.Tensor, vocab: int) -> torch.Tensor:
-    """[rows, vocab] bool: the token occurs in the row's prompt or output so far."""
-    end = state.seq_len[rows]
+def _seen_tokens(state: SequenceRows, rows: torch.Tensor, end: torch.Tensor, vocab: int) -> torch.Tensor:
+    """[rows, vocab] bool: the token occurs in the row's first `end` tokens (prompt and output so far)."""
     width = int(end.max())
     ids = state.token_buffer[rows, :width].masked_fill(torch.arange(width)[None, :] >= end[:, None], -1)
     return token_mask(ids, vocab)
 
 
-def _output_counts(state: SequenceRows, rows: torch.Tensor, vocab: int) -> torch.Tensor:
-    """[rows, vocab] how often each token appears in each row's output so far."""
-    start, end = state.prompt_len[rows], state.seq_len[rows]
+def _output_counts(state: SequenceRows, rows: torch.Tensor, end: torch.Tensor, vocab: int) -> torch.Tensor:
+    """[rows, vocab] how often each token appears in each row's output among its first `end` tokens."""
+    start = state.prompt_len[rows]
     width = int((end - start).max())
     counts = torch.zeros(len(rows), vocab)
     if width == 0:
@@ -151,20 +180,21 @@ def _output_counts(state: SequenceRows, rows: torch.Tensor, vocab: int) -> torch
     return counts.scatter_add_(1, ids, valid.float())
 
 
-def _finish_codes(
-    state: SequenceRows, rows: torch.Tensor, tokens: torch.Tensor, eos_token_ids: torch.Tensor
+def finish_codes(
+    state: SequenceRows, rows: torch.Tensor, lengths: torch.Tensor, tokens: torch.Tensor, eos_token_ids: torch.Tensor
 ) -> torch.Tensor:
+    """Each row's finish code for its token `tokens[i]`, once it holds `lengths[i]` tokens with it."""
     is_eos = torch.isin(tokens, eos_token_ids) & ~state.ignore_eos[rows]
     is_stop_id = (state.stop_ids[rows] == tokens[:, None]).any(dim=-1)
-    generated = state.seq_len[rows] - state.prompt_len[rows]
-    at_length = (generated >= state.max_tokens[rows]) | (state.seq_len[rows] >= state.max_model_len)
+    generated = lengths - state.prompt_len[rows]
+    at_length = (generated >= state.max_tokens[rows]) | (lengths >= state.max_model_len)
     codes = torch.full_like(tokens, _NOT_FINISHED)
     codes[at_length] = _LENGTH
     codes[is_eos | is_stop_id] = _STOPPED
     return codes
 
 
-def _package(
+def package(
     seq_ids: list[int],
     wanted: list[int],
     tokens: torch.Tensor,
