@@ -244,7 +244,7 @@ class Engine(CacheQueries):
         # Rollback: only accepted tokens count as computed; what rejected drafts wrote lies past num_computed.
         state.num_computed[rows[samples]] += verified.emitted - 1
         self._register_full_blocks(seq_ids, rows)
-        stats = DraftStats(sum(len(d) for d in sampled_drafts), sum(verified.accepted))
+        stats = DraftStats.of(sampled_ids, sampled_drafts, verified.accepted)
         return StepOutput(verified.tokens, len(seq_ids), batch.num_tokens, prompt_logprobs, stats)
 
     def _place_drafts(

@@ -68,6 +68,17 @@ class DraftStats:
 
     num_draft_tokens: int = 0
     num_accepted_tokens: int = 0
+    num_drafts: int = 0  # sequences that verified drafts (vLLM's num_drafts)
+    accepted_per_pos: tuple[int, ...] = ()  # [i]: sequences whose draft at position i was accepted
+    by_seq: tuple[tuple[int, int, int], ...] = ()  # (seq_id, drafts, accepted) of each sequence that had drafts
+
+    @staticmethod
+    def of(seq_ids: Sequence[int], drafts: Sequence[Sequence[int]], accepted: Sequence[int]) -> DraftStats:
+        """Acceptance is a prefix: a sequence that accepted `a` drafts accepted positions 0 .. a - 1."""
+        had = [(s, len(d), a) for s, d, a in zip(seq_ids, drafts, accepted, strict=True) if d]
+        width = max((n for _, n, _ in had), default=0)
+        per_pos = tuple(sum(1 for _, _, a in had if a > i) for i in range(width))
+        return DraftStats(sum(n for _, n, _ in had), sum(a for _, _, a in had), len(had), per_pos, tuple(had))
 
 
 @dataclass(frozen=True)

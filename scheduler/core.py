@@ -160,12 +160,16 @@ class Scheduler:
                 self._finish(request, Outcome.FAILED, f"internal error during generation: {type(exc).__name__}")
             generated, num_tokens, drafted = 0, sum(count for _, count in plan), DraftStats()
         else:
-            generated, num_tokens = self._deliver(output.tokens, output.prompt_logprobs), output.num_tokens
             drafted = output.drafts
+            by_seq = {r.seq_id: r for r, _ in plan}
+            for seq_id, num_drafts, num_accepted in drafted.by_seq:  # before delivery: a release reads them
+                by_seq[seq_id].num_draft_tokens += num_drafts
+                by_seq[seq_id].num_accepted_tokens += num_accepted
+            generated, num_tokens = self._deliver(output.tokens, output.prompt_logprobs), output.num_tokens
         stats = StepStats(
             self.mode, now, self.clock() - now, len(plan), num_tokens, prefill, generated, self.lifecycle.held_seats,
             len(self.running), len(self.waiting), self.engine.cache_usage, failed, drafted.num_draft_tokens,
-            drafted.num_accepted_tokens,
+            drafted.num_accepted_tokens, drafted.num_drafts, drafted.accepted_per_pos,
         )  # fmt: skip
         self._num_steps += 1
         if self.on_step is not None:

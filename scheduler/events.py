@@ -55,6 +55,8 @@ class StepEvent:
     tokens: int
     prompt_tokens: int
     generated: int
+    drafted: int = 0  # speculation: draft tokens verified in the step
+    accepted: int = 0  # of those, the ones accepted
 
 
 @dataclass(frozen=True)
@@ -113,6 +115,7 @@ class EventFeed:
                 StepEvent(
                     stats.start, number, stats.duration, lanes, stats.num_waiting, stats.num_running,
                     stats.held_seats, stats.num_tokens, stats.num_prompt_tokens, stats.num_generated,
+                    stats.num_draft_tokens, stats.num_accepted_tokens,
                 )
             )  # fmt: skip
 

@@ -32,6 +32,8 @@ class RequestTimings:
     batch_id: int | None
     num_cached_tokens: int = 0  # prompt tokens found in the prefix cache, not computed
     priority: int = 0  # the request's priority (lower first under --scheduling-policy priority)
+    num_draft_tokens: int = 0  # speculation: draft tokens verified for it
+    num_accepted_tokens: int = 0  # of those, the ones accepted
 
     @property
     def queue_time(self) -> float:
@@ -134,6 +136,8 @@ class SequenceRequest:
     cache_salt: str | None = None  # only requests with the same salt share prefix-cache blocks
     priority: int = 0  # lower runs first under --scheduling-policy priority; ignored under fcfs
     num_cached_tokens: int = 0  # prompt tokens found in the prefix cache when it was first admitted
+    num_draft_tokens: int = 0  # speculation: draft tokens verified for it, over all its steps
+    num_accepted_tokens: int = 0  # of those, the ones accepted
 
     @property
     def max_total_tokens(self) -> int:
@@ -152,4 +156,6 @@ class SequenceRequest:
             batch_id=self.batch_id,
             num_cached_tokens=self.num_cached_tokens,
             priority=self.priority,
+            num_draft_tokens=self.num_draft_tokens,
+            num_accepted_tokens=self.num_accepted_tokens,
         )

@@ -21,6 +21,8 @@ class StepStats:
     failed: bool = False
     num_draft_tokens: int = 0  # speculation: draft tokens verified in the step
     num_accepted_tokens: int = 0  # of those, the ones the model's own choice matched
+    num_drafts: int = 0  # sequences that verified drafts in the step
+    accepted_per_pos: tuple[int, ...] = ()  # [i]: sequences whose draft at position i was accepted
 
 
 @dataclass(frozen=True)

@@ -237,6 +237,8 @@ class EventHub:
             "tokens": event.tokens,
             "prompt_tokens": event.prompt_tokens,
             "generated": event.generated,
+            "drafted": event.drafted,
+            "accepted": event.accepted,
         }
 
     def _request(self, source: ModeSource, event: RequestPoint, text: bool) -> dict[str, Any]:

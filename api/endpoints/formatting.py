@@ -29,6 +29,8 @@ class UsageTally:
     prompts_counted: set[int] = field(default_factory=set)
     replica: str | None = None  # named in the timings (see timings_json)
     arrival_time: float | None = None  # when the server received the request, Unix seconds
+    draft_tokens: int = 0  # speculation, over all choices
+    accepted_tokens: int = 0
 
     def add(self, delta: ChoiceDelta, prompt_index: int) -> None:
         if prompt_index not in self.prompts_counted:  # n choices of one prompt share its tokens
@@ -37,6 +39,9 @@ class UsageTally:
             self.cached_tokens += delta.timings.num_cached_tokens if delta.timings is not None else 0
         self.completion_tokens += delta.num_output_tokens
         self.num_choices += 1
+        if delta.timings is not None:
+            self.draft_tokens += delta.timings.num_draft_tokens
+            self.accepted_tokens += delta.timings.num_accepted_tokens
         if delta.timings is not None and (
             self.last_timings is None or delta.timings.released >= self.last_timings.released
         ):
@@ -52,7 +57,10 @@ class UsageTally:
         }
 
     def timings(self) -> dict[str, object] | None:
-        return timings_json(self.last_timings, self.num_choices, self.replica, self.arrival_time)
+        document = timings_json(self.last_timings, self.num_choices, self.replica, self.arrival_time)
+        if document is not None:  # the choices' sums, not the last choice's alone
+            document |= {"draft_tokens": self.draft_tokens, "accepted_tokens": self.accepted_tokens}
+        return document
 
 
 class ResponseFormatter(ABC):

@@ -75,6 +75,13 @@ class ServerMetrics:
         self.accepted_tokens = counter(
             "vllm:spec_decode_num_accepted_tokens", "Speculative draft tokens the model's own choice matched"
         )
+        self.drafts = counter("vllm:spec_decode_num_drafts", "Speculative drafts verified (one per sequence and step)")
+        self.accepted_per_pos = Counter(
+            "vllm:spec_decode_num_accepted_tokens_per_pos",
+            "Speculative drafts whose token at this position (0-based) was accepted",
+            [*names, "position"],
+            registry=self.registry,
+        )
         self.success = Counter(
             "vllm:request_success",
             "Finished requests by finish reason",
@@ -178,6 +185,9 @@ class ServerMetrics:
         if stats.num_draft_tokens:
             self.draft_tokens.labels(**labels).inc(stats.num_draft_tokens)
             self.accepted_tokens.labels(**labels).inc(stats.num_accepted_tokens)
+            self.drafts.labels(**labels).inc(stats.num_drafts)
+            for position, count in enumerate(stats.accepted_per_pos):
+                self.accepted_per_pos.labels(**labels, position=str(position)).inc(count)
 
     def observe_request(
         self,

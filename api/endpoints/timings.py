@@ -37,6 +37,8 @@ def timings_json(
         "cached_tokens": timings.num_cached_tokens,
         "batch_id": timings.batch_id,
         "num_choices": num_choices,
+        "draft_tokens": timings.num_draft_tokens,  # speculation (docs/speculative.md); 0 without
+        "accepted_tokens": timings.num_accepted_tokens,
     }
     if arrival_time is not None:
         document["arrival_time"] = round(arrival_time, 6)

@@ -80,6 +80,9 @@ def test_output_is_unchanged_by_ngram_drafts_in_every_mode(
     drafted = sum(s.num_draft_tokens for s in spec_steps)
     accepted = sum(s.num_accepted_tokens for s in spec_steps)
     assert 0 < accepted <= drafted
+    assert sum(sum(s.accepted_per_pos) for s in spec_steps) == accepted  # acceptance is a prefix, counted by position
+    assert all(list(s.accepted_per_pos) == sorted(s.accepted_per_pos, reverse=True) for s in spec_steps)
+    assert all(s.num_drafts <= s.num_seqs and (s.num_drafts > 0) == (s.num_draft_tokens > 0) for s in spec_steps)
     assert sum(s.num_draft_tokens for s in plain_steps) == 0
     assert sum(s.num_generated for s in spec_steps) == sum(len(t) for t in plain)
     if kv_cache_tokens == 1024:

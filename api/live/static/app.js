@@ -149,6 +149,8 @@
       this.requests = new Map(); // request id -> its lifecycle times, from request events
       this.recent = new Map(); // the same for released requests, the latest RECENT_REQUESTS of them
       this.heldSeatSteps = 0;
+      this.draftSteps = 0; // speculation: steps that verified drafts, and the draft tokens they accepted
+      this.acceptedTokens = 0;
       this.finished = 0;
       this.unseenWaiting = 0; // requests a hello said were waiting, queued before we subscribed
     }
@@ -224,6 +226,10 @@
         }
       }
       this.heldSeatSteps += data.held || 0;
+      if (data.drafted) {
+        this.draftSteps += 1;
+        this.acceptedTokens += data.accepted || 0;
+      }
       if (data.generated) this.tokenSamples.push([t1, data.generated]);
     }
 
@@ -333,6 +339,9 @@
       f["ttft-p99"].textContent = sorted.length ? formatSeconds(quantile(sorted, 0.99)) : "–";
       f["held-seat-steps"].textContent = this.heldSeatSteps;
       f["held-seat-steps"].dataset.value = this.heldSeatSteps;
+      const perStep = this.draftSteps ? (this.acceptedTokens / this.draftSteps).toFixed(2) : "–";
+      f["accepted-per-step"].textContent = perStep;
+      f["accepted-per-step"].dataset.value = this.acceptedTokens;
       f.finished.textContent = this.finished;
     }
 

@@ -404,3 +404,23 @@ def test_serve_page_shows_its_one_mode(browser, one_torch_thread: None) -> None:
         _assert_all_finished(boxes, 4, {"long", "short"})
         wait_for_figure(browser, "finished", "continuous", "4", WAIT_S)
         assert browser_errors(browser) == []
+
+
+def test_a_speculating_pane_shows_accepted_tokens_per_step(browser, one_torch_thread: None) -> None:
+    spec = '{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 1, "prompt_lookup_max": 3}'
+    with running_server(mode_config("continuous", cpu_kernels=False, speculative_config=spec)) as server:
+        load_page(browser, server.base_url)
+        send_workload(browser, PageWorkload(kind="mixed", count=4, short_tokens=8, long_tokens=24))
+        wait_workload_done(browser, WAIT_S)
+        wait_for_figure(browser, "finished", "continuous", "4", WAIT_S)
+        metrics = httpx.get(f"{server.base_url}/metrics").text
+        accepted = sum(
+            float(line.split()[-1])
+            for line in metrics.splitlines()
+            if line.startswith("vllm:spec_decode_num_accepted_tokens_total{")
+        )
+        assert accepted > 0  # the tiny model repeats itself: its own tokens make drafts it accepts
+        shown = browser.execute_script("return document.getElementById('accepted-per-step-continuous').dataset.value")
+        assert float(shown) == accepted  # the page summed every step's accepted tokens
+        assert float(figure(browser, "accepted-per-step", "continuous")) > 0
+        assert browser_errors(browser) == []
