@@ -112,16 +112,21 @@ def test_seeded_sampling_is_the_same_alone_and_beside_others(loaded: LoadedModel
     assert alone == crowded
 
 
-def test_ngram_speculation_gives_generate_greedy_text(loaded: LoadedModel) -> None:
-    """Continuous mode with n-gram drafts (docs/speculative.md): the prompts that repeat get drafts accepted, and
-    every output is still `generate()`'s."""
+@pytest.mark.parametrize("mode", ["static", "dynamic", "continuous"])
+def test_ngram_speculation_gives_generate_greedy_text(loaded: LoadedModel, mode: str) -> None:
+    """Every mode with n-gram drafts (docs/speculative.md): the prompts that repeat get drafts accepted, and every
+    output is still `generate()`'s."""
     from engine.speculative_config import SpeculativeConfig
 
     indices = (1, 3, 4, 6)
     prompts = [_prompts()[i] for i in indices]
     params = SamplingParams(max_tokens=NEW_TOKENS, temperature=0.0, ignore_eos=True)
     spec = SpeculativeConfig(num_speculative_tokens=4, prompt_lookup_min=2, prompt_lookup_max=4)
-    with LLM(mode="continuous", loaded=loaded, max_num_seqs=4, max_num_batched_tokens=64, speculative=spec) as llm:
+    with LLM(
+        mode=mode, loaded=loaded, max_batch_size=4, max_num_seqs=4, max_num_batched_tokens=64, batch_timeout_ms=0.0,
+        batch_window_ms=1.0, speculative=spec,
+    ) as llm:  # fmt: skip
         outputs = llm.generate(prompts, params)
     for index, output in zip(indices, outputs, strict=True):
-        assert output.token_ids == _reference(index), f"prompt {index} diverged"
+        assert output.token_ids == _reference(index), f"{mode}: prompt {index} diverged"
+    assert sum(output.timings.num_accepted_tokens for output in outputs) > 0
