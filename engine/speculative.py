@@ -8,11 +8,12 @@ p(x), and a rejection emits a draw from p without x, renormalised; so greedy out
 token, sampled output keeps its distribution, and a seeded request its exact output. docs/speculative.md has the
 whole design.
 
-A step with one sampling row and no grammar samples all its positions in one call (`sample_at`: the drafts already
-lie in the token buffer past `seq_len`) and accepts with tensor operations. Otherwise rows go position by position
-through `sample_and_record`, the rows still accepting together: a grammar's matcher must only see emitted tokens,
-and with several rows the positions after a row's first rejection, which the one call samples too, cost more than
-the loop's calls save (`python -m benchmarks spec-accept`, docs/speculative.md).
+A step whose rows are all greedy, or that has one row, and has no grammar, samples all positions in one call
+(`sample_at`: the drafts already lie in the token buffer past `seq_len`) and accepts with tensor operations. Other
+steps go position by position through `sample_and_record`, the rows still accepting together: a grammar's matcher
+must only see emitted tokens, and for sampled rows the positions after the first rejection, which the one call
+samples too (a full sort of the vocabulary each under top-p), cost more than the loop's calls save (`python -m
+benchmarks spec-accept`, docs/speculative.md).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from engine.grammar import GrammarMatcher
 from engine.outputs import TokenOutput
 from engine.rows import SequenceRows
 from engine.sampler import SampleResult
+from engine.sampling_params import MIN_SAMPLING_TEMPERATURE
 from engine.sampling_step import package, sample_and_record, sample_at
 
 
@@ -50,7 +52,8 @@ def verify_and_record(
 ) -> Verified:
     """Accept the drafts of the sampling `rows` (`drafts[j]` for row j, possibly empty) from `logits`, which holds
     each row's 1 + len(drafts[j]) positions in order; records the emitted tokens as `sample_and_record` does."""
-    if len(seq_ids) == 1 and not bool(state.constrained[rows[0]]):
+    greedy = state.temperature[rows] < MIN_SAMPLING_TEMPERATURE
+    if not bool(state.constrained[rows].any()) and (len(seq_ids) == 1 or bool(greedy.all())):
         return accept_at_once(state, rows, logits, seq_ids, drafts, eos_token_ids)
     return accept_in_order(state, rows, logits, seq_ids, drafts, eos_token_ids, matchers)
 

@@ -133,3 +133,23 @@ def test_a_seeded_row_emits_what_plain_steps_emit_and_both_acceptances_agree() -
         ]
         assert verified.accepted == [int(r[0] == DRAFTS[0]) + int(len(r) > 1 and r[1] == DRAFTS[1]) for r in by_row]
         assert [o.finish_reason is not None for o in verified.tokens] == [j == 1 for r in by_row for j in range(len(r))]
+
+
+def test_both_acceptances_agree_on_greedy_and_sampled_rows_with_one_or_two_drafts() -> None:
+    n = 40
+    states = []
+    for _ in range(2):
+        state = seated(n, 7, max_tokens=3, frequency_penalty=0.4)
+        state.temperature[::2] = 0.0  # every other row greedy
+        states.append(state)
+    rows = torch.arange(n)
+    drafts = [DRAFTS if i % 3 else DRAFTS[:1] for i in range(n)]  # rows with one draft and with two
+    logits = torch.randn(sum(len(d) + 1 for d in drafts), VOCAB, generator=torch.Generator().manual_seed(3))
+    logits[:, DRAFTS[0]] += 2.0  # the first draft is often right
+    split = accept_at_once(states[0], rows, logits, list(range(n)), drafts, EOS)
+    loop = accept_in_order(states[1], rows, logits, list(range(n)), drafts, EOS)
+    assert emitted_by_row(split) == emitted_by_row(loop)
+    assert torch.equal(split.emitted, loop.emitted) and split.accepted == loop.accepted
+    assert torch.equal(states[0].seq_len, states[1].seq_len)
+    assert torch.equal(states[0].token_buffer, states[1].token_buffer)
+    assert 0 < sum(split.accepted) < sum(len(d) for d in drafts)  # some accepted, some rejected
