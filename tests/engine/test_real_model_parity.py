@@ -130,3 +130,19 @@ def test_ngram_speculation_gives_generate_greedy_text(loaded: LoadedModel, mode:
     for index, output in zip(indices, outputs, strict=True):
         assert output.token_ids == _reference(index), f"{mode}: prompt {index} diverged"
     assert sum(output.timings.num_accepted_tokens for output in outputs) > 0
+
+
+def test_ngram_speculation_keeps_seeded_sampled_output(loaded: LoadedModel) -> None:
+    """Seeded sampling with top-p and top-k, drafts on and off, in continuous mode: the same tokens, and some drafts
+    accepted (each position draws with the plain step's (seed, output index), engine/speculative.py)."""
+    from engine.speculative_config import SpeculativeConfig
+
+    prompts = [_prompts()[i] for i in (1, 4, 6)]
+    params = [SamplingParams(max_tokens=32, temperature=0.7, top_p=0.9, top_k=40, seed=s) for s in (3, 4, 5)]
+    spec = SpeculativeConfig(num_speculative_tokens=4, prompt_lookup_min=2, prompt_lookup_max=4)
+    runs = []
+    for speculative in (None, spec):
+        with LLM(mode="continuous", loaded=loaded, max_num_seqs=4, speculative=speculative) as llm:
+            runs.append(llm.generate(prompts, params))
+    assert [o.token_ids for o in runs[1]] == [o.token_ids for o in runs[0]]
+    assert sum(o.timings.num_accepted_tokens for o in runs[1]) > 0
