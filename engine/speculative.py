@@ -53,7 +53,7 @@ def verify_and_record(
     """Accept the drafts of the sampling `rows` (`drafts[j]` for row j, possibly empty) from `logits`, which holds
     each row's 1 + len(drafts[j]) positions in order; records the emitted tokens as `sample_and_record` does."""
     greedy = state.temperature[rows] < MIN_SAMPLING_TEMPERATURE
-    if not bool(state.constrained[rows].any()) and (len(seq_ids) == 1 or bool(greedy.all())):
+    if seq_ids and not bool(state.constrained[rows].any()) and (len(seq_ids) == 1 or bool(greedy.all())):
         return accept_at_once(state, rows, logits, seq_ids, drafts, eos_token_ids)
     return accept_in_order(state, rows, logits, seq_ids, drafts, eos_token_ids, matchers)
 

@@ -153,3 +153,8 @@ def test_both_acceptances_agree_on_greedy_and_sampled_rows_with_one_or_two_draft
     assert torch.equal(states[0].seq_len, states[1].seq_len)
     assert torch.equal(states[0].token_buffer, states[1].token_buffer)
     assert 0 < sum(split.accepted) < sum(len(d) for d in drafts)  # some accepted, some rejected
+
+
+def test_no_sampling_rows_verify_nothing() -> None:
+    verified = verify_and_record(seated(1), torch.zeros(0, dtype=torch.long), LOGITS[:0], [], [], EOS)
+    assert verified.tokens == () and verified.accepted == [] and len(verified.emitted) == 0
