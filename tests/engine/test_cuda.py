@@ -18,6 +18,7 @@ from transformers import PreTrainedModel
 
 from api.runtime.offline import LLM
 from engine.sampling_params import SamplingParams
+from engine.speculative_config import SpeculativeConfig
 from scheduler.request import Outcome
 from tests.conftest import TINY_VOCAB_SIZE, train_byte_level_tokenizer
 from tests.engine.test_engine import ARCHS, GREEDY, Driver, make_engine, random_prompt
@@ -82,5 +83,25 @@ def test_both_policies_serve_on_cuda_with_generate_answers(mode: str, llama_chec
         model = llm.loaded.model
     assert next(model.parameters()).device.type == "cuda"
     assert all(o.finish_reason is Outcome.LENGTH for o in outputs)
+    for prompt, length, output in zip(prompts, lengths, outputs, strict=True):
+        assert output.token_ids == cuda_greedy(model, prompt, length)
+
+
+@pytest.mark.parametrize("mode", ["static", "dynamic", "continuous"])
+def test_ngram_speculation_on_cuda_gives_the_generate_answers(mode: str, llama_checkpoint: Path) -> None:
+    """Drafts verified in the step's one forward on the GPU (positions, KV rollback, acceptance on device tensors):
+    greedy output is still `generate()`'s, and drafts were accepted (the prompts repeat, so n-gram drafts exist)."""
+    prompts = [random_prompt(n, seed=500 + n, vocab_size=150) * 3 for n in (4, 9, 6)]
+    lengths = (24, 16, 30)
+    params = [SamplingParams(max_tokens=m, **GREEDY) for m in lengths]
+    spec = SpeculativeConfig.from_json(
+        '{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 1, "prompt_lookup_max": 3}'
+    )
+    with LLM(
+        model=str(llama_checkpoint), mode=mode, device="cuda", max_num_seqs=4, max_batch_size=4, speculative=spec
+    ) as llm:
+        outputs = llm.generate(prompts, params)
+        model = llm.loaded.model
+    assert sum(o.timings.num_accepted_tokens for o in outputs) > 0, "no draft was accepted on CUDA"
     for prompt, length, output in zip(prompts, lengths, outputs, strict=True):
         assert output.token_ids == cuda_greedy(model, prompt, length)
