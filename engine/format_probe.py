@@ -12,9 +12,9 @@ the prefill chunk. (The prefill matters: on a CPU without native bf16, a dense b
 slower than float32's, however fast int4 decodes.)
 
 The choice is cached (engine/format_choice.py) by the CPU (under BATCHSERVE_CPU_ISA), the kernel build, torch and
-the model file, when it would still win with its own figures raised by their noise and the runner-up's lowered by
-theirs; else it is served and kept as provisional, measured again at the next start, and settled once two
-measurements pick the same format. A later start re-times the
+the model file, when it would still win with the runner-up's figures lowered by their noise (a best over rounds
+can only be too slow, so the winner's own need no allowance); else it is served and kept as provisional, measured
+again at the next start, and settled once two measurements pick the same format. A later start re-times the
 calibration op and measures again when the machine's speed no longer matches the cached one (another CPU with the
 same flags). The measurement is logged as a phase (engine/phases.py: a line per candidate loaded and per round,
 where the choice is cached and how to measure again), after the kernels it times are built.
@@ -155,14 +155,14 @@ def _contested(
     chosen: Pair,
     rival: Pair,
 ) -> tuple[bool, float]:
-    """Whether the noise could hand `rival` the win: does `chosen` still rank first with each figure only it reads
-    raised by that figure's noise and each figure only `rival` reads lowered by as much? (Figures both read, as a
-    quantised format's dense copy, move together and cannot tell them apart.) And the largest of those noises."""
+    """Whether the noise could hand `rival` the win: does `chosen` still rank first with each figure only `rival`
+    reads lowered by that figure's noise? Only the rival's figures move: each figure is a best over rounds, and
+    contention only ever adds time, so the chosen format's own bests can only be too slow, never flatter it.
+    (Figures both read, as a quantised format's dense copy, move together and cannot tell them apart.) And the
+    largest noise among the figures that tell the two apart."""
     own = {(scores[chosen].reads[rows], rows) for rows in _SCORED_ROWS}
     theirs = {(scores[rival].reads[rows], rows) for rows in _SCORED_ROWS}
     shifted = {label: dict(sizes) for label, sizes in step_ms.items()}
-    for label, rows in own - theirs:
-        shifted[label][rows] *= 1 + spread[label][rows]
     for label, rows in theirs - own:
         shifted[label][rows] /= 1 + spread[label][rows]
     noise = max((spread[label][rows] for label, rows in own ^ theirs), default=0.0)
