@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.loadgen.run import RunResult
+from benchmarks.results_io.machine import code_facts
 from benchmarks.results_io.report import ABOutcome, render_markdown, result_document, write_json, write_raw_runs
 
 TIMELINE_REQUESTS = 200
@@ -31,7 +32,13 @@ def write_sim_report(outcome: ABOutcome, out_dir: Path, cost_label: str) -> dict
     if outcome.sweep:
         plots["rate sweep"] = plot_sweep(outcome.sweep, out_dir / "sweep.png")
     written.update({path.stem: path for path in plots.values()})
-    document: dict[str, Any] = {"simulated": True, "cost_model": cost_label, **result_document(outcome)}
+    # No machine ran it (the cost model stands in), but the code that simulated it is recorded like any result's.
+    document: dict[str, Any] = {
+        "simulated": True,
+        "cost_model": cost_label,
+        "code": code_facts(),
+        **result_document(outcome),
+    }
     written["result.json"] = write_json(out_dir / "result.json", document, with_machine=False)
     banner = (
         f"> **SIMULATED** with `python -m benchmarks simulate`: the real scheduler and policies on a virtual clock; "

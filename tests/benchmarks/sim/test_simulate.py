@@ -329,6 +329,7 @@ def test_simulate_cli_writes_result_json_with_the_ab_schema(tmp_path: Path) -> N
         assert parsed.server_metrics is not None and parsed.server_metrics.steps
     assert document["runs"]["continuous"]["server_metrics"]["held_seats"] == 0
     assert document["simulated"] is True and "machine" not in document  # its hardware is the cost model
+    assert set(document["code"]) == {"commit", "dirty"}  # but the code that simulated it is recorded
     assert document["runs"]["dynamic"]["server_metrics"]["held_seats"] > 0  # mixed: short answers wait for long
     assert document["ratios_continuous_over_dynamic"]["output tok/s"] > 0
     assert [len(document["sweep"][m]) for m in ("dynamic", "continuous")] == [2, 2]
