@@ -47,3 +47,23 @@ def test_results_tree_stays_small() -> None:
     ).stdout.split("\0")
     sizes = [(ROOT / name).stat().st_size for name in tracked if name and (ROOT / name).exists()]
     assert sizes and sum(sizes) <= RESULTS_MAX_TRACKED_BYTES
+
+
+# A path a command writes (`--out`, `R=`) or a placeholder is not a citation; every other results path a doc names
+# is one, and must be there.
+_WRITTEN = re.compile(r"(?:--out|--cost-model|--replay|R=)\s*=?\s*benchmarks/results/\S+")
+_CITED = re.compile(r"benchmarks/results/[A-Za-z0-9_./-]*[A-Za-z0-9_/]")
+
+
+def cited_results(text: str) -> set[str]:
+    return {path.rstrip("/") for path in _CITED.findall(_WRITTEN.sub("", text))}
+
+
+@pytest.mark.parametrize("doc", MARKDOWN, ids=lambda path: str(path.relative_to(ROOT)))
+def test_every_result_a_doc_cites_exists(doc: Path) -> None:
+    assert sorted(path for path in cited_results(doc.read_text()) if not (ROOT / path).exists()) == []
+
+
+def test_a_written_path_is_not_a_citation() -> None:
+    text = "run `x --out benchmarks/results/new-run` then read `benchmarks/results/old-run/result.json`."
+    assert cited_results(text) == {"benchmarks/results/old-run/result.json"}
