@@ -82,9 +82,6 @@ COMMANDS: tuple[Command, ...] = (
         "benchmarks.micro.quant_bench",
         "each weight format's decode-step matmuls, and the LM head options' quality",
     ),
-    Command(
-        "score", "benchmarks.micro.score_bench", "prompt scoring: prefill tokens/s with and without prompt logprobs"
-    ),
     Command("membw", "benchmarks.micro.membw", "this machine's memory bandwidth by buffer size"),
     Command(
         "quality", "benchmarks.micro.quality", "perplexity and greedy agreement of each weight format against float32"
