@@ -26,15 +26,19 @@ NO_TOOLCHAIN = "no C++ compiler or ninja here: the engine runs its torch path"
 
 def kernel_build_params() -> list[Any]:
     """Every build of the compiled kernels for this kind of CPU, as pytest params; those this CPU (under
-    BATCHSERVE_CPU_ISA) cannot execute are skipped with the reason."""
+    BATCHSERVE_CPU_ISA) cannot execute are skipped with the reason. Only the build the engine itself runs here is in
+    the fast subset: each other build costs minutes to compile on 2 cores, and `-m slow` (the whole suite, CI)
+    still checks every one."""
     features = cpu_features()
     runnable = native.builds_for(features)
     builds = native.X86_BUILDS if features.is_x86 else (native.NATIVE_BUILD,)
     reason = f"this CPU ({features.describe()}) cannot execute the %s build"
-    return [
-        pytest.param(build, id=build.name, marks=pytest.mark.skipif(build not in runnable, reason=reason % build.name))
-        for build in builds
-    ]
+
+    def marks(build: native.KernelBuild) -> list[pytest.MarkDecorator]:
+        unrunnable = pytest.mark.skipif(build not in runnable, reason=reason % build.name)
+        return [unrunnable] if runnable and build == runnable[0] else [unrunnable, pytest.mark.slow]
+
+    return [pytest.param(build, id=build.name, marks=marks(build)) for build in builds]
 
 
 def load_build(build: native.KernelBuild) -> native.Kernels:
