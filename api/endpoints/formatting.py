@@ -31,6 +31,7 @@ class UsageTally:
     arrival_time: float | None = None  # when the server received the request, Unix seconds
     draft_tokens: int = 0  # speculation, over all choices
     accepted_tokens: int = 0
+    predicted: bool = False  # the request had a prediction, the source of its drafts
 
     def add(self, delta: ChoiceDelta, prompt_index: int) -> None:
         if prompt_index not in self.prompts_counted:  # n choices of one prompt share its tokens
@@ -54,7 +55,13 @@ class UsageTally:
             "completion_tokens": self.completion_tokens,
             "total_tokens": total,
             "prompt_tokens_details": {"cached_tokens": self.cached_tokens},
+            **({"completion_tokens_details": self.prediction_details()} if self.predicted else {}),
         }
+
+    def prediction_details(self) -> dict[str, int]:
+        """OpenAI's Predicted Outputs counts: predicted tokens the answer took as drafts, and those it did not."""
+        rejected = self.draft_tokens - self.accepted_tokens
+        return {"accepted_prediction_tokens": self.accepted_tokens, "rejected_prediction_tokens": rejected}
 
     def timings(self) -> dict[str, object] | None:
         document = timings_json(self.last_timings, self.num_choices, self.replica, self.arrival_time)

@@ -29,6 +29,7 @@ class ResponseShape:
     continuous_usage: bool
     replica: str | None = None  # which replica serves it, behind a proxy (api.scale_out.ray_serve)
     arrival_time: float | None = None  # when the server received it, Unix seconds
+    predicted: bool = False  # it came with a prediction: usage counts the predicted tokens accepted and rejected
 
     def echo_text(self, index: int) -> str:
         return self.echo_texts[index // self.n] if self.echo_texts else ""
@@ -45,7 +46,7 @@ async def collect(generation: Generation, shape: ResponseShape) -> dict[str, obj
     prompt_scores: list[tuple[TokenLogprob, ...]] = [() for _ in range(count)]
     finish: list[str | None] = [None] * count
     stop_reasons: list[str | None] = [None] * count
-    tally = UsageTally(replica=shape.replica, arrival_time=shape.arrival_time)
+    tally = UsageTally(replica=shape.replica, arrival_time=shape.arrival_time, predicted=shape.predicted)
     async for delta in generation.deltas():
         if delta.error is not None:
             raise delta.error
@@ -104,7 +105,7 @@ class _StreamEvents:
         self.offsets = [0] * count  # where each choice's next text starts (completions' text_offset)
         self.generated = [0] * count
         self.finished = 0
-        self.tally = UsageTally(replica=shape.replica, arrival_time=shape.arrival_time)
+        self.tally = UsageTally(replica=shape.replica, arrival_time=shape.arrival_time, predicted=shape.predicted)
         self.prompt_tokens = sum(len(c.prompt_token_ids) for c in generation.choices[:: shape.n])
 
     def chunk(self, choices: list[dict[str, object]], **extra: object) -> str:

@@ -33,6 +33,7 @@ from api.protocol.openai_api import (
     parse_request,
     refusal,
 )
+from api.protocol.prediction import prediction_token_ids
 from api.protocol.sampling import chat_max_tokens, check_common_limits, choice_inputs
 from api.structured.requests import compile_grammar, request_grammar
 from api.structured.spec import GrammarSpec
@@ -185,14 +186,15 @@ async def completions(request: Request) -> Response:
     grammar = await _grammar(request, runtime, request_grammar(body).spec)
     echo_logprobs = body.echo and body.logprobs is not None
     prompt_k = _prompt_scores_wanted(body.prompt_logprobs, body.logprobs if echo_logprobs else None)
-    inputs = choice_inputs(body, prompts, body.max_tokens, body.logprobs, prompt_k, grammar)
+    prediction = await asyncio.to_thread(prediction_token_ids, body, runtime.tokenizer, runtime.max_model_len)
+    inputs = choice_inputs(body, prompts, body.max_tokens, body.logprobs, prompt_k, grammar, prediction)
     formatter = CompletionFormatter(
         accepted.public_id("cmpl"), runtime.model_name, runtime.tokenizer, body.return_tokens_as_token_ids
     )
     echo_texts = [str(runtime.tokenizer.decode(p)) for p in prompts] if body.echo else None
     shape = ResponseShape(
         formatter, body.n, echo_texts, body.logprobs, echo_logprobs, body.prompt_logprobs, body.include_usage,
-        body.continuous_usage,
+        body.continuous_usage, predicted=bool(prediction),
     )  # fmt: skip
     return await _respond(request, accepted, inputs, shape)
 
@@ -222,7 +224,8 @@ async def _chat_inputs(
     grammar = await _grammar(request, runtime, None if lazy_only else plan.spec)
     max_tokens = chat_max_tokens(body, len(prompt), runtime.max_model_len)
     logprobs = (body.top_logprobs or 0) if body.logprobs else None
-    inputs = choice_inputs(body, [prompt], max_tokens, logprobs, body.prompt_logprobs, grammar)
+    prediction = await asyncio.to_thread(prediction_token_ids, body, runtime.tokenizer, runtime.max_model_len)
+    inputs = choice_inputs(body, [prompt], max_tokens, logprobs, body.prompt_logprobs, grammar, prediction)
     formatter_args = (
         accepted.public_id("chatcmpl"), runtime.model_name, runtime.tokenizer, body.return_tokens_as_token_ids,
         runtime.token_bytes,
@@ -237,7 +240,7 @@ async def _chat_inputs(
     echo = chat_echo_text(body)
     shape = ResponseShape(
         formatter, body.n, None if echo is None else [echo], logprobs, False, body.prompt_logprobs,
-        body.include_usage, body.continuous_usage,
+        body.include_usage, body.continuous_usage, predicted=bool(prediction),
     )  # fmt: skip
     return accepted, inputs, shape
 

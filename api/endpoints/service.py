@@ -183,7 +183,13 @@ class Generation:
             self._aio_loop.call_soon_threadsafe(self._events.put_nowait, (index, event))
 
         request = SequenceRequest(
-            sub_id, item.prompt_token_ids, item.params, sink, cache_salt=item.cache_salt, priority=item.priority
+            sub_id,
+            item.prompt_token_ids,
+            item.params,
+            sink,
+            cache_salt=item.cache_salt,
+            priority=item.priority,
+            prediction=item.prediction,
         )
         self.service._submit(request, self.arrival)
         self._open.add(sub_id)

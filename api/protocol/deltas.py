@@ -29,6 +29,7 @@ class ChoiceInput:
     output: OutputOptions = OutputOptions()
     cache_salt: str | None = None  # only requests with the same salt share prefix-cache blocks
     priority: int = 0  # lower first under --scheduling-policy priority
+    prediction: tuple[int, ...] = ()  # Predicted Outputs: drafts for the answer, tokenised
 
 
 @dataclass(frozen=True)

@@ -65,6 +65,18 @@ class ResponseFormat(_Lenient):
     type: str
 
 
+class TextPart(_Lenient):
+    type: str
+    text: str | None = None
+
+
+class Prediction(_Lenient):
+    """OpenAI's Predicted Outputs: text the answer is expected to repeat (api/protocol/prediction.py checks it)."""
+
+    type: str
+    content: Any = None  # a string or a list of text parts; checked there, to name which
+
+
 class SamplingFields(_Lenient):
     """Fields both endpoints share: sampling, stopping, streaming and vLLM's extensions."""
 
@@ -102,6 +114,7 @@ class SamplingFields(_Lenient):
     request_id: str | None = Field(None, max_length=256)
     priority: int = Field(0, ge=-INT64_MAX - 1, le=INT64_MAX)
     cache_salt: str | None = Field(None, min_length=1, max_length=1024)  # vLLM's: prefix-cache sharing group
+    prediction: Prediction | None = None  # drafts for speculative decoding; the answer is the same without
     use_beam_search: bool = False
     length_penalty: float = Field(1.0, allow_inf_nan=False)  # beam search only: a no-op otherwise, as in vLLM
     response_format: ResponseFormat | None = None
@@ -132,11 +145,6 @@ class CompletionRequest(SamplingFields):
     max_tokens: int = Field(16, ge=0, le=INT64_MAX)  # 0 with echo scores the prompt alone
     logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
     suffix: str | None = None
-
-
-class TextPart(_Lenient):
-    type: str
-    text: str | None = None
 
 
 class ChatMessage(_Lenient):

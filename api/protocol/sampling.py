@@ -41,11 +41,13 @@ def choice_inputs(
     logprobs: int | None,
     prompt_logprobs: int | None = None,
     grammar: Grammar | None = None,
+    prediction: tuple[int, ...] = (),
 ) -> list[ChoiceInput]:
     """One input per (prompt, choice); the n choices of a seeded request get distinct derived seeds.
 
     `max_tokens` 0 scores the prompt alone: the engine runs the prefill and samples one token, which is dropped.
-    `grammar`: the structured output every choice must match (api/structured/).
+    `grammar`: the structured output every choice must match (api/structured/). `prediction`: Predicted Outputs'
+    tokens, drafts for every choice.
     """
     if 0 < max_tokens < request.min_tokens:
         raise bad_request(
@@ -83,7 +85,7 @@ def choice_inputs(
                 allowed_token_ids=None if request.allowed_token_ids is None else tuple(request.allowed_token_ids),
                 grammar=grammar,
             )
-            inputs.append(ChoiceInput(prompt, params, output, request.cache_salt, request.priority))
+            inputs.append(ChoiceInput(prompt, params, output, request.cache_salt, request.priority, prediction))
     return inputs
 
 

@@ -31,7 +31,8 @@ def serve(
     spec: SpeculativeConfig | None,
     kv_cache_tokens: int,
     mode: Mode = Mode.CONTINUOUS,
-) -> tuple[list[list[int]], list[StepStats]]:
+    predictions: list[list[int]] | None = None,
+) -> tuple[list[list[int]], list[StepStats], list[SequenceRequest]]:
     engine = Engine(
         TransformersRunner(model), EngineConfig(seats=len(prompts), kv_cache_tokens=kv_cache_tokens, block_size=4)
     )
@@ -42,7 +43,11 @@ def serve(
     clock = FakeClock()
     scheduler = Scheduler(engine, config, clock=clock, on_step=steps.append)
     streams = [Stream(str(i), p, q.max_tokens) for i, (p, q) in enumerate(zip(prompts, params, strict=True))]
-    requests = [SequenceRequest(s.request_id, s.prompt, q, s) for s, q in zip(streams, params, strict=True)]
+    predicted = predictions or [[] for _ in prompts]
+    requests = [
+        SequenceRequest(s.request_id, s.prompt, q, s, prediction=tuple(guess))
+        for s, q, guess in zip(streams, params, predicted, strict=True)
+    ]
     for request in requests:
         scheduler.submit(request)
     for _ in range(2000):
@@ -53,7 +58,7 @@ def serve(
     assert all(s.finish is not None for s in streams)
     assert engine.cache_usage == 0 and engine.num_free_seats == len(prompts)
     assert (sum(r.num_preemptions for r in requests) > 0) == (kv_cache_tokens < 100 and mode is Mode.CONTINUOUS)
-    return [s.tokens for s in streams], steps
+    return [s.tokens for s in streams], steps, requests
 
 
 @pytest.mark.parametrize(
@@ -74,8 +79,8 @@ def test_output_is_unchanged_by_ngram_drafts_in_every_mode(
     params = [SamplingParams(temperature=0.0, max_tokens=m) for m in (20, 17, 22, 9, 14)]
     params[3] = SamplingParams(temperature=0.7, top_p=0.9, top_k=20, presence_penalty=0.5, seed=3, max_tokens=9)
     params[4] = SamplingParams(temperature=0.8, seed=7, max_tokens=14)  # sampled: drafts, same seeded output
-    plain, plain_steps = serve(tiny_llama, prompts, params, None, kv_cache_tokens, mode)
-    spec, spec_steps = serve(tiny_llama, prompts, params, SPEC, kv_cache_tokens, mode)
+    plain, plain_steps, _ = serve(tiny_llama, prompts, params, None, kv_cache_tokens, mode)
+    spec, spec_steps, _ = serve(tiny_llama, prompts, params, SPEC, kv_cache_tokens, mode)
     assert spec == plain
     drafted = sum(s.num_draft_tokens for s in spec_steps)
     accepted = sum(s.num_accepted_tokens for s in spec_steps)
@@ -89,6 +94,35 @@ def test_output_is_unchanged_by_ngram_drafts_in_every_mode(
         assert len(spec_steps) < len(plain_steps)  # accepted drafts save steps
     # Drafts stay within the step's token budget (dynamic and static prefill whole prompts beyond it, without drafts)
     assert all(s.num_tokens <= 24 for s in spec_steps if s.num_draft_tokens)
+
+
+@pytest.mark.parametrize("mode", list(Mode))
+@pytest.mark.parametrize("spec", [None, SPEC], ids=["prediction-only", "with-ngram"])
+def test_a_prediction_drafts_without_changing_the_output(
+    tiny_llama: PreTrainedModel, mode: Mode, spec: SpeculativeConfig | None
+) -> None:
+    """Predicted Outputs: a right prediction is accepted whole, one that leaves the answer and one that never
+    matches cost only rejected drafts; every output is the one without a prediction (greedy and seeded), and without
+    --speculative-config the requests with no prediction get no drafts."""
+    vocab = tiny_llama.config.vocab_size
+    prompts = [random_prompt(n, 10 + n, vocab) for n in (6, 11, 8, 5)]
+    params = [SamplingParams(temperature=0.0, max_tokens=m) for m in (24, 20, 16, 12)]
+    params[3] = SamplingParams(temperature=0.9, top_p=0.9, seed=11, max_tokens=12)
+    plain, plain_steps, _ = serve(tiny_llama, prompts, params, None, 1024, mode)
+    predictions = [
+        plain[0],  # right
+        [*plain[1][:6], vocab - 1, vocab - 2, *plain[1][6:]],  # right, then an insertion the answer lacks
+        [vocab - 3] * 10,  # wrong throughout
+        plain[3],  # right for the seeded sampled request
+    ]
+    output, steps, requests = serve(tiny_llama, prompts, params, spec, 1024, mode, predictions)
+    assert output == plain
+    right, edited = requests[0], requests[1]
+    assert right.num_accepted_tokens == right.num_draft_tokens > 0
+    assert 0 < edited.num_accepted_tokens < edited.num_draft_tokens
+    assert requests[2].num_accepted_tokens == 0
+    assert requests[3].num_accepted_tokens == requests[3].num_draft_tokens > 0
+    assert len(steps) < len(plain_steps)  # accepted drafts save steps
 
 
 def test_speculative_config_is_checked() -> None:

@@ -137,3 +137,22 @@ def test_tokenize_counts_what_the_endpoints_count_and_detokenize_gives_the_text_
             tokens = http.post("/tokenize", json={"prompt": prompt}).json()["tokens"]
             assert tokens == loaded.tokenizer(prompt)["input_ids"]
             assert http.post("/detokenize", json={"tokens": tokens}).json() == {"prompt": prompt}
+
+
+def test_a_right_prediction_is_accepted_and_changes_no_answer(
+    server: RunningServer, expected: dict[str, tuple[str, int]]
+) -> None:
+    """Predicted Outputs on SmolLM2: `generate()`'s own answer sent as the prediction comes back unchanged, almost
+    every token of it accepted as a draft (the steps it saves are docs/speculative.md's batch-1 figure)."""
+    client = openai_client(server)
+    model = client.models.list().data[0].id
+    for prompt in PROMPTS:
+        text, count = expected[prompt]
+        done = client.completions.create(
+            model=model, prompt=prompt, max_tokens=MAX_TOKENS, temperature=0,
+            extra_body={"prediction": {"type": "content", "content": text}},
+        )  # fmt: skip
+        assert done.choices[0].text == text
+        details = done.usage.completion_tokens_details if done.usage else None
+        assert details is not None and details.accepted_prediction_tokens is not None
+        assert details.accepted_prediction_tokens >= count - 3, (prompt, details)  # the last token and re-encoding

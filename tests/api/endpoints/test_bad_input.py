@@ -116,6 +116,24 @@ def _raw(
 
 # (name, changed fields, status, param, message fragment), sent to both endpoints.
 _FIELD_CASES: list[tuple[str, dict[str, object], int, str | None, str]] = [
+    ("prediction-type", {"prediction": {"type": "text", "content": "x"}}, 400, "prediction.type", "'content'"),
+    ("prediction-no-type", {"prediction": {"content": "x"}}, 400, "prediction", "'prediction.type' is missing"),
+    ("prediction-number", {"prediction": {"type": "content", "content": 5}}, 400, "prediction.content", "a string or"),
+    (
+        "prediction-image-part",
+        {"prediction": {"type": "content", "content": [{"type": "image_url", "image_url": "x"}]}},
+        400,
+        "prediction.content.0",
+        "text part",
+    ),
+    ("prediction-string", {"prediction": "x"}, 400, "prediction", "valid"),
+    (
+        "prediction-past-context",
+        {"prediction": {"type": "content", "content": "word " * (2 * MAX_MODEL_LEN)}},
+        400,
+        "prediction.content",
+        "context",
+    ),
     ("unsupported-best_of", {"best_of": 2}, 400, "best_of", "'best_of' other than n"),
     ("best_of-below-n", {"best_of": 1, "n": 2}, 400, "best_of", "'best_of' other than n"),
     ("logit_bias-key-not-id", {"logit_bias": {"x": 1}}, 400, "logit_bias", "token ids"),

@@ -1,0 +1,51 @@
+"""Predicted Outputs (`prediction`) end to end on the tiny model, without --speculative-config: on both endpoints,
+streamed or not, greedy answers are the same with a prediction as without; a right prediction is counted as accepted
+in `usage.completion_tokens_details`, a wrong one as rejected (the real model's case, where the prediction is
+accepted whole, is in tests/api/endpoints/test_api_real_model.py). (A malformed prediction is
+in test_bad_input.py's corpus.)"""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.server_harness import mode_config, openai_client, running_server
+
+PROMPT = "the cat sat on the mat"
+MESSAGES = [{"role": "user", "content": "say something"}]
+
+
+@pytest.mark.parametrize("mode", ["continuous", "dynamic"])
+def test_a_prediction_changes_no_answer_and_is_counted(mode: str, one_torch_thread: None) -> None:
+    with running_server(mode_config(mode)) as server:
+        client = openai_client(server)
+        plain = client.completions.create(model="tiny-llama", prompt=PROMPT, max_tokens=24, temperature=0)
+        answer = plain.choices[0].text
+        assert plain.usage is not None and plain.usage.completion_tokens_details is None  # no prediction, no counts
+        right = client.completions.create(
+            model="tiny-llama", prompt=PROMPT, max_tokens=24, temperature=0,
+            extra_body={"prediction": {"type": "content", "content": answer}},
+        )  # fmt: skip
+        assert right.choices[0].text == answer
+        details = right.usage.completion_tokens_details if right.usage else None
+        # the tiny model's random tokens do not all survive decoding and encoding again, so some drafts miss
+        assert details is not None and details.accepted_prediction_tokens and details.accepted_prediction_tokens > 0
+        assert details.rejected_prediction_tokens is not None
+        wrong = client.completions.create(
+            model="tiny-llama", prompt=PROMPT, max_tokens=24, temperature=0,
+            extra_body={"prediction": {"type": "content", "content": [{"type": "text", "text": "zq" * 30}]}},
+        )  # fmt: skip
+        assert wrong.choices[0].text == answer
+        details = wrong.usage.completion_tokens_details if wrong.usage else None
+        assert details is not None and details.rejected_prediction_tokens and details.rejected_prediction_tokens > 0
+
+        chat = client.chat.completions.create(model="tiny-llama", messages=MESSAGES, max_tokens=20, temperature=0)
+        reply = chat.choices[0].message.content or ""
+        stream = client.chat.completions.create(
+            model="tiny-llama", messages=MESSAGES, max_tokens=20, temperature=0, stream=True,
+            stream_options={"include_usage": True}, prediction={"type": "content", "content": reply},
+        )  # fmt: skip
+        chunks = list(stream)
+        assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == reply
+        usage = chunks[-1].usage
+        assert usage is not None and usage.completion_tokens_details is not None
+        assert (usage.completion_tokens_details.accepted_prediction_tokens or 0) > 0

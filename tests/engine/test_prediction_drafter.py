@@ -1,0 +1,49 @@
+"""Predicted Outputs' drafts (engine/prediction_drafter.py): the prediction read forward from where the answer so far
+aligns with it, re-aligned after the answer leaves it."""
+
+from __future__ import annotations
+
+import torch
+
+from engine.prediction_drafter import propose_from_prediction
+
+
+def t(values: list[int]) -> torch.Tensor:
+    return torch.tensor(values, dtype=torch.long)
+
+
+def test_an_answer_that_follows_the_prediction_gets_its_next_tokens() -> None:
+    prediction = t([5, 6, 7, 8, 9, 10])
+    assert propose_from_prediction(prediction, t([]), 3) == ([5, 6, 7], 0)
+    assert propose_from_prediction(prediction, t([5, 6]), 3) == ([7, 8, 9], 0)
+    assert propose_from_prediction(prediction, t([5, 6, 7, 8, 9, 10]), 3) == ([], 0)  # the prediction is used up
+
+
+def test_a_run_of_one_token_is_read_where_the_answer_stands() -> None:
+    prediction = t([3, 4, 4, 4, 4, 4, 4, 5, 6])
+    # the suffix "4 4" ends at 3, 4, 5, 6 and 7 in the prediction: the answer's own position (5) wins
+    assert propose_from_prediction(prediction, t([3, 4, 4, 4, 4]), 4) == ([4, 4, 5, 6], 0)
+
+
+def test_after_an_insertion_drafting_resumes_where_the_answer_meets_the_prediction_again() -> None:
+    prediction = t([1, 2, 3, 4, 5, 6, 7])
+    # the answer inserted 40, 41 after 2: nothing aligns until it writes 3 again, then the offset is -2
+    assert propose_from_prediction(prediction, t([1, 2, 40, 41]), 4) == ([], 0)
+    assert propose_from_prediction(prediction, t([1, 2, 40, 41, 3]), 4) == ([4, 5, 6, 7], -2)
+    # and a deletion (the answer skipped 3 and 4) moves it the other way
+    assert propose_from_prediction(prediction, t([1, 2, 5]), 2) == ([6, 7], 2)
+
+
+def test_a_repeating_prediction_is_read_forward_from_the_answer() -> None:
+    prediction = t([7, 8, 1, 7, 8, 2, 7, 8, 3])
+    # "7 8" occurs three times: the answer (offset 2) stands after the second
+    assert propose_from_prediction(prediction, t([9, 7, 8, 2]), 2, offset=2) == ([7, 8], 2)
+    assert propose_from_prediction(prediction, t([1, 7, 8]), 2, offset=2) == ([2, 7], 2)
+    # no occurrence at or after where the answer stands: the last one
+    assert propose_from_prediction(prediction, t([9, 7, 8]), 2, offset=9) == ([3], 5)
+
+
+def test_no_drafts_without_room_or_prediction() -> None:
+    assert propose_from_prediction(t([1, 2, 3]), t([1]), 0, offset=1) == ([], 1)
+    assert propose_from_prediction(t([]), t([1]), 4) == ([], 0)
+    assert propose_from_prediction(t([1, 2, 3]), t([9]), 4) == ([], 0)
