@@ -40,6 +40,11 @@ COMMANDS: tuple[Command, ...] = (
         "benchmarks.online.responses_bench",
         "TTFT of turn n of a conversation through previous_response_id against its history resent",
     ),
+    Command(
+        "prediction",
+        "benchmarks.online.prediction_bench",
+        "Predicted Outputs at batch 1: decode ms per token with no, a right and a partly right prediction",
+    ),
     Command("ray", "benchmarks.online.ray_bench", "what Ray Serve's proxy costs against a plain server"),
     Command("compare", "benchmarks.online.compare_bench", "fairness and event-stream cost of `batchserve compare`"),
     Command(

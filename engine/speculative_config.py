@@ -7,6 +7,7 @@ import json
 from dataclasses import dataclass, fields
 
 METHODS = ("ngram",)
+DRAFT_LENGTHS = ("auto", "fixed")  # auto: chosen each step (scheduler/draft_length.py); fixed: always k
 MAX_SPECULATIVE_TOKENS = 16  # a verify row is a prompt chunk of k + 1: longer drafts only cost at this lab's scale
 MAX_LOOKUP = 64
 
@@ -19,10 +20,13 @@ class SpeculativeConfig:
     method: str = "ngram"
     prompt_lookup_min: int | None = None
     prompt_lookup_max: int | None = None
+    draft_length: str = "auto"  # batchserve's: each row's drafts chosen per step (up to k), or always k
 
     def __post_init__(self) -> None:
         if self.method not in METHODS:
             raise ValueError(f"method must be one of {', '.join(METHODS)}, got {self.method!r}")
+        if self.draft_length not in DRAFT_LENGTHS:
+            raise ValueError(f"draft_length must be one of {', '.join(DRAFT_LENGTHS)}, got {self.draft_length!r}")
         _check_int("num_speculative_tokens", self.num_speculative_tokens, MAX_SPECULATIVE_TOKENS)
         low, high = self.prompt_lookup_min, self.prompt_lookup_max
         low, high = (low if low is not None else high), (high if high is not None else low)

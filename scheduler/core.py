@@ -16,6 +16,7 @@ from collections.abc import Callable, Sequence
 
 from engine.outputs import DraftStats, PromptLogprobs, TokenOutput
 from scheduler.config import SchedulerConfig
+from scheduler.draft_length import DraftLengthRule
 from scheduler.engine_port import SchedulerEngine
 from scheduler.events import EventFeed, PointKind
 from scheduler.inbox import Inbox
@@ -61,6 +62,7 @@ class Scheduler:
         self.guard = PolicyGuard(config, self.lifecycle, self._held, clock, on_policy_fallback)
         self.inbox = Inbox(config, clock, self.events, self.lifecycle, self.guard, self._finish)
         self._num_steps = 0
+        self.draft_length = DraftLengthRule()  # learns this engine's step cost from every step (speculation.py)
         # (request, when) while `_finish` runs: a request its policy releases at once (continuous batching) is
         # released at the instant it finished, not a clock reading later: it was held for no time.
         self._finishing: tuple[SequenceRequest, float] | None = None
@@ -151,7 +153,7 @@ class Scheduler:
         failed = False
         try:
             schedule = [(r.seq_id, count) for r, count in plan]
-            drafts = propose_drafts(self.config, self.lifecycle, plan)
+            drafts = propose_drafts(self.config, self.lifecycle, plan, self.draft_length)
             output = self.engine.step(schedule, drafts) if drafts else self.engine.step(schedule)
         except Exception as exc:  # a failed step fails its own requests; the loop goes on serving
             logger.exception("engine step failed; failing its %d requests", len(plan))
@@ -172,6 +174,8 @@ class Scheduler:
             drafted.num_accepted_tokens, drafted.num_drafts, drafted.accepted_per_pos,
         )  # fmt: skip
         self._num_steps += 1
+        if not failed:
+            self.draft_length.observe(num_tokens, stats.duration)
         if self.on_step is not None:
             self.on_step(stats)
         self.events.step(self._num_steps, stats, lanes)

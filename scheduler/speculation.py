@@ -1,50 +1,65 @@
 """The scheduler's half of speculative decoding: which rows of a planned step get drafts, how many, and the cache for
 them. The engine verifies them (engine/speculative.py); docs/speculative.md has the design.
 
-Now: every row whose step samples (greedy or sampled; the engine's acceptance keeps the distribution) gets the
-configured number of n-gram drafts, in every mode, capped so that they never run past
-`max_tokens` (so a sequence never reserves beyond its whole length, which the continuous policy's thrash guard
-relies on) and within what the step's token budget leaves. A row whose cache cannot grow for its drafts gets none:
-drafts never preempt anyone. Dynamic and static reserve a batch's whole length up front, so there the drafts
-always fit.
+Every row whose step samples (greedy or sampled; the engine's acceptance keeps the distribution) may get drafts, in
+every mode: up to the configured k, capped so that they never run past `max_tokens` (so a sequence never reserves
+beyond its whole length, which the continuous policy's thrash guard relies on) and within what the step's token
+budget leaves; how many of them each row verifies is the draft-length rule's choice (scheduler/draft_length.py),
+or all of them with `draft_length: fixed`. A row whose cache cannot grow for its drafts gets none: drafts never
+preempt anyone. Dynamic and static reserve a batch's whole length up front, so there the drafts always fit.
 
 A request with a prediction (Predicted Outputs) drafts from it instead of from its own tokens, with speculation
-configured or not: then PREDICTION_DRAFT_TOKENS at a time (the configured count where there is one).
+configured or not: then up to PREDICTION_DRAFT_TOKENS at a time (the configured count where there is one).
 """
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from engine.ngram_drafter import propose_ngram
 from engine.prediction_drafter import propose_from_prediction
 from engine.speculative_config import SpeculativeConfig
 from scheduler.config import SchedulerConfig
+from scheduler.draft_length import DraftLengthRule, acceptance_rates
 from scheduler.policy import PolicyContext, StepPlan
 from scheduler.request import SequenceRequest
 
 PREDICTION_DRAFT_TOKENS = 8  # drafts per step from a prediction where no --speculative-config sets the count
 
 
-def propose_drafts(config: SchedulerConfig, ctx: PolicyContext, plan: StepPlan) -> dict[int, list[int]]:
-    """Draft tokens by sequence id for this step's plan, their cache reserved; {} with nothing to draft from."""
+def propose_drafts(
+    config: SchedulerConfig, ctx: PolicyContext, plan: StepPlan, rule: DraftLengthRule | None = None
+) -> dict[int, list[int]]:
+    """Draft tokens by sequence id for this step's plan, their cache reserved; {} with nothing to draft from.
+    `rule`: each row's length from the live batch (scheduler/draft_length.py); None, or `draft_length: fixed`,
+    drafts the configured count."""
     spec = config.speculative
     if spec is None and not any(request.prediction for request, _ in plan):
         return {}
-    budget = config.max_num_batched_tokens - sum(count for _, count in plan)
-    drafts: dict[int, list[int]] = {}
-    for request, count in plan:
-        if budget <= 0:
-            break
-        if count != ctx.pending_tokens(request) or not (spec or request.prediction):
-            continue  # a prompt chunk that does not end the prompt samples nothing
+    step_tokens = sum(count for _, count in plan)
+    budget = config.max_num_batched_tokens - step_tokens
+    wanted = spec.num_speculative_tokens if spec is not None else PREDICTION_DRAFT_TOKENS
+    sampling = [request for request, count in plan if count == ctx.pending_tokens(request)]
+    rows: list[tuple[SequenceRequest, list[int]]] = []
+    for request in sampling:  # a prompt chunk that does not end the prompt samples nothing: no drafts
         room = request.params.max_tokens - len(request.output_token_ids) - 1  # the last token needs no draft after it
-        wanted = spec.num_speculative_tokens if spec is not None else PREDICTION_DRAFT_TOKENS
         k = min(wanted, room, budget)
-        if k <= 0:
-            continue
-        proposal = _proposal(request, k, spec)
-        if proposal and ctx.reserve(request, ctx.computed_tokens(request) + count + len(proposal)):
+        if k > 0 and (spec is not None or request.prediction):
+            proposal = _proposal(request, k, spec)
+            if proposal:
+                rows.append((request, proposal))
+    if rule is not None and rows and (spec is None or spec.draft_length == "auto"):
+        rates = acceptance_rates([r.num_draft_tokens for r, _ in rows], [r.num_accepted_tokens for r, _ in rows])
+        caps = np.array([len(proposal) for _, proposal in rows])
+        lengths = rule.choose(rates, caps, step_tokens, len(sampling)).tolist()
+        rows = [(request, proposal[:length]) for (request, proposal), length in zip(rows, lengths, strict=True)]
+    drafts: dict[int, list[int]] = {}
+    for request, proposal in rows:
+        proposal = proposal[: max(budget, 0)]
+        if proposal and ctx.reserve(
+            request, ctx.computed_tokens(request) + ctx.pending_tokens(request) + len(proposal)
+        ):
             drafts[request.seq_id] = proposal
             budget -= len(proposal)
     return drafts

@@ -95,7 +95,8 @@ def test_ngram_speculation_on_cuda_gives_the_generate_answers(mode: str, llama_c
     lengths = (24, 16, 30)
     params = [SamplingParams(max_tokens=m, **GREEDY) for m in lengths]
     spec = SpeculativeConfig.from_json(
-        '{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 1, "prompt_lookup_max": 3}'
+        '{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 1, "prompt_lookup_max": 3, '
+        '"draft_length": "fixed"}'
     )
     with LLM(
         model=str(llama_checkpoint), mode=mode, device="cuda", max_num_seqs=4, max_batch_size=4, speculative=spec

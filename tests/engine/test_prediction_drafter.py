@@ -27,11 +27,20 @@ def test_a_run_of_one_token_is_read_where_the_answer_stands() -> None:
 
 def test_after_an_insertion_drafting_resumes_where_the_answer_meets_the_prediction_again() -> None:
     prediction = t([1, 2, 3, 4, 5, 6, 7])
-    # the answer inserted 40, 41 after 2: nothing aligns until it writes 3 again, then the offset is -2
+    # the answer inserted 40, 41 after 2: nothing aligns (a lone 3 could be chance) until "3 4 5" is written; then
+    # the offset is -2
     assert propose_from_prediction(prediction, t([1, 2, 40, 41]), 4) == ([], 0)
-    assert propose_from_prediction(prediction, t([1, 2, 40, 41, 3]), 4) == ([4, 5, 6, 7], -2)
+    assert propose_from_prediction(prediction, t([1, 2, 40, 41, 3]), 4) == ([], 0)
+    assert propose_from_prediction(prediction, t([1, 2, 40, 41, 3, 4, 5]), 4) == ([6, 7], -2)
     # and a deletion (the answer skipped 3 and 4) moves it the other way
-    assert propose_from_prediction(prediction, t([1, 2, 5]), 2) == ([6, 7], 2)
+    assert propose_from_prediction(prediction, t([1, 2, 5, 6]), 2) == ([], 0)
+    assert propose_from_prediction(prediction, t([1, 2, 5, 6, 7]), 2) == ([], 2)  # the prediction is used up
+
+
+def test_a_short_match_counts_only_where_the_answer_stands() -> None:
+    prediction = t([1, 2, 3, 9, 4, 5, 9, 6])
+    assert propose_from_prediction(prediction, t([7, 7, 9]), 2) == ([], 0)  # a lone 9 elsewhere: chance
+    assert propose_from_prediction(prediction, t([1, 2, 3, 9]), 2) == ([4, 5], 0)  # where it stands: taken
 
 
 def test_a_repeating_prediction_is_read_forward_from_the_answer() -> None:
@@ -40,7 +49,7 @@ def test_a_repeating_prediction_is_read_forward_from_the_answer() -> None:
     assert propose_from_prediction(prediction, t([9, 7, 8, 2]), 2, offset=2) == ([7, 8], 2)
     assert propose_from_prediction(prediction, t([1, 7, 8]), 2, offset=2) == ([2, 7], 2)
     # no occurrence at or after where the answer stands: the last one
-    assert propose_from_prediction(prediction, t([9, 7, 8]), 2, offset=9) == ([3], 5)
+    assert propose_from_prediction(prediction, t([1, 7, 8]), 2, offset=9) == ([2, 7], 2)
 
 
 def test_no_drafts_without_room_or_prediction() -> None:

@@ -121,7 +121,7 @@ def test_ngram_speculation_gives_generate_greedy_text(loaded: LoadedModel, mode:
     indices = (1, 3, 4, 6)
     prompts = [_prompts()[i] for i in indices]
     params = SamplingParams(max_tokens=NEW_TOKENS, temperature=0.0, ignore_eos=True)
-    spec = SpeculativeConfig(num_speculative_tokens=4, prompt_lookup_min=2, prompt_lookup_max=4)
+    spec = SpeculativeConfig(num_speculative_tokens=4, prompt_lookup_min=2, prompt_lookup_max=4, draft_length="fixed")
     with LLM(
         mode=mode, loaded=loaded, max_batch_size=4, max_num_seqs=4, max_num_batched_tokens=64, batch_timeout_ms=0.0,
         batch_window_ms=1.0, speculative=spec,
@@ -139,7 +139,7 @@ def test_ngram_speculation_keeps_seeded_sampled_output(loaded: LoadedModel) -> N
 
     prompts = [_prompts()[i] for i in (1, 4, 6)]
     params = [SamplingParams(max_tokens=32, temperature=0.7, top_p=0.9, top_k=40, seed=s) for s in (3, 4, 5)]
-    spec = SpeculativeConfig(num_speculative_tokens=4, prompt_lookup_min=2, prompt_lookup_max=4)
+    spec = SpeculativeConfig(num_speculative_tokens=4, prompt_lookup_min=2, prompt_lookup_max=4, draft_length="fixed")
     runs = []
     for speculative in (None, spec):
         with LLM(mode="continuous", loaded=loaded, max_num_seqs=4, speculative=speculative) as llm:

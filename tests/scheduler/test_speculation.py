@@ -6,11 +6,13 @@ drafts and acceptances; the cache is all returned."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 from transformers import PreTrainedModel
 
 from engine.config import EngineConfig
-from engine.engine import Engine
+from engine.engine import Engine, StepOutput
 from engine.model_runner import TransformersRunner
 from engine.sampling_params import SamplingParams
 from engine.speculative_config import SpeculativeConfig
@@ -32,7 +34,10 @@ def serve(
     kv_cache_tokens: int,
     mode: Mode = Mode.CONTINUOUS,
     predictions: list[list[int]] | None = None,
+    step_cost: tuple[float, float] | None = None,
 ) -> tuple[list[list[int]], list[StepStats], list[SequenceRequest]]:
+    """`step_cost`: (seconds a step, seconds a token) the fake clock moves during each engine step, which the
+    draft-length rule measures; None: steps take no time, so the rule never has costs and drafts every k."""
     engine = Engine(
         TransformersRunner(model), EngineConfig(seats=len(prompts), kv_cache_tokens=kv_cache_tokens, block_size=4)
     )
@@ -41,6 +46,15 @@ def serve(
     )
     steps: list[StepStats] = []
     clock = FakeClock()
+    if step_cost is not None:
+        plain_step = engine.step
+
+        def timed_step(*args: Any) -> StepOutput:
+            output = plain_step(*args)
+            clock.advance(step_cost[0] + step_cost[1] * output.num_tokens)
+            return output
+
+        engine.step = timed_step  # type: ignore[method-assign]
     scheduler = Scheduler(engine, config, clock=clock, on_step=steps.append)
     streams = [Stream(str(i), p, q.max_tokens) for i, (p, q) in enumerate(zip(prompts, params, strict=True))]
     predicted = predictions or [[] for _ in prompts]
@@ -123,6 +137,34 @@ def test_a_prediction_drafts_without_changing_the_output(
     assert requests[2].num_accepted_tokens == 0
     assert requests[3].num_accepted_tokens == requests[3].num_draft_tokens > 0
     assert len(steps) < len(plain_steps)  # accepted drafts save steps
+
+
+@pytest.mark.parametrize(
+    ("step_cost", "draft_length", "drafts_later"),
+    [
+        ((0.010, 0.00001), "auto", True),  # weight-bound: drafts are nearly free, the rule keeps them
+        ((0.0, 0.001), "auto", False),  # every token costs its share: the rule stops drafting (probes aside)
+        ((0.0, 0.001), "fixed", True),  # fixed: k every step, whatever it costs
+    ],
+)
+def test_the_rule_drafts_where_the_measured_step_cost_pays_for_it(
+    tiny_llama: PreTrainedModel, step_cost: tuple[float, float], draft_length: str, drafts_later: bool
+) -> None:
+    vocab = tiny_llama.config.vocab_size
+    prompts = [random_prompt(4, 20 + i, vocab) * 4 for i in range(4)]  # repeating: n-gram drafts exist
+    params = [SamplingParams(temperature=0.0, max_tokens=40) for _ in prompts]
+    spec = SpeculativeConfig(
+        num_speculative_tokens=4, prompt_lookup_min=1, prompt_lookup_max=3, draft_length=draft_length
+    )
+    plain, _, _ = serve(tiny_llama, prompts, params, None, 1024, Mode.CONTINUOUS, step_cost=step_cost)
+    output, steps, _ = serve(tiny_llama, prompts, params, spec, 1024, Mode.CONTINUOUS, step_cost=step_cost)
+    assert output == plain
+    later = [s for s in steps[6:] if s.num_prompt_tokens == 0]  # decode steps once costs are measured
+    drafted = [s.num_draft_tokens for s in later]
+    if drafts_later:
+        assert sum(drafted) > 0 and sum(d > 0 for d in drafted) > len(later) // 2
+    else:
+        assert sum(d > 0 for d in drafted) <= len(later) // 32 + 1  # only the probe steps
 
 
 def test_speculative_config_is_checked() -> None:

@@ -14,7 +14,10 @@ import pytest
 
 from tests.server_harness import mode_config, openai_client, running_server
 
-SPEC = '{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 1, "prompt_lookup_max": 3}'
+SPEC = (
+    '{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 1, "prompt_lookup_max": 3, '
+    '"draft_length": "fixed"}'
+)
 PROMPTS = ("the cat sat on the mat, the cat sat on the mat, the cat", "hello world", "abc abc abc abc abc")
 
 

@@ -407,7 +407,10 @@ def test_serve_page_shows_its_one_mode(browser, one_torch_thread: None) -> None:
 
 
 def test_a_speculating_pane_shows_accepted_tokens_per_step(browser, one_torch_thread: None) -> None:
-    spec = '{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 1, "prompt_lookup_max": 3}'
+    spec = (
+        '{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 1, "prompt_lookup_max": 3, '
+        '"draft_length": "fixed"}'
+    )
     with running_server(mode_config("continuous", cpu_kernels=False, speculative_config=spec)) as server:
         load_page(browser, server.base_url)
         send_workload(browser, PageWorkload(kind="mixed", count=4, short_tokens=8, long_tokens=24))
