@@ -4,6 +4,8 @@ aligns with it, re-aligned after the answer leaves it."""
 from __future__ import annotations
 
 import torch
+from hypothesis import given
+from hypothesis import strategies as st
 
 from engine.prediction_drafter import propose_from_prediction
 
@@ -56,3 +58,19 @@ def test_no_drafts_without_room_or_prediction() -> None:
     assert propose_from_prediction(t([1, 2, 3]), t([1]), 0, offset=1) == ([], 1)
     assert propose_from_prediction(t([]), t([1]), 4) == ([], 0)
     assert propose_from_prediction(t([1, 2, 3]), t([9]), 4) == ([], 0)
+
+
+@given(
+    prediction=st.lists(st.integers(0, 3), min_size=1, max_size=40),
+    data=st.data(),
+    k=st.integers(1, 8),
+)
+def test_an_answer_on_the_prediction_always_gets_the_tokens_after_it(
+    prediction: list[int], data: st.DataObject, k: int
+) -> None:
+    """However often the prediction repeats itself (an alphabet of 4), an answer that is a prefix of it, aligned
+    at offset 0, is drafted exactly the prediction's next k tokens, and keeps offset 0."""
+    length = data.draw(st.integers(0, len(prediction)), label="length")
+    drafts, offset = propose_from_prediction(t(prediction), t(prediction[:length]), k)
+    assert drafts == prediction[length : length + k]
+    assert offset == 0 or not drafts

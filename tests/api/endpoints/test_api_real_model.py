@@ -143,7 +143,7 @@ def test_a_right_prediction_is_accepted_and_changes_no_answer(
     server: RunningServer, expected: dict[str, tuple[str, int]]
 ) -> None:
     """Predicted Outputs on SmolLM2: `generate()`'s own answer sent as the prediction comes back unchanged, almost
-    every token of it accepted as a draft (the steps it saves are docs/speculative.md's batch-1 figure)."""
+    every token of it accepted as a draft."""
     client = openai_client(server)
     model = client.models.list().data[0].id
     for prompt in PROMPTS:

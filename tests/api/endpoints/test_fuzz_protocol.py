@@ -33,6 +33,7 @@ from api.protocol.openai_api import (
     parse_json_text,
     parse_request,
 )
+from api.protocol.prediction import prediction_token_ids
 from api.protocol.responses_api import ResponsesRequest, responses_refusal
 from api.structured.budget import budget_problem
 from api.structured.limits import GrammarLimits
@@ -57,6 +58,7 @@ try:
     )
 except ImportError:
     _COMPILER = None
+_PREDICTION_CONTEXT = 16  # small, so that drawn texts pass the bound too
 FUZZ = settings(max_examples=500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 _scalars = (
@@ -205,6 +207,21 @@ _FIELD_VALUES = {
     "request_id": _json,
     "priority": _json,
     "suffix": _json,
+    "prediction": st.fixed_dictionaries(
+        {},
+        optional={
+            "type": st.sampled_from(["content", "text"]) | _json,
+            "content": st.text(max_size=20)
+            | st.lists(
+                st.fixed_dictionaries(
+                    {"type": st.sampled_from(["text", "image_url"]) | _json}, optional={"text": st.text() | _json}
+                ),
+                max_size=2,
+            )
+            | _json,
+        },
+    )
+    | _json,
 }
 _BASES: dict[type[BaseModel], dict[str, object]] = {
     CompletionRequest: {"prompt": "hello"},
@@ -290,6 +307,18 @@ def test_any_body_parses_or_is_a_named_400(model: type[BaseModel], data: st.Data
         for bias in (request.logit_bias or {}).values():  # type: ignore[attr-defined]
             assert math.isfinite(bias) and -100 <= bias <= 100
         _assert_grammar_or_named_400(request)
+        _assert_prediction_or_named_400(request)
+
+
+def _assert_prediction_or_named_400(request: BaseModel) -> None:
+    """Past parsing, a `prediction` gives token ids within the context, or a 400 naming `prediction.*`."""
+    try:
+        ids = prediction_token_ids(request, tiny_tokenizer(), _PREDICTION_CONTEXT)  # type: ignore[arg-type]
+    except APIError as exc:
+        assert exc.status == 400 and exc.param is not None and exc.param.startswith("prediction")
+        assert "Traceback" not in exc.message
+        return
+    assert len(ids) <= _PREDICTION_CONTEXT and all(isinstance(i, int) for i in ids)
 
 
 def _assert_grammar_or_named_400(request: BaseModel) -> None:

@@ -49,3 +49,21 @@ def test_a_prediction_changes_no_answer_and_is_counted(mode: str, one_torch_thre
         usage = chunks[-1].usage
         assert usage is not None and usage.completion_tokens_details is not None
         assert (usage.completion_tokens_details.accepted_prediction_tokens or 0) > 0
+
+        chat_predicted = client.chat.completions.create(
+            model="tiny-llama", messages=MESSAGES, max_tokens=20, temperature=0,
+            prediction={"type": "content", "content": reply},
+        )  # fmt: skip
+        assert chat_predicted.choices[0].message.content == reply
+        details = chat_predicted.usage.completion_tokens_details if chat_predicted.usage else None
+        assert details is not None and (details.accepted_prediction_tokens or 0) > 0
+        completion_stream = client.completions.create(
+            model="tiny-llama", prompt=PROMPT, max_tokens=24, temperature=0, stream=True,
+            stream_options={"include_usage": True},
+            extra_body={"prediction": {"type": "content", "content": answer}},
+        )  # fmt: skip
+        pieces = list(completion_stream)
+        assert "".join(p.choices[0].text for p in pieces if p.choices) == answer
+        final = pieces[-1].usage
+        assert final is not None and final.completion_tokens_details is not None
+        assert (final.completion_tokens_details.accepted_prediction_tokens or 0) > 0
