@@ -38,6 +38,7 @@ from benchmarks.peers.targets import (
 )
 from benchmarks.results_io.report import NO_CACHE_SUFFIX, ABOutcome, columns_table, write_report
 from benchmarks.results_io.tables import format_run
+from engine.speculative_config import SpeculativeConfig
 from scheduler.lineup import DEFAULT, SYNTAX, Entry, checked, parse_entry, parse_lineup
 
 _DESCRIPTION = "Compare batchserve's batching modes (and plug-in policies) on one workload."
@@ -58,6 +59,19 @@ def lineup(args: argparse.Namespace) -> tuple[Entry, ...]:
     if args.policy is not None:
         entries.append(parse_entry(args.policy))
     return checked(entries)
+
+
+SPEC_SUFFIX = "-spec"  # --speculation both: the speculating run of each mode
+
+
+def speculation_setting(args: argparse.Namespace) -> str:
+    """off, on or both; ValueError where --speculation asks for speculation without a config, or the config is bad."""
+    setting = args.speculation or ("on" if args.speculative_config else "off")
+    if setting != "off":
+        if not args.speculative_config:
+            raise ValueError(f"--speculation {setting} needs --speculative-config")
+        SpeculativeConfig.from_json(args.speculative_config)  # the server would refuse it: say so before starting
+    return str(setting)
 
 
 def parse_baselines(text: str) -> tuple[str, ...]:
@@ -139,6 +153,16 @@ def build_parser() -> argparse.ArgumentParser:
         default="on",
         help="batchserve's prefix caching; both: each mode also runs with it off, as <mode>-nocache",
     )
+    g.add_argument(
+        "--speculative-config", default=None, help="batchserve --speculative-config (vLLM's JSON) for --speculation"
+    )
+    g.add_argument(
+        "--speculation",
+        choices=("on", "off", "both"),
+        default=None,
+        help=f"on (the default with --speculative-config): every mode speculates; both: each mode also runs with "
+        f"it, as <mode>{SPEC_SUFFIX}",
+    )
     g.add_argument("--sweep-rates", default=None, help="e.g. 0.5,1,2,inf: rerun every mode at each rate")
     g.add_argument(
         "--export-workload",
@@ -170,6 +194,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             quantization=args.quantization,
             enable_prefix_caching=args.prefix_caching != "off",
         )
+        speculation = speculation_setting(args)
+        if speculation == "on":
+            settings = dataclasses.replace(settings, speculative_config=args.speculative_config)
         sweep_rates = parse_rates(args.sweep_rates) if args.sweep_rates else ()
         baselines = parse_baselines(args.baselines)
         launch = LaunchConfig(
@@ -189,6 +216,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     targets = mode_targets(settings, modes)
     if args.prefix_caching == "both":
         targets += mode_targets(dataclasses.replace(settings, enable_prefix_caching=False), modes, NO_CACHE_SUFFIX)
+    if speculation == "both":
+        speculating = dataclasses.replace(settings, speculative_config=args.speculative_config)
+        targets += mode_targets(speculating, modes, SPEC_SUFFIX)
     names = [entry.name for entry in modes]
     for item in [*targets, *baseline_targets(baselines, settings)]:
         if isinstance(item, Unavailable):
@@ -228,6 +258,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "device": args.device,
         "sweep_rates": [str(r) for r in sweep_rates],
         "prefix_caching": args.prefix_caching,
+        "speculation": speculation,
+        "speculative_config": args.speculative_config,
         "goodput": args.goodput,
     }
     ab = ABOutcome(command, settings_doc, servers, notes, runs, sweep, skipped, modes=tuple(names))

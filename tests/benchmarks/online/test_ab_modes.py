@@ -57,6 +57,40 @@ def test_a_bad_line_up_is_a_usage_error_naming_it(
     assert named in capsys.readouterr().err
 
 
+SPEC = '{"method": "ngram", "num_speculative_tokens": 4}'
+
+
+@pytest.mark.parametrize(
+    ("flags", "setting"),
+    [
+        ([], "off"),
+        (["--speculative-config", SPEC], "on"),
+        (["--speculative-config", SPEC, "--speculation", "both"], "both"),
+    ],
+)
+def test_speculation_is_a_dimension_of_the_line_up(flags: list[str], setting: str) -> None:
+    args = ab.build_parser().parse_args(["--out", "x", *flags])
+    assert ab.speculation_setting(args) == setting
+    (target,) = mode_targets(ServerSettings(speculative_config=SPEC), parse_lineup("continuous"), ab.SPEC_SUFFIX)
+    assert isinstance(target, Target) and target.name == "continuous-spec"
+    assert _flag(target.argv, "--speculative-config") == SPEC and "speculative" in target.note
+
+
+@pytest.mark.parametrize(
+    ("flags", "named"),
+    [
+        (["--speculation", "both"], "needs --speculative-config"),
+        (["--speculative-config", '{"method": "eagle", "num_speculative_tokens": 2}'], "method must be one of"),
+    ],
+)
+def test_bad_speculation_flags_are_a_usage_error(
+    capsys: pytest.CaptureFixture[str], flags: list[str], named: str
+) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        ab.main(["--out", "x", "--baselines", "none", *flags])
+    assert exit_info.value.code == 2 and named in capsys.readouterr().err
+
+
 def test_every_mode_is_divided_by_dynamic_and_printed_in_its_own_column() -> None:
     runs = {
         "static": synthetic_run("static", scale=4.0, held=0.2),
