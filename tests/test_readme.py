@@ -16,6 +16,7 @@ import tomllib
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -220,7 +221,19 @@ def test_the_curl_and_python_examples_run_against_a_live_server(live_server: tup
     assert undeclared(import_log) == [], "the Quick start does not install what these import"
 
 
-@pytest.mark.parametrize("command", [c for c in COMMANDS if c.startswith("python -m benchmarks ")], ids=str)
+def _benchmark_command_params() -> list[Any]:
+    """One command per benchmark subcommand in the fast subset: the others run the same subcommand's imports again
+    (a subprocess each, seconds of CPU), so they are slow and still run in the whole suite."""
+    seen: set[str] = set()
+    params = []
+    for command in [c for c in COMMANDS if c.startswith("python -m benchmarks ")]:
+        subcommand = shlex.split(command)[3]
+        params.append(pytest.param(command, id=command, marks=[pytest.mark.slow] if subcommand in seen else []))
+        seen.add(subcommand)
+    return params
+
+
+@pytest.mark.parametrize("command", _benchmark_command_params())
 def test_benchmark_commands_parse_and_import_only_what_the_quick_start_installs(command: str, tmp_path: Path) -> None:
     """Run up to their argument parsing (`--help`: the real run loads the real model three times, minutes), which
     imports the command's modules."""

@@ -98,6 +98,8 @@ def llama_1b_layer(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return directory
 
 
+# Slow: a 2,048-wide layer costs seconds of CPU per greedy run; the tiny-shape test above covers the same fused path.
+@pytest.mark.slow
 def test_fused_decode_at_llama_1b_shapes_gives_the_per_op_paths_bits(
     kernels: native.Kernels, llama_1b_layer: Path
 ) -> None:
