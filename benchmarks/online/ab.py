@@ -38,6 +38,7 @@ from benchmarks.peers.targets import (
 )
 from benchmarks.results_io.report import NO_CACHE_SUFFIX, ABOutcome, columns_table, write_report
 from benchmarks.results_io.tables import format_run
+from engine.speculative_config import SpeculativeConfig
 from scheduler.lineup import DEFAULT, SYNTAX, Entry, checked, parse_entry, parse_lineup
 
 _DESCRIPTION = "Compare batchserve's batching modes (and plug-in policies) on one workload."
@@ -139,6 +140,18 @@ def build_parser() -> argparse.ArgumentParser:
         default="on",
         help="batchserve's prefix caching; both: each mode also runs with it off, as <mode>-nocache",
     )
+    g.add_argument(
+        "--speculative-config",
+        default=None,
+        help='batchserve --speculative-config JSON, e.g. \'{"method": "ngram", "num_speculative_tokens": 4}\'',
+    )
+    g.add_argument(
+        "--speculation",
+        choices=("on", "off", "both"),
+        default=None,
+        help=f"on with --speculative-config (the default when it is given); both: each mode also runs with it, as "
+        f"<mode>{SPEC_SUFFIX}",
+    )
     g.add_argument("--sweep-rates", default=None, help="e.g. 0.5,1,2,inf: rerun every mode at each rate")
     g.add_argument(
         "--export-workload",
@@ -149,6 +162,29 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--stop-grace", type=float, default=15.0, help="seconds between SIGTERM and SIGKILL")
     add_load_arguments(parser)
     return parser
+
+
+SPEC_SUFFIX = "-spec"  # a mode's run with --speculative-config (ab --speculation both)
+
+
+def speculation_variants(
+    settings: ServerSettings, speculation: str | None, config: str | None
+) -> list[tuple[ServerSettings, str]]:
+    """The (settings, run-name suffix) pairs each mode runs with: speculation is a dimension beside the modes.
+    ValueError naming the flag when --speculation asks for a config that is missing or malformed."""
+    flag = speculation or ("on" if config is not None else "off")
+    if flag == "off":
+        if config is not None:
+            raise ValueError("--speculative-config is given but --speculation is off")
+        return [(settings, "")]
+    if config is None:
+        raise ValueError(f"--speculation {flag} needs --speculative-config")
+    try:
+        SpeculativeConfig.from_json(config)
+    except (ValueError, TypeError) as exc:
+        raise ValueError(f"--speculative-config {exc}") from None
+    spec = dataclasses.replace(settings, speculative_config=config)
+    return [(spec, "")] if flag == "on" else [(settings, ""), (spec, SPEC_SUFFIX)]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -170,6 +206,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             quantization=args.quantization,
             enable_prefix_caching=args.prefix_caching != "off",
         )
+        variants = speculation_variants(settings, args.speculation, args.speculative_config)
+        settings = variants[0][0]
         sweep_rates = parse_rates(args.sweep_rates) if args.sweep_rates else ()
         baselines = parse_baselines(args.baselines)
         launch = LaunchConfig(
@@ -189,6 +227,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     targets = mode_targets(settings, modes)
     if args.prefix_caching == "both":
         targets += mode_targets(dataclasses.replace(settings, enable_prefix_caching=False), modes, NO_CACHE_SUFFIX)
+    for spec_settings, suffix in variants[1:]:
+        targets += mode_targets(spec_settings, modes, suffix)
     names = [entry.name for entry in modes]
     for item in [*targets, *baseline_targets(baselines, settings)]:
         if isinstance(item, Unavailable):
@@ -228,6 +268,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "device": args.device,
         "sweep_rates": [str(r) for r in sweep_rates],
         "prefix_caching": args.prefix_caching,
+        "speculation": args.speculation or ("on" if args.speculative_config else "off"),
+        "speculative_config": args.speculative_config,
         "goodput": args.goodput,
     }
     ab = ABOutcome(command, settings_doc, servers, notes, runs, sweep, skipped, modes=tuple(names))
