@@ -131,6 +131,11 @@ COMMANDS: tuple[Command, ...] = (
     Command("simulate", "benchmarks.sim.cli", "simulated A/B runs: sweep, replay of real traces, max rate"),
     Command("fit-cost", "benchmarks.sim.profiling.cli", "measure this machine's step costs and fit cost.json"),
     Command(
+        "spec-break-even",
+        "benchmarks.sim.spec_break_even",
+        "from a fitted cost model and an acceptance rate: the batch size above which speculation stops paying",
+    ),
+    Command(
         "sim-requests", "benchmarks.sim.validate.requests", "a real run and its simulated replay, request by request"
     ),
     Command("trace", "benchmarks.sim.validate.export", "(re)write an ab run's workload traces from its raw records"),

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-WORKLOADS = ("mixed", "uniform", "long-prompt", "multi-turn", "shared-prefix", "agent", "jsonl")
+WORKLOADS = ("mixed", "uniform", "long-prompt", "multi-turn", "shared-prefix", "agent", "grounded", "jsonl")
 
 _WORD_TEXT = (
     "the of and to in is was for on that with as by at from his her it an were are which this be or has had "
@@ -94,6 +94,10 @@ class WorkloadConfig:
     # answering the last (tool results, or a user message), at most agent_max_tokens each
     agent_tools: int = 4
     agent_max_tokens: int = 64
+    # grounded: a passage in the prompt to quote, edit or summarise, so the answer repeats the prompt (what n-gram
+    # speculation drafts from); quotes and edits answer with the passage's length, summaries with a quarter of it
+    grounded_words_min: int = 64
+    grounded_words_max: int = 192
     # jsonl
     jsonl_path: str | None = None
 
@@ -109,6 +113,7 @@ class WorkloadConfig:
             (self.short_prompt_min, self.short_prompt_max, "short_prompt"),
             (self.long_prompt_min, self.long_prompt_max, "long_prompt"),
             (self.turn_output_min, self.turn_output_max, "turn_output"),
+            (self.grounded_words_min, self.grounded_words_max, "grounded_words"),
         ):
             if not 1 <= low <= high:
                 raise ValueError(f"{what} range must satisfy 1 <= min <= max, got {low}..{high}")
@@ -149,6 +154,8 @@ def build_workload(config: WorkloadConfig) -> list[RequestSpec]:
         return _shared_prefix(config, rng)
     if config.name == "agent":
         return _agent(config, rng)
+    if config.name == "grounded":
+        return _grounded(config, rng)
     return _from_jsonl(config)
 
 
@@ -177,6 +184,35 @@ def _mixed(config: WorkloadConfig, rng: np.random.Generator) -> list[RequestSpec
         else:
             max_tokens, kind = config.short_output, "short"
         specs.append(RequestSpec(i, make_prompt(rng, n_words), max_tokens, n_words, kind))
+    return specs
+
+
+GROUNDED_KINDS = ("quote", "edit", "summary")
+
+
+def _grounded(config: WorkloadConfig, rng: np.random.Generator) -> list[RequestSpec]:
+    specs = []
+    for i in range(config.num_prompts):
+        n_words = int(rng.integers(config.grounded_words_min, config.grounded_words_max + 1))
+        passage = make_prompt(rng, n_words)
+        kind = GROUNDED_KINDS[i % len(GROUNDED_KINDS)]
+        if kind == "quote":
+            task, lead, max_tokens = "Quote the passage above exactly.", "Quote:", n_words
+        elif kind == "edit":
+            old, new = passage.split()[0], _WORDS[int(rng.integers(len(_WORDS)))]
+            task, lead, max_tokens = (
+                f"Rewrite the passage above with every '{old}' replaced by '{new}'.",
+                "Rewritten:",
+                n_words,
+            )
+        else:
+            task, lead, max_tokens = (
+                "Summarise the passage above, quoting its key phrases.",
+                "Summary:",
+                max(1, n_words // 4),
+            )
+        prompt = f"Passage: {passage}\n\n{task}\n{lead}"
+        specs.append(RequestSpec(i, prompt, max_tokens, len(prompt.split()), kind))
     return specs
 
 

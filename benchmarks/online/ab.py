@@ -61,19 +61,6 @@ def lineup(args: argparse.Namespace) -> tuple[Entry, ...]:
     return checked(entries)
 
 
-SPEC_SUFFIX = "-spec"  # --speculation both: the speculating run of each mode
-
-
-def speculation_setting(args: argparse.Namespace) -> str:
-    """off, on or both; ValueError where --speculation asks for speculation without a config, or the config is bad."""
-    setting = args.speculation or ("on" if args.speculative_config else "off")
-    if setting != "off":
-        if not args.speculative_config:
-            raise ValueError(f"--speculation {setting} needs --speculative-config")
-        SpeculativeConfig.from_json(args.speculative_config)  # the server would refuse it: say so before starting
-    return str(setting)
-
-
 def parse_baselines(text: str) -> tuple[str, ...]:
     if text.strip().lower() == "none":
         return ()
@@ -154,14 +141,16 @@ def build_parser() -> argparse.ArgumentParser:
         help="batchserve's prefix caching; both: each mode also runs with it off, as <mode>-nocache",
     )
     g.add_argument(
-        "--speculative-config", default=None, help="batchserve --speculative-config (vLLM's JSON) for --speculation"
+        "--speculative-config",
+        default=None,
+        help='batchserve --speculative-config JSON, e.g. \'{"method": "ngram", "num_speculative_tokens": 4}\'',
     )
     g.add_argument(
         "--speculation",
         choices=("on", "off", "both"),
         default=None,
-        help=f"on (the default with --speculative-config): every mode speculates; both: each mode also runs with "
-        f"it, as <mode>{SPEC_SUFFIX}",
+        help=f"on with --speculative-config (the default when it is given); both: each mode also runs with it, as "
+        f"<mode>{SPEC_SUFFIX}",
     )
     g.add_argument("--sweep-rates", default=None, help="e.g. 0.5,1,2,inf: rerun every mode at each rate")
     g.add_argument(
@@ -173,6 +162,29 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--stop-grace", type=float, default=15.0, help="seconds between SIGTERM and SIGKILL")
     add_load_arguments(parser)
     return parser
+
+
+SPEC_SUFFIX = "-spec"  # a mode's run with --speculative-config (ab --speculation both)
+
+
+def speculation_variants(
+    settings: ServerSettings, speculation: str | None, config: str | None
+) -> list[tuple[ServerSettings, str]]:
+    """The (settings, run-name suffix) pairs each mode runs with: speculation is a dimension beside the modes.
+    ValueError naming the flag when --speculation asks for a config that is missing or malformed."""
+    flag = speculation or ("on" if config is not None else "off")
+    if flag == "off":
+        if config is not None:
+            raise ValueError("--speculative-config is given but --speculation is off")
+        return [(settings, "")]
+    if config is None:
+        raise ValueError(f"--speculation {flag} needs --speculative-config")
+    try:
+        SpeculativeConfig.from_json(config)
+    except (ValueError, TypeError) as exc:
+        raise ValueError(f"--speculative-config {exc}") from None
+    spec = dataclasses.replace(settings, speculative_config=config)
+    return [(spec, "")] if flag == "on" else [(settings, ""), (spec, SPEC_SUFFIX)]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -194,9 +206,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             quantization=args.quantization,
             enable_prefix_caching=args.prefix_caching != "off",
         )
-        speculation = speculation_setting(args)
-        if speculation == "on":
-            settings = dataclasses.replace(settings, speculative_config=args.speculative_config)
+        variants = speculation_variants(settings, args.speculation, args.speculative_config)
+        settings = variants[0][0]
         sweep_rates = parse_rates(args.sweep_rates) if args.sweep_rates else ()
         baselines = parse_baselines(args.baselines)
         launch = LaunchConfig(
@@ -216,9 +227,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     targets = mode_targets(settings, modes)
     if args.prefix_caching == "both":
         targets += mode_targets(dataclasses.replace(settings, enable_prefix_caching=False), modes, NO_CACHE_SUFFIX)
-    if speculation == "both":
-        speculating = dataclasses.replace(settings, speculative_config=args.speculative_config)
-        targets += mode_targets(speculating, modes, SPEC_SUFFIX)
+    for spec_settings, suffix in variants[1:]:
+        targets += mode_targets(spec_settings, modes, suffix)
     names = [entry.name for entry in modes]
     for item in [*targets, *baseline_targets(baselines, settings)]:
         if isinstance(item, Unavailable):
@@ -258,7 +268,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "device": args.device,
         "sweep_rates": [str(r) for r in sweep_rates],
         "prefix_caching": args.prefix_caching,
-        "speculation": speculation,
+        "speculation": args.speculation or ("on" if args.speculative_config else "off"),
         "speculative_config": args.speculative_config,
         "goodput": args.goodput,
     }

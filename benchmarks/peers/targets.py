@@ -50,7 +50,7 @@ class ServerSettings:
     dtype: str | None = None  # batchserve --dtype (auto, float32, bfloat16); None leaves its default
     quantization: str | None = None  # batchserve --quantization (auto, none, int8, int4)
     enable_prefix_caching: bool = True  # False: batchserve --no-enable-prefix-caching
-    speculative_config: str | None = None  # batchserve --speculative-config (vLLM's JSON); None: no speculation
+    speculative_config: str | None = None  # batchserve --speculative-config JSON; None: no speculation
 
     def __post_init__(self) -> None:
         if self.seats < 1:
@@ -118,10 +118,11 @@ def batchserve_target(
     if settings.speculative_config is not None:
         argv += ["--speculative-config", settings.speculative_config]
     what = mode if policy is None else f"{policy} with {mode}'s seats"
-    note = f"{what}, {seats} seat{'' if seats == 1 else 's'}" + (
-        "" if settings.enable_prefix_caching else ", no prefix caching"
+    note = (
+        f"{what}, {seats} seat{'' if seats == 1 else 's'}"
+        + ("" if settings.enable_prefix_caching else ", no prefix caching")
+        + ("" if settings.speculative_config is None else f", speculative {settings.speculative_config}")
     )
-    note += "" if settings.speculative_config is None else f", speculative {settings.speculative_config}"
     return Target(name=name, argv=tuple(argv), eos_policy=EosPolicy.IGNORE_EOS, note=note)
 
 

@@ -33,6 +33,21 @@ def test_mixed_is_three_quarters_short_one_quarter_long() -> None:
     assert min(long_positions) < 24 <= max(long_positions)
 
 
+def test_grounded_prompts_hold_the_passage_their_answer_repeats() -> None:
+    specs = build_workload(WorkloadConfig(name="grounded", num_prompts=30, seed=3))
+    assert [s.kind for s in specs[:3]] == ["quote", "edit", "summary"]
+    for spec in specs:
+        passage = spec.prompt.split("\n\n")[0].removeprefix("Passage: ")
+        assert 64 <= len(passage.split()) <= 192 and spec.prompt_tokens == len(spec.prompt.split())
+        # Quotes and edits answer with the whole passage, summaries with a quarter: long grounded answers.
+        expected = len(passage.split()) // (4 if spec.kind == "summary" else 1)
+        assert spec.max_tokens == expected
+        if spec.kind == "edit":
+            assert f"every '{passage.split()[0]}' replaced by" in spec.prompt
+    with pytest.raises(ValueError, match="grounded_words"):
+        WorkloadConfig(name="grounded", grounded_words_min=10, grounded_words_max=5)
+
+
 def test_uniform_has_equal_lengths() -> None:
     specs = build_workload(WorkloadConfig(name="uniform", num_prompts=10, input_len=32, output_len=20))
     assert {len(s.prompt.split()) for s in specs} == {32}

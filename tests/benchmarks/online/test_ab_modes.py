@@ -57,40 +57,6 @@ def test_a_bad_line_up_is_a_usage_error_naming_it(
     assert named in capsys.readouterr().err
 
 
-SPEC = '{"method": "ngram", "num_speculative_tokens": 4}'
-
-
-@pytest.mark.parametrize(
-    ("flags", "setting"),
-    [
-        ([], "off"),
-        (["--speculative-config", SPEC], "on"),
-        (["--speculative-config", SPEC, "--speculation", "both"], "both"),
-    ],
-)
-def test_speculation_is_a_dimension_of_the_line_up(flags: list[str], setting: str) -> None:
-    args = ab.build_parser().parse_args(["--out", "x", *flags])
-    assert ab.speculation_setting(args) == setting
-    (target,) = mode_targets(ServerSettings(speculative_config=SPEC), parse_lineup("continuous"), ab.SPEC_SUFFIX)
-    assert isinstance(target, Target) and target.name == "continuous-spec"
-    assert _flag(target.argv, "--speculative-config") == SPEC and "speculative" in target.note
-
-
-@pytest.mark.parametrize(
-    ("flags", "named"),
-    [
-        (["--speculation", "both"], "needs --speculative-config"),
-        (["--speculative-config", '{"method": "eagle", "num_speculative_tokens": 2}'], "method must be one of"),
-    ],
-)
-def test_bad_speculation_flags_are_a_usage_error(
-    capsys: pytest.CaptureFixture[str], flags: list[str], named: str
-) -> None:
-    with pytest.raises(SystemExit) as exit_info:
-        ab.main(["--out", "x", "--baselines", "none", *flags])
-    assert exit_info.value.code == 2 and named in capsys.readouterr().err
-
-
 def test_every_mode_is_divided_by_dynamic_and_printed_in_its_own_column() -> None:
     runs = {
         "static": synthetic_run("static", scale=4.0, held=0.2),
@@ -138,3 +104,47 @@ def test_ab_runs_static_dynamic_continuous_and_a_plug_in_against_real_servers(
     assert "|  | static | dynamic | continuous | shortest-prompt-first |" in printed
     report = (out / "report.md").read_text()
     assert "# batchserve A/B: static vs dynamic vs continuous vs shortest-prompt-first batching" in report
+
+
+SPEC = '{"method": "ngram", "num_speculative_tokens": 4}'
+
+
+def test_speculation_is_a_dimension_beside_the_modes() -> None:
+    settings = ServerSettings(seats=4)
+    both = ab.speculation_variants(settings, "both", SPEC)
+    assert [(v.speculative_config, suffix) for v, suffix in both] == [(None, ""), (SPEC, ab.SPEC_SUFFIX)]
+    targets = [t for v, suffix in both for t in mode_targets(v, parse_lineup("dynamic,continuous"), suffix)]
+    assert [t.name for t in targets if isinstance(t, Target)] == [
+        "dynamic",
+        "continuous",
+        "dynamic-spec",
+        "continuous-spec",
+    ]
+    argvs = [t.argv for t in targets if isinstance(t, Target)]
+    assert [_flag(a, "--speculative-config") for a in argvs] == [None, None, SPEC, SPEC]
+    # A config alone turns it on; none and no flag leaves it off.
+    assert [v.speculative_config for v, _ in ab.speculation_variants(settings, None, SPEC)] == [SPEC]
+    assert ab.speculation_variants(settings, None, None) == [(settings, "")]
+
+
+@pytest.mark.parametrize(
+    ("speculation", "config", "named"),
+    [
+        ("on", None, "needs --speculative-config"),
+        ("off", SPEC, "--speculation is off"),
+        ("both", '{"method": "ngram"}', "--speculative-config num_speculative_tokens is required"),
+        ("on", '{"method": "ngram", "num_speculative_tokens": 4, "draft_length": "x"}', "draft_length"),
+        ("on", "[1]", "--speculative-config must be a JSON object"),
+    ],
+)
+def test_a_missing_or_malformed_speculative_config_is_refused_naming_it(
+    speculation: str, config: str | None, named: str
+) -> None:
+    with pytest.raises(ValueError, match=named.replace("-", "\\-")):
+        ab.speculation_variants(ServerSettings(), speculation, config)
+
+
+def test_ab_refuses_a_malformed_config_before_starting_a_server(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        ab.main(["--speculation", "both", "--speculative-config", "{", "--out", "unused"])
+    assert "--speculative-config is not valid JSON" in capsys.readouterr().err
