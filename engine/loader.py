@@ -7,7 +7,7 @@ checkpoint loads in under a second. Every load is local: no Hugging Face hub loo
 `dtype` and `quantization` (engine/weight_format.py) choose how the runner holds the weights: the model object
 always keeps dense weights (float32, or bfloat16 when the dtype is), which are the reference that parity tests
 run `generate()` on; int4/int8 weights for the projections and LM head come alongside in `LoadedModel.quantized`.
-A GGUF's Q4_0/Q4_1 projections are read from the file's own blocks (engine/quantization.py).
+A GGUF's Q4_0/Q4_1/Q4_K projections are read from the file's own blocks (engine/quantization.py, engine/kquants.py).
 """
 
 from __future__ import annotations
@@ -30,10 +30,10 @@ from torch import nn
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from engine.config import LoadConfig
+from engine.kquants import Q4_K, decode_q4_k, loads_as_int4
 from engine.phases import phase
 from engine.quantization import (
     GROUP_SIZE,
-    INT4_GGUF_TYPES,
     QuantizedWeight,
     check_matches,
     gguf_projection_types,
@@ -170,7 +170,7 @@ def load_model(
         model, tokenizer = _load_gguf_cached(source, gguf_checkpoint_dir(source, cache_dir), level)
         gguf = open_gguf(source) if config.quantization in ("auto", "int4") else None
     layer_types = [kind for name, kind in gguf_projection_types(gguf).items() if name != "lm_head"] if gguf else []
-    gguf_int4 = bool(layer_types) and all(kind in INT4_GGUF_TYPES for kind in layer_types)
+    gguf_int4 = gguf is not None and loads_as_int4(gguf, layer_types)
     weight_format = resolve(config, target, gguf_int4, checkpoint_dtype(source) if source.is_dir() else None)
     quantized = _quantize(model, weight_format, gguf)
     # Module.to moves in place; mypy mis-types PreTrainedModel.to (functools.wraps on a method).
@@ -202,7 +202,8 @@ def checkpoint_dtype(directory: Path) -> torch.dtype | None:
 def _quantize(model: PreTrainedModel, weight_format: WeightFormat, gguf: Any) -> dict[str, QuantizedWeight]:
     """int4/int8 weights for every projection and the LM head, from the model's float32 weights (before any cast).
 
-    int4 takes a GGUF's Q4_0/Q4_1 blocks as they are. The LM head (SmolLM2's is the Q8_0 tied embedding) is int8
+    int4 takes a GGUF's Q4_0/Q4_1/Q4_K blocks as they are (a Q4_K_M file's other types are requantised).
+    The LM head (SmolLM2's is the Q8_0 tied embedding) is int8
     per row under both with bf16 activations: int4 at groups of 32 cost 9% perplexity on it, int8 0.2%. With float32
     activations it stays dense: torch's int8 kernel is slow on float32 activations (docs/quantization.md)."""
     quantization = weight_format.quantization
@@ -213,7 +214,9 @@ def _quantize(model: PreTrainedModel, weight_format: WeightFormat, gguf: Any) ->
     if quantization == "int4" and gguf is not None:
         config = model.config
         heads = int(config.num_attention_heads)
-        from_file = read_gguf_int4(gguf, heads, int(getattr(config, "num_key_value_heads", None) or heads))
+        from_file = read_gguf_int4(
+            gguf, heads, int(getattr(config, "num_key_value_heads", None) or heads), {Q4_K: decode_q4_k}
+        )
         check_matches(from_file, dense)
         quantized.update(from_file)
     for name, weight in dense.items():

@@ -14,7 +14,7 @@ row (`int8_from_dense`) from their dequantised values, the loss measured in docs
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -184,19 +184,25 @@ def gguf_projection_types(reader: Any) -> dict[str, str]:
     return types
 
 
-def read_gguf_int4(reader: Any, num_heads: int, num_kv_heads: int) -> dict[str, Int4Weight]:
-    """Every Q4_0/Q4_1 projection of the file (`open_gguf`), keyed by Hugging Face module name; other types are
-    left out."""
+def read_gguf_int4(
+    reader: Any,
+    num_heads: int,
+    num_kv_heads: int,
+    decoders: Mapping[str, Callable[[np.ndarray, int], Int4Weight]] | None = None,
+) -> dict[str, Int4Weight]:
+    """Every Q4_0/Q4_1 projection of the file (`open_gguf`), and those of the types `decoders` decodes (Q4_K:
+    engine/kquants.py), keyed by Hugging Face module name; other types are left out."""
+    decoders = decoders or {}
     arch_field = reader.fields.get("general.architecture")
     arch = bytes(arch_field.parts[arch_field.data[0]]).decode() if arch_field is not None else ""
     weights: dict[str, Int4Weight] = {}
     for tensor in reader.tensors:
         name = hf_module_name(tensor.name)
         kind = tensor.tensor_type.name
-        if name is None or kind not in INT4_GGUF_TYPES:
+        if name is None or (kind not in INT4_GGUF_TYPES and kind not in decoders):
             continue
         rows = int(tensor.shape[1])  # GGUF lists dimensions innermost first: [in, out]
-        weight = decode_q4(kind, tensor.data, rows)
+        weight = decoders[kind](tensor.data, rows) if kind in decoders else decode_q4(kind, tensor.data, rows)
         if arch in _PERMUTED_QK_ARCHITECTURES and name.endswith(("q_proj", "k_proj")):
             weight = _unpermute_rows(weight, num_heads if name.endswith("q_proj") else num_kv_heads)
         weights[name] = weight
