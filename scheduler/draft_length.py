@@ -10,10 +10,11 @@ prefix of each row's drafts, so every row gets its own length. With a step cost 
 batches on a CPU that is bound by reading the weights), long drafts pay; where it grows with every token (a big
 batch), none do. docs/speculative.md compares this with a fixed k and vLLM's table by batch size.
 
-The cost is measured, not assumed: every step's (tokens, seconds) feeds a running mean per token count, read by
-linear interpolation between counts seen and a least-squares line beyond them. Until two counts are seen the
-configured k is used, and every PROBE_EVERY steps a row the rule left without drafts verifies one, so a sequence
-whose acceptance was low can show it has changed.
+The cost is measured, not assumed: every decode step's (rows, tokens, seconds) feeds a running mean per (rows,
+tokens), read at the step's row count by linear interpolation between the token counts seen and a least-squares
+line beyond them. At a row count not yet measured, the first step verifies every draft and the next runs plain; and
+every PROBE_EVERY steps a row the rule left without drafts verifies one, so a sequence whose acceptance was low can
+show it has changed.
 """
 
 from __future__ import annotations
@@ -29,32 +30,32 @@ COST_MEMORY = 0.1  # weight of a new measurement in a token count's running mean
 
 @dataclass
 class StepCosts:
-    """Measured step time by tokens in the step: a running mean per token count."""
+    """Measured time of decode steps (no prompt chunk) by their rows and tokens (rows plus drafts): a running mean
+    per (rows, tokens). Keyed by rows too, because a verify step is not a plain step with more rows: the engine
+    runs a step of plain decode rows through its fused decode path and one with drafts as chunks, at another cost."""
 
-    seconds: dict[int, float] = field(default_factory=dict)
+    seconds: dict[tuple[int, int], float] = field(default_factory=dict)
 
-    def observe(self, tokens: int, seconds: float) -> None:
-        if tokens <= 0 or seconds <= 0:
+    def observe(self, rows: int, tokens: int, seconds: float) -> None:
+        if rows <= 0 or tokens < rows or seconds <= 0:
             return
-        old = self.seconds.get(tokens)
-        self.seconds[tokens] = seconds if old is None else old + COST_MEMORY * (seconds - old)
+        old = self.seconds.get((rows, tokens))
+        self.seconds[rows, tokens] = seconds if old is None else old + COST_MEMORY * (seconds - old)
 
-    @property
-    def known(self) -> bool:
-        return len(self.seconds) >= 2
+    def plain_known(self, rows: int) -> bool:
+        return (rows, rows) in self.seconds
 
-    def cost(self, tokens: np.ndarray) -> np.ndarray:
-        """Seconds for steps of `tokens` tokens: interpolated between the counts seen, a fitted line beyond them
-        (above: never below the largest count's time; below: never below the smallest count's time scaled down in
-        proportion, so fewer tokens are never assumed free)."""
-        counts = np.array(sorted(self.seconds), dtype=np.float64)
-        times = np.array([self.seconds[int(c)] for c in counts])
+    def verify_known(self, rows: int) -> bool:
+        return any(r == rows and t > rows for r, t in self.seconds)
+
+    def cost(self, rows: int, tokens: np.ndarray) -> np.ndarray:
+        """Seconds for a step of `rows` rows and `tokens` tokens: interpolated between the token counts seen at this
+        row count, a least-squares line beyond them (never below the largest count's time). Needs two counts."""
+        counts = np.array(sorted(t for r, t in self.seconds if r == rows), dtype=np.float64)
+        times = np.array([self.seconds[rows, int(c)] for c in counts])
         slope, intercept = np.polyfit(counts, times, 1)
-        line = intercept + max(slope, 0.0) * tokens
-        below = np.maximum(line, times[0] * tokens / counts[0])
-        above = np.maximum(line, times[-1])
-        inside = np.interp(tokens, counts, times)
-        return np.where(tokens < counts[0], below, np.where(tokens > counts[-1], above, inside))
+        above = np.maximum(intercept + max(slope, 0.0) * tokens, times[-1])
+        return np.where(tokens > counts[-1], above, np.interp(tokens, counts, times))
 
 
 def acceptance_rates(drafted: Sequence[int], accepted: Sequence[int]) -> np.ndarray:
@@ -70,15 +71,21 @@ class DraftLengthRule:
     costs: StepCosts = field(default_factory=StepCosts)
     steps: int = 0
 
-    def observe(self, tokens: int, seconds: float) -> None:
-        self.costs.observe(tokens, seconds)
+    def observe(self, rows: int, tokens: int, prompt_tokens: int, seconds: float) -> None:
+        """A step that ran: `rows` rows, `tokens` tokens in all, `prompt_tokens` of them prompt chunks."""
+        if prompt_tokens == 0:
+            self.costs.observe(rows, tokens, seconds)
 
-    def choose(self, rates: np.ndarray, caps: np.ndarray, step_tokens: int, step_yield: int) -> np.ndarray:
-        """Drafts per row (rows with acceptance `rates`, at most `caps` drafts each), for a step of `step_tokens`
-        tokens without drafts that emits `step_yield` tokens without them."""
+    def choose(self, rates: np.ndarray, caps: np.ndarray, rows: int, step_tokens: int, step_yield: int) -> np.ndarray:
+        """Drafts per drafting row (acceptance `rates`, at most `caps` drafts each), in a step of `rows` rows and
+        `step_tokens` tokens without drafts that emits `step_yield` tokens without them."""
         self.steps += 1
-        if not self.costs.known or len(caps) == 0:
+        if len(caps) == 0:
             return caps.copy()
+        if not self.costs.verify_known(rows):
+            return caps.copy()  # first time at this many rows: a step with every draft, to measure
+        if not self.costs.plain_known(rows):
+            return np.zeros_like(caps)  # then a plain one
         width = int(caps.max(initial=0))
         depth = np.arange(1, width + 1)
         gains = rates[:, None] ** depth[None, :]  # [rows, width]: the j-th draft's expected tokens
@@ -87,7 +94,7 @@ class DraftLengthRule:
         ranked = np.argsort(-gains.ravel(), kind="stable")
         ranked = ranked[gains.ravel()[ranked] >= 0]
         totals = step_yield + np.concatenate(([0.0], np.cumsum(gains.ravel()[ranked])))
-        yields = totals / self.costs.cost(step_tokens + np.arange(len(ranked) + 1, dtype=np.float64))
+        yields = totals / self.costs.cost(rows, step_tokens + np.arange(len(ranked) + 1, dtype=np.float64))
         best = int(np.argmax(yields))
         lengths = np.bincount(ranked[:best] // width, minlength=len(caps)).astype(caps.dtype)
         if self.steps % PROBE_EVERY == 0:
