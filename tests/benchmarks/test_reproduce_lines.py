@@ -7,6 +7,7 @@ stops right after parsing (nothing is measured)."""
 from __future__ import annotations
 
 import argparse
+import json
 import re
 import shlex
 from collections.abc import Sequence
@@ -19,11 +20,22 @@ from benchmarks.__main__ import main as dispatch
 
 ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "benchmarks" / "results"
-LINE = re.compile(r"python -m benchmarks ([a-z][a-z-]*)((?: +[^\s`\"|;&<>()\\]+)*)")
+LINE = re.compile(r"python -m benchmarks ([a-z][a-z-]*)(?=\s|$)([^`\n]*)")  # to the end of its line or code span
 
 
 class Parsed(Exception):
     """Raised by the patched parser once the arguments parsed: the command stops before it measures anything."""
+
+
+def strings(value: Any) -> list[str]:
+    """Every string in a parsed JSON document."""
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, dict):
+        return [text for item in value.values() for text in strings(item)]
+    if isinstance(value, list):
+        return [text for item in value for text in strings(item)]
+    return []
 
 
 def recorded_lines() -> list[tuple[str, str]]:
@@ -31,9 +43,12 @@ def recorded_lines() -> list[tuple[str, str]]:
     for path in sorted(RESULTS.rglob("*")):
         if path.suffix not in (".md", ".json", ".txt") or not path.is_file():
             continue
-        text = re.sub(r"\\\n\s*", " ", path.read_text(errors="replace"))
-        for match in LINE.finditer(text):
-            lines.add((str(path.relative_to(RESULTS).parent), match.group(0).removeprefix("python -m benchmarks ")))
+        raw = path.read_text(errors="replace")
+        texts = strings(json.loads(raw)) if path.suffix == ".json" else [re.sub(r"\\\n\s*", " ", raw)]
+        for text in texts:
+            for match in LINE.finditer(text):
+                command = match.group(0).removeprefix("python -m benchmarks ").strip()
+                lines.add((str(path.relative_to(RESULTS).parent), command))
     return sorted(lines)
 
 
