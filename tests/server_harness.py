@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import json
 import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import httpx
 import openai
@@ -120,3 +122,18 @@ def mode_config(mode: str, **overrides: object) -> ServerConfig:
 
 def openai_client(server: RunningServer, api_key: str = "unused") -> openai.OpenAI:
     return openai.OpenAI(base_url=f"{server.base_url}/v1", api_key=api_key, max_retries=0, timeout=60)
+
+
+def read_events(url: str, stop: threading.Event, into: list[tuple[str, dict[str, Any]]], **kw: Any) -> None:
+    """Read a server's `GET /v1/events` stream into `into` as (event name, data) until `stop` is set (run it on a
+    thread); `kw` goes to httpx (headers)."""
+    with httpx.stream("GET", url, timeout=60, **kw) as response:
+        assert response.status_code == 200
+        kind = ""
+        for line in response.iter_lines():
+            if line.startswith("event: "):
+                kind = line[7:]
+            elif line.startswith("data: "):
+                into.append((kind, json.loads(line[6:])))
+            if stop.is_set():
+                return

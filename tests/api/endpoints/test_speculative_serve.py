@@ -12,7 +12,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.server_harness import mode_config, openai_client, running_server
+from tests.server_harness import mode_config, openai_client, read_events, running_server
 
 SPEC = (
     '{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 1, "prompt_lookup_max": 3, '
@@ -62,18 +62,6 @@ def counter(server: Any, which: str) -> float:
     return sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith(name + "{"))
 
 
-def _read_events(url: str, stop: threading.Event, into: list[tuple[str, dict[str, Any]]]) -> None:
-    with httpx.stream("GET", url, timeout=60) as response:
-        kind = ""
-        for line in response.iter_lines():
-            if line.startswith("event: "):
-                kind = line[7:]
-            elif line.startswith("data: "):
-                into.append((kind, json.loads(line[6:])))
-            if stop.is_set():
-                return
-
-
 def _metric(text: str, name: str) -> dict[str, float]:
     """Each sample of `name` by its label set (as written)."""
     return {
@@ -90,7 +78,7 @@ def test_drafts_and_acceptances_are_counted_per_response_metric_and_step(one_tor
     with running_server(mode_config(mode, speculative_config=SPEC, batch_window_ms=1.0)) as server:
         events: list[tuple[str, dict[str, Any]]] = []
         stop = threading.Event()
-        reader = threading.Thread(target=_read_events, args=(f"{server.base_url}/v1/events", stop, events))
+        reader = threading.Thread(target=read_events, args=(f"{server.base_url}/v1/events", stop, events))
         reader.start()
         deadline = time.monotonic() + 60
         while not any(kind == "hello" for kind, _ in events):

@@ -18,7 +18,7 @@ import pytest
 from api.apps.compare import create_compare_app
 from api.config import ServerConfig
 from api.endpoints.state import ServerState
-from tests.server_harness import free_port, serving_app, tiny_loaded_model
+from tests.server_harness import free_port, read_events, serving_app, tiny_loaded_model
 
 KEY = "sekret"
 
@@ -136,19 +136,6 @@ def test_bad_event_query_parameters_get_a_400_naming_them(server: CompareServer,
         assert answer.json()["error"]["param"] == param
 
 
-def _read_events(url: str, stop: threading.Event, into: list[tuple[str, dict[str, Any]]], **kw: Any) -> None:
-    with httpx.stream("GET", url, timeout=60, **kw) as response:
-        assert response.status_code == 200
-        kind = ""
-        for line in response.iter_lines():
-            if line.startswith("event: "):
-                kind = line[7:]
-            elif line.startswith("data: "):
-                into.append((kind, json.loads(line[6:])))
-            if stop.is_set():
-                return
-
-
 def _send(base: str, mode: str, max_tokens: int, ids: dict[str, list[str]]) -> None:
     body = {"prompt": "hello world", "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True}
     reply = httpx.post(f"{base}/{mode}/v1/completions", json=body, timeout=60).json()
@@ -159,7 +146,7 @@ def test_hostage_workload_shows_held_seats_in_dynamic_and_none_in_continuous(ser
     events: list[tuple[str, dict[str, Any]]] = []
     stop = threading.Event()
     reader = threading.Thread(
-        target=_read_events, args=(f"{server.base_url}/v1/events?include_text=false", stop, events), daemon=True
+        target=read_events, args=(f"{server.base_url}/v1/events?include_text=false", stop, events), daemon=True
     )
     reader.start()
     _wait_for(lambda: {e["mode"] for k, e in events if k == "hello"} == {"dynamic", "continuous"})

@@ -17,8 +17,9 @@ import pytest
 
 import api.live.workload
 from api.cli import build_parser
-from tests.api.live.test_compare import _read_events, _wait_for
+from tests.api.live.test_compare import _wait_for
 from tests.api.live.test_compare_modes import serving
+from tests.server_harness import read_events
 
 KEY = "workload-key"
 AUTH = {"Authorization": f"Bearer {KEY}"}
@@ -77,7 +78,7 @@ def _subscribe(base_url: str) -> tuple[list[tuple[str, dict[str, Any]]], threadi
     events: list[tuple[str, dict[str, Any]]] = []
     stop = threading.Event()
     url = f"{base_url}/v1/events?include_text=false"
-    threading.Thread(target=_read_events, args=(url, stop, events), kwargs={"headers": AUTH}, daemon=True).start()
+    threading.Thread(target=read_events, args=(url, stop, events), kwargs={"headers": AUTH}, daemon=True).start()
     _wait_for(lambda: {e["mode"] for kind, e in events if kind == "hello"} == set(PANES))
     return events, stop
 
