@@ -155,4 +155,7 @@ def test_a_right_prediction_is_accepted_and_changes_no_answer(
         assert done.choices[0].text == text
         details = done.usage.completion_tokens_details if done.usage else None
         assert details is not None and details.accepted_prediction_tokens is not None
-        assert details.accepted_prediction_tokens >= count - 3, (prompt, details)  # the last token and re-encoding
+        # Not all: the draft-length rule runs a plain step to measure at a new row count, and each verify step
+        # ends on a token of its own; re-encoding the text may differ at the end.
+        assert details.accepted_prediction_tokens >= count // 2, (prompt, details)
+        assert (details.rejected_prediction_tokens or 0) <= 3, (prompt, details)
