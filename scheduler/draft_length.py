@@ -34,25 +34,27 @@ class StepCosts:
     per (rows, tokens). Keyed by rows too, because a verify step is not a plain step with more rows: the engine
     runs a step of plain decode rows through its fused decode path and one with drafts as chunks, at another cost."""
 
-    seconds: dict[tuple[int, int], float] = field(default_factory=dict)
+    seconds: dict[int, dict[int, float]] = field(default_factory=dict)  # rows -> tokens -> seconds
 
     def observe(self, rows: int, tokens: int, seconds: float) -> None:
         if rows <= 0 or tokens < rows or seconds <= 0:
             return
-        old = self.seconds.get((rows, tokens))
-        self.seconds[rows, tokens] = seconds if old is None else old + COST_MEMORY * (seconds - old)
+        table = self.seconds.setdefault(rows, {})
+        old = table.get(tokens)
+        table[tokens] = seconds if old is None else old + COST_MEMORY * (seconds - old)
 
     def plain_known(self, rows: int) -> bool:
-        return (rows, rows) in self.seconds
+        return rows in self.seconds.get(rows, {})
 
     def verify_known(self, rows: int) -> bool:
-        return any(r == rows and t > rows for r, t in self.seconds)
+        return any(tokens > rows for tokens in self.seconds.get(rows, {}))
 
     def cost(self, rows: int, tokens: np.ndarray) -> np.ndarray:
         """Seconds for a step of `rows` rows and `tokens` tokens: interpolated between the token counts seen at this
         row count, a least-squares line beyond them (never below the largest count's time). Needs two counts."""
-        counts = np.array(sorted(t for r, t in self.seconds if r == rows), dtype=np.float64)
-        times = np.array([self.seconds[rows, int(c)] for c in counts])
+        table = self.seconds[rows]
+        counts = np.array(sorted(table), dtype=np.float64)
+        times = np.array([table[int(c)] for c in counts])
         slope, intercept = np.polyfit(counts, times, 1)
         above = np.maximum(intercept + max(slope, 0.0) * tokens, times[-1])
         return np.where(tokens > counts[-1], above, np.interp(tokens, counts, times))
