@@ -29,6 +29,7 @@ from api.protocol.openai_api import (
     ChatCompletionRequest,
     CompletionRequest,
     DetokenizeRequest,
+    SamplingFields,
     TokenizeRequest,
     parse_request,
     refusal,
@@ -171,6 +172,13 @@ def _accept_parsed(request: Request, body: _Request) -> _Accepted[_Request]:
     return _Accepted(config, runtime, body, runtime.service.now(), time.time())
 
 
+async def _prediction(body: SamplingFields, runtime: Runtime) -> tuple[int, ...]:
+    """Predicted Outputs' tokens; tokenised off the event loop, and only where the request has a prediction."""
+    if body.prediction is None:
+        return ()
+    return await asyncio.to_thread(prediction_token_ids, body, runtime.tokenizer, runtime.max_model_len)
+
+
 def _prompt_scores_wanted(*wanted: int | None) -> int | None:
     present = [k for k in wanted if k is not None]
     return max(present) if present else None
@@ -186,7 +194,7 @@ async def completions(request: Request) -> Response:
     grammar = await _grammar(request, runtime, request_grammar(body).spec)
     echo_logprobs = body.echo and body.logprobs is not None
     prompt_k = _prompt_scores_wanted(body.prompt_logprobs, body.logprobs if echo_logprobs else None)
-    prediction = await asyncio.to_thread(prediction_token_ids, body, runtime.tokenizer, runtime.max_model_len)
+    prediction = await _prediction(body, runtime)
     inputs = choice_inputs(body, prompts, body.max_tokens, body.logprobs, prompt_k, grammar, prediction)
     formatter = CompletionFormatter(
         accepted.public_id("cmpl"), runtime.model_name, runtime.tokenizer, body.return_tokens_as_token_ids
@@ -224,7 +232,7 @@ async def _chat_inputs(
     grammar = await _grammar(request, runtime, None if lazy_only else plan.spec)
     max_tokens = chat_max_tokens(body, len(prompt), runtime.max_model_len)
     logprobs = (body.top_logprobs or 0) if body.logprobs else None
-    prediction = await asyncio.to_thread(prediction_token_ids, body, runtime.tokenizer, runtime.max_model_len)
+    prediction = await _prediction(body, runtime)
     inputs = choice_inputs(body, [prompt], max_tokens, logprobs, body.prompt_logprobs, grammar, prediction)
     formatter_args = (
         accepted.public_id("chatcmpl"), runtime.model_name, runtime.tokenizer, body.return_tokens_as_token_ids,
