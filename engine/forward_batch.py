@@ -2,8 +2,8 @@
 
 Tokens of all scheduled sequences are packed into one flat batch (no padding for the projections and MLP).
 Attention is the one place that needs per-sequence structure: rows are split into a decode group (one query
-each: a new token, or one position of a row verifying drafts) and a prefill group (a chunk of prompt tokens each), and each group gathers its context blocks
-from the paged cache with a boolean mask over the padded positions.
+each: a new token, or one position of a row verifying drafts) and a prefill group (a chunk of prompt tokens each),
+and each group gathers its context blocks from the paged cache with a boolean mask over the padded positions.
 """
 
 from __future__ import annotations
