@@ -29,7 +29,7 @@ from api.flags import (
 )
 from api.formats import FORMATS_HELP, add_formats_flags, formats
 from engine.config import DTYPES, QUANTIZATIONS
-from engine.cpu_features import CpuIsaError, cpu_features
+from engine.platform.cpu_features import CpuIsaError, cpu_features
 from scheduler.config import Mode
 from scheduler.lineup import DEFAULT, SYNTAX, Entry, checked, parse_entry, parse_lineup
 from scheduler.ranges import SEATS

@@ -65,8 +65,8 @@ from engine.loader import (
     resolve_device,
     resolve_source,
 )
-from engine.native import load_kernels
 from engine.phases import phase
+from engine.platform.native import load_kernels
 
 # Also this module's names for the probe's parts (the tests and benchmarks/micro/format_matrix.py use them).
 __all__ = [
@@ -264,7 +264,7 @@ def measured_format(
             _ms(now),
         )
 
-    load_kernels()  # the candidates' kernels, logged as their own phase when they build (engine/native.py)
+    load_kernels()  # the candidates' kernels, logged as their own phase when they build (engine/platform/native.py)
     if prepare is None:
 
         def load_and_prepare(dtype: str, quantization: str) -> Stepper:
@@ -360,7 +360,7 @@ def load_auto(
     """`load_model`, with whatever is `auto` measured on a CPU where more than one candidate is left (`reprobe`:
     measured even where a choice is cached). A first start's slow steps are logged as phases, one after the other
     (engine/phases.py): the GGUF's conversion, loading the weights, the kernel build and the measurement
-    (engine/native.py builds the kernels before it times them)."""
+    (engine/platform/native.py builds the kernels before it times them)."""
     source = resolve_source(path)
     if source.is_file():
         convert_gguf(source, cache_dir)  # before the load's phase, not inside it

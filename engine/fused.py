@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from engine import native
+from engine.platform import native
 
 _KERNEL_DTYPES = (torch.float32, torch.bfloat16)
 
@@ -62,7 +62,7 @@ class RotaryTables:
 
 @dataclass(frozen=True)
 class ElementwiseOps:
-    """The fused ops of a layer, through `kernels` (a loaded build, engine/native.py) or torch's ops when None.
+    """The fused ops of a layer, through `kernels` (a loaded build, engine/platform/native.py) or torch's ops when None.
 
     SiLU * up runs fused only where the build's SiLU gives torch's bits (`Kernels.silu_matches_torch`): exactness
     is a property of the format, so where the kernel cannot match torch, torch's op runs."""

@@ -19,7 +19,7 @@ from torch import nn
 from engine.attention import PreparedGroup
 from engine.fused import ElementwiseOps, RotaryTables, is_silu
 from engine.linear import AnyLinear, Int4DotLinear, RowSwitchedLinear
-from engine.native import Kernels
+from engine.platform.native import Kernels
 
 
 @dataclass(frozen=True)

@@ -16,8 +16,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from engine.cpu_features import cpu_features
-from engine.native import Kernels
+from engine.platform.cpu_features import cpu_features
+from engine.platform.native import Kernels
 from engine.quantization import Int4Weight, Int8Weight, QuantizedWeight
 
 

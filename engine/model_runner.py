@@ -33,7 +33,7 @@ from engine.linear import (
     RowSwitchedLinear,
     build_linear,
 )
-from engine.native import KernelBuild, load_kernels
+from engine.platform.native import KernelBuild, load_kernels
 from engine.prompt_scoring import DEFAULT_SLICE, PromptScores, score_positions
 from engine.quantization import Int4Weight, QuantizedWeight, concat_rows
 
@@ -92,7 +92,7 @@ class TransformersRunner:
     ) -> None:
         """`prepack_weights`: run the projections through oneDNN on reordered weight copies (CPU, float32).
         `native_attention`: decode attention and prompt scoring through the compiled CPU kernels where they build
-        (engine/native.py).
+        (engine/platform/native.py).
         `score_slice`: prompt positions per LM-head call when scoring prompts (bounds the logits' memory).
         `fused_ops`: with `native_attention`, also the compiled element-wise kernels (engine/fused.py): residual
         add + RMSNorm, SiLU * up, RoPE + cache write.
@@ -103,8 +103,8 @@ class TransformersRunner:
         `int8_activations`: int4 matmuls quantise the activations to int8 digits for integer dot products where the
         kernel build has them: AVX2, or AVX-512 with VNNI (engine.linear.Int4DotLinear; a quality change measured in
         docs/quantization.md).
-        `kernel_build`: which build of the compiled kernels to run (engine/native.py); default the best this CPU
-        allows under BATCHSERVE_CPU_ISA.
+        `kernel_build`: which build of the compiled kernels to run (engine/platform/native.py); default the best this
+        CPU allows under BATCHSERVE_CPU_ISA.
         `fused_decode`: pure decode steps run every layer in one call where the layers allow it
         (engine/fused_decode.py; the same result as the per-op path, bit for bit).
         """

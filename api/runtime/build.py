@@ -20,7 +20,7 @@ from engine.engine import Engine
 from engine.format_probe import load_auto
 from engine.loader import LoadedModel
 from engine.model_runner import ModelRunner, TransformersRunner
-from engine.native import load_kernels
+from engine.platform.native import load_kernels
 from scheduler.core import Scheduler
 from scheduler.loop import SchedulerLoop
 from scheduler.stats import StepStats

@@ -24,9 +24,9 @@ from pathlib import Path
 
 from benchmarks.results_io.report import write_json
 from engine.config import DEFAULT_MAX_QUANTIZED_ROWS
-from engine.cpu_features import cpu_features
 from engine.format_probe import PREFILL_ROWS, PROBE_ROWS, load_auto, time_steps
 from engine.loader import LoadedModel, load_model
+from engine.platform.cpu_features import cpu_features
 
 COMBINATIONS = [(d, q) for d in ("float32", "bfloat16") for q in ("none", "int8", "int4")]
 TOLERANCE = 1.10  # the "within 10 %"

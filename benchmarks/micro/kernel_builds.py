@@ -22,9 +22,9 @@ from pathlib import Path
 import torch
 
 from benchmarks.results_io.report import write_json
-from engine import native
-from engine.cpu_features import cpu_features
 from engine.linear import Int4DotLinear, Int4Linear, Int8Linear
+from engine.platform import native
+from engine.platform.cpu_features import cpu_features
 from engine.quantization import int4_from_dense, int8_from_dense
 
 ROWS = (1, 16)

@@ -11,11 +11,11 @@ from typing import Any
 import pytest
 import torch
 
-from engine import native
 from engine.config import EngineConfig
 from engine.engine import Engine
 from engine.loader import load_model
 from engine.model_runner import TransformersRunner
+from engine.platform import native
 from engine.sampling_params import SamplingParams
 
 PROMPTS = [[5, 9, 2, 77, 31], [1, 2, 3], list(range(40, 57))]

@@ -9,8 +9,6 @@ import threading
 import pytest
 import torch
 
-from engine import native
-from engine.compute_thread import run_on_passing_thread
 from engine.linear import (
     Int4DotLinear,
     Int4Linear,
@@ -20,6 +18,8 @@ from engine.linear import (
     build_linear,
     pack_int4_blocks,
 )
+from engine.platform import native
+from engine.platform.compute_thread import run_on_passing_thread
 from engine.quantization import Int4Weight, Int8Weight
 
 GROUP = 32

@@ -30,12 +30,12 @@ from typing import Any
 
 import torch
 
-from engine.cpu_features import CpuFeatures, cpu_features, torch_capability
 from engine.phases import phase
+from engine.platform.cpu_features import CpuFeatures, cpu_features, torch_capability
 
 logger = logging.getLogger(__name__)
 
-_CSRC = Path(__file__).parent / "csrc"
+_CSRC = Path(__file__).parent.parent / "csrc"
 _SOURCES = tuple(
     _CSRC / name
     for name in (
@@ -66,7 +66,7 @@ class KernelBuild:
     """One compilation of the kernels: the instruction-set level it needs and the flags that target it."""
 
     name: str  # also the op namespace's suffix
-    level: str  # an engine.cpu_features.ISA_LEVELS key: the CPU must reach it
+    level: str  # an engine.platform.cpu_features.ISA_LEVELS key: the CPU must reach it
     flags: tuple[str, ...]
 
     @property

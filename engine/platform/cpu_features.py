@@ -1,7 +1,7 @@
 """What this CPU can execute, read once from /proc/cpuinfo and capped by `BATCHSERVE_CPU_ISA`.
 
 Every choice the engine makes about the CPU goes through `cpu_features()`: which build of the compiled kernels
-runs (engine/native.py), which weight formats `auto` may pick and which are refused (engine/weight_format.py),
+runs (engine/platform/native.py), which weight formats `auto` may pick and which are refused (engine/weight_format.py),
 whether oneDNN may prepack bf16 weights (engine/linear.py).
 
 The cap names one of `ISA_LEVELS`; a level holds the CPU flags of every level below it. With the cap set, torch
