@@ -66,7 +66,7 @@ class LoadedModel:
     max_model_len: int
     weight_format: WeightFormat = EXACT
     quantized: Mapping[str, QuantizedWeight] = field(default_factory=dict)  # by module name; for the runner
-    # The row count up to which the quantised weights run, where `auto` measured it (engine/format_probe.py).
+    # The row count up to which the quantised weights run, where `auto` measured it (api/runtime/format_probe.py).
     measured_max_quantized_rows: int | None = None
 
     def with_row_switch(self, max_quantized_rows: int | None) -> LoadedModel:
@@ -158,7 +158,7 @@ def load_model(
 
     `dtype` (auto, float32, bfloat16) and `quantization` (auto, none, int8, int4) as vLLM names them; the defaults
     here are the exact ones, the server's are `auto`. `quiet`: the routine lines (a cache hit, the format loaded)
-    at debug level, for the loads that measure formats (engine/format_probe.py)."""
+    at debug level, for the loads that measure formats (api/runtime/format_probe.py)."""
     level = logging.DEBUG if quiet else logging.INFO
     config = LoadConfig(dtype, quantization)
     target = resolve_device(device)

@@ -1,5 +1,5 @@
-"""The weight format `auto` chose (engine/format_probe.py), and where it is kept: one JSON file per CPU, kernel build,
-torch, model file and set of candidates under <cache>/format-choice/, written only for a choice whose lead over
+"""The weight format `auto` chose (api/runtime/format_probe.py), and where it is kept: one JSON file per CPU, kernel
+build, torch, model file and set of candidates under <cache>/format-choice/, written only for a choice whose lead over
 the runner-up is clear of the noise it was measured with. `batchserve formats` lists them."""
 
 from __future__ import annotations

@@ -1,9 +1,9 @@
 """`auto` weight formats, measured on this machine rather than guessed from its CPU flags.
 
 At the first load on a machine, each candidate format (dtype x quantization, those `auto` leaves open) is loaded,
-and then all of them are timed in turns (engine/format_timing.py): round after round, each one's decode step on the
+and then all of them are timed in turns (api/runtime/format_timing.py): round after round, each one's decode step on the
 real model at 1, 4, 8 and 16 rows and a 128-token prefill chunk, through the same runner and engine that serve
-(engine/format_steps.py). Each figure is the candidate's best time over the rounds, so another process's burst of
+(api/runtime/format_steps.py). Each figure is the candidate's best time over the rounds, so another process's burst of
 work, which slows some rounds, cannot pick the winner; while a calibration op says the machine is busy, more rounds
 are timed. The format kept is the one whose worst ratio to the best time, at 1 row, 16 rows and the prefill chunk,
 is smallest; for a quantised format the row count up to which its quantised weights run (above it, the dense copy)
@@ -11,7 +11,7 @@ is the largest measured count at which they beat the dense format of the same dt
 the prefill chunk. (The prefill matters: on a CPU without native bf16, a dense bf16 prefill is an order of magnitude
 slower than float32's, however fast int4 decodes.)
 
-The choice is cached (engine/format_choice.py) by the CPU (under BATCHSERVE_CPU_ISA), the kernel build, torch and
+The choice is cached (api/runtime/format_choice.py) by the CPU (under BATCHSERVE_CPU_ISA), the kernel build, torch and
 the model file, when it would still win with the runner-up's figures lowered by their noise (a best over rounds
 can only be too slow, so the winner's own need no allowance); else it is served and kept as provisional, measured
 again at the next start, and settled once two measurements pick the same format. A later start re-times the
@@ -33,9 +33,16 @@ from pathlib import Path
 
 import torch
 
-from engine.config import DEFAULT_MAX_QUANTIZED_ROWS
-from engine.format_choice import EVERY_STEP, FormatChoice, cache_file, format_label, machine, read_entry, write_entry
-from engine.format_steps import (
+from api.runtime.format_choice import (
+    EVERY_STEP,
+    FormatChoice,
+    cache_file,
+    format_label,
+    machine,
+    read_entry,
+    write_entry,
+)
+from api.runtime.format_steps import (
     MEASURED_ROWS,
     PREFILL_ROWS,
     PROBE_ROWS,
@@ -45,7 +52,7 @@ from engine.format_steps import (
     resident_groups,
     time_steps,
 )
-from engine.format_timing import (
+from api.runtime.format_timing import (
     DEFAULT_PLAN,
     Calibration,
     Clock,
@@ -57,14 +64,8 @@ from engine.format_timing import (
     recheck,
     time_rounds,
 )
-from engine.loader import (
-    LoadedModel,
-    checkpoint_dtype,
-    convert_gguf,
-    load_model,
-    resolve_device,
-    resolve_source,
-)
+from engine.config import DEFAULT_MAX_QUANTIZED_ROWS
+from engine.loader import LoadedModel, checkpoint_dtype, convert_gguf, load_model, resolve_device, resolve_source
 from engine.phases import phase
 from engine.platform.native import load_kernels
 
