@@ -53,7 +53,7 @@ class LoadConfig:
     """How the weights are held and computed, named as vLLM's `--dtype` and `--quantization`.
 
     `dtype` is the activations' and KV cache's type (and dense weights'); `quantization` holds the projection
-    weights as weight-only int8 or int4. `auto` resolves at load (engine/weight_format.py) from the file and the
+    weights as weight-only int8 or int4. `auto` resolves at load (engine/weights/weight_format.py) from the file and the
     CPU: `float32`/`none` is exact (greedy parity with transformers' generate())."""
 
     dtype: str = "float32"

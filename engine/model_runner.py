@@ -35,7 +35,7 @@ from engine.linear import (
 )
 from engine.platform.native import KernelBuild, load_kernels
 from engine.prompt_scoring import DEFAULT_SLICE, PromptScores, score_positions
-from engine.quantization import Int4Weight, QuantizedWeight, concat_rows
+from engine.weights.quantization import Int4Weight, QuantizedWeight, concat_rows
 
 
 @dataclass(frozen=True)
@@ -97,7 +97,7 @@ class TransformersRunner:
         `fused_ops`: with `native_attention`, also the compiled element-wise kernels (engine/fused.py): residual
         add + RMSNorm, SiLU * up, RoPE + cache write.
         `quantized`: int4/int8 weights replacing the dense ones, keyed by module name (`lm_head`,
-        `model.layers.N.self_attn.q_proj`, ...; engine/loader.py); the model's dense weights stay the reference.
+        `model.layers.N.self_attn.q_proj`, ...; engine/weights/loader.py); the model's dense weights stay the reference.
         `max_quantized_rows`: steps of more rows than this run the dense weights (engine.linear.RowSwitchedLinear);
         None: every step runs the quantised ones.
         `int8_activations`: int4 matmuls quantise the activations to int8 digits for integer dot products where the

@@ -18,9 +18,9 @@ from api.text.token_bytes import TokenBytes
 from api.text.tool_template import ChatSetup
 from engine.config import DEFAULT_MAX_QUANTIZED_ROWS
 from engine.engine import Engine
-from engine.loader import LoadedModel
 from engine.model_runner import ModelRunner, TransformersRunner
 from engine.platform.native import load_kernels
+from engine.weights.loader import LoadedModel
 from scheduler.core import Scheduler
 from scheduler.loop import SchedulerLoop
 from scheduler.stats import StepStats

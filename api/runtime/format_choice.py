@@ -16,9 +16,9 @@ from typing import Any
 
 import torch
 
-from engine.loader import file_sha256, resolve_cache_dir
 from engine.platform.cpu_features import cpu_features
 from engine.platform.native import best_build
+from engine.weights.loader import file_sha256, resolve_cache_dir
 
 PROBE_VERSION = 3  # bump when what is measured changes: old choices are then measured again
 CHOICE_DIR = "format-choice"

@@ -50,7 +50,6 @@ from api.runtime.format_steps import (
     Pair,
     available_memory,
     resident_groups,
-    time_steps,
 )
 from api.runtime.format_timing import (
     DEFAULT_PLAN,
@@ -65,23 +64,16 @@ from api.runtime.format_timing import (
     time_rounds,
 )
 from engine.config import DEFAULT_MAX_QUANTIZED_ROWS
-from engine.loader import LoadedModel, checkpoint_dtype, convert_gguf, load_model, resolve_device, resolve_source
 from engine.phases import phase
 from engine.platform.native import load_kernels
-
-# Also this module's names for the probe's parts (the tests and benchmarks/micro/format_matrix.py use them).
-__all__ = [
-    "EVERY_STEP",
-    "MEASURED_ROWS",
-    "PREFILL_ROWS",
-    "PROBE_ROWS",
-    "FormatChoice",
-    "candidates",
-    "choose",
-    "load_auto",
-    "measured_format",
-    "time_steps",
-]
+from engine.weights.loader import (
+    LoadedModel,
+    checkpoint_dtype,
+    convert_gguf,
+    load_model,
+    resolve_device,
+    resolve_source,
+)
 
 logger = logging.getLogger("batchserve.loader")
 

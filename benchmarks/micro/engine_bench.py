@@ -33,9 +33,9 @@ from benchmarks.results_io.report import write_json
 from engine.config import EngineConfig
 from engine.engine import Engine
 from engine.linear import AnyLinear, Int4DotLinear, Int4Linear, Int8Linear, Linear, RowSwitchedLinear
-from engine.loader import LoadedModel
 from engine.model_runner import TransformersRunner
 from engine.sampling_params import SamplingParams
+from engine.weights.loader import LoadedModel
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ from engine.linear import (
 )
 from engine.platform import native
 from engine.platform.compute_thread import run_on_passing_thread
-from engine.quantization import Int4Weight, Int8Weight
+from engine.weights.quantization import Int4Weight, Int8Weight
 
 GROUP = 32
 

@@ -11,19 +11,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from api.runtime.format_choice import FormatChoice, format_label, read_entry
-from api.runtime.format_probe import (
-    EVERY_STEP,
-    MEASURED_ROWS,
-    candidates,
-    choose,
-    load_auto,
-    measured_format,
-    time_steps,
-)
-from api.runtime.format_steps import resident_groups
+from api.runtime.format_choice import EVERY_STEP, FormatChoice, format_label, read_entry
+from api.runtime.format_probe import candidates, choose, load_auto, measured_format
+from api.runtime.format_steps import MEASURED_ROWS, resident_groups, time_steps
 from api.runtime.format_timing import Stepper
-from engine.loader import load_model
+from engine.weights.loader import load_model
 from tests.api.runtime.fake_machine import FakeMachine
 
 ALL = [("float32", "none"), ("bfloat16", "none"), ("float32", "int4"), ("bfloat16", "int4")]

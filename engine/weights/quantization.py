@@ -191,7 +191,7 @@ def read_gguf_int4(
     decoders: Mapping[str, Callable[[np.ndarray, int], Int4Weight]] | None = None,
 ) -> dict[str, Int4Weight]:
     """Every Q4_0/Q4_1 projection of the file (`open_gguf`), and those of the types `decoders` decodes (Q4_K:
-    engine/kquants.py), keyed by Hugging Face module name; other types are left out."""
+    engine/weights/kquants.py), keyed by Hugging Face module name; other types are left out."""
     decoders = decoders or {}
     arch_field = reader.fields.get("general.architecture")
     arch = bytes(arch_field.parts[arch_field.data[0]]).decode() if arch_field is not None else ""
