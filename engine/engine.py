@@ -12,12 +12,12 @@ from collections.abc import Mapping, Sequence
 
 import torch
 
-from engine.block_manager import BlockManager, CacheQueries
 from engine.config import EngineConfig
 from engine.errors import CacheCapacityError, ContextLengthError, EngineInputError, InputField
 from engine.forward_batch import PromptScoring, build_forward_batch, move_batch
 from engine.grammar import GrammarMatcher
-from engine.kv_cache import PagedKVCache
+from engine.kv.block_manager import BlockManager, CacheQueries
+from engine.kv.kv_cache import PagedKVCache
 from engine.model_runner import ModelRunner
 from engine.outputs import DraftStats, PromptLogprobs, StepOutput
 from engine.prompt_scoring import PromptScores

@@ -23,7 +23,7 @@ from engine.config import DEFAULT_MAX_QUANTIZED_ROWS
 from engine.forward_batch import ForwardBatch
 from engine.fused import ElementwiseOps, RotaryTables
 from engine.fused_decode import FusedDecode, LayerWeights
-from engine.kv_cache import KVCacheShape, PagedKVCache
+from engine.kv.kv_cache import KVCacheShape, PagedKVCache
 from engine.linear import (
     AnyLinear,
     Int4DotLinear,

@@ -22,7 +22,7 @@ class SequenceRows:
         self.max_model_len = max_model_len
         # [rows] unless noted.
         self.token_buffer = torch.zeros(rows, max_model_len, dtype=torch.long)  # [rows, max_model_len]
-        # [rows, max blocks per sequence]: a mirror of engine.block_manager's lists, the forward's block tables
+        # [rows, max blocks per sequence]: a mirror of engine.kv.block_manager's lists, the forward's block tables
         self.block_table = torch.zeros(rows, max_blocks, dtype=torch.long)
         self.num_computed = torch.zeros(rows, dtype=torch.long)
         self.seq_len = torch.zeros(rows, dtype=torch.long)

@@ -20,7 +20,7 @@ import torch
 from engine.config import EngineConfig
 from engine.engine import Engine
 from engine.forward_batch import ForwardBatch
-from engine.kv_cache import KVCacheShape, PagedKVCache
+from engine.kv.kv_cache import KVCacheShape, PagedKVCache
 from engine.model_runner import ForwardOutput
 from engine.outputs import PromptLogprobs
 from engine.prompt_scoring import PromptScores
