@@ -136,7 +136,7 @@ def serve(config: ServerConfig, lineup: tuple[Entry, ...] | None = None) -> None
 
 def generate(args: argparse.Namespace) -> None:
     from api.runtime.offline import LLM
-    from engine.sampling_params import SamplingParams
+    from engine.sample.sampling_params import SamplingParams
 
     llm = LLM(
         model=args.model,

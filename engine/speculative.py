@@ -24,12 +24,12 @@ from itertools import accumulate
 
 import torch
 
-from engine.grammar import GrammarMatcher
 from engine.outputs import TokenOutput
 from engine.rows import SequenceRows
-from engine.sampler import SampleResult
-from engine.sampling_params import MIN_SAMPLING_TEMPERATURE
-from engine.sampling_step import package, sample_and_record, sample_at
+from engine.sample.grammar import GrammarMatcher
+from engine.sample.sampler import SampleResult
+from engine.sample.sampling_params import MIN_SAMPLING_TEMPERATURE
+from engine.sample.sampling_step import package, sample_and_record, sample_at
 
 
 @dataclass(frozen=True)

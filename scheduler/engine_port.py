@@ -12,7 +12,7 @@ from typing import Protocol
 from engine.config import EngineConfig
 from engine.kv.block_manager import BlockManager
 from engine.outputs import StepOutput
-from engine.sampling_params import SamplingParams
+from engine.sample.sampling_params import SamplingParams
 
 
 class SchedulerEngine(Protocol):

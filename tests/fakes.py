@@ -24,7 +24,7 @@ from engine.kv.kv_cache import KVCacheShape, PagedKVCache
 from engine.model_runner import ForwardOutput
 from engine.outputs import PromptLogprobs
 from engine.prompt_scoring import PromptScores
-from engine.sampling_params import SamplingParams
+from engine.sample.sampling_params import SamplingParams
 from scheduler.config import Mode, SchedulerConfig
 from scheduler.core import Scheduler
 from scheduler.request import FinishEvent, Outcome, PromptLogprobsEvent, RequestEvent, SequenceRequest, TokenEvent

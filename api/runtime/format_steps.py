@@ -14,7 +14,7 @@ from api.runtime.format_timing import Clock, SystemClock
 from engine.config import EngineConfig
 from engine.engine import Engine
 from engine.model_runner import TransformersRunner
-from engine.sampling_params import SamplingParams
+from engine.sample.sampling_params import SamplingParams
 from engine.weights.loader import LoadedModel
 
 PROBE_ROWS = (1, 4, 8, 16)  # decode steps of this many sequences

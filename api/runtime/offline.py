@@ -13,7 +13,7 @@ from api.text.chat_template import encode_chat
 from api.text.detokenizer import IncrementalDetokenizer
 from engine.outputs import PromptLogprobs
 from engine.platform.compute_thread import run_on_passing_thread
-from engine.sampling_params import SamplingParams
+from engine.sample.sampling_params import SamplingParams
 from engine.weights.loader import LoadedModel
 from scheduler.request import (
     FinishEvent,

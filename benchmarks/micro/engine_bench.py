@@ -34,7 +34,7 @@ from engine.config import EngineConfig
 from engine.engine import Engine
 from engine.linear import AnyLinear, Int4DotLinear, Int4Linear, Int8Linear, Linear, RowSwitchedLinear
 from engine.model_runner import TransformersRunner
-from engine.sampling_params import SamplingParams
+from engine.sample.sampling_params import SamplingParams
 from engine.weights.loader import LoadedModel
 
 

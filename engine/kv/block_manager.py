@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 from engine.kv.block_pool import BlockPool, Parent, PrefixMatch, block_key, root
 
 if TYPE_CHECKING:
-    from engine.sampling_params import SamplingParams
+    from engine.sample.sampling_params import SamplingParams
 
 NO_MATCH = PrefixMatch((), ())
 

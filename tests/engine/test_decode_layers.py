@@ -15,7 +15,7 @@ from engine.config import EngineConfig
 from engine.engine import Engine
 from engine.model_runner import TransformersRunner
 from engine.platform import native
-from engine.sampling_params import SamplingParams
+from engine.sample.sampling_params import SamplingParams
 from engine.weights.loader import load_model
 
 PROMPTS = [[5, 9, 2, 77, 31], [1, 2, 3], list(range(40, 57))]

@@ -22,10 +22,11 @@ from engine.attention import paged_attention, prepare
 from engine.config import EngineConfig
 from engine.engine import Engine
 from engine.forward_batch import build_forward_batch
-from engine.fused import ElementwiseOps, RotaryTables, argmax_rows, token_logprobs
+from engine.fused import ElementwiseOps, RotaryTables
 from engine.model_runner import TransformersRunner
 from engine.platform import native
-from engine.sampling_params import SamplingParams
+from engine.sample.kernels import argmax_rows, token_logprobs
+from engine.sample.sampling_params import SamplingParams
 from tests.toolchain import load_build
 
 DTYPES = (torch.float32, torch.bfloat16)

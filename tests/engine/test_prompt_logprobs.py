@@ -23,7 +23,7 @@ from engine.model_runner import TransformersRunner
 from engine.outputs import PromptLogprobs
 from engine.platform import native
 from engine.prompt_scoring import score_positions
-from engine.sampling_params import SamplingParams
+from engine.sample.sampling_params import SamplingParams
 from scheduler.config import Mode, SchedulerConfig
 from scheduler.core import Scheduler
 from scheduler.request import Outcome, PromptLogprobsEvent, SequenceRequest, TokenEvent

@@ -19,7 +19,7 @@ from api.flags import config_from_args
 from api.runtime.offline import LLM
 from engine.config import LoadConfig
 from engine.linear import Int4Linear, Int8Linear, Linear, build_linear
-from engine.sampling_params import SamplingParams
+from engine.sample.sampling_params import SamplingParams
 from engine.weights.loader import LoadedModel, load_model
 from engine.weights.quantization import (
     Int4Weight,

@@ -11,7 +11,7 @@ from api.runtime.offline import LLM
 from engine.config import EngineConfig
 from engine.engine import Engine
 from engine.model_runner import TransformersRunner
-from engine.sampling_params import SamplingParams
+from engine.sample.sampling_params import SamplingParams
 from engine.weights.loader import LoadedModel
 from scheduler.request import Outcome
 from tests.reference_models import generate_exactly
