@@ -14,12 +14,12 @@ import torch
 
 from engine.config import EngineConfig
 from engine.errors import CacheCapacityError, ContextLengthError, EngineInputError, InputField
-from engine.forward_batch import PromptScoring, build_forward_batch, move_batch
 from engine.kv.block_manager import BlockManager, CacheQueries
 from engine.kv.kv_cache import PagedKVCache
-from engine.model_runner import ModelRunner
+from engine.model.forward_batch import PromptScoring, build_forward_batch, move_batch
+from engine.model.model_runner import ModelRunner
+from engine.model.prompt_scoring import PromptScores
 from engine.outputs import DraftStats, PromptLogprobs, StepOutput
-from engine.prompt_scoring import PromptScores
 from engine.rows import SequenceRows
 from engine.sample.grammar import GrammarMatcher
 from engine.sample.sampling_params import SamplingParams

@@ -14,7 +14,7 @@ from api.endpoints.service import GenerationService
 from api.endpoints.state import Phase, Runtime, ServerState
 from api.runtime.build import ModelRuntime, build_model_runtime, load
 from api.runtime.heap import frozen_after_loading
-from engine.model_runner import ModelRunner
+from engine.model.model_runner import ModelRunner
 from engine.phases import phase
 from engine.weights.loader import LoadedModel
 

@@ -18,7 +18,7 @@ from api.text.token_bytes import TokenBytes
 from api.text.tool_template import ChatSetup
 from engine.config import DEFAULT_MAX_QUANTIZED_ROWS
 from engine.engine import Engine
-from engine.model_runner import ModelRunner, TransformersRunner
+from engine.model.model_runner import ModelRunner, TransformersRunner
 from engine.platform.native import load_kernels
 from engine.weights.loader import LoadedModel
 from scheduler.core import Scheduler

@@ -13,7 +13,7 @@ import torch
 from api.runtime.format_timing import Clock, SystemClock
 from engine.config import EngineConfig
 from engine.engine import Engine
-from engine.model_runner import TransformersRunner
+from engine.model.model_runner import TransformersRunner
 from engine.sample.sampling_params import SamplingParams
 from engine.weights.loader import LoadedModel
 

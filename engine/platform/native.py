@@ -13,7 +13,7 @@ logs the build as a phase (engine/phases.py), with progress lines while it compi
 carries a hash of the sources, the flags and the torch version, and it compiles copies of the sources kept in its
 own directory, so every checkout of the same sources shares the build. Where no compiler is present the build
 fails with a warning and the engine runs its pure-torch attention, prompt scoring and element-wise ops
-(engine/fused.py).
+(engine/model/elementwise.py).
 """
 
 from __future__ import annotations
@@ -117,7 +117,7 @@ class Kernels:
 
     @property
     def has_int4_dot(self) -> bool:
-        """Integer dot products for int4 weights (engine.linear.Int4DotLinear): AVX2, or AVX-512 with VNNI."""
+        """Integer dot products for int4 weights (engine.model.linear.Int4DotLinear): AVX2, or AVX-512 with VNNI."""
         return bool(self.ops.int4_dot_available())
 
     @property

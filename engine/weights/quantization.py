@@ -1,7 +1,7 @@
 """Weight-only quantised weights: read from a GGUF file's own blocks, or quantised from dense weights at load.
 
 Both forms are kept unpacked here (one value per element), so that the runner can concatenate q/k/v and gate/up
-along the output rows before packing them for torch's kernels (engine/linear.py):
+along the output rows before packing them for torch's kernels (engine/model/linear.py):
 
 - `Int4Weight`: values 0..15 in groups of `group_size` along the input dimension, each group with a scale and a
   zero, dequantised as torch's int4 kernels do: w = (q - 8) * scale + zero.

@@ -1,4 +1,4 @@
-"""A pure decode step's layers in one compiled call (engine/fused_decode.py, engine/csrc/decode_layers.cpp): the
+"""A pure decode step's layers in one compiled call (engine/model/fused_decode.py, engine/csrc/decode_layers.cpp): the
 same tokens and logprobs as the per-op path, bit for bit, once per build of the kernels that has the integer-dot
 int4 matmul; and the steps it must leave to the per-op path."""
 
@@ -13,7 +13,7 @@ import torch
 
 from engine.config import EngineConfig
 from engine.engine import Engine
-from engine.model_runner import TransformersRunner
+from engine.model.model_runner import TransformersRunner
 from engine.platform import native
 from engine.sample.sampling_params import SamplingParams
 from engine.weights.loader import load_model

@@ -8,8 +8,8 @@ import logging
 import pytest
 import torch
 
-from engine.attention import paged_attention, prepare
-from engine.forward_batch import build_forward_batch
+from engine.model.attention import paged_attention, prepare
+from engine.model.forward_batch import build_forward_batch
 from engine.platform import native
 from engine.platform.cpu_features import features_for
 from tests.toolchain import CAN_BUILD_KERNELS

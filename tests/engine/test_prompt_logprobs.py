@@ -19,10 +19,10 @@ from api.runtime.offline import LLM
 from engine.config import EngineConfig
 from engine.engine import Engine
 from engine.errors import EngineInputError, InputField
-from engine.model_runner import TransformersRunner
+from engine.model.model_runner import TransformersRunner
+from engine.model.prompt_scoring import score_positions
 from engine.outputs import PromptLogprobs
 from engine.platform import native
-from engine.prompt_scoring import score_positions
 from engine.sample.sampling_params import SamplingParams
 from scheduler.config import Mode, SchedulerConfig
 from scheduler.core import Scheduler

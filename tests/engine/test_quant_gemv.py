@@ -9,7 +9,7 @@ import threading
 import pytest
 import torch
 
-from engine.linear import (
+from engine.model.linear import (
     Int4DotLinear,
     Int4Linear,
     Int8Linear,

@@ -18,7 +18,7 @@ from api.config import ServerConfig
 from api.flags import config_from_args
 from api.runtime.offline import LLM
 from engine.config import LoadConfig
-from engine.linear import Int4Linear, Int8Linear, Linear, build_linear
+from engine.model.linear import Int4Linear, Int8Linear, Linear, build_linear
 from engine.sample.sampling_params import SamplingParams
 from engine.weights.loader import LoadedModel, load_model
 from engine.weights.quantization import (

@@ -10,7 +10,7 @@ import pytest
 from api.runtime.offline import LLM
 from engine.config import EngineConfig
 from engine.engine import Engine
-from engine.model_runner import TransformersRunner
+from engine.model.model_runner import TransformersRunner
 from engine.sample.sampling_params import SamplingParams
 from engine.weights.loader import LoadedModel
 from scheduler.request import Outcome

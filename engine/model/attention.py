@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from engine.forward_batch import AttentionGroup
+from engine.model.forward_batch import AttentionGroup
 from engine.platform.native import DecodeKernel
 
 
