@@ -25,7 +25,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from api.apps.serve import create_app
 from api.config import ServerConfig
 from api.endpoints.state import ServerState
-from engine.loader import LoadedModel
+from engine.weights.loader import LoadedModel
 from tests.server_harness import (
     RunningServer,
     free_port,

@@ -11,7 +11,7 @@ import pytest
 import torch
 from openai.types.chat import ChatCompletionMessageParam
 
-from engine.loader import LoadedModel
+from engine.weights.loader import LoadedModel
 from tests.api.endpoints.test_api import MODES, as_dicts, mode_config, openai_client
 from tests.server_harness import RunningServer, real_loaded_model, running_server
 

@@ -1,5 +1,5 @@
-"""A fake machine for the format probe (engine/format_timing.py, engine/format_probe.py): a clock that advances
-only by the work timed on it, so no test depends on real timings. Each op costs its quiet time x `speed`, BURST
+"""A fake machine for the format probe (api/runtime/format_timing.py, api/runtime/format_probe.py): a clock that
+advances only by the work timed on it, so no test depends on real timings. Each op costs its quiet time x `speed`, BURST
 times that while another process is busy (seeded random slots of the fake timeline, or given windows), and up to
 `jitter` more at random."""
 
@@ -8,7 +8,7 @@ from __future__ import annotations
 import random
 from collections.abc import Mapping, Sequence
 
-from engine.format_timing import Calibration
+from api.runtime.format_timing import Calibration
 
 BURST = 10.0  # another process on the CPU: ten times as long
 

@@ -1,7 +1,7 @@
-"""`auto` measured (engine/format_probe.py): which formats are candidates, how the times choose one and its row
+"""`auto` measured (api/runtime/format_probe.py): which formats are candidates, how the times choose one and its row
 switch, that another process's bursts cannot decide it, the cache that makes it a first-start cost only (never for a
 lead inside the noise, measured again on a machine of another speed), and a real timing run on the tiny model. The
-probe runs on a fake machine whose clock advances only by the work timed on it (tests/engine/fake_machine.py)."""
+probe runs on a fake machine whose clock advances only by the work timed on it (tests/api/runtime/fake_machine.py)."""
 
 from __future__ import annotations
 
@@ -11,12 +11,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine.format_choice import FormatChoice, format_label, read_entry
-from engine.format_probe import EVERY_STEP, MEASURED_ROWS, candidates, choose, load_auto, measured_format, time_steps
-from engine.format_steps import resident_groups
-from engine.format_timing import Stepper
-from engine.loader import load_model
-from tests.engine.fake_machine import FakeMachine
+from api.runtime.format_choice import EVERY_STEP, FormatChoice, format_label, read_entry
+from api.runtime.format_probe import candidates, choose, load_auto, measured_format
+from api.runtime.format_steps import MEASURED_ROWS, resident_groups, time_steps
+from api.runtime.format_timing import Stepper
+from engine.weights.loader import load_model
+from tests.api.runtime.fake_machine import FakeMachine
 
 ALL = [("float32", "none"), ("bfloat16", "none"), ("float32", "int4"), ("bfloat16", "int4")]
 

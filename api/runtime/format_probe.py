@@ -1,9 +1,9 @@
 """`auto` weight formats, measured on this machine rather than guessed from its CPU flags.
 
 At the first load on a machine, each candidate format (dtype x quantization, those `auto` leaves open) is loaded,
-and then all of them are timed in turns (engine/format_timing.py): round after round, each one's decode step on the
+and then all of them are timed in turns (api/runtime/format_timing.py): round after round, each one's decode step on the
 real model at 1, 4, 8 and 16 rows and a 128-token prefill chunk, through the same runner and engine that serve
-(engine/format_steps.py). Each figure is the candidate's best time over the rounds, so another process's burst of
+(api/runtime/format_steps.py). Each figure is the candidate's best time over the rounds, so another process's burst of
 work, which slows some rounds, cannot pick the winner; while a calibration op says the machine is busy, more rounds
 are timed. The format kept is the one whose worst ratio to the best time, at 1 row, 16 rows and the prefill chunk,
 is smallest; for a quantised format the row count up to which its quantised weights run (above it, the dense copy)
@@ -11,7 +11,7 @@ is the largest measured count at which they beat the dense format of the same dt
 the prefill chunk. (The prefill matters: on a CPU without native bf16, a dense bf16 prefill is an order of magnitude
 slower than float32's, however fast int4 decodes.)
 
-The choice is cached (engine/format_choice.py) by the CPU (under BATCHSERVE_CPU_ISA), the kernel build, torch and
+The choice is cached (api/runtime/format_choice.py) by the CPU (under BATCHSERVE_CPU_ISA), the kernel build, torch and
 the model file, when it would still win with the runner-up's figures lowered by their noise (a best over rounds
 can only be too slow, so the winner's own need no allowance); else it is served and kept as provisional, measured
 again at the next start, and settled once two measurements pick the same format. A later start re-times the
@@ -34,9 +34,16 @@ from pathlib import Path
 
 import torch
 
-from engine.config import DEFAULT_MAX_QUANTIZED_ROWS
-from engine.format_choice import EVERY_STEP, FormatChoice, cache_file, format_label, machine, read_entry, write_entry
-from engine.format_steps import (
+from api.runtime.format_choice import (
+    EVERY_STEP,
+    FormatChoice,
+    cache_file,
+    format_label,
+    machine,
+    read_entry,
+    write_entry,
+)
+from api.runtime.format_steps import (
     MEASURED_ROWS,
     PREFILL_ROWS,
     PROBE_ROWS,
@@ -44,9 +51,8 @@ from engine.format_steps import (
     Pair,
     available_memory,
     resident_groups,
-    time_steps,
 )
-from engine.format_timing import (
+from api.runtime.format_timing import (
     DEFAULT_PLAN,
     Calibration,
     Clock,
@@ -61,7 +67,10 @@ from engine.format_timing import (
     recheck,
     time_rounds,
 )
-from engine.loader import (
+from engine.config import DEFAULT_MAX_QUANTIZED_ROWS
+from engine.phases import phase
+from engine.platform.native import load_kernels
+from engine.weights.loader import (
     LoadedModel,
     checkpoint_dtype,
     convert_gguf,
@@ -69,22 +78,6 @@ from engine.loader import (
     resolve_device,
     resolve_source,
 )
-from engine.native import load_kernels
-from engine.phases import phase
-
-# Also this module's names for the probe's parts (the tests and benchmarks/micro/format_matrix.py use them).
-__all__ = [
-    "EVERY_STEP",
-    "MEASURED_ROWS",
-    "PREFILL_ROWS",
-    "PROBE_ROWS",
-    "FormatChoice",
-    "candidates",
-    "choose",
-    "load_auto",
-    "measured_format",
-    "time_steps",
-]
 
 logger = logging.getLogger("batchserve.loader")
 
@@ -270,7 +263,7 @@ def measured_format(
             speeds,
         )
 
-    load_kernels()  # the candidates' kernels, logged as their own phase when they build (engine/native.py)
+    load_kernels()  # the candidates' kernels, logged as their own phase when they build (engine/platform/native.py)
     if prepare is None:
 
         def load_and_prepare(dtype: str, quantization: str) -> Stepper:
@@ -362,7 +355,7 @@ def load_auto(
     """`load_model`, with whatever is `auto` measured on a CPU where more than one candidate is left (`reprobe`:
     measured even where a choice is cached). A first start's slow steps are logged as phases, one after the other
     (engine/phases.py): the GGUF's conversion, loading the weights, the kernel build and the measurement
-    (engine/native.py builds the kernels before it times them)."""
+    (engine/platform/native.py builds the kernels before it times them)."""
     source = resolve_source(path)
     if source.is_file():
         convert_gguf(source, cache_dir)  # before the load's phase, not inside it

@@ -1,4 +1,4 @@
-"""Timing candidate weight formats so that another process cannot decide which one wins (engine/format_probe.py).
+"""Timing candidate weight formats so that another process cannot decide which one wins (api/runtime/format_probe.py).
 
 Every candidate is loaded first, then timed in turns: round after round, each candidate's step at every size once
 (A B C D, A B C D, ...), so a burst of another process's work slows a round of all of them rather than all the

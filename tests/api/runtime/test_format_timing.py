@@ -1,13 +1,13 @@
-"""Timing candidates in turns (engine/format_timing.py) on a fake machine whose clock advances only by the work timed
-on it (tests/engine/fake_machine.py): rounds until enough are quiet, bounded; each figure its best round's; a later
-start's calibration against the cached one."""
+"""Timing candidates in turns (api/runtime/format_timing.py) on a fake machine whose clock advances only by the work
+timed on it (tests/api/runtime/fake_machine.py): rounds until enough are quiet, bounded; each figure its best round's;
+a later start's calibration against the cached one."""
 
 from __future__ import annotations
 
 import pytest
 
-from engine.format_timing import STALE_RATIO, Recheck, RoundPlan, recheck, time_rounds
-from tests.engine.fake_machine import FakeMachine
+from api.runtime.format_timing import STALE_RATIO, Recheck, RoundPlan, recheck, time_rounds
+from tests.api.runtime.fake_machine import FakeMachine
 
 SIZES = (1, 16)
 TRUTH = {"a": {1: 10.0, 16: 40.0}, "b": {1: 12.0, 16: 30.0}}
