@@ -175,7 +175,7 @@ class Scheduler:
         )  # fmt: skip
         self._num_steps += 1
         if not failed:
-            self.draft_length.observe(len(plan), num_tokens, prefill, stats.duration)
+            self.draft_length.observe(len(plan), num_tokens, stats.duration)
         if self.on_step is not None:
             self.on_step(stats)
         self.events.step(self._num_steps, stats, lanes)
