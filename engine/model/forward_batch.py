@@ -49,7 +49,7 @@ class ForwardBatch:
     slot_mapping: torch.Tensor  # [tokens] where each token's key and value are written
     groups: tuple[AttentionGroup, ...]
     # [sampling positions] packed index of the last token of each sampling row, and of each of its drafts before
-    # it (engine/speculative.py): a row with k drafts contributes its last k + 1 tokens, in order
+    # it (engine/spec/verify.py): a row with k drafts contributes its last k + 1 tokens, in order
     sample_index: torch.Tensor
     scoring: PromptScoring | None = None  # None when no scheduled row scores prompt positions this step
 
