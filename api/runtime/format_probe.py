@@ -16,8 +16,9 @@ the model file, when it would still win with the runner-up's figures lowered by 
 can only be too slow, so the winner's own need no allowance); else it is served and kept as provisional, measured
 again at the next start, and settled once two measurements pick the same format. A later start re-times the
 calibration op and measures again when the machine's speed no longer matches the cached one (another CPU with the
-same flags). The measurement is logged as a phase (engine/phases.py: a line per candidate loaded and per round,
-where the choice is cached and how to measure again), after the kernels it times are built.
+same flags), unless other processes are using the CPU: a busy start keeps it. The measurement is logged as a phase
+(engine/phases.py: a line per candidate and round, where the choice is cached and how to redo it), after the kernels
+it times are built.
 
 Every candidate meets the quality bar (perplexity within 1 % of float32, docs/quantization.md): the table below
 names the measured cost of each; a format whose quality is unmeasured is never a candidate.
@@ -55,10 +56,13 @@ from api.runtime.format_timing import (
     DEFAULT_PLAN,
     Calibration,
     Clock,
+    LoadGauge,
+    Recheck,
     RoundPlan,
     Rounds,
     Stepper,
     SystemClock,
+    SystemLoad,
     default_calibration,
     recheck,
     time_rounds,
@@ -224,12 +228,13 @@ def measured_format(
     plan: RoundPlan = DEFAULT_PLAN,
     groups: Sequence[Sequence[Pair]] | None = None,
     reprobe: bool = False,
+    load: LoadGauge | None = None,
 ) -> FormatChoice:
     """The cached choice among `pairs` for this machine where there is one and the machine's speed still matches
     it, else measured now, after building the kernels the candidates run (so that their build is a phase of its own
     rather than a silent part of the first candidate's). `prepare(dtype, quantization)`: one candidate, ready to
     time (default: loaded). `groups`: the candidates to hold loaded at once, in turn (default: all). `reprobe`: measure
-    even where a choice is cached. `clock` and `calibration`: the system's and a fixed pair of tensor ops."""
+    even where a choice is cached. `clock`, `calibration`, `load`: the system's, two tensor ops, /proc/stat."""
     cached = cache_file(source, pairs, device, cache_dir)
     redo = f"cached in {cached}; delete it to measure again (`batchserve formats` lists the choices)"
     clock = clock or SystemClock()
@@ -242,19 +247,20 @@ def measured_format(
     if pending is not None:
         logger.info("weights: the previous start's choice (%s) was provisional: measuring again", pending.summary())
     elif entry is not None:
-        same, now = recheck(entry.choice.calibration_ms, clock, calibration)
-        if same:
+        verdict, speeds = recheck(entry.choice.calibration_ms, clock, calibration, load=load or SystemLoad())
+        if verdict is not Recheck.OTHER:
+            busy = f", kept while other processes use the CPU ({speeds}); checked again at the next start"
+            note = (busy if verdict is Recheck.BUSY else "") + f" ({redo})"
             logger.info(
-                "weights: %s, chosen by auto, measured here %s (%s)", entry.choice.summary(), entry.measured_at, redo
+                "weights: %s, chosen by auto, measured here %s%s", entry.choice.summary(), entry.measured_at, note
             )
             return entry.choice
         logger.info(
             "weights: the cached choice (%s, measured %s) was measured at another speed than this machine's now "
-            "(calibration %s then, %s now): measuring again",
+            "(%s): measuring again",
             entry.choice.label,
             entry.measured_at,
-            _ms(entry.choice.calibration_ms),
-            _ms(now),
+            speeds,
         )
 
     load_kernels()  # the candidates' kernels, logged as their own phase when they build (engine/platform/native.py)
@@ -336,10 +342,6 @@ def measured_format(
             logger.info("weights: %s, chosen by auto (%s; %s)", choice.summary(), rounds_said, choice.reason)
             running.result = redo
     return choice
-
-
-def _ms(calibration_ms: Mapping[str, float]) -> str:
-    return ", ".join(f"{name} {ms:.2f} ms" for name, ms in calibration_ms.items()) or "none"
 
 
 def load_auto(

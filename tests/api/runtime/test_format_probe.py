@@ -92,6 +92,7 @@ def probe(
         clock=machine,
         calibration=machine.calibration(),
         reprobe=reprobe,
+        load=machine,
     )
 
 
@@ -207,6 +208,18 @@ def test_a_cached_choice_is_measured_again_where_the_machine_no_longer_matches(t
     assert len(measured) == 4
     probe(FakeMachine(speed=1.0), truth, tmp_path, measured=measured)  # slower, at every try
     assert len(measured) == 6
+
+
+def test_a_busy_later_start_keeps_the_cached_choice_rather_than_timing_the_contention(tmp_path: Path) -> None:
+    """The issue's failure: a later start beside busy processes measured again and cached what contention chose."""
+    measured: list[tuple[str, str]] = []
+    quiet = probe(FakeMachine(), ISSUE, tmp_path, measured=measured)
+    assert len(measured) == len(ISSUE)
+    busy = FakeMachine(busy=[(0.0, 3600.0)])  # another process on the cores throughout
+    assert probe(busy, ISSUE, tmp_path, measured=measured) == quiet
+    assert len(measured) == len(ISSUE)  # nothing measured again
+    assert probe(FakeMachine(speed=0.5), ISSUE, tmp_path, measured=measured) is not None
+    assert len(measured) == 2 * len(ISSUE)  # a quiet start on a faster machine still measures again
 
 
 def test_the_reason_gives_each_format_its_own_figures_and_the_choice_its_margin() -> None:
