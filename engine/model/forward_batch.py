@@ -24,11 +24,6 @@ class AttentionGroup:
     context_lens: torch.Tensor  # [rows] keys in each row's context once this step's tokens are written
     is_decode: bool
 
-    def key_slots(self, block_size: int) -> torch.Tensor:
-        """[rows, context blocks * block_size] the cache slot of every key position."""
-        offsets = torch.arange(block_size, device=self.block_table.device)
-        return (self.block_table[:, :, None] * block_size + offsets).flatten(1)
-
 
 @dataclass(frozen=True)
 class PromptScoring:
