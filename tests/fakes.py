@@ -20,7 +20,7 @@ import torch
 from engine.config import EngineConfig
 from engine.engine import Engine
 from engine.kv.kv_cache import KVCacheShape, PagedKVCache
-from engine.model.forward_batch import ForwardBatch
+from engine.model.forward_batch import AttentionGroup, ForwardBatch
 from engine.model.model_runner import ForwardOutput
 from engine.model.prompt_scoring import PromptScores
 from engine.outputs import PromptLogprobs
@@ -84,6 +84,12 @@ class InjectedFault(RuntimeError):
 def cache_block_size(cache: torch.Tensor, group: object) -> int:
     """Block size implied by a group's mask width over its block table."""
     return int(group.mask.shape[-1] // group.block_table.shape[1])  # type: ignore[attr-defined]
+
+
+def key_slots(group: AttentionGroup, block_size: int) -> torch.Tensor:
+    """[rows, context blocks * block_size] the cache slot of every key position of the group's rows."""
+    offsets = torch.arange(block_size, device=group.block_table.device)
+    return (group.block_table[:, :, None] * block_size + offsets).flatten(1)
 
 
 class ScriptedRunner:
@@ -163,7 +169,7 @@ class ScriptedRunner:
             hit = (group.query_index == token_index) & group.query_valid
             if bool(hit.any()):
                 row = int(hit.nonzero()[0, 0])
-                slots = group.key_slots(cache_block_size(values, group))[row, :length]
+                slots = key_slots(group, cache_block_size(values, group))[row, :length]
                 stored_positions = values[0, slots, 0].long()
                 if not torch.equal(stored_positions, torch.arange(1, length + 1)):
                     self.violations.append(

@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from engine.speculative_config import SpeculativeConfig
+from engine.spec.config import SpeculativeConfig
 from scheduler.draft_length import PROBE_EVERY, DraftLengthRule, StepCosts, acceptance_rates
 
 

@@ -15,7 +15,7 @@ from engine.config import EngineConfig
 from engine.engine import Engine, StepOutput
 from engine.model.model_runner import TransformersRunner
 from engine.sample.sampling_params import SamplingParams
-from engine.speculative_config import SpeculativeConfig
+from engine.spec.config import SpeculativeConfig
 from scheduler.config import Mode, SchedulerConfig
 from scheduler.core import Scheduler
 from scheduler.request import SequenceRequest
