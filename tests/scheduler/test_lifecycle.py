@@ -1,7 +1,8 @@
 """The scheduler's seams: the policy interface (a fake context satisfies it, and the policies run against it), the
 lifecycle's single release of an engine row, and the counts snapshot other threads read.
 
-`mypy tests/test_lifecycle.py` checks that both `FakeContext` and the real `Lifecycle` satisfy `PolicyContext`.
+`PolicyContext` is a runtime-checkable protocol, so the tests below fail if `FakeContext` or the real `Lifecycle`
+lacks one of its members; `.ci/run` runs mypy over tests/scheduler too, which checks their signatures as well.
 """
 
 from __future__ import annotations
@@ -118,13 +119,15 @@ class FakeContext:
 
 def test_the_real_lifecycle_satisfies_the_policy_context() -> None:
     h = build(Mode.CONTINUOUS)
-    context: PolicyContext = h.scheduler.lifecycle  # mypy checks the protocol here
+    context: PolicyContext = h.scheduler.lifecycle  # mypy checks the signatures here
+    assert isinstance(context, PolicyContext)  # every member is there
     assert context.free_seats == h.seats and context.free_cache_tokens == 1024
 
 
 def test_continuous_policy_plans_against_a_fake_context() -> None:
     ctx = FakeContext(seats=2, blocks=100, queue=[_request(i, 6, 4) for i in range(3)])
-    context: PolicyContext = ctx  # mypy checks the protocol here
+    context: PolicyContext = ctx  # mypy checks the signatures here
+    assert isinstance(context, PolicyContext)  # every member is there: the fake has not drifted
     policy = ContinuousPolicy(SchedulerConfig(mode=Mode.CONTINUOUS, max_num_seqs=2, max_num_batched_tokens=8))
     first, second, third = ctx.queue
     # FCFS within seats and budget: the second prompt is chunked to what is left of the budget.

@@ -8,6 +8,7 @@ greedy tokens are identical in both modes and equal to `generate()`.
 from __future__ import annotations
 
 import itertools
+from typing import Any
 
 import pytest
 import torch
@@ -317,7 +318,12 @@ def test_continuous_request_that_does_not_fit_waits_outside_the_engine(monkeypat
     h = build(Mode.CONTINUOUS, seats=2, kv_cache_tokens=64)  # 16 blocks of 4
     added: list[int] = []
     add = h.engine.add
-    monkeypatch.setattr(h.engine, "add", lambda seq, *rest: (added.append(seq), add(seq, *rest))[1])
+
+    def counted_add(seq_id: int, *rest: Any) -> None:
+        added.append(seq_id)
+        add(seq_id, *rest)
+
+    monkeypatch.setattr(h.engine, "add", counted_add)
     first = h.submit(prompt=40, max_tokens=20)  # 10 blocks at once, growing to 15
     h.scheduler.step()
     second = h.submit(prompt=40, max_tokens=4)  # 10 blocks: waits until the first is done
