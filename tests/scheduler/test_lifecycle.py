@@ -20,7 +20,7 @@ from scheduler.dynamic import DynamicPolicy
 from scheduler.policy import PolicyContext
 from scheduler.request import Outcome, RequestEvent, RequestStatus, SequenceRequest
 from scheduler.stats import SchedulerCounts
-from tests.fakes import Harness, Stream, build
+from tests.fakes import Harness, build
 
 MODES = [Mode.DYNAMIC, Mode.CONTINUOUS]
 
@@ -176,11 +176,6 @@ def _spy_on_remove(h: Harness, monkeypatch: pytest.MonkeyPatch) -> list[int]:
     return removed
 
 
-def _seq_id(stream: Stream) -> int:
-    assert stream.request is not None
-    return stream.request.seq_id
-
-
 @pytest.mark.parametrize("mode", MODES)
 def test_an_abort_frees_the_row_exactly_once(mode: Mode, monkeypatch: pytest.MonkeyPatch) -> None:
     h = build(mode, seats=2)
@@ -194,7 +189,7 @@ def test_an_abort_frees_the_row_exactly_once(mode: Mode, monkeypatch: pytest.Mon
     h.run()
     assert running.reason is Outcome.ABORTED and waiting.reason is Outcome.ABORTED and short.done
     # One remove per request: each is released once, from one place.
-    assert sorted(removed) == sorted(_seq_id(s) for s in (short, running, waiting))
+    assert sorted(removed) == sorted(s.seq_id for s in (short, running, waiting))
 
 
 def test_an_abort_of_a_held_answer_frees_its_row_once(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -205,9 +200,9 @@ def test_an_abort_of_a_held_answer_frees_its_row_once(monkeypatch: pytest.Monkey
     assert h.scheduler.counts().held_seats == 1 and not held.done
     h.scheduler.abort(held.request_id)
     h.step()
-    assert held.reason is Outcome.ABORTED and removed == [_seq_id(held)]
+    assert held.reason is Outcome.ABORTED and removed == [held.seq_id]
     h.run()
-    assert removed == [_seq_id(held), _seq_id(long)] and long.reason is Outcome.LENGTH
+    assert removed == [held.seq_id, long.seq_id] and long.reason is Outcome.LENGTH
 
 
 def _counts(c: SchedulerCounts) -> tuple[int, int, int, int, int, bool]:

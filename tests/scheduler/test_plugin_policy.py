@@ -8,8 +8,7 @@ import pytest
 from scheduler.config import Mode, SchedulerConfig
 from scheduler.examples.shortest_prompt_first import AGING_TOKENS_PER_S, ShortestPromptFirst
 from scheduler.policies import load_policy
-from tests.fakes import FakeClock, build
-from tests.scheduler.test_scheduler import assert_complete, assert_drained
+from tests.fakes import FakeClock, assert_complete, assert_drained, build
 
 EXAMPLE = "scheduler.examples.shortest_prompt_first:ShortestPromptFirst"
 
