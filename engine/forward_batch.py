@@ -1,8 +1,8 @@
 """What one forward pass needs, built with tensor ops from the scheduled rows.
 
 Tokens of all scheduled sequences are packed into one flat batch (no padding for the projections and MLP).
-Attention is the one place that needs per-sequence structure: rows are split into a decode group (one new
-token each) and a prefill group (a chunk of prompt tokens each), and each group gathers its context blocks
+Attention is the one place that needs per-sequence structure: rows are split into a decode group (one query
+each: a new token, or one position of a row verifying drafts) and a prefill group (a chunk of prompt tokens each), and each group gathers its context blocks
 from the paged cache with a boolean mask over the padded positions.
 """
 
@@ -157,20 +157,30 @@ def build_forward_batch(
         within = torch.arange(count) - torch.repeat_interleave(torch.cumsum(width, 0) - width, width, output_size=count)
         sample_index = torch.repeat_interleave(last[samples] - width + 1, width, output_size=count) + within
 
+    # A row that verifies k drafts after its one new token attends as k + 1 decode rows, one per position, sharing
+    # its block table: each position sees exactly the keys a plain decode step would, and the decode kernel (and
+    # the fused decode step, engine/fused_decode.py) reads them in place instead of gathering a chunk.
+    one_query = num_tokens == 1
+    if num_drafts is not None:
+        one_query = one_query | ((num_drafts > 0) & (num_tokens == num_drafts + 1))
     groups = []
-    for is_decode in (True, False):
-        member = (num_tokens == 1) if is_decode else (num_tokens > 1)
-        if bool(member.any()):
-            groups.append(
-                _group(
-                    token_start[member],
-                    start[member],
-                    num_tokens[member],
-                    block_table[rows[member]],
-                    block_size,
-                    is_decode,
-                )
+    if bool(one_query.any()):
+        decode_tokens = torch.repeat_interleave(one_query, num_tokens, output_size=total).nonzero()[:, 0]
+        groups.append(
+            _group(
+                decode_tokens,
+                positions[decode_tokens],
+                torch.ones_like(decode_tokens),
+                block_table[row_of_token[decode_tokens]],
+                block_size,
+                True,
             )
+        )
+    chunk = ~one_query
+    if bool(chunk.any()):
+        groups.append(
+            _group(token_start[chunk], start[chunk], num_tokens[chunk], block_table[rows[chunk]], block_size, False)
+        )
     scoring = None
     if prompt_len is not None and prompt_top_k is not None and prompt_scored is not None:
         scoring = _prompt_scoring(

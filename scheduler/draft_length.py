@@ -31,8 +31,8 @@ COST_MEMORY = 0.1  # weight of a new measurement in a token count's running mean
 @dataclass
 class StepCosts:
     """Measured time of decode steps (no prompt chunk) by their rows and tokens (rows plus drafts): a running mean
-    per (rows, tokens). Keyed by rows too, because a verify step is not a plain step with more rows: the engine
-    runs a step of plain decode rows through its fused decode path and one with drafts as chunks, at another cost."""
+    per (rows, tokens). Keyed by rows too, because a verify step is not a plain step with more rows: its rows'
+    positions share their contexts, and the LM head and acceptance work grow with the drafts."""
 
     seconds: dict[int, dict[int, float]] = field(default_factory=dict)  # rows -> tokens -> seconds
 
