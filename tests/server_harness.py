@@ -179,13 +179,16 @@ def metric_value(base_url: str, name: str, **labels: str) -> float:
     )
 
 
-def wait_until(predicate: Callable[[], bool], what: str = "the condition", timeout_s: float = 30.0) -> None:
-    """Poll until `predicate()` holds; fail after a generous deadline (a bounded wait, not a timing check)."""
+def wait_until(
+    predicate: Callable[[], bool], what: str = "the condition", timeout_s: float = 30.0, every_s: float = 0.01
+) -> None:
+    """Poll every `every_s` until `predicate()` holds; fail after a generous deadline (a bounded wait, not a timing
+    check)."""
     deadline = time.monotonic() + timeout_s
     while not predicate():
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
-        time.sleep(0.01)
+        time.sleep(every_s)
 
 
 def seats_all_free(server: RunningServer) -> bool:
