@@ -39,7 +39,7 @@ class RuntimeOptions:
     served_model_name: str | None = None
     dtype: str = "auto"  # engine.config.LoadConfig's
     quantization: str = "auto"
-    # How quantised weights run (engine.model_runner.TransformersRunner's options of the same names); the
+    # How quantised weights run (engine.model.model_runner.TransformersRunner's options of the same names); the
     # defaults are the measured choice, the others are for `python -m benchmarks quality` and experiments.
     max_quantized_rows: int | None = DEFAULT_MAX_QUANTIZED_ROWS
     int8_activations: bool = True

@@ -1,9 +1,10 @@
 """The token-level engine: model runner, paged KV cache, sampler and compiled CPU kernels."""
 
-from engine.cpu_features import apply_cap_to_torch
-from engine.native_caches import bound_native_caches
+from engine.platform.cpu_features import apply_cap_to_torch
+from engine.platform.native_caches import bound_native_caches
 
-# Before any engine module imports torch: BATCHSERVE_CPU_ISA caps torch and oneDNN too (engine/cpu_features.py),
-# and oneDNN's per-shape caches are bounded (engine/native_caches.py); both are read when torch loads.
+# Before any engine module imports torch: BATCHSERVE_CPU_ISA caps torch and oneDNN too
+# (engine/platform/cpu_features.py), and oneDNN's per-shape caches are bounded (engine/platform/native_caches.py);
+# both are read when torch loads.
 apply_cap_to_torch()
 bound_native_caches()

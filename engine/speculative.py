@@ -1,7 +1,7 @@
 """Speculative decoding: the acceptance of drafts (the configuration is engine/speculative_config.py).
 
-A row with k drafts computed its last k + 1 positions in the step's forward (engine/forward_batch.py). Each position
-i samples the token the plain step would sample once the row held its drafts before i (same edits, penalties,
+A row with k drafts computed its last k + 1 positions in the step's forward (engine/model/forward_batch.py). Each
+position i samples the token the plain step would sample once the row held its drafts before i (same edits, penalties,
 min_tokens, finish checks and (seed, output index) uniform), and the row keeps positions while the token equals the
 draft and it has not finished. For a point-mass draft x that is rejection sampling: x is accepted with probability
 p(x), and a rejection emits a draw from p without x, renormalised; so greedy output is the plain step's token for
@@ -24,12 +24,12 @@ from itertools import accumulate
 
 import torch
 
-from engine.grammar import GrammarMatcher
 from engine.outputs import TokenOutput
 from engine.rows import SequenceRows
-from engine.sampler import SampleResult
-from engine.sampling_params import MIN_SAMPLING_TEMPERATURE
-from engine.sampling_step import package, sample_and_record, sample_at
+from engine.sample.grammar import GrammarMatcher
+from engine.sample.sampler import SampleResult
+from engine.sample.sampling_params import MIN_SAMPLING_TEMPERATURE
+from engine.sample.sampling_step import package, sample_and_record, sample_at
 
 
 @dataclass(frozen=True)

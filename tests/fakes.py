@@ -24,12 +24,12 @@ import torch
 
 from engine.config import EngineConfig
 from engine.engine import Engine
-from engine.forward_batch import ForwardBatch
-from engine.kv_cache import KVCacheShape, PagedKVCache
-from engine.model_runner import ForwardOutput
+from engine.kv.kv_cache import KVCacheShape, PagedKVCache
+from engine.model.forward_batch import ForwardBatch
+from engine.model.model_runner import ForwardOutput
+from engine.model.prompt_scoring import PromptScores
 from engine.outputs import PromptLogprobs
-from engine.prompt_scoring import PromptScores
-from engine.sampling_params import SamplingParams
+from engine.sample.sampling_params import SamplingParams
 from scheduler.config import Mode, SchedulerConfig
 from scheduler.core import Scheduler
 from scheduler.loop import SchedulerLoop

@@ -25,7 +25,7 @@ from api.config import ServerConfig
 from api.endpoints.state import ServerState
 from api.process.server import uvicorn_config
 from benchmarks.loadgen.server_proc import free_port
-from engine.loader import LoadedModel, load_model
+from engine.weights.loader import LoadedModel, load_model
 from scheduler.lineup import parse_lineup
 from tests.conftest import build_tiny_causal_lm, train_byte_level_tokenizer
 

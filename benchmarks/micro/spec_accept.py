@@ -23,7 +23,7 @@ import torch
 
 from engine.config import EngineConfig
 from engine.rows import SequenceRows
-from engine.sampling_params import SamplingParams
+from engine.sample.sampling_params import SamplingParams
 from engine.speculative import accept_at_once, accept_in_order, verify_and_record
 
 VOCAB = 49152  # SmolLM2's

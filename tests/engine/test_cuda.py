@@ -17,7 +17,7 @@ import torch
 from transformers import PreTrainedModel
 
 from api.runtime.offline import LLM
-from engine.sampling_params import SamplingParams
+from engine.sample.sampling_params import SamplingParams
 from engine.speculative_config import SpeculativeConfig
 from scheduler.request import Outcome
 from tests.conftest import TINY_VOCAB_SIZE, train_byte_level_tokenizer

@@ -18,9 +18,10 @@ from api.config import ServerConfig
 from api.flags import config_from_args
 from api.runtime.offline import LLM
 from engine.config import LoadConfig
-from engine.linear import Int4Linear, Int8Linear, Linear, build_linear
-from engine.loader import LoadedModel, load_model
-from engine.quantization import (
+from engine.model.linear import Int4Linear, Int8Linear, Linear, build_linear
+from engine.sample.sampling_params import SamplingParams
+from engine.weights.loader import LoadedModel, load_model
+from engine.weights.quantization import (
     Int4Weight,
     Int8Weight,
     concat_rows,
@@ -31,8 +32,7 @@ from engine.quantization import (
     open_gguf,
     read_gguf_int4,
 )
-from engine.sampling_params import SamplingParams
-from engine.weight_format import WeightFormat, cpu_has_native_bf16, resolve
+from engine.weights.weight_format import WeightFormat, cpu_has_native_bf16, resolve
 from tests.reference_models import dequantized_model, generate_exactly
 
 HEADS, KV_HEADS, HIDDEN = 4, 2, 64

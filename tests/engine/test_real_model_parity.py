@@ -10,9 +10,9 @@ import pytest
 from api.runtime.offline import LLM
 from engine.config import EngineConfig
 from engine.engine import Engine
-from engine.loader import LoadedModel
-from engine.model_runner import TransformersRunner
-from engine.sampling_params import SamplingParams
+from engine.model.model_runner import TransformersRunner
+from engine.sample.sampling_params import SamplingParams
+from engine.weights.loader import LoadedModel
 from scheduler.request import Outcome
 from tests.reference_models import generate_exactly
 from tests.server_harness import real_loaded_model

@@ -13,7 +13,7 @@ from transformers import PreTrainedModel
 from engine.engine import Engine
 from engine.ngram_drafter import propose_ngram
 from engine.outputs import FinishReason
-from engine.sampling_params import SamplingParams
+from engine.sample.sampling_params import SamplingParams
 from tests.engine.test_engine import make_engine, random_prompt
 
 Drafter = Callable[[int, list[int]], list[int]]  # (seq id, its tokens so far) -> drafts

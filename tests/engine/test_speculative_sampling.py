@@ -15,8 +15,8 @@ import torch
 
 from engine.config import EngineConfig
 from engine.rows import SequenceRows
-from engine.sampling_params import SamplingParams
-from engine.sampling_step import sample_and_record
+from engine.sample.sampling_params import SamplingParams
+from engine.sample.sampling_step import sample_and_record
 from engine.speculative import Verified, accept_at_once, accept_in_order, verify_and_record
 
 VOCAB = 6

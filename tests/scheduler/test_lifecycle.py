@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from engine.sampling_params import SamplingParams
+from engine.sample.sampling_params import SamplingParams
 from scheduler.config import Mode, SchedulerConfig
 from scheduler.continuous import ContinuousPolicy
 from scheduler.dynamic import DynamicPolicy

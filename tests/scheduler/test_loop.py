@@ -14,7 +14,7 @@ from typing import TypedDict, Unpack
 
 import pytest
 
-from engine.sampling_params import SamplingParams
+from engine.sample.sampling_params import SamplingParams
 from scheduler.config import Mode
 from scheduler.loop import SchedulerLoop
 from scheduler.request import FinishEvent, Outcome, RequestEvent, SequenceRequest, TokenEvent

@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 import pytest
 
-from engine.sampling_params import SamplingParams
+from engine.sample.sampling_params import SamplingParams
 from scheduler.config import Mode
 from scheduler.core import Scheduler
 from scheduler.errors import EngineLoopStoppedError

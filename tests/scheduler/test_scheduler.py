@@ -17,8 +17,8 @@ from transformers import GenerationMixin, PreTrainedModel
 from engine.config import EngineConfig
 from engine.engine import Engine
 from engine.errors import CacheCapacityError, EngineInputError
-from engine.model_runner import TransformersRunner
-from engine.sampling_params import SamplingParams
+from engine.model.model_runner import TransformersRunner
+from engine.sample.sampling_params import SamplingParams
 from scheduler.config import Mode, SchedulerConfig
 from scheduler.core import Scheduler
 from scheduler.errors import QueueFullError, SchedulerClosedError

@@ -13,8 +13,8 @@ from transformers import PreTrainedModel
 
 from engine.config import EngineConfig
 from engine.engine import Engine, StepOutput
-from engine.model_runner import TransformersRunner
-from engine.sampling_params import SamplingParams
+from engine.model.model_runner import TransformersRunner
+from engine.sample.sampling_params import SamplingParams
 from engine.speculative_config import SpeculativeConfig
 from scheduler.config import Mode, SchedulerConfig
 from scheduler.core import Scheduler

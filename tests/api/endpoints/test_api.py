@@ -22,7 +22,7 @@ import uvicorn
 
 from api.apps.serve import create_app
 from api.config import ServerConfig
-from engine.loader import LoadedModel
+from engine.weights.loader import LoadedModel
 from tests.server_harness import (
     CHAT,
     LONG,

@@ -11,7 +11,7 @@ import pytest
 import torch
 from openai.types.chat import ChatCompletionMessageParam
 
-from engine.loader import LoadedModel
+from engine.weights.loader import LoadedModel
 from tests.server_harness import (
     MODES,
     RunningServer,

@@ -2,7 +2,7 @@
 
 The cache of one layer is [kv_heads, slots, head_dim] with slots grouped in blocks, so the keys of one head in
 one block are a contiguous run of block_size * head_dim values. Decode rows use the native kernel where it
-is built (engine/native.py): it reads each row's blocks in place. Otherwise, and for prompt chunks, attention
+is built (engine/platform/native.py): it reads each row's blocks in place. Otherwise, and for prompt chunks, attention
 gathers whole blocks with a single index_select into a [kv_heads * rows, context, head_dim] layout that
 batched matmuls and SDPA use without another copy.
 """
@@ -14,8 +14,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from engine.forward_batch import AttentionGroup
-from engine.native import DecodeKernel
+from engine.model.forward_batch import AttentionGroup
+from engine.platform.native import DecodeKernel
 
 
 @dataclass(frozen=True)

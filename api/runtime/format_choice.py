@@ -1,5 +1,5 @@
-"""The weight format `auto` chose (engine/format_probe.py), and where it is kept: one JSON file per CPU, kernel build,
-torch, model file and set of candidates under <cache>/format-choice/, written only for a choice whose lead over
+"""The weight format `auto` chose (api/runtime/format_probe.py), and where it is kept: one JSON file per CPU, kernel
+build, torch, model file and set of candidates under <cache>/format-choice/, written only for a choice whose lead over
 the runner-up is clear of the noise it was measured with. `batchserve formats` lists them."""
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ from typing import Any
 
 import torch
 
-from engine.cpu_features import cpu_features
-from engine.loader import file_sha256, resolve_cache_dir
-from engine.native import best_build
+from engine.platform.cpu_features import cpu_features
+from engine.platform.native import best_build
+from engine.weights.loader import file_sha256, resolve_cache_dir
 
 PROBE_VERSION = 3  # bump when what is measured changes: old choices are then measured again
 CHOICE_DIR = "format-choice"

@@ -1,6 +1,6 @@
 """The paged KV cache: one preallocated tensor per layer, addressed in fixed-size blocks.
 
-Which blocks a sequence holds is engine/block_manager.py's; adding or freeing a sequence touches only its own
+Which blocks a sequence holds is engine/kv/block_manager.py's; adding or freeing a sequence touches only its own
 blocks, so sequences join and leave between any two steps without copying anyone else's cache.
 """
 

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 from engine.errors import InputField, SamplingParamsError
 
 if TYPE_CHECKING:
-    from engine.grammar import Grammar
+    from engine.sample.grammar import Grammar
 
 # Temperatures below this are greedy (vLLM's _SAMPLING_EPS): dividing logits by a smaller one is numerically unsafe
 # and the distribution is all but a point mass on the top token.
@@ -24,7 +24,7 @@ MIN_SAMPLING_TEMPERATURE = 1e-5
 MAX_SEED = 2**63 - 1  # seeds are stored in an int64 row
 MAX_TOP_K = 2**31 - 1  # no vocabulary is larger; bounds what the engine stores in an int64 row
 # An edit this large already decides a token on its own; bounding bias and penalties keeps every edited float32
-# logit finite, which the sampler relies on (engine/sampler.py).
+# logit finite, which the sampler relies on (engine/sample/sampler.py).
 MAX_LOGIT_EDIT = 1e6
 
 
@@ -43,7 +43,7 @@ class SamplingParams:
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     prompt_logprobs: int | None = None  # score every prompt token: its logprob, rank and this many alternatives
-    # vLLM's extensions, applied in vLLM's order (see engine/logits_processors.py and engine/sampler.py).
+    # vLLM's extensions, applied in vLLM's order (see engine/sample/logits_processors.py and engine/sample/sampler.py).
     min_tokens: int = 0  # EOS and stop_token_ids cannot be sampled before this many tokens were generated
     repetition_penalty: float = 1.0  # > 0; divides positive / multiplies other logits of prompt and output tokens
     min_p: float = 0.0  # drop tokens less likely than min_p times the top token (after temperature)

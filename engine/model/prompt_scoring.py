@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from engine.native import ScoreKernel
+from engine.platform.native import ScoreKernel
 
 # Positions per LM-head call: [128, 49152] float32 logits are 25 MB. Larger slices gain little matmul speed and
 # make every slice's temporaries fresh memory (page faults) rather than reused heap.

@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from engine import native
+from engine.platform import native
 
 _KERNEL_DTYPES = (torch.float32, torch.bfloat16)
 
@@ -62,7 +62,7 @@ class RotaryTables:
 
 @dataclass(frozen=True)
 class ElementwiseOps:
-    """The fused ops of a layer, through `kernels` (a loaded build, engine/native.py) or torch's ops when None.
+    """The fused ops of a layer, through `kernels` (a loaded build, engine/platform/native.py) or torch's ops when None.
 
     SiLU * up runs fused only where the build's SiLU gives torch's bits (`Kernels.silu_matches_torch`): exactness
     is a property of the format, so where the kernel cannot match torch, torch's op runs."""
@@ -135,37 +135,3 @@ class ElementwiseOps:
         key_cache.index_copy_(1, slot_mapping, key.transpose(0, 1))
         value_cache.index_copy_(1, slot_mapping, value.transpose(0, 1))
         return query
-
-
-def argmax_rows(logits: torch.Tensor, kernels: native.Kernels | None = None) -> torch.Tensor:
-    """Greedy argmax of each row of [rows, vocab] logits (lowest index on ties): [rows] int64.
-
-    Uses the one-pass kernel of `kernels`, by default of this CPU's build where it is loaded in this process; rows
-    must hold no NaN (the sampler's inputs never do)."""
-    kernels = kernels or native.loaded_kernels()
-    usable = logits.device.type == "cpu" and logits.dtype == torch.float32 and logits.dim() == 2
-    if kernels is not None and usable and logits.shape[-1] > 0:
-        return kernels.ops.argmax_rows(logits)  # type: ignore[no-any-return]
-    return logits.argmax(dim=-1)
-
-
-def token_logprobs(
-    logits: torch.Tensor, tokens: torch.Tensor, k: int, kernels: native.Kernels | None = None
-) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
-    """log_softmax(logits) at each row's token, and the k best (ids, logprobs) per row, best first (None when k=0).
-
-    logits: [rows, vocab] float32, tokens: [rows]. Where the extension is loaded, the prompt-scoring kernel does it
-    in passes over each row while it sits in cache, instead of log_softmax writing a second [rows, vocab] tensor that
-    a gather and a top-k then read again (engine/csrc/prompt_scores.cpp); its logprobs agree to ~1e-6."""
-    k = min(k, logits.shape[-1])
-    kernels = kernels or native.loaded_kernels()
-    usable = logits.device.type == "cpu" and logits.dtype == torch.float32 and logits.dim() == 2
-    if kernels is not None and usable and logits.shape[-1] > 0:
-        scored, _, best_ids, best_logprobs = kernels.prompt_scores(logits, tokens, k)
-        return scored, (best_ids if k > 0 else None), (best_logprobs if k > 0 else None)
-    logprobs = torch.log_softmax(logits, dim=-1)
-    chosen = logprobs.gather(1, tokens[:, None])[:, 0]
-    if k == 0:
-        return chosen, None, None
-    top_logprobs, top_ids = logprobs.topk(k, dim=-1)
-    return chosen, top_ids, top_logprobs

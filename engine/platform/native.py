@@ -13,7 +13,7 @@ logs the build as a phase (engine/phases.py), with progress lines while it compi
 carries a hash of the sources, the flags and the torch version, and it compiles copies of the sources kept in its
 own directory, so every checkout of the same sources shares the build. Where no compiler is present the build
 fails with a warning and the engine runs its pure-torch attention, prompt scoring and element-wise ops
-(engine/fused.py).
+(engine/model/elementwise.py).
 """
 
 from __future__ import annotations
@@ -30,12 +30,12 @@ from typing import Any
 
 import torch
 
-from engine.cpu_features import CpuFeatures, cpu_features, torch_capability
 from engine.phases import phase
+from engine.platform.cpu_features import CpuFeatures, cpu_features, torch_capability
 
 logger = logging.getLogger(__name__)
 
-_CSRC = Path(__file__).parent / "csrc"
+_CSRC = Path(__file__).parent.parent / "csrc"
 _SOURCES = tuple(
     _CSRC / name
     for name in (
@@ -66,7 +66,7 @@ class KernelBuild:
     """One compilation of the kernels: the instruction-set level it needs and the flags that target it."""
 
     name: str  # also the op namespace's suffix
-    level: str  # an engine.cpu_features.ISA_LEVELS key: the CPU must reach it
+    level: str  # an engine.platform.cpu_features.ISA_LEVELS key: the CPU must reach it
     flags: tuple[str, ...]
 
     @property
@@ -117,7 +117,7 @@ class Kernels:
 
     @property
     def has_int4_dot(self) -> bool:
-        """Integer dot products for int4 weights (engine.linear.Int4DotLinear): AVX2, or AVX-512 with VNNI."""
+        """Integer dot products for int4 weights (engine.model.linear.Int4DotLinear): AVX2, or AVX-512 with VNNI."""
         return bool(self.ops.int4_dot_available())
 
     @property

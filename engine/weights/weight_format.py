@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import torch
 
 from engine.config import LoadConfig
-from engine.cpu_features import cpu_features
+from engine.platform.cpu_features import cpu_features
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 

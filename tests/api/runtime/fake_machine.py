@@ -1,5 +1,5 @@
-"""A fake machine for the format probe (engine/format_timing.py, engine/format_probe.py): a clock that advances
-only by the work timed on it, so no test depends on real timings. Each op costs its quiet time x `speed`, BURST
+"""A fake machine for the format probe (api/runtime/format_timing.py, api/runtime/format_probe.py): a clock that
+advances only by the work timed on it, so no test depends on real timings. Each op costs its quiet time x `speed`, BURST
 times that while another process is busy (seeded random slots of the fake timeline, or given windows), and up to
 `jitter` more at random."""
 
@@ -8,7 +8,7 @@ from __future__ import annotations
 import random
 from collections.abc import Mapping, Sequence
 
-from engine.format_timing import Calibration
+from api.runtime.format_timing import Calibration
 
 BURST = 10.0  # another process on the CPU: ten times as long
 
@@ -22,8 +22,10 @@ class FakeMachine:
         busy: Sequence[tuple[float, float]] = (),
         jitter: float = 0.0,
         seed: int = 0,
+        cores: int = 2,
     ) -> None:
         self.t = 0.0
+        self.cores = cores
         self.speed = speed
         self.busy_share = busy_share
         self.slot_s = slot_s
@@ -51,6 +53,10 @@ class FakeMachine:
         self.bursts += busy
         factor = self.speed * (BURST if busy else 1.0) * (1 + self.jitter * self.rng.random())
         self.t += ms * factor / 1000
+
+    # the LoadGauge protocol: a busy slot of the timeline is another process on every core
+    def other_cores(self, clock: object) -> float:
+        return float(self.cores) if self.busy_at(self.t) else 0.0
 
     def calibration(self) -> Calibration:
         return Calibration({"compute": lambda: self.work(1.0), "memory": lambda: self.work(4.0)})

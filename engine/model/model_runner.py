@@ -5,7 +5,7 @@ but not its forward: the HF forward expects a rectangular padded batch and its o
 continuous-batching step is a ragged mix of prompt chunks and single decode tokens over a paged cache. The
 q/k/v and gate/up projections are fused into one matmul each; the model's parameters become views of the
 fused weights, so the model object stays valid (and is what the parity tests run `generate()` on).
-On the CPU the projections run through oneDNN on reordered weight copies (see engine/linear.py).
+On the CPU the projections run through oneDNN on reordered weight copies (see engine/model/linear.py).
 """
 
 from __future__ import annotations
@@ -18,13 +18,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from engine.attention import PreparedGroup, paged_attention, prepare
 from engine.config import DEFAULT_MAX_QUANTIZED_ROWS
-from engine.forward_batch import ForwardBatch
-from engine.fused import ElementwiseOps, RotaryTables
-from engine.fused_decode import FusedDecode, LayerWeights
-from engine.kv_cache import KVCacheShape, PagedKVCache
-from engine.linear import (
+from engine.kv.kv_cache import KVCacheShape, PagedKVCache
+from engine.model.attention import PreparedGroup, paged_attention, prepare
+from engine.model.elementwise import ElementwiseOps, RotaryTables
+from engine.model.forward_batch import ForwardBatch
+from engine.model.fused_decode import FusedDecode, LayerWeights
+from engine.model.linear import (
     AnyLinear,
     Int4DotLinear,
     Int4Linear,
@@ -33,9 +33,9 @@ from engine.linear import (
     RowSwitchedLinear,
     build_linear,
 )
-from engine.native import KernelBuild, load_kernels
-from engine.prompt_scoring import DEFAULT_SLICE, PromptScores, score_positions
-from engine.quantization import Int4Weight, QuantizedWeight, concat_rows
+from engine.model.prompt_scoring import DEFAULT_SLICE, PromptScores, score_positions
+from engine.platform.native import KernelBuild, load_kernels
+from engine.weights.quantization import Int4Weight, QuantizedWeight, concat_rows
 
 
 @dataclass(frozen=True)
@@ -92,21 +92,21 @@ class TransformersRunner:
     ) -> None:
         """`prepack_weights`: run the projections through oneDNN on reordered weight copies (CPU, float32).
         `native_attention`: decode attention and prompt scoring through the compiled CPU kernels where they build
-        (engine/native.py).
+        (engine/platform/native.py).
         `score_slice`: prompt positions per LM-head call when scoring prompts (bounds the logits' memory).
-        `fused_ops`: with `native_attention`, also the compiled element-wise kernels (engine/fused.py): residual
-        add + RMSNorm, SiLU * up, RoPE + cache write.
+        `fused_ops`: with `native_attention`, also the compiled element-wise kernels (engine/model/elementwise.py):
+        residual add + RMSNorm, SiLU * up, RoPE + cache write.
         `quantized`: int4/int8 weights replacing the dense ones, keyed by module name (`lm_head`,
-        `model.layers.N.self_attn.q_proj`, ...; engine/loader.py); the model's dense weights stay the reference.
-        `max_quantized_rows`: steps of more rows than this run the dense weights (engine.linear.RowSwitchedLinear);
+        `model.layers.N.self_attn.q_proj`, ...; engine/weights/loader.py); the model's dense weights stay the reference.
+        `max_quantized_rows`: steps of more rows than this run the dense weights (linear.RowSwitchedLinear);
         None: every step runs the quantised ones.
         `int8_activations`: int4 matmuls quantise the activations to int8 digits for integer dot products where the
-        kernel build has them: AVX2, or AVX-512 with VNNI (engine.linear.Int4DotLinear; a quality change measured in
+        kernel build has them: AVX2, or AVX-512 with VNNI (linear.Int4DotLinear; a quality change measured in
         docs/quantization.md).
-        `kernel_build`: which build of the compiled kernels to run (engine/native.py); default the best this CPU
-        allows under BATCHSERVE_CPU_ISA.
+        `kernel_build`: which build of the compiled kernels to run (engine/platform/native.py); default the best this
+        CPU allows under BATCHSERVE_CPU_ISA.
         `fused_decode`: pure decode steps run every layer in one call where the layers allow it
-        (engine/fused_decode.py; the same result as the per-op path, bit for bit).
+        (engine/model/fused_decode.py; the same result as the per-op path, bit for bit).
         """
         config = model.config
         inner = getattr(model, "model", None)

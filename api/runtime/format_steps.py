@@ -1,6 +1,6 @@
-"""A loaded weight format's engine steps, ready to time (engine/format_probe.py, benchmarks/micro/format_matrix.py):
-decode steps of 1-16 sequences with 32-token prompts and 128-token prefill chunks, through the same runner and engine
-that serve; and how many formats fit in memory, loaded at once."""
+"""A loaded weight format's engine steps, ready to time (api/runtime/format_probe.py,
+benchmarks/micro/format_matrix.py): decode steps of 1-16 sequences with 32-token prompts and 128-token prefill
+chunks, through the same runner and engine that serve; and how many formats fit in memory, loaded at once."""
 
 from __future__ import annotations
 
@@ -10,12 +10,12 @@ from pathlib import Path
 
 import torch
 
+from api.runtime.format_timing import Clock, SystemClock
 from engine.config import EngineConfig
 from engine.engine import Engine
-from engine.format_timing import Clock, SystemClock
-from engine.loader import LoadedModel
-from engine.model_runner import TransformersRunner
-from engine.sampling_params import SamplingParams
+from engine.model.model_runner import TransformersRunner
+from engine.sample.sampling_params import SamplingParams
+from engine.weights.loader import LoadedModel
 
 PROBE_ROWS = (1, 4, 8, 16)  # decode steps of this many sequences
 PREFILL_ROWS = 128  # and one sequence's prompt chunk of this many tokens

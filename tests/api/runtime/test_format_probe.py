@@ -1,7 +1,7 @@
-"""`auto` measured (engine/format_probe.py): which formats are candidates, how the times choose one and its row
+"""`auto` measured (api/runtime/format_probe.py): which formats are candidates, how the times choose one and its row
 switch, that another process's bursts cannot decide it, the cache that makes it a first-start cost only (never for a
 lead inside the noise, measured again on a machine of another speed), and a real timing run on the tiny model. The
-probe runs on a fake machine whose clock advances only by the work timed on it (tests/engine/fake_machine.py)."""
+probe runs on a fake machine whose clock advances only by the work timed on it (tests/api/runtime/fake_machine.py)."""
 
 from __future__ import annotations
 
@@ -11,12 +11,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine.format_choice import FormatChoice, format_label, read_entry
-from engine.format_probe import EVERY_STEP, MEASURED_ROWS, candidates, choose, load_auto, measured_format, time_steps
-from engine.format_steps import resident_groups
-from engine.format_timing import Stepper
-from engine.loader import load_model
-from tests.engine.fake_machine import FakeMachine
+from api.runtime.format_choice import EVERY_STEP, FormatChoice, format_label, read_entry
+from api.runtime.format_probe import candidates, choose, load_auto, measured_format
+from api.runtime.format_steps import MEASURED_ROWS, resident_groups, time_steps
+from api.runtime.format_timing import Stepper
+from engine.weights.loader import load_model
+from tests.api.runtime.fake_machine import FakeMachine
 
 ALL = [("float32", "none"), ("bfloat16", "none"), ("float32", "int4"), ("bfloat16", "int4")]
 
@@ -92,6 +92,7 @@ def probe(
         clock=machine,
         calibration=machine.calibration(),
         reprobe=reprobe,
+        load=machine,
     )
 
 
@@ -207,6 +208,18 @@ def test_a_cached_choice_is_measured_again_where_the_machine_no_longer_matches(t
     assert len(measured) == 4
     probe(FakeMachine(speed=1.0), truth, tmp_path, measured=measured)  # slower, at every try
     assert len(measured) == 6
+
+
+def test_a_busy_later_start_keeps_the_cached_choice_rather_than_timing_the_contention(tmp_path: Path) -> None:
+    """The issue's failure: a later start beside busy processes measured again and cached what contention chose."""
+    measured: list[tuple[str, str]] = []
+    quiet = probe(FakeMachine(), ISSUE, tmp_path, measured=measured)
+    assert len(measured) == len(ISSUE)
+    busy = FakeMachine(busy=[(0.0, 3600.0)])  # another process on the cores throughout
+    assert probe(busy, ISSUE, tmp_path, measured=measured) == quiet
+    assert len(measured) == len(ISSUE)  # nothing measured again
+    assert probe(FakeMachine(speed=0.5), ISSUE, tmp_path, measured=measured) is not None
+    assert len(measured) == 2 * len(ISSUE)  # a quiet start on a faster machine still measures again
 
 
 def test_the_reason_gives_each_format_its_own_figures_and_the_choice_its_margin() -> None:

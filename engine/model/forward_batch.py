@@ -2,8 +2,8 @@
 
 Tokens of all scheduled sequences are packed into one flat batch (no padding for the projections and MLP).
 Attention is the one place that needs per-sequence structure: rows are split into a decode group (one query
-each: a new token, or one position of a row verifying drafts) and a prefill group (a chunk of prompt tokens each), and each group gathers its context blocks
-from the paged cache with a boolean mask over the padded positions.
+each: a new token, or one position of a row verifying drafts) and a prefill group (a chunk of prompt tokens each),
+and each group gathers its context blocks from the paged cache with a boolean mask over the padded positions.
 """
 
 from __future__ import annotations
@@ -159,7 +159,7 @@ def build_forward_batch(
 
     # A row that verifies k drafts after its one new token attends as k + 1 decode rows, one per position, sharing
     # its block table: each position sees exactly the keys a plain decode step would, and the decode kernel (and
-    # the fused decode step, engine/fused_decode.py) reads them in place instead of gathering a chunk.
+    # the fused decode step, engine/model/fused_decode.py) reads them in place instead of gathering a chunk.
     one_query = num_tokens == 1
     if num_drafts is not None:
         one_query = one_query | ((num_drafts > 0) & (num_tokens == num_drafts + 1))

@@ -2,7 +2,7 @@
 
 At batch 1 a layer is about ten op calls, and each costs microseconds of Python and dispatch around a kernel of
 tens: on a 2-core AVX2 machine that was about a fifth of a step. Where every projection of every layer is an int4
-integer-dot matmul without bias (engine.linear.Int4DotLinear), the activation is SiLU and the element-wise ops are
+integer-dot matmul without bias (engine.model.linear.Int4DotLinear), the activation is SiLU and the element-wise ops are
 the compiled ones, one call runs the same kernels with the same arguments in the same order, so its result is the
 per-op path's bit for bit. Every other step (prefill, a mixed step, more rows than the quantised weights serve)
 keeps the per-op path.
@@ -16,10 +16,10 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from engine.attention import PreparedGroup
-from engine.fused import ElementwiseOps, RotaryTables, is_silu
-from engine.linear import AnyLinear, Int4DotLinear, RowSwitchedLinear
-from engine.native import Kernels
+from engine.model.attention import PreparedGroup
+from engine.model.elementwise import ElementwiseOps, RotaryTables, is_silu
+from engine.model.linear import AnyLinear, Int4DotLinear, RowSwitchedLinear
+from engine.platform.native import Kernels
 
 
 @dataclass(frozen=True)

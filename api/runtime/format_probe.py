@@ -1,9 +1,9 @@
 """`auto` weight formats, measured on this machine rather than guessed from its CPU flags.
 
 At the first load on a machine, each candidate format (dtype x quantization, those `auto` leaves open) is loaded,
-and then all of them are timed in turns (engine/format_timing.py): round after round, each one's decode step on the
+and then all of them are timed in turns (api/runtime/format_timing.py): round after round, each one's decode step on the
 real model at 1, 4, 8 and 16 rows and a 128-token prefill chunk, through the same runner and engine that serve
-(engine/format_steps.py). Each figure is the candidate's best time over the rounds, so another process's burst of
+(api/runtime/format_steps.py). Each figure is the candidate's best time over the rounds, so another process's burst of
 work, which slows some rounds, cannot pick the winner; while a calibration op says the machine is busy, more rounds
 are timed. The format kept is the one whose worst ratio to the best time, at 1 row, 16 rows and the prefill chunk,
 is smallest; for a quantised format the row count up to which its quantised weights run (above it, the dense copy)
@@ -11,13 +11,14 @@ is the largest measured count at which they beat the dense format of the same dt
 the prefill chunk. (The prefill matters: on a CPU without native bf16, a dense bf16 prefill is an order of magnitude
 slower than float32's, however fast int4 decodes.)
 
-The choice is cached (engine/format_choice.py) by the CPU (under BATCHSERVE_CPU_ISA), the kernel build, torch and
+The choice is cached (api/runtime/format_choice.py) by the CPU (under BATCHSERVE_CPU_ISA), the kernel build, torch and
 the model file, when it would still win with the runner-up's figures lowered by their noise (a best over rounds
 can only be too slow, so the winner's own need no allowance); else it is served and kept as provisional, measured
 again at the next start, and settled once two measurements pick the same format. A later start re-times the
 calibration op and measures again when the machine's speed no longer matches the cached one (another CPU with the
-same flags). The measurement is logged as a phase (engine/phases.py: a line per candidate loaded and per round,
-where the choice is cached and how to measure again), after the kernels it times are built.
+same flags), unless other processes are using the CPU: a busy start keeps it. The measurement is logged as a phase
+(engine/phases.py: a line per candidate and round, where the choice is cached and how to redo it), after the kernels
+it times are built.
 
 Every candidate meets the quality bar (perplexity within 1 % of float32, docs/quantization.md): the table below
 names the measured cost of each; a format whose quality is unmeasured is never a candidate.
@@ -33,9 +34,16 @@ from pathlib import Path
 
 import torch
 
-from engine.config import DEFAULT_MAX_QUANTIZED_ROWS
-from engine.format_choice import EVERY_STEP, FormatChoice, cache_file, format_label, machine, read_entry, write_entry
-from engine.format_steps import (
+from api.runtime.format_choice import (
+    EVERY_STEP,
+    FormatChoice,
+    cache_file,
+    format_label,
+    machine,
+    read_entry,
+    write_entry,
+)
+from api.runtime.format_steps import (
     MEASURED_ROWS,
     PREFILL_ROWS,
     PROBE_ROWS,
@@ -43,21 +51,26 @@ from engine.format_steps import (
     Pair,
     available_memory,
     resident_groups,
-    time_steps,
 )
-from engine.format_timing import (
+from api.runtime.format_timing import (
     DEFAULT_PLAN,
     Calibration,
     Clock,
+    LoadGauge,
+    Recheck,
     RoundPlan,
     Rounds,
     Stepper,
     SystemClock,
+    SystemLoad,
     default_calibration,
     recheck,
     time_rounds,
 )
-from engine.loader import (
+from engine.config import DEFAULT_MAX_QUANTIZED_ROWS
+from engine.phases import phase
+from engine.platform.native import load_kernels
+from engine.weights.loader import (
     LoadedModel,
     checkpoint_dtype,
     convert_gguf,
@@ -65,22 +78,6 @@ from engine.loader import (
     resolve_device,
     resolve_source,
 )
-from engine.native import load_kernels
-from engine.phases import phase
-
-# Also this module's names for the probe's parts (the tests and benchmarks/micro/format_matrix.py use them).
-__all__ = [
-    "EVERY_STEP",
-    "MEASURED_ROWS",
-    "PREFILL_ROWS",
-    "PROBE_ROWS",
-    "FormatChoice",
-    "candidates",
-    "choose",
-    "load_auto",
-    "measured_format",
-    "time_steps",
-]
 
 logger = logging.getLogger("batchserve.loader")
 
@@ -231,12 +228,13 @@ def measured_format(
     plan: RoundPlan = DEFAULT_PLAN,
     groups: Sequence[Sequence[Pair]] | None = None,
     reprobe: bool = False,
+    load: LoadGauge | None = None,
 ) -> FormatChoice:
     """The cached choice among `pairs` for this machine where there is one and the machine's speed still matches
     it, else measured now, after building the kernels the candidates run (so that their build is a phase of its own
     rather than a silent part of the first candidate's). `prepare(dtype, quantization)`: one candidate, ready to
     time (default: loaded). `groups`: the candidates to hold loaded at once, in turn (default: all). `reprobe`: measure
-    even where a choice is cached. `clock` and `calibration`: the system's and a fixed pair of tensor ops."""
+    even where a choice is cached. `clock`, `calibration`, `load`: the system's, two tensor ops, /proc/stat."""
     cached = cache_file(source, pairs, device, cache_dir)
     redo = f"cached in {cached}; delete it to measure again (`batchserve formats` lists the choices)"
     clock = clock or SystemClock()
@@ -249,22 +247,23 @@ def measured_format(
     if pending is not None:
         logger.info("weights: the previous start's choice (%s) was provisional: measuring again", pending.summary())
     elif entry is not None:
-        same, now = recheck(entry.choice.calibration_ms, clock, calibration)
-        if same:
+        verdict, speeds = recheck(entry.choice.calibration_ms, clock, calibration, load=load or SystemLoad())
+        if verdict is not Recheck.OTHER:
+            busy = f", kept while other processes use the CPU ({speeds}); checked again at the next start"
+            note = (busy if verdict is Recheck.BUSY else "") + f" ({redo})"
             logger.info(
-                "weights: %s, chosen by auto, measured here %s (%s)", entry.choice.summary(), entry.measured_at, redo
+                "weights: %s, chosen by auto, measured here %s%s", entry.choice.summary(), entry.measured_at, note
             )
             return entry.choice
         logger.info(
             "weights: the cached choice (%s, measured %s) was measured at another speed than this machine's now "
-            "(calibration %s then, %s now): measuring again",
+            "(%s): measuring again",
             entry.choice.label,
             entry.measured_at,
-            _ms(entry.choice.calibration_ms),
-            _ms(now),
+            speeds,
         )
 
-    load_kernels()  # the candidates' kernels, logged as their own phase when they build (engine/native.py)
+    load_kernels()  # the candidates' kernels, logged as their own phase when they build (engine/platform/native.py)
     if prepare is None:
 
         def load_and_prepare(dtype: str, quantization: str) -> Stepper:
@@ -345,10 +344,6 @@ def measured_format(
     return choice
 
 
-def _ms(calibration_ms: Mapping[str, float]) -> str:
-    return ", ".join(f"{name} {ms:.2f} ms" for name, ms in calibration_ms.items()) or "none"
-
-
 def load_auto(
     path: str | Path | None = None,
     device: str = "cpu",
@@ -360,7 +355,7 @@ def load_auto(
     """`load_model`, with whatever is `auto` measured on a CPU where more than one candidate is left (`reprobe`:
     measured even where a choice is cached). A first start's slow steps are logged as phases, one after the other
     (engine/phases.py): the GGUF's conversion, loading the weights, the kernel build and the measurement
-    (engine/native.py builds the kernels before it times them)."""
+    (engine/platform/native.py builds the kernels before it times them)."""
     source = resolve_source(path)
     if source.is_file():
         convert_gguf(source, cache_dir)  # before the load's phase, not inside it

@@ -11,8 +11,10 @@ from dataclasses import replace
 
 import torch
 
-from engine.grammar import GrammarMatcher, fill_bitmasks
-from engine.logits_processors import (
+from engine.outputs import FinishReason, TokenOutput
+from engine.rows import SequenceRows
+from engine.sample.grammar import GrammarMatcher, fill_bitmasks
+from engine.sample.logits_processors import (
     AllowedTokens,
     BannedTokens,
     LogitBias,
@@ -21,9 +23,7 @@ from engine.logits_processors import (
     RepetitionPenalty,
     token_mask,
 )
-from engine.outputs import FinishReason, TokenOutput
-from engine.rows import SequenceRows
-from engine.sampler import RowSampling, SampleResult, sample
+from engine.sample.sampler import RowSampling, SampleResult, sample
 
 _NOT_FINISHED, _STOPPED, _LENGTH, _DEAD_END = 0, 1, 2, 3
 logger = logging.getLogger("batchserve.engine")

@@ -16,9 +16,9 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from engine.cpu_features import cpu_features
-from engine.native import Kernels
-from engine.quantization import Int4Weight, Int8Weight, QuantizedWeight
+from engine.platform.cpu_features import cpu_features
+from engine.platform.native import Kernels
+from engine.weights.quantization import Int4Weight, Int8Weight, QuantizedWeight
 
 
 def onednn_available(device: torch.device, dtype: torch.dtype) -> bool:
@@ -77,7 +77,7 @@ class Int4Linear:
     """y = x dequant(W)^T + b with W 4-bit in torch's CPU packed layout, groups of `group_size` inputs.
 
     torch reads each group as (q - 8) * scale + zero; with float32 activations the scales stay float32, so GGUF
-    Q4_1 blocks (w = d * q + m) are used exactly as stored (engine/quantization.py)."""
+    Q4_1 blocks (w = d * q + m) are used exactly as stored (engine/weights/quantization.py)."""
 
     packed: torch.Tensor  # [out, in / 2] uint8, torch's layout
     scales_and_zeros: torch.Tensor  # [in / group_size, out, 2] in the activations' dtype

@@ -18,9 +18,9 @@ from dataclasses import dataclass
 
 import torch
 
-from engine.fused import argmax_rows, token_logprobs
-from engine.logits_processors import LogitsEdits
-from engine.sampling_params import MIN_SAMPLING_TEMPERATURE
+from engine.sample.kernels import argmax_rows, token_logprobs
+from engine.sample.logits_processors import LogitsEdits
+from engine.sample.sampling_params import MIN_SAMPLING_TEMPERATURE
 
 _MASK32 = 0xFFFFFFFF
 

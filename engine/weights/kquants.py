@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from engine.quantization import Int4Weight
+from engine.weights.quantization import Int4Weight
 
 Q4_K = "Q4_K"
 _BLOCK_BYTES = 144  # f16 d, f16 dmin, 12 bytes of scales/mins, 128 bytes of nibbles

@@ -1,8 +1,8 @@
 """What this CPU can execute, read once from /proc/cpuinfo and capped by `BATCHSERVE_CPU_ISA`.
 
 Every choice the engine makes about the CPU goes through `cpu_features()`: which build of the compiled kernels
-runs (engine/native.py), which weight formats `auto` may pick and which are refused (engine/weight_format.py),
-whether oneDNN may prepack bf16 weights (engine/linear.py).
+runs (engine/platform/native.py), which weight formats `auto` may pick and which are refused
+(engine/weights/weight_format.py), whether oneDNN may prepack bf16 weights (engine/model/linear.py).
 
 The cap names one of `ISA_LEVELS`; a level holds the CPU flags of every level below it. With the cap set, torch
 and oneDNN are capped the same way (`ATEN_CPU_CAPABILITY`, `ONEDNN_MAX_CPU_ISA`), which only works before torch

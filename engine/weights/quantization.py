@@ -1,7 +1,7 @@
 """Weight-only quantised weights: read from a GGUF file's own blocks, or quantised from dense weights at load.
 
 Both forms are kept unpacked here (one value per element), so that the runner can concatenate q/k/v and gate/up
-along the output rows before packing them for torch's kernels (engine/linear.py):
+along the output rows before packing them for torch's kernels (engine/model/linear.py):
 
 - `Int4Weight`: values 0..15 in groups of `group_size` along the input dimension, each group with a scale and a
   zero, dequantised as torch's int4 kernels do: w = (q - 8) * scale + zero.
@@ -191,7 +191,7 @@ def read_gguf_int4(
     decoders: Mapping[str, Callable[[np.ndarray, int], Int4Weight]] | None = None,
 ) -> dict[str, Int4Weight]:
     """Every Q4_0/Q4_1 projection of the file (`open_gguf`), and those of the types `decoders` decodes (Q4_K:
-    engine/kquants.py), keyed by Hugging Face module name; other types are left out."""
+    engine/weights/kquants.py), keyed by Hugging Face module name; other types are left out."""
     decoders = decoders or {}
     arch_field = reader.fields.get("general.architecture")
     arch = bytes(arch_field.parts[arch_field.data[0]]).decode() if arch_field is not None else ""

@@ -1,4 +1,4 @@
-"""Timing candidate weight formats so that another process cannot decide which one wins (engine/format_probe.py).
+"""Timing candidate weight formats so that another process cannot decide which one wins (api/runtime/format_probe.py).
 
 Every candidate is loaded first, then timed in turns: round after round, each candidate's step at every size once
 (A B C D, A B C D, ...), so a burst of another process's work slows a round of all of them rather than all the
@@ -15,6 +15,8 @@ of this with a fake clock and bursts of fake contention.
 
 from __future__ import annotations
 
+import enum
+import os
 import statistics
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -25,6 +27,7 @@ import torch
 
 BUSY_RATIO = 1.25  # a calibration this much slower than the quietest: another process had the CPU
 STALE_RATIO = 1.3  # a later start's calibration this far from the cached one (either way): another machine
+BUSY_CORES = 0.5  # other processes using this much CPU: a slower calibration is contention, not another machine
 
 
 class Clock(Protocol):
@@ -172,24 +175,76 @@ def time_rounds(
                 clock.sleep(plan.busy_wait_s)
 
 
+def calibration_text(calibration_ms: Mapping[str, float]) -> str:
+    return ", ".join(f"{name} {ms:.2f} ms" for name, ms in calibration_ms.items()) or "none"
+
+
+class Recheck(enum.Enum):
+    SAME = "same"  # this machine's speed matches the cached one: the choice stands
+    OTHER = "other"  # faster or slower beyond STALE_RATIO on a quiet machine: another machine, measure again
+    BUSY = "busy"  # slower while other processes use the cores: keep the choice, check again at the next start
+
+
 def recheck(
     cached_ms: Mapping[str, float],
     clock: Clock,
     calibration: Calibration,
     tries: int = 3,
     wait_s: float = DEFAULT_PLAN.busy_wait_s,
-) -> tuple[bool, dict[str, float]]:
+    load: LoadGauge | None = None,
+) -> tuple[Recheck, str]:
     """Whether this machine's calibration now is within STALE_RATIO of `cached_ms` (the one taken when a choice was
-    measured), and the calibration now. Faster by more is another machine at once (contention only slows); slower
-    may be a busy moment, so it is tried again after a wait, `tries` times in all."""
+    measured), and both calibrations as text. Faster by more is another machine at once (contention only slows); slower
+    may be a busy moment, so it is tried again after a wait, `tries` times in all; still slower while `load` sees
+    other processes on the cores is a busy machine, not another one (measuring now would time the contention)."""
     now: dict[str, float] = {}
+    verdict = Recheck.OTHER
     for attempt in range(tries):
         now = calibration.measure(clock)
         ratios = [now[name] / cached_ms[name] for name in now if cached_ms.get(name)]
         if not ratios or any(ratio < 1 / STALE_RATIO for ratio in ratios):
-            return False, now
+            break
         if all(ratio <= STALE_RATIO for ratio in ratios):
-            return True, now
+            verdict = Recheck.SAME
+            break
         if attempt + 1 < tries:
             clock.sleep(wait_s)
-    return False, now
+    else:
+        if load is not None and load.other_cores(clock) >= BUSY_CORES:
+            verdict = Recheck.BUSY
+    return verdict, f"calibration {calibration_text(cached_ms)} then, {calibration_text(now)} now"
+
+
+class LoadGauge(Protocol):
+    def other_cores(self, clock: Clock) -> float:
+        """How many cores other processes kept busy over a short window just now."""
+        ...
+
+
+@dataclass(frozen=True)
+class SystemLoad:
+    """Other processes' CPU use from the kernel's counters (/proc/stat less this process's own time); 0 where the
+    counters cannot be read (not Linux), which reads as a quiet machine."""
+
+    window_s: float = 0.5
+
+    def other_cores(self, clock: Clock) -> float:
+        before = _cpu_seconds()
+        clock.sleep(self.window_s)
+        after = _cpu_seconds()
+        if before is None or after is None:
+            return 0.0
+        (busy_then, own_then), (busy_now, own_now) = before, after
+        return max(0.0, ((busy_now - busy_then) - (own_now - own_then)) / self.window_s)
+
+
+def _cpu_seconds() -> tuple[float, float] | None:
+    """(CPU seconds every process spent busy, seconds this process spent), both since boot or start."""
+    try:
+        with open("/proc/stat") as stat:
+            ticks = [int(field) for field in stat.readline().split()[1:9]]
+    except (OSError, ValueError):
+        return None
+    idle = ticks[3] + ticks[4]  # idle and iowait
+    own = os.times()
+    return (sum(ticks) - idle) / os.sysconf("SC_CLK_TCK"), own.user + own.system

@@ -1,7 +1,7 @@
 """The one owner of KV cache blocks: the block pool, the prefix cache over it, and each sequence's block list and
 registration progress. The engine and the simulator both hold one; nothing else keeps a sequence's blocks.
 
-Automatic prefix caching (vLLM's rules, with exactness checks of our own in engine/block_pool.py):
+Automatic prefix caching (vLLM's rules, with exactness checks of our own in engine/kv/block_pool.py):
 - Only full blocks are cached, each keyed by its parent's key, its token ids and, for a first block, the
   sequence's cache salt: sequences with different salts never share a block.
 - At least the last known token is always computed, so the sequence gets its logits; the blocks it would write are
@@ -20,10 +20,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from engine.block_pool import BlockPool, Parent, PrefixMatch, block_key, root
+from engine.kv.block_pool import BlockPool, Parent, PrefixMatch, block_key, root
 
 if TYPE_CHECKING:
-    from engine.sampling_params import SamplingParams
+    from engine.sample.sampling_params import SamplingParams
 
 NO_MATCH = PrefixMatch((), ())
 

@@ -1,13 +1,13 @@
-"""Timing candidates in turns (engine/format_timing.py) on a fake machine whose clock advances only by the work timed
-on it (tests/engine/fake_machine.py): rounds until enough are quiet, bounded; each figure its best round's; a later
-start's calibration against the cached one."""
+"""Timing candidates in turns (api/runtime/format_timing.py) on a fake machine whose clock advances only by the work
+timed on it (tests/api/runtime/fake_machine.py): rounds until enough are quiet, bounded; each figure its best round's;
+a later start's calibration against the cached one."""
 
 from __future__ import annotations
 
 import pytest
 
-from engine.format_timing import STALE_RATIO, RoundPlan, recheck, time_rounds
-from tests.engine.fake_machine import FakeMachine
+from api.runtime.format_timing import STALE_RATIO, Recheck, RoundPlan, recheck, time_rounds
+from tests.api.runtime.fake_machine import FakeMachine
 
 SIZES = (1, 16)
 TRUTH = {"a": {1: 10.0, 16: 40.0}, "b": {1: 12.0, 16: 30.0}}
@@ -60,12 +60,24 @@ def test_a_machine_busy_throughout_stops_at_the_bound_and_reads_its_noise_over_e
 def test_a_later_start_matches_the_cached_speed_unless_this_machine_is_another() -> None:
     cached = {"compute": 1.0, "memory": 4.0}
     same = FakeMachine()
-    same_now = recheck(cached, same, same.calibration())
-    assert same_now[0] is True and same_now[1] == pytest.approx(cached)
+    verdict, speeds = recheck(cached, same, same.calibration(), load=same)
+    assert verdict is Recheck.SAME and speeds == "calibration compute 1.00 ms, memory 4.00 ms then, " + (
+        "compute 1.00 ms, memory 4.00 ms now"
+    )
     faster = FakeMachine(speed=0.5)  # contention never speeds a machine up: no second try
-    assert recheck(cached, faster, faster.calibration())[0] is False and faster.t < 0.1
+    assert recheck(cached, faster, faster.calibration(), load=faster)[0] is Recheck.OTHER and faster.t < 0.1
     busy_then_quiet = FakeMachine(busy=[(0.0, 0.1)])
-    assert recheck(cached, busy_then_quiet, busy_then_quiet.calibration())[0] is True
-    slower = FakeMachine(speed=STALE_RATIO * 1.1)
-    assert recheck(cached, slower, slower.calibration(), tries=3, wait_s=0.5)[0] is False
+    assert recheck(cached, busy_then_quiet, busy_then_quiet.calibration(), load=busy_then_quiet)[0] is Recheck.SAME
+    slower = FakeMachine(speed=STALE_RATIO * 1.1)  # a quiet machine, slower throughout: another CPU
+    assert recheck(cached, slower, slower.calibration(), tries=3, wait_s=0.5, load=slower)[0] is Recheck.OTHER
     assert slower.t >= 1.0  # it waited twice before calling it another machine
+
+
+def test_a_later_start_on_a_busy_machine_keeps_the_cached_choice() -> None:
+    """Slower throughout while other processes hold the cores: contention, not another machine (measuring now would
+    time the contention). Without a load gauge the same calibrations read as another machine."""
+    cached = {"compute": 1.0, "memory": 4.0}
+    busy = FakeMachine(busy=[(0.0, 60.0)])
+    assert recheck(cached, busy, busy.calibration(), load=busy)[0] is Recheck.BUSY
+    unseen = FakeMachine(busy=[(0.0, 60.0)])
+    assert recheck(cached, unseen, unseen.calibration())[0] is Recheck.OTHER

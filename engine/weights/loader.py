@@ -4,10 +4,11 @@ GGUF files are dequantized once and cached as a float32 safetensors checkpoint, 
 transformers' GGUF parser is slow (~20-40 s for SmolLM2-135M on a small CPU) and the cached
 checkpoint loads in under a second. Every load is local: no Hugging Face hub lookup ever happens.
 
-`dtype` and `quantization` (engine/weight_format.py) choose how the runner holds the weights: the model object
+`dtype` and `quantization` (engine/weights/weight_format.py) choose how the runner holds the weights: the model object
 always keeps dense weights (float32, or bfloat16 when the dtype is), which are the reference that parity tests
 run `generate()` on; int4/int8 weights for the projections and LM head come alongside in `LoadedModel.quantized`.
-A GGUF's Q4_0/Q4_1/Q4_K projections are read from the file's own blocks (engine/quantization.py, engine/kquants.py).
+A GGUF's Q4_0/Q4_1/Q4_K projections are read from the file's own blocks (engine/weights/quantization.py,
+engine/weights/kquants.py).
 """
 
 from __future__ import annotations
@@ -30,9 +31,9 @@ from torch import nn
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from engine.config import LoadConfig
-from engine.kquants import Q4_K, decode_q4_k, loads_as_int4
 from engine.phases import phase
-from engine.quantization import (
+from engine.weights.kquants import Q4_K, decode_q4_k, loads_as_int4
+from engine.weights.quantization import (
     GROUP_SIZE,
     QuantizedWeight,
     check_matches,
@@ -42,7 +43,7 @@ from engine.quantization import (
     open_gguf,
     read_gguf_int4,
 )
-from engine.weight_format import EXACT, WeightFormat, resolve
+from engine.weights.weight_format import EXACT, WeightFormat, resolve
 
 logger = logging.getLogger("batchserve.loader")
 
@@ -66,7 +67,7 @@ class LoadedModel:
     max_model_len: int
     weight_format: WeightFormat = EXACT
     quantized: Mapping[str, QuantizedWeight] = field(default_factory=dict)  # by module name; for the runner
-    # The row count up to which the quantised weights run, where `auto` measured it (engine/format_probe.py).
+    # The row count up to which the quantised weights run, where `auto` measured it (api/runtime/format_probe.py).
     measured_max_quantized_rows: int | None = None
 
     def with_row_switch(self, max_quantized_rows: int | None) -> LoadedModel:
@@ -158,7 +159,7 @@ def load_model(
 
     `dtype` (auto, float32, bfloat16) and `quantization` (auto, none, int8, int4) as vLLM names them; the defaults
     here are the exact ones, the server's are `auto`. `quiet`: the routine lines (a cache hit, the format loaded)
-    at debug level, for the loads that measure formats (engine/format_probe.py)."""
+    at debug level, for the loads that measure formats (api/runtime/format_probe.py)."""
     level = logging.DEBUG if quiet else logging.INFO
     config = LoadConfig(dtype, quantization)
     target = resolve_device(device)
