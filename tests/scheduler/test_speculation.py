@@ -6,7 +6,7 @@ drafts and acceptances; the cache is all returned."""
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Mapping, Sequence
 
 import pytest
 from transformers import PreTrainedModel
@@ -49,8 +49,10 @@ def serve(
     if step_cost is not None:
         plain_step = engine.step
 
-        def timed_step(*args: Any) -> StepOutput:
-            output = plain_step(*args)
+        def timed_step(
+            schedule: Sequence[tuple[int, int]], drafts: Mapping[int, Sequence[int]] | None = None
+        ) -> StepOutput:
+            output = plain_step(schedule, drafts)
             clock.advance(step_cost[0] + step_cost[1] * output.num_tokens)
             return output
 
