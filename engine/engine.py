@@ -233,13 +233,26 @@ class Engine(CacheQueries):
         state.num_computed[rows] += counts
         if row_drafts is None:
             outputs = sample_and_record(
-                state, rows[samples], result.logits, sampled_ids, self.eos_token_ids, self._matcher_of
+                state,
+                rows[samples],
+                result.logits,
+                sampled_ids,
+                self.eos_token_ids,
+                self._matcher_of,
+                kernels=self.runner.kernels,
             )
             self._register_full_blocks(seq_ids, rows)
             return StepOutput(outputs, len(seq_ids), batch.num_tokens, prompt_logprobs)
         sampled_drafts = [d for d, m in zip(row_drafts, samples.tolist(), strict=True) if m]
         verified = verify_and_record(
-            state, rows[samples], result.logits, sampled_ids, sampled_drafts, self.eos_token_ids, self._matcher_of
+            state,
+            rows[samples],
+            result.logits,
+            sampled_ids,
+            sampled_drafts,
+            self.eos_token_ids,
+            self._matcher_of,
+            kernels=self.runner.kernels,
         )
         # Rollback: only accepted tokens count as computed; what rejected drafts wrote lies past num_computed.
         state.num_computed[rows[samples]] += verified.emitted - 1

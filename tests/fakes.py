@@ -29,6 +29,7 @@ from engine.model.forward_batch import AttentionGroup, ForwardBatch
 from engine.model.model_runner import ForwardOutput
 from engine.model.prompt_scoring import PromptScores
 from engine.outputs import PromptLogprobs
+from engine.platform.native import Kernels
 from engine.sample.sampling_params import SamplingParams
 from scheduler.config import Mode, SchedulerConfig
 from scheduler.core import Scheduler
@@ -120,6 +121,7 @@ class ScriptedRunner:
         step_time: float = 1.0,
     ) -> None:
         self.vocab_size = vocab_size
+        self.kernels: Kernels | None = None  # the sampler runs torch's ops
         self.token_fn = token_fn
         self.eos_token_id = eos_token_id
         self.eos_positions = set(eos_positions)

@@ -69,9 +69,9 @@ def measure(num_rows: int, drafts: int, right: int, sampled_share: float, repeat
     seq_ids = list(range(num_rows))
     eos = torch.tensor([0])
     settings: dict[str, Callable[[], object]] = {
-        "in_order": lambda: accept_in_order(state, rows, logits, seq_ids, row_drafts, eos),
-        "vectorised": lambda: accept_at_once(state, rows, logits, seq_ids, row_drafts, eos),
-        "engine": lambda: verify_and_record(state, rows, logits, seq_ids, row_drafts, eos),
+        "in_order": lambda: accept_in_order(state, rows, logits, seq_ids, row_drafts, eos, kernels=None),
+        "vectorised": lambda: accept_at_once(state, rows, logits, seq_ids, row_drafts, eos, kernels=None),
+        "engine": lambda: verify_and_record(state, rows, logits, seq_ids, row_drafts, eos, kernels=None),
     }
     times: dict[str, list[float]] = {name: [] for name in settings}
     for _ in range(repeats):

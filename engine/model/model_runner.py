@@ -34,7 +34,7 @@ from engine.model.linear import (
     build_linear,
 )
 from engine.model.prompt_scoring import DEFAULT_SLICE, PromptScores, score_positions
-from engine.platform.native import KernelBuild, load_kernels
+from engine.platform.native import KernelBuild, Kernels, load_kernels
 from engine.weights.quantization import Int4Weight, QuantizedWeight, concat_rows
 
 
@@ -49,6 +49,9 @@ class ModelRunner(Protocol):
     for, writing keys and values to the cache."""
 
     vocab_size: int
+    # The compiled kernels this runner was built with (None: torch's ops). The engine hands them to the sampler, so
+    # a runner built without them samples without them too, whatever this process loaded before.
+    kernels: Kernels | None
 
     def kv_cache_shape(self, num_blocks: int, block_size: int) -> KVCacheShape: ...
 

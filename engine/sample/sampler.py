@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
+from engine.platform.native import Kernels
 from engine.sample.kernels import argmax_rows, token_logprobs
 from engine.sample.logits_processors import LogitsEdits
 from engine.sample.sampling_params import MIN_SAMPLING_TEMPERATURE
@@ -65,10 +66,13 @@ class SampleResult:
     top_logprobs: torch.Tensor | None  # [rows, k] float32
 
 
-def sample(logits: torch.Tensor, params: RowSampling, edits: LogitsEdits | None = None) -> SampleResult:
-    """logits: [rows, vocab] float32 from the model; `edits` (bias, masks, penalties) are applied here."""
+def sample(
+    logits: torch.Tensor, params: RowSampling, edits: LogitsEdits | None = None, kernels: Kernels | None = None
+) -> SampleResult:
+    """logits: [rows, vocab] float32 from the model; `edits` (bias, masks, penalties) are applied here. `kernels`:
+    the runner's compiled kernels for the greedy argmax and the logprobs (engine/sample/kernels.py); None: torch."""
     processed = logits if edits is None else edits.apply(logits)
-    greedy_tokens = argmax_rows(processed)  # one pass over the vocabulary where the kernel is built
+    greedy_tokens = argmax_rows(processed, kernels)  # one pass over the vocabulary with the kernel
     random_rows = params.temperature >= MIN_SAMPLING_TEMPERATURE
     tokens = greedy_tokens
     if bool(random_rows.any()):
@@ -79,7 +83,7 @@ def sample(logits: torch.Tensor, params: RowSampling, edits: LogitsEdits | None 
         return SampleResult(tokens, None, None, None)
     # The model's own distribution, before edits, temperature and filters: vLLM's default logprobs_mode
     # ("raw_logprobs"). A token a filter or penalty made unlikely still reports what the model thought of it.
-    chosen_logprobs, top_ids, top_logprobs = token_logprobs(logits, tokens, params.num_logprobs)
+    chosen_logprobs, top_ids, top_logprobs = token_logprobs(logits, tokens, params.num_logprobs, kernels)
     return SampleResult(tokens, chosen_logprobs, top_ids, top_logprobs)
 
 

@@ -12,6 +12,7 @@ from dataclasses import replace
 import torch
 
 from engine.outputs import FinishReason, TokenOutput
+from engine.platform.native import Kernels
 from engine.rows import SequenceRows
 from engine.sample.grammar import GrammarMatcher, fill_bitmasks
 from engine.sample.logits_processors import (
@@ -36,14 +37,19 @@ def sample_and_record(
     seq_ids: list[int],
     eos_token_ids: torch.Tensor,
     matchers: Mapping[int, GrammarMatcher] | None = None,
+    *,
+    kernels: Kernels | None,
 ) -> tuple[TokenOutput, ...]:
     """Sample one token for each of `rows` (the sequences `seq_ids`) from its `logits` row and record it.
-    `matchers`: the grammar state of each constrained sequence, by id."""
+    `matchers`: the grammar state of each constrained sequence, by id. `kernels`: the runner's compiled kernels,
+    which the sampler runs too (None: torch)."""
     if not seq_ids:
         return ()
     constrained = state.constrained[rows].nonzero()[:, 0].tolist()  # positions in `rows`
     row_matchers = [matchers[seq_ids[i]] for i in constrained] if matchers else []
-    result, dead_ends = _sample(state, rows, state.seq_len[rows], logits, eos_token_ids, row_matchers, constrained)
+    result, dead_ends = _sample(
+        state, rows, state.seq_len[rows], logits, eos_token_ids, row_matchers, constrained, kernels
+    )
     tokens = result.tokens
     positions = state.seq_len[rows]
     state.token_buffer[rows, positions] = tokens
@@ -58,13 +64,19 @@ def sample_and_record(
 
 
 def sample_at(
-    state: SequenceRows, rows: torch.Tensor, lengths: torch.Tensor, logits: torch.Tensor, eos_token_ids: torch.Tensor
+    state: SequenceRows,
+    rows: torch.Tensor,
+    lengths: torch.Tensor,
+    logits: torch.Tensor,
+    eos_token_ids: torch.Tensor,
+    *,
+    kernels: Kernels | None,
 ) -> tuple[SampleResult, torch.Tensor]:
     """Sample, without recording, the token after the first `lengths[i]` tokens of `rows[i]`'s token buffer (rows
     may repeat with different lengths: a speculating row's positions, its drafts in the buffer past `seq_len`), as
     `sample_and_record` would once the row held exactly those tokens. Rows without a grammar only. Returns the
     sample and each token's finish code as `package` takes them (0: not finished)."""
-    result, _ = _sample(state, rows, lengths, logits, eos_token_ids, [], [])
+    result, _ = _sample(state, rows, lengths, logits, eos_token_ids, [], [], kernels)
     return result, finish_codes(state, rows, lengths + 1, result.tokens, eos_token_ids)
 
 
@@ -76,6 +88,7 @@ def _sample(
     eos_token_ids: torch.Tensor,
     row_matchers: list[GrammarMatcher],
     constrained: list[int],
+    kernels: Kernels | None,
 ) -> tuple[SampleResult, torch.Tensor]:
     """Edit and sample `logits` for rows holding `lengths` tokens; also the positions whose grammar allows nothing."""
     logits = logits.to("cpu") if logits.device.type != "cpu" else logits
@@ -103,7 +116,7 @@ def _sample(
         allowed[stuck] = True
         dead_ends = positions[stuck]
         edits = replace(edits, grammar=AllowedTokens(positions, allowed))
-    return sample(logits, params, edits), dead_ends
+    return sample(logits, params, edits, kernels), dead_ends
 
 
 def _advance_grammars(

@@ -25,6 +25,7 @@ from itertools import accumulate
 import torch
 
 from engine.outputs import TokenOutput
+from engine.platform.native import Kernels
 from engine.rows import SequenceRows
 from engine.sample.grammar import GrammarMatcher
 from engine.sample.sampler import SampleResult
@@ -49,13 +50,15 @@ def verify_and_record(
     drafts: Sequence[Sequence[int]],
     eos_token_ids: torch.Tensor,
     matchers: Mapping[int, GrammarMatcher] | None = None,
+    *,
+    kernels: Kernels | None,
 ) -> Verified:
     """Accept the drafts of the sampling `rows` (`drafts[j]` for row j, possibly empty) from `logits`, which holds
     each row's 1 + len(drafts[j]) positions in order; records the emitted tokens as `sample_and_record` does."""
     greedy = state.temperature[rows] < MIN_SAMPLING_TEMPERATURE
     if seq_ids and not bool(state.constrained[rows].any()) and (len(seq_ids) == 1 or bool(greedy.all())):
-        return accept_at_once(state, rows, logits, seq_ids, drafts, eos_token_ids)
-    return accept_in_order(state, rows, logits, seq_ids, drafts, eos_token_ids, matchers)
+        return accept_at_once(state, rows, logits, seq_ids, drafts, eos_token_ids, kernels=kernels)
+    return accept_in_order(state, rows, logits, seq_ids, drafts, eos_token_ids, matchers, kernels=kernels)
 
 
 def accept_at_once(
@@ -65,6 +68,8 @@ def accept_at_once(
     seq_ids: list[int],
     drafts: Sequence[Sequence[int]],
     eos_token_ids: torch.Tensor,
+    *,
+    kernels: Kernels | None,
 ) -> Verified:
     """`verify_and_record` for rows without a grammar: every position sampled in one call, accepted with tensor
     operations."""
@@ -74,7 +79,7 @@ def accept_at_once(
     starts = width.cumsum(0) - width  # each row's first position in `logits`
     offset = torch.arange(int(width.sum())) - starts[which]
     lengths = state.seq_len[rows][which] + offset  # tokens the row holds before each position's token
-    result, finish = sample_at(state, rows[which], lengths, logits, eos_token_ids)
+    result, finish = sample_at(state, rows[which], lengths, logits, eos_token_ids, kernels=kernels)
     # A position is compared with the draft that lies in the token buffer there (engine.Engine._place_drafts); the
     # bonus position with -1. A row keeps its positions up to the first one that mismatched or finished.
     draft = state.token_buffer[rows[which], lengths.clamp(max=state.max_model_len - 1)].masked_fill(
@@ -110,6 +115,8 @@ def accept_in_order(
     drafts: Sequence[Sequence[int]],
     eos_token_ids: torch.Tensor,
     matchers: Mapping[int, GrammarMatcher] | None = None,
+    *,
+    kernels: Kernels | None,
 ) -> Verified:
     """`verify_and_record` position by position through `sample_and_record`, the rows still accepting together."""
     first = [0, *accumulate(len(d) + 1 for d in drafts)][:-1]  # each row's first position in `logits`
@@ -119,7 +126,7 @@ def accept_in_order(
     while alive:
         index = torch.tensor([first[j] + position for j in alive], dtype=torch.long)
         outs = sample_and_record(
-            state, rows[alive], logits[index], [seq_ids[j] for j in alive], eos_token_ids, matchers
+            state, rows[alive], logits[index], [seq_ids[j] for j in alive], eos_token_ids, matchers, kernels=kernels
         )
         going = []
         for j, out in zip(alive, outs, strict=True):

@@ -26,6 +26,7 @@ from engine.model.elementwise import ElementwiseOps, RotaryTables
 from engine.model.forward_batch import build_forward_batch
 from engine.model.model_runner import TransformersRunner
 from engine.platform import native
+from engine.sample import sampler
 from engine.sample.kernels import argmax_rows, token_logprobs
 from engine.sample.sampling_params import SamplingParams
 from tests.toolchain import load_build
@@ -172,6 +173,40 @@ def test_token_logprobs_match_log_softmax_gather_and_topk(kernels: native.Kernel
     assert torch.equal(top_ids[distinct], expected_ids[distinct])
     if vocab > k:  # among tied values the kernel lists the lowest ids first, as argmax picks the lowest
         assert top_ids[4].tolist() == sorted(top_ids[4].tolist())
+
+
+def test_the_sampler_runs_the_runners_kernels_never_the_processs(
+    kernels: native.Kernels, tiny_llama: PreTrainedModel, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`--no-cpu-kernels` builds a runner without kernels: its engine samples through torch although this process
+    has loaded a build (`kernels`), and a runner with kernels hands them to the sampler."""
+    read_ops: list[str] = []  # the build of every Kernels whose ops anything reads
+    given: list[native.Kernels | None] = []  # the kernels each greedy sampling step was given
+
+    def spied_ops(self: native.Kernels) -> object:
+        read_ops.append(self.build.name)
+        return getattr(torch.ops, self.build.namespace)
+
+    def spied_argmax(logits: torch.Tensor, kernels: native.Kernels | None = None) -> torch.Tensor:
+        given.append(kernels)
+        return argmax_rows(logits, kernels)
+
+    monkeypatch.setattr(native.Kernels, "ops", property(spied_ops))
+    monkeypatch.setattr(sampler, "argmax_rows", spied_argmax)
+    params = SamplingParams(max_tokens=3, temperature=0.0, logprobs=2)
+    for runner in (
+        TransformersRunner(tiny_llama, native_attention=False),
+        TransformersRunner(tiny_llama, kernel_build=kernels.build),
+    ):
+        engine = Engine(runner, EngineConfig(seats=1, kv_cache_tokens=64, block_size=4))
+        engine.add(0, [5, 9, 2], params)
+        assert engine.reserve(0, 6)
+        read_ops.clear()
+        given.clear()
+        outputs = [*engine.step([(0, 3)]).tokens, *engine.step([(0, 1)]).tokens]
+        assert [len(out.top_logprobs or ()) for out in outputs] == [2, 2]
+        assert given == [runner.kernels] * 2
+        assert bool(read_ops) == (runner.kernels is not None)  # no kernel ran anywhere in the step without them
 
 
 @pytest.mark.parametrize(

@@ -79,9 +79,14 @@ def verify_many(n: int, one_at_a_time: bool) -> list[list[int]]:
     state = seated(n)
     if not one_at_a_time:
         rows = torch.arange(n)
-        return emitted_by_row(verify_and_record(state, rows, LOGITS.repeat(n, 1), list(range(n)), [DRAFTS] * n, EOS))
+        return emitted_by_row(
+            verify_and_record(state, rows, LOGITS.repeat(n, 1), list(range(n)), [DRAFTS] * n, EOS, kernels=None)
+        )
     return [
-        [out.token_id for out in verify_and_record(state, torch.tensor([i]), LOGITS, [i], [DRAFTS], EOS).tokens]
+        [
+            out.token_id
+            for out in verify_and_record(state, torch.tensor([i]), LOGITS, [i], [DRAFTS], EOS, kernels=None).tokens
+        ]
         for i in range(n)
     ]
 
@@ -115,13 +120,13 @@ def test_a_seeded_row_emits_what_plain_steps_emit_and_both_acceptances_agree() -
     expected_tokens: list[list[int]] = [[] for _ in range(n)]
     expected_logprobs: list[list[float | None]] = [[] for _ in range(n)]
     for _ in range(2):
-        for out in sample_and_record(plain, rows, LOGITS[:1].repeat(n, 1), list(range(n)), EOS):
+        for out in sample_and_record(plain, rows, LOGITS[:1].repeat(n, 1), list(range(n)), EOS, kernels=None):
             expected_tokens[out.seq_id].append(out.token_id)
             expected_logprobs[out.seq_id].append(out.logprob)
     for accept in (accept_in_order, accept_at_once):
         state = seated(n, 100, **params)
         # Every position has the same logits here, so a plain step's second token is drawn from the same row.
-        verified = accept(state, rows, LOGITS[:1].repeat(3 * n, 1), list(range(n)), [DRAFTS] * n, EOS)
+        verified = accept(state, rows, LOGITS[:1].repeat(3 * n, 1), list(range(n)), [DRAFTS] * n, EOS, kernels=None)
         by_row = emitted_by_row(verified)
         for i in range(n):
             assert by_row[i] == expected_tokens[i][: len(by_row[i])]
@@ -146,8 +151,8 @@ def test_both_acceptances_agree_on_greedy_and_sampled_rows_with_one_or_two_draft
     drafts = [DRAFTS if i % 3 else DRAFTS[:1] for i in range(n)]  # rows with one draft and with two
     logits = torch.randn(sum(len(d) + 1 for d in drafts), VOCAB, generator=torch.Generator().manual_seed(3))
     logits[:, DRAFTS[0]] += 2.0  # the first draft is often right
-    split = accept_at_once(states[0], rows, logits, list(range(n)), drafts, EOS)
-    loop = accept_in_order(states[1], rows, logits, list(range(n)), drafts, EOS)
+    split = accept_at_once(states[0], rows, logits, list(range(n)), drafts, EOS, kernels=None)
+    loop = accept_in_order(states[1], rows, logits, list(range(n)), drafts, EOS, kernels=None)
     assert emitted_by_row(split) == emitted_by_row(loop)
     assert torch.equal(split.emitted, loop.emitted) and split.accepted == loop.accepted
     assert torch.equal(states[0].seq_len, states[1].seq_len)
@@ -156,5 +161,5 @@ def test_both_acceptances_agree_on_greedy_and_sampled_rows_with_one_or_two_draft
 
 
 def test_no_sampling_rows_verify_nothing() -> None:
-    verified = verify_and_record(seated(1), torch.zeros(0, dtype=torch.long), LOGITS[:0], [], [], EOS)
+    verified = verify_and_record(seated(1), torch.zeros(0, dtype=torch.long), LOGITS[:0], [], [], EOS, kernels=None)
     assert verified.tokens == () and verified.accepted == [] and len(verified.emitted) == 0
