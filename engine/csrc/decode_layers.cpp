@@ -5,7 +5,7 @@
 // kernels, with the same arguments in the same order, straight from C++: the result is the per-op path's, bit
 // for bit (tests/engine/test_decode_layers.py), and the runner keeps the per-op path for every other step.
 //
-//   decode_layers: for each layer i, with its 14 tensors in `layers` (kLayerTensors, in the order below) and its
+//   decode_layers: for each layer i, with its kLayerTensors tensors in `layers` (at the offsets below) and its
 //                  keys and values in cache[i] ([layers, 2, kv_heads, slots, dim]):
 //                    h = add_rms_norm(x, mlp_out, input_norm); q = rope_write_cache(int4_dot(h, qkv));
 //                    h = add_rms_norm(x, int4_dot(attention(q), o), post_norm);
@@ -26,8 +26,18 @@
 namespace BATCHSERVE_OPS {
 namespace {
 
-// Per layer: input_norm, qkv (packed, scales, zeros), o (3), post_norm, gate_up (3), down (3).
-constexpr int64_t kLayerTensors = 14;
+// Where each of a layer's tensors lies among its kLayerTensors: a norm is one tensor, a projection three (packed,
+// scales, zeros). The order is LAYER_TENSORS in engine/model/fused_decode.py, which builds the list; the names are its
+// fields', and tests/engine/test_decode_layers.py checks that the two agree.
+enum LayerTensor : int64_t {
+  kInputNorm = 0,
+  kQkvProj = 1,
+  kOProj = 4,
+  kPostNorm = 7,
+  kGateUpProj = 8,
+  kDownProj = 11,
+  kLayerTensors = 14,
+};
 
 torch::Tensor project(const torch::Tensor& x, const torch::Tensor* weight /* packed, scales, zeros */) {
   // The group size follows from the shapes: packed is [N, K / 2], scales [N / 16, K / group, 16].
@@ -44,7 +54,7 @@ void decode_layers(torch::Tensor x, const torch::Tensor& cache, at::TensorList l
               "cache must be a contiguous [layers, 2, kv_heads, slots, dim] tensor");
   const int64_t num_layers = cache.size(0);
   TORCH_CHECK(static_cast<int64_t>(layers.size()) == num_layers * kLayerTensors,
-              "layers must hold 14 tensors for each of the cache's layers");
+              "layers must hold ", static_cast<int64_t>(kLayerTensors), " tensors for each of the cache's layers");
   for (const auto& tensor : layers) TORCH_CHECK(tensor.is_contiguous(), "layer tensors must be contiguous");
   const int64_t rows = x.size(0);
   std::optional<torch::Tensor> mlp_out;
@@ -52,13 +62,13 @@ void decode_layers(torch::Tensor x, const torch::Tensor& cache, at::TensorList l
     const torch::Tensor* w = layers.data() + i * kLayerTensors;
     const torch::Tensor key_cache = cache.select(0, i).select(0, 0);
     const torch::Tensor value_cache = cache.select(0, i).select(0, 1);
-    torch::Tensor h = add_rms_norm(x, mlp_out, w[0], eps);
+    torch::Tensor h = add_rms_norm(x, mlp_out, w[kInputNorm], eps);
     const torch::Tensor query =
-        rope_write_cache(project(h, w + 1), cos, sin, key_cache, value_cache, slot_mapping, heads, kv_heads);
+        rope_write_cache(project(h, w + kQkvProj), cos, sin, key_cache, value_cache, slot_mapping, heads, kv_heads);
     const torch::Tensor attended =
         paged_decode_attention(query, key_cache, value_cache, block_table, context_lens, block_size, scale);
-    h = add_rms_norm(x, project(attended.view({rows, -1}), w + 4), w[7], eps);
-    const torch::Tensor gate_up = project(h, w + 8);
+    h = add_rms_norm(x, project(attended.view({rows, -1}), w + kOProj), w[kPostNorm], eps);
+    const torch::Tensor gate_up = project(h, w + kGateUpProj);
     torch::Tensor gated;
     if (fused_silu) {
       gated = silu_mul(gate_up);
@@ -66,7 +76,7 @@ void decode_layers(torch::Tensor x, const torch::Tensor& cache, at::TensorList l
       const auto halves = gate_up.chunk(2, -1);
       gated = at::silu(halves[0]) * halves[1];
     }
-    mlp_out = project(gated, w + 11);
+    mlp_out = project(gated, w + kDownProj);
   }
   if (mlp_out.has_value()) x.add_(*mlp_out);
 }

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import accumulate
 
 import torch
 from torch import nn
@@ -34,6 +35,26 @@ class LayerWeights:
     down_proj: AnyLinear
 
 
+# Each layer's tensors in the one order decode_layers.cpp reads them: (LayerWeights field, tensor count), a norm one
+# tensor and a projection three (its packed weights, scales, zeros). The C++ indexes them by the offsets of its
+# `LayerTensor` constants, named after these fields (kInputNorm, kQkvProj, ...); tests/engine/test_decode_layers.py
+# checks the two agree.
+LAYER_TENSORS: tuple[tuple[str, int], ...] = (
+    ("input_norm", 1),
+    ("qkv_proj", 3),
+    ("o_proj", 3),
+    ("post_norm", 1),
+    ("gate_up_proj", 3),
+    ("down_proj", 3),
+)
+
+
+def layer_offsets() -> dict[str, int]:
+    """Each LAYER_TENSORS field's first tensor among its layer's, and "layer_tensors": the tensors per layer."""
+    names = [name for name, _ in LAYER_TENSORS] + ["layer_tensors"]
+    return dict(zip(names, accumulate((count for _, count in LAYER_TENSORS), initial=0), strict=True))
+
+
 def _int4_dot(linear: AnyLinear) -> tuple[Int4DotLinear, int | None] | None:
     """The integer-dot matmul behind `linear` and the most rows it serves (None: any), or None if it has none."""
     if isinstance(linear, RowSwitchedLinear) and isinstance(linear.quantized, Int4DotLinear):
@@ -46,7 +67,7 @@ def _int4_dot(linear: AnyLinear) -> tuple[Int4DotLinear, int | None] | None:
 @dataclass(frozen=True)
 class FusedDecode:
     kernels: Kernels
-    tensors: list[torch.Tensor]  # 14 per layer, in decode_layers.cpp's order
+    tensors: list[torch.Tensor]  # per layer, in LAYER_TENSORS's order
     max_rows: int | None  # steps of more rows run the dense weights, through the per-op path
     fused_silu: bool  # SiLU * up through the compiled kernel (else ATen's ops, as the per-op path does)
 
@@ -60,15 +81,8 @@ class FusedDecode:
         tensors: list[torch.Tensor] = []
         limits: set[int | None] = set()
         for layer in layers:
-            parts = (
-                layer.input_norm,
-                layer.qkv_proj,
-                layer.o_proj,
-                layer.post_norm,
-                layer.gate_up_proj,
-                layer.down_proj,
-            )
-            for part in parts:  # decode_layers.cpp's order
+            for name, _ in LAYER_TENSORS:
+                part: torch.Tensor | AnyLinear = getattr(layer, name)
                 if isinstance(part, torch.Tensor):
                     tensors.append(part.contiguous())
                     continue

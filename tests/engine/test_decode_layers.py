@@ -4,6 +4,7 @@ int4 matmul; and the steps it must leave to the per-op path."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -13,6 +14,7 @@ import torch
 
 from engine.config import EngineConfig
 from engine.engine import Engine
+from engine.model.fused_decode import LAYER_TENSORS, layer_offsets
 from engine.model.model_runner import TransformersRunner
 from engine.platform import native
 from engine.sample.sampling_params import SamplingParams
@@ -58,6 +60,18 @@ def _dot_build(kernels: native.Kernels) -> native.KernelBuild:
     if not kernels.has_int4_dot:
         pytest.skip(f"the {kernels.build.name} build has no integer dot product kernel (AVX2, or AVX-512 with VNNI)")
     return kernels.build
+
+
+def test_the_cpp_offsets_of_a_layers_tensors_are_the_python_tables() -> None:
+    """decode_layers.cpp indexes each layer's tensors by named constants; fused_decode.py's LAYER_TENSORS orders the
+    list it is given. Each constant must be its field's offset in that table (kQkvProj for qkv_proj, ...)."""
+    source = (Path(native.__file__).parent.parent / "csrc" / "decode_layers.cpp").read_text()
+    enum = re.search(r"enum LayerTensor : int64_t \{(.*?)\};", source, re.DOTALL)
+    assert enum is not None
+    in_cpp = {name: int(value) for name, value in re.findall(r"(k\w+) = (\d+)", enum.group(1))}
+    expected = {"k" + name.title().replace("_", ""): offset for name, offset in layer_offsets().items()}
+    assert in_cpp == expected
+    assert in_cpp["kLayerTensors"] == sum(count for _, count in LAYER_TENSORS) == 14
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
