@@ -74,7 +74,7 @@ class RuntimeOptions:
         seats = self.scheduler.seats
         max_len = min(self.max_model_len or model_max_len, model_max_len)
         return EngineConfig(
-            seats=self.scheduler.engine_rows,
+            max_rows=self.scheduler.engine_rows,
             kv_cache_tokens=self.kv_cache_tokens or seats * max_len,
             max_model_len=max_len,
             device=device,

@@ -14,12 +14,13 @@ DEFAULT_MAX_QUANTIZED_ROWS = 10
 class EngineConfig:
     """Static sizes fixed when the engine starts.
 
-    `seats` is the number of sequences the engine holds at once (each a row of its per-sequence tensors);
+    `max_rows` is the number of sequences the engine holds at once, each in a row of its per-sequence tensors (the
+    scheduler's seats take rows: scheduler/config.py `engine_rows`);
     `kv_cache_tokens` is the token budget of the paged KV cache shared by all of them. `max_model_len` caps
     prompt plus output of one sequence (None: the model's own context window).
     """
 
-    seats: int = 64
+    max_rows: int = 64
     kv_cache_tokens: int = 32768
     block_size: int = 16
     max_model_len: int | None = None
@@ -29,7 +30,7 @@ class EngineConfig:
     enable_prefix_caching: bool = True  # full blocks of computed prompts are kept for sequences with that prefix
 
     def __post_init__(self) -> None:
-        for name in ("seats", "kv_cache_tokens", "block_size", "max_stop_token_ids", "max_logit_bias"):
+        for name in ("max_rows", "kv_cache_tokens", "block_size", "max_stop_token_ids", "max_logit_bias"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.max_model_len is not None and self.max_model_len < 2:

@@ -59,7 +59,7 @@ class Engine(CacheQueries):
         return self.blocks.usage
 
     @property
-    def num_free_seats(self) -> int:
+    def num_free_rows(self) -> int:
         return self.rows.num_free
 
     def has_sequence(self, seq_id: int) -> bool:
@@ -155,7 +155,7 @@ class Engine(CacheQueries):
         the same `cache_salt` share cached blocks."""
         self.validate(prompt_token_ids, params)
         matcher = params.grammar.matcher() if params.grammar is not None else None
-        self.rows.seat(seq_id, prompt_token_ids, params)
+        self.rows.place(seq_id, prompt_token_ids, params)
         self._salt_of[seq_id] = cache_salt
         if matcher is not None:
             self._matcher_of[seq_id] = matcher

@@ -1,7 +1,8 @@
 """Per-row sequence state: preallocated tensors indexed by engine row, and which sequence holds which row.
 
-A row is one seat of the batch. Keeping every per-sequence value in a [rows, ...] tensor makes building a step,
-sampling and the stop checks a handful of tensor ops over the rows scheduled, whatever their number.
+A sequence holds one row from `place` to `release` (the scheduler's seats take rows). Keeping every per-sequence
+value in a [rows, ...] tensor makes building a step, sampling and the stop checks a handful of tensor ops over the rows
+scheduled, whatever their number.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ class SequenceRows:
     """The state of the sequences in the engine, one row each; the engine reads and writes the tensors directly."""
 
     def __init__(self, config: EngineConfig, max_model_len: int, vocab_size: int) -> None:
-        rows, max_blocks = config.seats, -(-max_model_len // config.block_size)
+        rows, max_blocks = config.max_rows, -(-max_model_len // config.block_size)
         self.max_model_len = max_model_len
         # [rows] unless noted.
         self.token_buffer = torch.zeros(rows, max_model_len, dtype=torch.long)  # [rows, max_model_len]
@@ -68,12 +69,12 @@ class SequenceRows:
     def rows(self, seq_ids: Sequence[int]) -> torch.Tensor:
         return torch.tensor([self._row_of[s] for s in seq_ids], dtype=torch.long)
 
-    def seat(self, seq_id: int, prompt_token_ids: Sequence[int], params: SamplingParams) -> int:
+    def place(self, seq_id: int, prompt_token_ids: Sequence[int], params: SamplingParams) -> int:
         """Give the sequence a free row holding its prompt and sampling parameters; returns the row."""
         if seq_id in self._row_of:
             raise ValueError(f"sequence {seq_id} is already in the engine")
         if not self._free:
-            raise RuntimeError("no free engine row; the scheduler admitted more sequences than the engine has seats")
+            raise RuntimeError("no free engine row; the scheduler admitted more sequences than the engine has rows")
         # Convert everything before taking a row, so a failure here leaves no half-registered sequence.
         prompt = torch.tensor(prompt_token_ids, dtype=torch.long)
         stops = torch.tensor(params.stop_token_ids, dtype=torch.long)

@@ -48,7 +48,7 @@ class Lifecycle:
 
     @property
     def free_rows(self) -> int:
-        return self.engine.num_free_seats
+        return self.engine.num_free_rows
 
     @property
     def free_cache_tokens(self) -> int:
@@ -85,7 +85,7 @@ class Lifecycle:
             return False
         added = not self.engine.has_sequence(request.seq_id)  # a preempted request kept its row and tokens
         if added:
-            if self.engine.num_free_seats == 0 or not self.engine.can_admit(
+            if self.engine.num_free_rows == 0 or not self.engine.can_admit(
                 request.seq_id, request.prompt_token_ids, request.params, request.cache_salt, total_tokens
             ):
                 return False  # checked before `add`: a request that does not fit is not added and removed again

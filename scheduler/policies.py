@@ -13,9 +13,9 @@ from scheduler.static import StaticPolicy
 
 
 def check_seats(engine: SchedulerEngine, config: SchedulerConfig) -> None:
-    if engine.config.seats < config.seats:
+    if engine.config.max_rows < config.seats:
         raise ValueError(
-            f"the engine has {engine.config.seats} seats but the {config.mode.value} policy needs {config.seats}"
+            f"the engine has {engine.config.max_rows} rows but the {config.mode.value} policy needs {config.seats}"
         )
 
 

@@ -314,13 +314,13 @@ class Harness:
 
     @property
     def seats(self) -> int:
-        return self.engine.config.seats
+        return self.engine.config.max_rows
 
     def describe(self) -> str:
         return (
             f"waiting={[(r.request_id, r.status.value) for r in self.scheduler.waiting]} "
             f"running={[(r.request_id, r.status.value) for r in self.scheduler.running]} "
-            f"free_rows={self.engine.num_free_seats} free_blocks={self.engine.blocks.pool.num_free}"
+            f"free_rows={self.engine.num_free_rows} free_blocks={self.engine.blocks.pool.num_free}"
         )
 
 
@@ -356,7 +356,7 @@ def build(
     scheduler.setdefault(seat_key, seats)
     config = SchedulerConfig(mode=mode, **scheduler)  # type: ignore[arg-type]
     engine_config = EngineConfig(
-        seats=config.engine_rows,
+        max_rows=config.engine_rows,
         kv_cache_tokens=kv_cache_tokens,
         block_size=block_size,
         max_model_len=max_model_len,
@@ -379,7 +379,7 @@ def assert_drained(h: Harness) -> None:
     """Everything finished: no cache, every row free, nothing running, waiting, queued or held."""
     assert h.engine.cache_usage == 0
     assert h.engine.blocks.pool.num_free == h.engine.blocks.pool.num_blocks
-    assert h.engine.num_free_seats == h.seats
+    assert h.engine.num_free_rows == h.seats
     assert list(h.scheduler.running) == []
     assert len(h.scheduler.waiting) == 0
     assert h.scheduler.num_queued == 0

@@ -195,7 +195,7 @@ def seats_all_free(server: RunningServer) -> bool:
     runtime = server.runtime
     seats = ServerState.of(server.app).config.seats  # type: ignore[arg-type]
     return (
-        runtime.engine.num_free_seats == seats
+        runtime.engine.num_free_rows == seats
         and runtime.scheduler.counts().running == 0
         and runtime.engine.cache_usage == 0.0
         and not runtime.scheduler.counts().pending_work

@@ -50,19 +50,21 @@ class EngineStepper:
         runner = TransformersRunner(loaded.model, quantized=loaded.quantized, max_quantized_rows=max_quantized_rows)
         self.rows = rows
         self.prefill_tokens = prefill_tokens
-        seats = max(rows)
+        decoding = max(rows)
         length = _PROMPT_TOKENS + decode_steps + 2
-        cache_tokens = seats * 2 * length + 2 * (prefill_tokens or 0) + 32
-        config = EngineConfig(seats=seats + 1, kv_cache_tokens=cache_tokens, block_size=16, enable_prefix_caching=False)
-        self.engine = Engine(runner, config, dtype=dtype)  # + a seat for prefills
+        cache_tokens = decoding * 2 * length + 2 * (prefill_tokens or 0) + 32
+        config = EngineConfig(
+            max_rows=decoding + 1, kv_cache_tokens=cache_tokens, block_size=16, enable_prefix_caching=False
+        )
+        self.engine = Engine(runner, config, dtype=dtype)  # + a row for prefills
         self.params = SamplingParams(max_tokens=length, temperature=0.0, ignore_eos=True)
         prompt = list(range(1, _PROMPT_TOKENS + 1))
-        for seq in range(seats):
+        for seq in range(decoding):
             self.engine.add(seq, prompt, self.params)
             self.engine.reserve(seq, length)
         with torch.inference_mode():
-            self.engine.step([(seq, len(prompt)) for seq in range(seats)])
-        self._next_seq = seats
+            self.engine.step([(seq, len(prompt)) for seq in range(decoding)])
+        self._next_seq = decoding
 
     def step(self, size: int) -> None:
         with torch.inference_mode():

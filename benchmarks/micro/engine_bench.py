@@ -164,7 +164,7 @@ def engine_seconds(
     engine = Engine(
         runner,
         EngineConfig(
-            seats=batch,
+            max_rows=batch,
             kv_cache_tokens=batch * (longest + 16),
             max_model_len=longest + 16,
             enable_prefix_caching=False,  # repeated prompts are timed: each must be computed

@@ -60,7 +60,7 @@ def measure(loaded: LoadedModel, batch: int, prompt_len: int, steps: int, cycles
     engine = Engine(
         runner,
         # Room for several attempts, so the cache also parks and evicts blocks as a server's does.
-        EngineConfig(seats=batch, kv_cache_tokens=CACHE_ATTEMPTS * tokens, enable_prefix_caching=True),
+        EngineConfig(max_rows=batch, kv_cache_tokens=CACHE_ATTEMPTS * tokens, enable_prefix_caching=True),
         loaded.eos_token_ids,
         loaded.max_model_len,
         dtype=runner.dtype,

@@ -33,14 +33,14 @@ PROMPT = 64
 def _setup(
     rows: int, drafts: int, right: int, sampled_share: float
 ) -> tuple[SequenceRows, torch.Tensor, list[list[int]]]:
-    state = SequenceRows(EngineConfig(seats=rows, kv_cache_tokens=rows * 256), 256, VOCAB)
+    state = SequenceRows(EngineConfig(max_rows=rows, kv_cache_tokens=rows * 256), 256, VOCAB)
     gen = torch.Generator().manual_seed(0)
     num_sampled = round(rows * sampled_share)
     for seq in range(rows):
         sampled = SamplingParams(temperature=0.8, top_p=0.9, seed=seq, max_tokens=64)
         greedy = SamplingParams(temperature=0.0, max_tokens=64)
         prompt = torch.randint(0, VOCAB, (PROMPT,), generator=gen).tolist()
-        state.seat(seq, prompt, sampled if seq < num_sampled else greedy)
+        state.place(seq, prompt, sampled if seq < num_sampled else greedy)
     logits = torch.randn(rows * (drafts + 1), VOCAB, generator=gen) * 4
     best = logits.argmax(-1).view(rows, drafts + 1)
     row_drafts = [

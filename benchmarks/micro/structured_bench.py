@@ -146,7 +146,7 @@ def decode_engine(loaded: LoadedModel, batch: int, steps: int, prompt_len: int) 
     runner = TransformersRunner(loaded.model, quantized=loaded.quantized)
     engine = Engine(
         runner,
-        EngineConfig(seats=batch, kv_cache_tokens=batch * (prompt_len + steps + 32)),
+        EngineConfig(max_rows=batch, kv_cache_tokens=batch * (prompt_len + steps + 32)),
         loaded.eos_token_ids,
         loaded.max_model_len,
         dtype=runner.dtype,

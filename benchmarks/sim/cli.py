@@ -196,7 +196,7 @@ def engine_config(args: argparse.Namespace, scheduler: SchedulerConfig, gpu_toke
     tokens = args.kv_cache_tokens or scheduler.seats * args.max_model_len
     if gpu_tokens is not None:
         tokens = min(tokens, gpu_tokens)
-    return EngineConfig(seats=scheduler.seats, kv_cache_tokens=tokens, max_model_len=args.max_model_len)
+    return EngineConfig(max_rows=scheduler.seats, kv_cache_tokens=tokens, max_model_len=args.max_model_len)
 
 
 def is_trace_file(workload: str) -> bool:

@@ -85,8 +85,8 @@ class SimEngine(CacheQueries):
         return self.blocks.usage
 
     @property
-    def num_free_seats(self) -> int:
-        return self.config.seats - len(self._seqs)
+    def num_free_rows(self) -> int:
+        return self.config.max_rows - len(self._seqs)
 
     def has_sequence(self, seq_id: int) -> bool:
         return seq_id in self._seqs
@@ -141,8 +141,8 @@ class SimEngine(CacheQueries):
     ) -> None:
         if seq_id in self._seqs:
             raise ValueError(f"sequence {seq_id} is already in the engine")
-        if len(self._seqs) >= self.config.seats:
-            raise RuntimeError("no free engine row; the scheduler admitted more sequences than the engine has seats")
+        if len(self._seqs) >= self.config.max_rows:
+            raise RuntimeError("no free engine row; the scheduler admitted more sequences than the engine has rows")
         n = len(prompt_token_ids)
         seq = _Sequence(n, n, params.max_tokens, self._stop_after.pop(seq_id, None))
         seq.token = TokenOutput(seq_id, SIM_TOKEN_ID, None, None, None)

@@ -47,7 +47,7 @@ def test_batched_greedy_on_cuda_matches_generate_alone(
     arch: str, tiny_model_builder: Callable[..., PreTrainedModel]
 ) -> None:
     model = on_cuda(tiny_model_builder(arch))
-    engine = make_engine(model, seats=6, cpu_kernels=False, device="cuda")
+    engine = make_engine(model, max_rows=6, cpu_kernels=False, device="cuda")
     assert engine.cache.data.device.type == "cuda"
     driver = Driver(engine, token_budget=16, max_chunk=7)
     plan = [(1, 20), (7, 15), (60, 12), (13, 25), (33, 10), (4, 18)]

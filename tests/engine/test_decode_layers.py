@@ -44,7 +44,7 @@ def _count_per_op_steps(runner: TransformersRunner) -> Callable[[], int]:
 
 
 def _greedy(runner: TransformersRunner, dtype: torch.dtype) -> list[tuple[int, float | None]]:
-    engine = Engine(runner, EngineConfig(seats=4, kv_cache_tokens=256, block_size=4), dtype=dtype)
+    engine = Engine(runner, EngineConfig(max_rows=4, kv_cache_tokens=256, block_size=4), dtype=dtype)
     params = SamplingParams(max_tokens=NEW_TOKENS, temperature=0.0, logprobs=0)
     for seq_id, prompt in enumerate(PROMPTS):
         engine.add(seq_id, prompt, params)
@@ -97,7 +97,7 @@ def test_verify_steps_run_fused_and_emit_the_plain_steps_tokens(
     params = [SamplingParams(max_tokens=NEW_TOKENS, temperature=0.0)] * len(PROMPTS)
 
     def engine(**options: Any) -> Engine:
-        config = EngineConfig(seats=4, kv_cache_tokens=256, block_size=4)
+        config = EngineConfig(max_rows=4, kv_cache_tokens=256, block_size=4)
         return Engine(_runner(tiny_checkpoint, dtype, build, **options), config, dtype=getattr(torch, dtype))
 
     reference, _, _ = run(engine(), PROMPTS, params, chunk=64)

@@ -30,7 +30,7 @@ def make_engine(
     model: PreTrainedModel, eos_token_ids: Sequence[int] = (), cpu_kernels: bool = True, **config: object
 ) -> Engine:
     """`cpu_kernels=False` runs the plain torch path (F.linear, gathered attention), as on a GPU."""
-    settings: dict = dict(seats=8, kv_cache_tokens=1024, block_size=4)
+    settings: dict = dict(max_rows=8, kv_cache_tokens=1024, block_size=4)
     settings.update(config)
     runner = TransformersRunner(model, prepack_weights=cpu_kernels, native_attention=cpu_kernels)
     return Engine(runner, EngineConfig(**settings), eos_token_ids=eos_token_ids)
@@ -165,14 +165,14 @@ def test_batched_greedy_matches_hf_generate_with_joins_leaves_and_chunked_prefil
     ]  # fmt: skip
     leaver, leave_at_step = 1, 6  # removed by the client before it finishes
     prompts = [random_prompt(n, seed=100 + i, vocab_size=vocab) for i, (n, _, _) in enumerate(plan)]
-    engine = make_engine(model, seats=6, cpu_kernels=cpu_kernels)
+    engine = make_engine(model, max_rows=6, cpu_kernels=cpu_kernels)
     assert (engine.runner.decode_kernel is not None) == (cpu_kernels and CAN_BUILD_KERNELS)  # type: ignore[attr-defined]
     driver = Driver(engine, token_budget=16, max_chunk=7)
-    free_blocks, free_rows = engine.blocks.pool.num_free, engine.num_free_seats
+    free_blocks, free_rows = engine.blocks.pool.num_free, engine.num_free_rows
 
     waiting = list(range(len(plan)))
     for step in range(1000):
-        while waiting and plan[waiting[0]][2] <= step and engine.num_free_seats > 0:
+        while waiting and plan[waiting[0]][2] <= step and engine.num_free_rows > 0:
             i = waiting.pop(0)
             driver.add(i, prompts[i], SamplingParams(max_tokens=plan[i][1], **GREEDY))
         if step == leave_at_step:
@@ -202,7 +202,7 @@ def test_batched_greedy_matches_hf_generate_with_joins_leaves_and_chunked_prefil
         assert reasons == [None] * (max_tokens - 1) + [FinishReason.LENGTH]
 
     assert engine.blocks.pool.num_free == free_blocks
-    assert engine.num_free_seats == free_rows
+    assert engine.num_free_rows == free_rows
     assert engine.cache_usage == 0.0
 
 
@@ -244,7 +244,7 @@ def test_release_cache_then_recompute_continues_exactly_as_without_preemption(
     seeded = SamplingParams(max_tokens=20, temperature=1.0, top_p=0.9, top_k=20, seed=11)
     unpreempted_random = [t.token_id for t in run_alone(model, sampled_prompt, seeded)]
 
-    engine = make_engine(model, seats=4, kv_cache_tokens=128, enable_prefix_caching=caching)
+    engine = make_engine(model, max_rows=4, kv_cache_tokens=128, enable_prefix_caching=caching)
     driver = Driver(engine, token_budget=12, max_chunk=5)
     driver.add(0, greedy_prompt, greedy)
     driver.add(1, sampled_prompt, seeded)
@@ -342,12 +342,12 @@ def _assert_rejected_without_allocation(
     match: str,
     field: InputField,
 ) -> None:
-    free_blocks, free_rows = engine.blocks.pool.num_free, engine.num_free_seats
+    free_blocks, free_rows = engine.blocks.pool.num_free, engine.num_free_rows
     with pytest.raises(error, match=match) as info:
         engine.add(42, prompt, params)
     assert info.value.field is field
     assert engine.blocks.pool.num_free == free_blocks
-    assert engine.num_free_seats == free_rows
+    assert engine.num_free_rows == free_rows
     assert not engine.has_sequence(42)
 
 
@@ -374,7 +374,7 @@ def _assert_rejected_without_allocation(
 def test_bad_input_raises_engine_input_error_and_allocates_nothing(
     tiny_llama: PreTrainedModel, prompt: list[int], params: SamplingParams, match: str, field: InputField
 ) -> None:
-    engine = make_engine(tiny_llama, seats=2, kv_cache_tokens=256, max_model_len=64)
+    engine = make_engine(tiny_llama, max_rows=2, kv_cache_tokens=256, max_model_len=64)
     engine.add(1, [5, 6, 7], SamplingParams(max_tokens=4))  # something already running
     assert engine.reserve(1, 7)
     _assert_rejected_without_allocation(engine, prompt, params, EngineInputError, match, field)
@@ -441,28 +441,28 @@ def test_step_rejects_more_tokens_than_pending_or_duplicate_sequences(tiny_llama
 
 
 def test_remove_frees_row_and_blocks(tiny_llama: PreTrainedModel) -> None:
-    engine = make_engine(tiny_llama, seats=3, kv_cache_tokens=64, block_size=4)
-    free_blocks, free_rows = engine.blocks.pool.num_free, engine.num_free_seats
+    engine = make_engine(tiny_llama, max_rows=3, kv_cache_tokens=64, block_size=4)
+    free_blocks, free_rows = engine.blocks.pool.num_free, engine.num_free_rows
     assert engine.cache_usage == 0.0
     driver = Driver(engine)
     driver.add(1, list(range(9)), SamplingParams(max_tokens=10, **GREEDY))
     driver.add(2, list(range(5)), SamplingParams(max_tokens=10, **GREEDY))
     for _ in range(4):
         driver.step()
-    assert engine.num_free_seats == free_rows - 2
+    assert engine.num_free_rows == free_rows - 2
     assert engine.blocks.pool.num_free < free_blocks and engine.cache_usage > 0
     engine.remove(1)
     engine.remove(2)
     assert not engine.has_sequence(1) and not engine.has_sequence(2)
-    assert engine.num_free_seats == free_rows
+    assert engine.num_free_rows == free_rows
     assert engine.blocks.pool.num_free == free_blocks
     assert engine.cache_usage == 0.0
     engine.remove(1)  # idempotent
-    assert engine.num_free_seats == free_rows
+    assert engine.num_free_rows == free_rows
 
 
-def test_seats_run_out_at_the_configured_number(tiny_llama: PreTrainedModel) -> None:
-    engine = make_engine(tiny_llama, seats=2)
+def test_rows_run_out_at_the_configured_number(tiny_llama: PreTrainedModel) -> None:
+    engine = make_engine(tiny_llama, max_rows=2)
     engine.add(1, [1], SamplingParams())
     engine.add(2, [1], SamplingParams())
     with pytest.raises(RuntimeError, match="no free engine row"):

@@ -198,7 +198,7 @@ def test_the_sampler_runs_the_runners_kernels_never_the_processs(
         TransformersRunner(tiny_llama, native_attention=False),
         TransformersRunner(tiny_llama, kernel_build=kernels.build),
     ):
-        engine = Engine(runner, EngineConfig(seats=1, kv_cache_tokens=64, block_size=4))
+        engine = Engine(runner, EngineConfig(max_rows=1, kv_cache_tokens=64, block_size=4))
         engine.add(0, [5, 9, 2], params)
         assert engine.reserve(0, 6)
         read_ops.clear()
@@ -246,7 +246,7 @@ def _greedy_outputs(
 ) -> list[tuple[int, float | None]]:
     runner = TransformersRunner(model, fused_ops=fused, kernel_build=build)
     assert (runner.ops.kernels is not None) == fused
-    engine = Engine(runner, EngineConfig(seats=4, kv_cache_tokens=256, block_size=4), dtype=dtype)
+    engine = Engine(runner, EngineConfig(max_rows=4, kv_cache_tokens=256, block_size=4), dtype=dtype)
     prompts = [[5, 9, 2, 77, 31], [1, 2, 3], list(range(40, 57))]
     params = SamplingParams(max_tokens=12, temperature=0.0, logprobs=0)
     for seq_id, prompt in enumerate(prompts):

@@ -129,7 +129,7 @@ def test_preemption_keeps_the_grammar_in_step_with_the_row(tiny_llama: PreTraine
     alone = _run(tiny_llama, {0: (prompt, SamplingParams(max_tokens=16, grammar=SetGrammar(allowed), **GREEDY))})
 
     grammar = SetGrammar(allowed)
-    driver = Driver(make_engine(tiny_llama, seats=4, kv_cache_tokens=128), token_budget=12, max_chunk=5)
+    driver = Driver(make_engine(tiny_llama, max_rows=4, kv_cache_tokens=128), token_budget=12, max_chunk=5)
     driver.add(0, prompt, SamplingParams(max_tokens=16, grammar=grammar, **GREEDY))
     for _ in range(6):
         driver.step()

@@ -153,7 +153,7 @@ def test_real_model_conversation_is_the_same_with_caching_on_and_off() -> None:
     engines = {
         caching: Engine(
             runner,
-            EngineConfig(seats=2, kv_cache_tokens=2048, enable_prefix_caching=caching),
+            EngineConfig(max_rows=2, kv_cache_tokens=2048, enable_prefix_caching=caching),
             loaded.eos_token_ids,
             loaded.max_model_len,
         )

@@ -87,7 +87,9 @@ def run_scheduler(
 ) -> list[Stream]:
     """The real scheduler and engine, stepped synchronously until every request is released."""
     seats = len(prompts)
-    engine = Engine(TransformersRunner(model), EngineConfig(seats=seats, kv_cache_tokens=kv_cache_tokens, block_size=4))
+    engine = Engine(
+        TransformersRunner(model), EngineConfig(max_rows=seats, kv_cache_tokens=kv_cache_tokens, block_size=4)
+    )
     clock = FakeClock()
     config = SchedulerConfig(
         mode=mode, max_batch_size=seats, max_num_seqs=seats, batch_timeout_ms=0, max_num_batched_tokens=budget
@@ -102,7 +104,7 @@ def run_scheduler(
         scheduler.step()
         clock.advance(1.0)
     assert all(s.reason is Outcome.LENGTH for s in streams)
-    assert engine.cache_usage == 0 and engine.num_free_seats == seats
+    assert engine.cache_usage == 0 and engine.num_free_rows == seats
     return streams
 
 
@@ -159,7 +161,7 @@ def test_the_lm_head_runs_in_bounded_slices_over_a_whole_prompt(tiny_qwen2: PreT
         return head(hidden)
 
     runner.lm_head = recording_head  # type: ignore[assignment]
-    engine = Engine(runner, EngineConfig(seats=2, kv_cache_tokens=256, block_size=16))
+    engine = Engine(runner, EngineConfig(max_rows=2, kv_cache_tokens=256, block_size=16))
     prompts = [random_prompt(60, 950, vocab), random_prompt(11, 951, vocab)]
     for seq_id, (prompt, k) in enumerate(zip(prompts, (2, None), strict=True)):
         engine.add(seq_id, prompt, SamplingParams(max_tokens=2, temperature=0.0, prompt_logprobs=k))
@@ -222,7 +224,7 @@ def test_a_prompt_recomputed_after_preemption_is_not_scored_again(
 ) -> None:
     model = tiny_model_builder(arch)
     prompt = random_prompt(30, 970, model.config.vocab_size)
-    engine = Engine(TransformersRunner(model), EngineConfig(seats=2, kv_cache_tokens=128, block_size=4))
+    engine = Engine(TransformersRunner(model), EngineConfig(max_rows=2, kv_cache_tokens=128, block_size=4))
     engine.add(0, prompt, SamplingParams(max_tokens=4, temperature=0.0, prompt_logprobs=2))
     parts: list[PromptLogprobs] = []
     tokens: list[int] = []
@@ -281,7 +283,7 @@ def test_negative_prompt_logprobs_are_rejected() -> None:
 
 
 def test_the_engine_rejects_more_prompt_alternatives_than_the_vocabulary(tiny_qwen2: PreTrainedModel) -> None:
-    engine = Engine(TransformersRunner(tiny_qwen2), EngineConfig(seats=1, kv_cache_tokens=64, block_size=4))
+    engine = Engine(TransformersRunner(tiny_qwen2), EngineConfig(max_rows=1, kv_cache_tokens=64, block_size=4))
     vocab = engine.runner.vocab_size
     with pytest.raises(EngineInputError, match=f"at most {vocab} alternatives") as info:
         engine.add(0, [1, 2], SamplingParams(prompt_logprobs=vocab + 1))

@@ -55,7 +55,7 @@ def test_engine_greedy_matches_generate_with_sequences_joining_and_leaving() -> 
     prompts = _prompts()
     engine = Engine(
         TransformersRunner(loaded.model),
-        EngineConfig(seats=4, kv_cache_tokens=4096),
+        EngineConfig(max_rows=4, kv_cache_tokens=4096),
         loaded.eos_token_ids,
         loaded.max_model_len,
     )
@@ -65,7 +65,7 @@ def test_engine_greedy_matches_generate_with_sequences_joining_and_leaving() -> 
     next_prompt, step = 0, 0
     while next_prompt < len(prompts) or active:
         # A new sequence joins every third step while a row is free; long prompts prefill in 64-token chunks.
-        if next_prompt < len(prompts) and engine.num_free_seats and (step % 3 == 0 or not active):
+        if next_prompt < len(prompts) and engine.num_free_rows and (step % 3 == 0 or not active):
             engine.add(next_prompt, prompts[next_prompt], params)
             assert engine.reserve(next_prompt, len(prompts[next_prompt]) + NEW_TOKENS)
             active.append(next_prompt)

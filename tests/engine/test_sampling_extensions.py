@@ -356,7 +356,7 @@ def test_min_p_one_and_subnormal_temperature_decode_greedily(tiny_llama: PreTrai
 
 def test_a_reused_row_forgets_the_previous_requests_extensions(tiny_llama: PreTrainedModel) -> None:
     prompt = random_prompt(5, 940, tiny_llama.config.vocab_size)
-    engine = make_engine(tiny_llama, seats=1)
+    engine = make_engine(tiny_llama, max_rows=1)
     driver = Driver(engine)
     restricted = SamplingParams(
         max_tokens=4, logit_bias=((3, 100.0),), allowed_token_ids=(3, 4), repetition_penalty=2.0, min_p=0.5
@@ -386,9 +386,9 @@ def test_a_reused_row_forgets_the_previous_requests_extensions(tiny_llama: PreTr
 def test_engine_rejects_extensions_it_cannot_serve(
     tiny_llama: PreTrainedModel, params: SamplingParams, match: str, field: InputField
 ) -> None:
-    engine = make_engine(tiny_llama, seats=2, max_logit_bias=2, eos_token_ids=[9])
+    engine = make_engine(tiny_llama, max_rows=2, max_logit_bias=2, eos_token_ids=[9])
     with pytest.raises(EngineInputError, match=match) as info:
         engine.add(1, [1, 2, 3], params)
-    assert info.value.field is field and not engine.has_sequence(1) and engine.num_free_seats == 2
+    assert info.value.field is field and not engine.has_sequence(1) and engine.num_free_rows == 2
     # The same lists are fine where they can be served: within limits, or with the EOS ignored.
     engine.add(2, [1, 2], SamplingParams(min_tokens=2, allowed_token_ids=(9,), ignore_eos=True, logit_bias=((159, 1),)))

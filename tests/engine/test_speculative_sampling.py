@@ -60,10 +60,10 @@ def chi_square(tokens: list[int], probs: torch.Tensor) -> tuple[float, int]:
 
 
 def seated(n: int, seed0: int = 0, **params: object) -> SequenceRows:
-    state = SequenceRows(EngineConfig(seats=n, kv_cache_tokens=16 * n, block_size=4), 16, VOCAB)
+    state = SequenceRows(EngineConfig(max_rows=n, kv_cache_tokens=16 * n, block_size=4), 16, VOCAB)
     base = {"temperature": TEMPERATURE, "top_k": TOP_K, "max_tokens": 8, **params}
     for i in range(n):
-        state.seat(i, PROMPT, SamplingParams(seed=seed0 + i, **base))  # type: ignore[arg-type]
+        state.place(i, PROMPT, SamplingParams(seed=seed0 + i, **base))  # type: ignore[arg-type]
         state.token_buffer[i, len(PROMPT) : len(PROMPT) + 2] = torch.tensor(DRAFTS)  # as Engine._place_drafts does
     return state
 

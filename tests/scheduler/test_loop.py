@@ -77,7 +77,7 @@ def test_async_consumer_receives_token_events_then_finish_event(mode: Mode) -> N
         assert [e.token.token_id for e in tokens if isinstance(e, TokenEvent)] == expected_tokens(prompt, max_tokens)
         assert isinstance(finish, FinishEvent) and finish.outcome is Outcome.LENGTH
         assert finish.timings.mode == mode.value
-    assert h.engine.cache_usage == 0 and h.engine.num_free_seats == h.seats
+    assert h.engine.cache_usage == 0 and h.engine.num_free_rows == h.seats
 
 
 def test_idle_loop_blocks_on_its_event_instead_of_stepping() -> None:

@@ -88,7 +88,7 @@ def test_a_displaced_request_holds_one_of_the_spare_rows_so_at_most_one_waits_pe
     seat, once one request is displaced, the next better one finds no row and waits for the seat, as without
     preemption; nobody is displaced for nothing."""
     h = preempting(seats=1)
-    assert h.engine.config.seats == 2
+    assert h.engine.config.max_rows == 2
     batch = h.submit(max_tokens=4, priority=10)
     h.step()  # step 1: batch runs
     mid = h.submit(max_tokens=3, priority=5)

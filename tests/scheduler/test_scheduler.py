@@ -416,7 +416,7 @@ def test_abort_frees_seat_and_cache_within_one_step(mode: Mode, where: str) -> N
     assert victim.tokens == tokens_before
     assert not h.engine.has_sequence(victim.seq_id)
     live = [s for s in h.streams.values() if not s.done]
-    assert h.engine.num_free_seats == h.seats - len(live)
+    assert h.engine.num_free_rows == h.seats - len(live)
     used = sum(h.engine.reserved_tokens(s.seq_id) // h.engine.block_size for s in live)
     assert h.engine.blocks.pool.num_used == used
     if where == "waiting":
@@ -589,7 +589,7 @@ def test_failed_forward_step_fails_only_its_requests_and_next_are_served(mode: M
         assert s.reason is Outcome.FAILED and s.finish_step == 2 and len(s.tokens) == 1
         assert s.finish is not None and s.finish.error and "InjectedFault" in s.finish.error
     assert not c.done
-    assert h.engine.num_free_seats == 2 and h.engine.cache_usage == 0
+    assert h.engine.num_free_rows == 2 and h.engine.cache_usage == 0
     h.run()
     assert c.token_steps[0] == 3
     assert_complete(c)
@@ -682,7 +682,7 @@ def test_same_greedy_tokens_in_both_modes_and_equal_to_generate(tiny_llama: PreT
     preemptions: dict[Mode, int] = {}
     for mode in MODES:
         # Continuous runs with 16-token chunks and a cache too small for all at once (it preempts).
-        engine_config = EngineConfig(seats=3, kv_cache_tokens=64, block_size=4)
+        engine_config = EngineConfig(max_rows=3, kv_cache_tokens=64, block_size=4)
         engine = Engine(runner, engine_config, eos_token_ids=())
         clock = FakeClock()
         config = SchedulerConfig(
@@ -699,7 +699,7 @@ def test_same_greedy_tokens_in_both_modes_and_equal_to_generate(tiny_llama: PreT
             scheduler.step()
             clock.advance(1.0)
         assert all(s.reason is Outcome.LENGTH for s in streams)
-        assert engine.cache_usage == 0 and engine.num_free_seats == 3
+        assert engine.cache_usage == 0 and engine.num_free_rows == 3
         results[mode] = [s.tokens for s in streams]
         preemptions[mode] = sum(s.finish.timings.num_preemptions for s in streams if s.finish)
     assert results[Mode.DYNAMIC] == reference

@@ -39,7 +39,7 @@ def serve(
     """`step_cost`: (seconds a step, seconds a token) the fake clock moves during each engine step, which the
     draft-length rule measures; None: steps take no time, so the rule never has costs and drafts every k."""
     engine = Engine(
-        TransformersRunner(model), EngineConfig(seats=len(prompts), kv_cache_tokens=kv_cache_tokens, block_size=4)
+        TransformersRunner(model), EngineConfig(max_rows=len(prompts), kv_cache_tokens=kv_cache_tokens, block_size=4)
     )
     config = SchedulerConfig(
         mode=mode, max_num_seqs=len(prompts), max_batch_size=len(prompts), max_num_batched_tokens=24, speculative=spec
@@ -72,7 +72,7 @@ def serve(
         scheduler.step()
         clock.advance(1.0)
     assert all(s.finish is not None for s in streams)
-    assert engine.cache_usage == 0 and engine.num_free_seats == len(prompts)
+    assert engine.cache_usage == 0 and engine.num_free_rows == len(prompts)
     assert (sum(r.num_preemptions for r in requests) > 0) == (kv_cache_tokens < 100 and mode is Mode.CONTINUOUS)
     return [s.tokens for s in streams], steps, requests
 

@@ -986,7 +986,7 @@ def test_bad_request_gets_a_named_openai_error(client: httpx.Client, case: Bad) 
 def _assert_holds_nothing(server: RunningServer) -> None:
     engine, scheduler = server.runtime.engine, server.runtime.scheduler
     assert engine.cache_usage == 0
-    assert engine.num_free_seats == engine.config.seats
+    assert engine.num_free_rows == engine.config.max_rows
     assert scheduler.num_queued == 0 and not scheduler.waiting and not scheduler.running
     assert not scheduler.has_pending_work()
 

@@ -129,7 +129,7 @@ def _wait_idle(server: RunningServer, polls: int = 400) -> None:
         time.sleep(0.025)
     engine = server.runtime.engine
     assert not scheduler.has_pending_work() and scheduler.num_queued == 0
-    assert engine.cache_usage == 0 and engine.num_free_seats == engine.config.seats
+    assert engine.cache_usage == 0 and engine.num_free_rows == engine.config.max_rows
 
 
 def _assert_serving(server: RunningServer, client: httpx.Client) -> None:

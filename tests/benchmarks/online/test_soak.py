@@ -252,7 +252,7 @@ def _assert_idle_and_empty(server: RunningServer) -> None:
     _wait_idle(server)
     engine = server.runtime.engine
     assert engine.cache_usage == 0
-    assert engine.num_free_seats == engine.config.seats
+    assert engine.num_free_rows == engine.config.max_rows
     metrics = httpx.get(f"{server.base_url}/metrics").text
     assert _metric(metrics, "vllm:num_requests_running") == 0
     assert _metric(metrics, "vllm:num_requests_waiting") == 0

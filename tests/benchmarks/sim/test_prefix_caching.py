@@ -33,7 +33,7 @@ def prefill_s(computed: int, count: int) -> float:
 def settings(mode: Mode, caching: bool, kv_cache_tokens: int = 1024, seats: int = 1, max_len: int = 128) -> SimSettings:
     scheduler = SchedulerConfig(mode=mode, max_batch_size=seats, max_num_seqs=seats, batch_timeout_ms=0)
     engine = EngineConfig(
-        seats=seats,
+        max_rows=seats,
         kv_cache_tokens=kv_cache_tokens,
         block_size=16,
         max_model_len=max_len,

@@ -219,7 +219,7 @@ def assert_same_decisions(
 def test_simulated_engine_makes_the_real_engines_decisions_with_natural_stops(
     tiny_llama: PreTrainedModel, mode: Mode
 ) -> None:
-    engine_config = EngineConfig(seats=4, kv_cache_tokens=1024, block_size=16, max_model_len=128)
+    engine_config = EngineConfig(max_rows=4, kv_cache_tokens=1024, block_size=16, max_model_len=128)
     config = SchedulerConfig(
         mode=mode, max_batch_size=4, batch_timeout_ms=30, max_num_seqs=4, max_num_batched_tokens=48
     )
@@ -238,7 +238,7 @@ def test_simulated_engine_makes_the_real_engines_decisions_under_preemption(tiny
     # Six 16-token blocks for four seats: growing sequences run out of cache and the newest is preempted. Without
     # a prefix cache here (the next tests have one: a preempted request finds its own blocks again).
     engine_config = EngineConfig(
-        seats=4, kv_cache_tokens=96, block_size=16, max_model_len=128, enable_prefix_caching=False
+        max_rows=4, kv_cache_tokens=96, block_size=16, max_model_len=128, enable_prefix_caching=False
     )
     config = SchedulerConfig(mode=Mode.CONTINUOUS, max_num_seqs=4, max_num_batched_tokens=32)
     reqs = [r for r in requests(2, 12, 30, 40, 0.01) if len(r.prompt) + r.max_tokens <= 96]
@@ -250,7 +250,7 @@ def test_simulated_engine_makes_the_real_engines_decisions_when_the_bus_fills_th
     tiny_llama: PreTrainedModel,
 ) -> None:
     # Dynamic reserves whole lengths up front: a bus boards only as many as the cache holds, the rest wait.
-    engine_config = EngineConfig(seats=4, kv_cache_tokens=128, block_size=16, max_model_len=128)
+    engine_config = EngineConfig(max_rows=4, kv_cache_tokens=128, block_size=16, max_model_len=128)
     config = SchedulerConfig(mode=Mode.DYNAMIC, max_batch_size=4, batch_timeout_ms=20)
     reqs = [r for r in requests(3, 10, 30, 30, 0.015) if len(r.prompt) + r.max_tokens <= 128]
     real = assert_same_decisions(tiny_llama, engine_config, config, reqs)
@@ -274,7 +274,7 @@ def sharing_requests(seed: int, count: int, spacing_s: float, max_output: int) -
 def test_simulated_prefix_cache_makes_the_real_engines_decisions(tiny_llama: PreTrainedModel, mode: Mode) -> None:
     """With prefix caching on in both engines (the same BlockPool and PrefixCache code), the same prompts find the
     same cached blocks at the same moments: every step computes the same tokens."""
-    engine_config = EngineConfig(seats=4, kv_cache_tokens=1024, block_size=16, max_model_len=128)
+    engine_config = EngineConfig(max_rows=4, kv_cache_tokens=1024, block_size=16, max_model_len=128)
     assert engine_config.enable_prefix_caching
     config = SchedulerConfig(
         mode=mode, max_batch_size=4, batch_timeout_ms=30, max_num_seqs=4, max_num_batched_tokens=48
@@ -291,7 +291,7 @@ def test_simulated_prefix_cache_makes_the_real_engines_decisions_under_preemptio
 ) -> None:
     """Seven blocks for four seats: sequences are preempted and resume from what of their own blocks is still
     cached, and parked blocks are evicted least recently released first, in both engines alike."""
-    engine_config = EngineConfig(seats=4, kv_cache_tokens=112, block_size=16, max_model_len=112)
+    engine_config = EngineConfig(max_rows=4, kv_cache_tokens=112, block_size=16, max_model_len=112)
     config = SchedulerConfig(mode=Mode.CONTINUOUS, max_num_seqs=4, max_num_batched_tokens=32)
     reqs = [r for r in sharing_requests(5, 14, 0.01, 40) if len(r.prompt) + r.max_tokens <= 112]
     real = assert_same_decisions(tiny_llama, engine_config, config, reqs)
@@ -418,7 +418,7 @@ def test_exported_trace_keeps_shared_prefixes_and_turns_in_replay_order() -> Non
 
 
 def test_simulated_natural_stop_ends_the_request_early_with_stop() -> None:
-    settings = SimSettings(SchedulerConfig(mode=Mode.CONTINUOUS, max_num_seqs=2), EngineConfig(seats=2), COST)
+    settings = SimSettings(SchedulerConfig(mode=Mode.CONTINUOUS, max_num_seqs=2), EngineConfig(max_rows=2), COST)
     run = simulate_trace([TraceRequest(0.0, 10, 50, 7), TraceRequest(0.0, 10, 50)], settings, "continuous", 1.0)
     assert [(r.output_tokens, r.finish_reason) for r in run.records] == [(7, "stop"), (50, "length")]
 
@@ -426,7 +426,7 @@ def test_simulated_natural_stop_ends_the_request_early_with_stop() -> None:
 def test_simulated_engine_charges_the_cold_cost_after_idle_and_not_back_to_back() -> None:
     cold = dataclasses.replace(COST, cold_step_s=0.010)
     clock = VirtualClock()
-    engine = SimEngine(EngineConfig(seats=2, kv_cache_tokens=256), cold, clock)
+    engine = SimEngine(EngineConfig(max_rows=2, kv_cache_tokens=256), cold, clock)
     engine.add(0, list(range(8)), SamplingParams(max_tokens=20, ignore_eos=True))
     assert engine.reserve(0, 28)
     durations = []
@@ -443,7 +443,7 @@ def test_simulated_engine_charges_the_cold_cost_after_idle_and_not_back_to_back(
 
 def test_round_robin_alternates_and_least_loaded_avoids_the_busy_replica() -> None:
     trace = [TraceRequest(0.0, 10, 200)] + [TraceRequest(0.01 * i, 10, 4) for i in range(1, 7)]
-    engine = EngineConfig(seats=2, kv_cache_tokens=4096)
+    engine = EngineConfig(max_rows=2, kv_cache_tokens=4096)
     scheduler = SchedulerConfig(mode=Mode.CONTINUOUS, max_num_seqs=2)
     rr = simulate_trace(trace, SimSettings(scheduler, engine, COST, replicas=2, router="round-robin"), "c", 1.0)
     assert [r.kind for r in rr.records] == [f"replica-{i % 2}" for i in range(7)]
@@ -456,7 +456,9 @@ def test_round_robin_alternates_and_least_loaded_avoids_the_busy_replica() -> No
 
 def test_refused_requests_are_failed_records_not_crashes() -> None:
     settings = SimSettings(
-        SchedulerConfig(mode=Mode.DYNAMIC, max_batch_size=2, max_queue=2), EngineConfig(seats=2, max_model_len=64), COST
+        SchedulerConfig(mode=Mode.DYNAMIC, max_batch_size=2, max_queue=2),
+        EngineConfig(max_rows=2, max_model_len=64),
+        COST,
     )
     trace = [TraceRequest(0.0, 60, 10)] + [TraceRequest(0.0, 5, 5) for _ in range(5)]
     run = simulate_trace(trace, settings, "dynamic", float("inf"))
@@ -477,9 +479,9 @@ def test_simulate_cli_refuses_bad_flags_with_a_usage_error(tmp_path: Path) -> No
 def test_request_overhead_delays_what_the_client_sees_and_changes_no_decision() -> None:
     trace = [TraceRequest(0.0, 10, 6), TraceRequest(0.001, 12, 3), TraceRequest(0.5, 8, 4)]
     scheduler = SchedulerConfig(mode=Mode.DYNAMIC, max_batch_size=2)
-    plain = simulate_trace(trace, SimSettings(scheduler, EngineConfig(seats=2), COST), "d", 1.0)
+    plain = simulate_trace(trace, SimSettings(scheduler, EngineConfig(max_rows=2), COST), "d", 1.0)
     late = simulate_trace(
-        trace, SimSettings(scheduler, EngineConfig(seats=2), COST, request_overhead_s=0.0125), "d", 1.0
+        trace, SimSettings(scheduler, EngineConfig(max_rows=2), COST, request_overhead_s=0.0125), "d", 1.0
     )
     for a, b in zip(plain.records, late.records, strict=True):
         assert a.ttft is not None and a.e2e is not None
@@ -490,7 +492,7 @@ def test_request_overhead_delays_what_the_client_sees_and_changes_no_decision() 
     for field in ("steps", "mean_batch_size", "held_seats", "generation_tokens", "mean_queue_ms"):  # same decisions
         assert getattr(late.server_metrics, field) == getattr(plain.server_metrics, field)
     with pytest.raises(ValueError, match="request_overhead_s"):
-        SimSettings(scheduler, EngineConfig(seats=2), COST, request_overhead_s=-0.001)
+        SimSettings(scheduler, EngineConfig(max_rows=2), COST, request_overhead_s=-0.001)
 
 
 def test_simulate_adds_the_cost_files_served_overhead(tmp_path: Path) -> None:
@@ -517,7 +519,7 @@ def test_simulate_adds_the_cost_files_served_overhead(tmp_path: Path) -> None:
 def _continuous_pair(busy: BusyArrival, second_at: float) -> RunResult:
     """A long answer from t=0, and a 3-token one arriving at `second_at`, on a continuous server of 2 seats."""
     trace = [TraceRequest(0.0, 10, 40), TraceRequest(second_at, 12, 3)]
-    settings = SimSettings(SchedulerConfig(mode=Mode.CONTINUOUS, max_num_seqs=2), EngineConfig(seats=2), COST)
+    settings = SimSettings(SchedulerConfig(mode=Mode.CONTINUOUS, max_num_seqs=2), EngineConfig(max_rows=2), COST)
     return simulate_trace(trace, dataclasses.replace(settings, busy_arrival=busy), "c", 1.0)
 
 
@@ -547,7 +549,7 @@ def test_a_request_that_finds_the_server_idle_pays_no_busy_arrival() -> None:
 def test_arrivals_within_one_step_stall_it_once() -> None:
     busy = BusyArrival(stall_s=0.007, outside_s=0.0)
     trace = [TraceRequest(0.0, 10, 40), TraceRequest(0.050, 12, 3), TraceRequest(0.0501, 12, 3)]
-    settings = SimSettings(SchedulerConfig(mode=Mode.CONTINUOUS, max_num_seqs=3), EngineConfig(seats=3), COST)
+    settings = SimSettings(SchedulerConfig(mode=Mode.CONTINUOUS, max_num_seqs=3), EngineConfig(max_rows=3), COST)
     plain = simulate_trace(trace, settings, "c", 1.0)
     charged = simulate_trace(trace, dataclasses.replace(settings, busy_arrival=busy), "c", 1.0)
     assert charged.records[0].e2e == pytest.approx(plain.records[0].e2e + 0.007)  # one stall, not two
@@ -577,7 +579,7 @@ def test_only_the_replica_an_arrival_reaches_is_stalled() -> None:
     busy = BusyArrival(stall_s=0.007, outside_s=0.0)
     trace = [TraceRequest(0.0, 10, 40), TraceRequest(0.050, 12, 40), TraceRequest(0.060, 12, 3)]
     settings = SimSettings(
-        SchedulerConfig(mode=Mode.CONTINUOUS, max_num_seqs=2), EngineConfig(seats=2), COST, replicas=2
+        SchedulerConfig(mode=Mode.CONTINUOUS, max_num_seqs=2), EngineConfig(max_rows=2), COST, replicas=2
     )
     plain = simulate_trace(trace, settings, "c", 1.0)
     charged = simulate_trace(trace, dataclasses.replace(settings, busy_arrival=busy), "c", 1.0)

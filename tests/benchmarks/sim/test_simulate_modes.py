@@ -27,7 +27,7 @@ SPF = "scheduler.examples.shortest_prompt_first:ShortestPromptFirst"
 def _simulate(mode: Mode, trace: list[TraceRequest]) -> list[tuple[float, float, float, float]]:
     """Per request: (arrival, queue time, first token, release), in seconds of the virtual clock."""
     config = SchedulerConfig(mode=mode, max_batch_size=4, batch_timeout_ms=50.0, batch_window_ms=100.0)
-    engine = EngineConfig(seats=4, kv_cache_tokens=4 * 64, max_model_len=64)
+    engine = EngineConfig(max_rows=4, kv_cache_tokens=4 * 64, max_model_len=64)
     run = simulate_trace(trace, SimSettings(config, engine, FLAT), mode.value, float("inf"))
     out = []
     for record in run.records:
@@ -72,7 +72,7 @@ def test_dynamic_on_the_same_trace_counts_its_timeout_from_the_oldest_arrival() 
 
 
 def test_simulated_engine_makes_the_real_engines_decisions_in_static_mode(tiny_llama: PreTrainedModel) -> None:
-    engine_config = EngineConfig(seats=4, kv_cache_tokens=1024, block_size=16, max_model_len=128)
+    engine_config = EngineConfig(max_rows=4, kv_cache_tokens=1024, block_size=16, max_model_len=128)
     config = SchedulerConfig(mode=Mode.STATIC, max_batch_size=4, batch_window_ms=30)
     reqs = with_natural_stops(tiny_llama, engine_config, config, requests(1, 14, 40, 14, 0.02))
     real = assert_same_decisions(tiny_llama, engine_config, config, reqs)

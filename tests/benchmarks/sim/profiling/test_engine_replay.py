@@ -16,7 +16,7 @@ from tests.engine.test_engine import make_engine
 
 @pytest.mark.parametrize("mode", [Mode.CONTINUOUS, Mode.DYNAMIC])
 def test_replay_runs_every_request_to_its_length_and_times_the_engine(mode: Mode) -> None:
-    engine = make_engine(build_tiny_causal_lm("llama"), seats=4)
+    engine = make_engine(build_tiny_causal_lm("llama"), max_rows=4)
     trace = [TraceRequest(0.0, 6, 8, 3), TraceRequest(0.0, 9, 5, None), TraceRequest(0.0, 4, 7, 7)]
     config = SchedulerConfig(mode=mode, max_batch_size=2, max_num_seqs=2, batch_timeout_ms=5.0)
     replay = replay_alone(engine, trace, config, TINY_VOCAB_SIZE)
@@ -30,7 +30,7 @@ def test_replay_runs_every_request_to_its_length_and_times_the_engine(mode: Mode
 
 def test_a_replay_that_loses_requests_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
     """A failed step fails its requests and the scheduler goes on; the replay must not pass off a shorter run."""
-    engine = make_engine(build_tiny_causal_lm("llama"), seats=2)
+    engine = make_engine(build_tiny_causal_lm("llama"), max_rows=2)
 
     def broken(schedule: Sequence[tuple[int, int]]) -> StepOutput:
         raise RuntimeError("injected step failure")
