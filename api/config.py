@@ -15,7 +15,7 @@ from api.structured.limits import RANGES as GRAMMAR_RANGES
 from api.structured.limits import GrammarLimits
 from api.structured.tool_parsers.registry import PARSERS
 from engine.config import DEFAULT_MAX_QUANTIZED_ROWS, DTYPES, QUANTIZATIONS, EngineConfig, LoadConfig
-from engine.speculative_config import SpeculativeConfig
+from engine.spec.config import SpeculativeConfig
 from scheduler.config import RANGES, SCHEDULING_POLICIES, Mode, SchedulerConfig
 from scheduler.policies import load_policy
 from scheduler.ranges import DAY_S, QUEUE, TIMEOUT_S, Range

@@ -24,7 +24,7 @@ from engine.rows import SequenceRows
 from engine.sample.grammar import GrammarMatcher
 from engine.sample.sampling_params import SamplingParams
 from engine.sample.sampling_step import sample_and_record
-from engine.speculative import verify_and_record
+from engine.spec.verify import verify_and_record
 
 
 class Engine(CacheQueries):
@@ -202,7 +202,7 @@ class Engine(CacheQueries):
     ) -> StepOutput:
         """Compute `count` pending tokens for each (seq_id, count); sample for sequences whose pending ran out.
         `drafts`: draft tokens to verify after a sampling sequence's last known token (greedy speculation,
-        engine/speculative.py); its reserved cache must hold them too, and the sequence may emit several tokens."""
+        engine/spec/verify.py); its reserved cache must hold them too, and the sequence may emit several tokens."""
         if not schedule:
             return StepOutput((), 0, 0)
         state = self.rows

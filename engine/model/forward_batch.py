@@ -24,11 +24,6 @@ class AttentionGroup:
     context_lens: torch.Tensor  # [rows] keys in each row's context once this step's tokens are written
     is_decode: bool
 
-    def key_slots(self, block_size: int) -> torch.Tensor:
-        """[rows, context blocks * block_size] the cache slot of every key position."""
-        offsets = torch.arange(block_size, device=self.block_table.device)
-        return (self.block_table[:, :, None] * block_size + offsets).flatten(1)
-
 
 @dataclass(frozen=True)
 class PromptScoring:
@@ -49,7 +44,7 @@ class ForwardBatch:
     slot_mapping: torch.Tensor  # [tokens] where each token's key and value are written
     groups: tuple[AttentionGroup, ...]
     # [sampling positions] packed index of the last token of each sampling row, and of each of its drafts before
-    # it (engine/speculative.py): a row with k drafts contributes its last k + 1 tokens, in order
+    # it (engine/spec/verify.py): a row with k drafts contributes its last k + 1 tokens, in order
     sample_index: torch.Tensor
     scoring: PromptScoring | None = None  # None when no scheduled row scores prompt positions this step
 

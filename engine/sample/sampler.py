@@ -137,7 +137,7 @@ def vocab_probs(logits: torch.Tensor, params: RowSampling) -> torch.Tensor:
 def _sample_random(logits: torch.Tensor, params: RowSampling) -> torch.Tensor:
     # The inverse CDF in vocabulary order, never in the filters' sorted order: a row's token for a given uniform
     # then depends only on its own distribution, not on whether another row of the batch (or a draft position,
-    # engine/speculative.py) made the step take the sorted path.
+    # engine/spec/verify.py) made the step take the sorted path.
     probs = vocab_probs(logits, params)
     cdf = torch.cumsum(probs.double(), dim=-1)
     # u in (0, 1) scaled by the total: the first index whose cdf reaches it has a weight > 0.

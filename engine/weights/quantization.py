@@ -94,7 +94,7 @@ def int8_from_dense(weight: torch.Tensor) -> Int8Weight:
 
 # --- GGUF blocks ---------------------------------------------------------------------------------------------
 
-_Q4_0, _Q4_1, _Q8_0 = "Q4_0", "Q4_1", "Q8_0"
+_Q4_0, _Q4_1 = "Q4_0", "Q4_1"
 INT4_GGUF_TYPES = frozenset({_Q4_0, _Q4_1})
 
 # llama.cpp's tensor names for one decoder layer's projections -> the Hugging Face module under `model.layers.N`.
@@ -150,14 +150,6 @@ def decode_q4(kind: str, data: np.ndarray, rows: int) -> Int4Weight:
         scale = _f16(blocks, 0)
         return Int4Weight(_nibbles(blocks[..., 2:]), scale, torch.zeros_like(scale))
     raise ValueError(f"not a 4-bit GGUF type: {kind}")
-
-
-def decode_q8_0(data: np.ndarray, rows: int) -> torch.Tensor:
-    """A Q8_0 tensor (per block: f16 d, 32 int8) dequantised to [rows, cols] float32."""
-    blocks = _blocks(data, rows, 34)
-    scale = _f16(blocks, 0)
-    values = torch.from_numpy(np.ascontiguousarray(blocks[..., 2:]).view(np.int8).copy()).float()
-    return (values * scale[..., None]).reshape(rows, -1)
 
 
 def _unpermute_rows(weight: Int4Weight, heads: int) -> Int4Weight:

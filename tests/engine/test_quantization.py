@@ -25,7 +25,6 @@ from engine.weights.quantization import (
     Int4Weight,
     Int8Weight,
     concat_rows,
-    decode_q8_0,
     gguf_projection_types,
     int4_from_dense,
     int8_from_dense,
@@ -97,14 +96,6 @@ def test_q4_blocks_load_as_int4_exactly_as_gguf_dequantizes_them(
     for name, weight in weights.items():
         assert weight.values.dtype == torch.uint8 and int(weight.values.max()) <= 15
         torch.testing.assert_close(weight.dequantize(), torch.from_numpy(expected[name]), rtol=0, atol=1e-6)
-
-
-def test_q8_0_blocks_decode_as_gguf_dequantizes_them(gguf_file: tuple[Path, dict[str, np.ndarray]]) -> None:
-    path, reference = gguf_file
-    reader = open_gguf(path)
-    tensor = next(t for t in reader.tensors if t.name == "output.weight")
-    decoded = decode_q8_0(tensor.data, int(tensor.shape[1]))
-    assert torch.equal(decoded, torch.from_numpy(reference["output.weight"]))
 
 
 def test_projection_types_are_reported_by_module_name(gguf_file: tuple[Path, dict[str, np.ndarray]]) -> None:

@@ -24,9 +24,9 @@ from openai.types import Completion
 from openai.types.chat import ChatCompletion, ChatCompletionFunctionToolParam, ChatCompletionMessageParam
 
 from engine.weights.loader import LoadedModel, default_model_path, gguf_checkpoint_dir
-from tests.api.endpoints.test_api import as_dicts
 from tests.server_harness import (
     RunningServer,
+    as_dicts,
     mode_config,
     openai_client,
     real_loaded_model,

@@ -1,4 +1,4 @@
-"""Speculative decoding: the acceptance of drafts (the configuration is engine/speculative_config.py).
+"""Speculative decoding: the acceptance of drafts (the configuration is engine/spec/config.py).
 
 A row with k drafts computed its last k + 1 positions in the step's forward (engine/model/forward_batch.py). Each
 position i samples the token the plain step would sample once the row held its drafts before i (same edits, penalties,
