@@ -114,7 +114,6 @@ def columns_table(runs: Mapping[str, RunResult]) -> str:
 
 
 NO_CACHE_SUFFIX = "-nocache"  # a mode's run with --no-enable-prefix-caching (ab --prefix-caching both)
-SPEC_SUFFIX = "-spec"  # a mode's run with --speculative-config (ab and simulate --speculation both)
 
 
 def by_kind(run: RunResult) -> dict[str, dict[str, float | int | None]]:

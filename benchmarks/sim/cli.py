@@ -31,7 +31,7 @@ from benchmarks.loadgen.flags import add_seats_argument, parse_rates
 from benchmarks.loadgen.run import RunResult, rate_to_json
 from benchmarks.loadgen.trace import TraceRequest, read_exported, read_trace, synthesize
 from benchmarks.loadgen.workloads import WORKLOADS, WorkloadConfig
-from benchmarks.results_io.report import NO_CACHE_SUFFIX, SPEC_SUFFIX, ABOutcome, columns_table
+from benchmarks.results_io.report import NO_CACHE_SUFFIX, ABOutcome, columns_table
 from benchmarks.results_io.tables import format_run
 from benchmarks.sim.cluster import ROUTERS
 from benchmarks.sim.cost.files import BusyArrival, load_busy_arrival, load_fitted, load_request_overhead
@@ -45,7 +45,7 @@ from benchmarks.sim.validate.headline import validation_table
 from engine.config import EngineConfig
 from engine.speculative_config import SpeculativeConfig
 from scheduler.config import SchedulerConfig
-from scheduler.lineup import DEFAULT, SYNTAX, Entry, checked, parse_entry, parse_lineup
+from scheduler.lineup import DEFAULT, SPEC_SUFFIX, SYNTAX, Entry, checked, parse_entry, parse_lineup
 
 _DESCRIPTION = "Simulate static, dynamic and continuous batching (and plug-in policies) on a virtual clock."
 _S = SchedulerConfig()

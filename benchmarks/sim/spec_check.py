@@ -21,11 +21,11 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.loadgen.run import RunResult
-from benchmarks.results_io.report import SPEC_SUFFIX
 from benchmarks.sim import cli as simulate
 from benchmarks.sim.cost.files import load_fitted
 from benchmarks.sim.cost.speculation import crossing, expected_emitted, speedups
 from engine.speculative_config import SpeculativeConfig
+from scheduler.lineup import SPEC_SUFFIX
 
 
 @dataclass(frozen=True)
