@@ -22,7 +22,7 @@ from transformers import (
     Qwen2ForCausalLM,
 )
 
-from engine import native
+from engine.platform import native
 from tests.toolchain import kernel_build_params, load_build
 
 
@@ -192,5 +192,5 @@ def tiny_gguf(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module", params=kernel_build_params())
 def kernels(request: pytest.FixtureRequest) -> native.Kernels:
-    """Each build of the compiled kernels this CPU can execute, in turn (engine/native.py); the others skip."""
+    """Each build of the compiled kernels this CPU can execute, in turn (engine/platform/native.py); the others skip."""
     return load_build(request.param)

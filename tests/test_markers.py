@@ -170,7 +170,7 @@ def test_the_check_sees_the_loads() -> None:
 def test_an_unmarked_load_is_reported() -> None:
     source = (
         "import pytest\n"
-        "from engine.loader import load_model\n"
+        "from engine.weights.loader import load_model\n"
         "def _model():\n    return load_model(None, dtype='bfloat16')\n"
         "@pytest.fixture\ndef model():\n    return _model()\n"
         "def test_unmarked(model):\n    pass\n"

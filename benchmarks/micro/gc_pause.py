@@ -23,7 +23,7 @@ from pathlib import Path
 from api.apps.loading import build_runtime, default_loader
 from api.flags import add_config_flags, config_from_args
 from benchmarks.results_io.report import write_json
-from engine.compute_thread import run_on_passing_thread
+from engine.platform.compute_thread import run_on_passing_thread
 
 
 @dataclass(frozen=True)

@@ -28,8 +28,8 @@ from benchmarks.micro.model_flags import add_model_arguments, load_from_args
 from benchmarks.results_io.report import write_json
 from engine.config import EngineConfig
 from engine.engine import Engine
-from engine.loader import LoadedModel
-from engine.model_runner import TransformersRunner
+from engine.model.model_runner import TransformersRunner
+from engine.weights.loader import LoadedModel
 
 CACHE_ATTEMPTS = 4  # the KV cache holds this many attempts' sequences
 SETTINGS = ("on", "off", "control")  # control: caching off again, the A/A check

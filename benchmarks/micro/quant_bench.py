@@ -29,9 +29,9 @@ import torch
 import torch.nn.functional as F
 
 from benchmarks.results_io.report import write_json
-from engine.linear import AnyLinear, build_linear
-from engine.loader import LoadedModel, default_model_path, load_model
-from engine.quantization import (
+from engine.model.linear import AnyLinear, build_linear
+from engine.weights.loader import LoadedModel, default_model_path, load_model
+from engine.weights.quantization import (
     QuantizedWeight,
     concat_rows,
     int4_from_dense,

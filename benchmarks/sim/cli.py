@@ -43,7 +43,7 @@ from benchmarks.sim.report import write_sim_report
 from benchmarks.sim.run import SimSettings, simulate_trace
 from benchmarks.sim.validate.headline import validation_table
 from engine.config import EngineConfig
-from engine.speculative_config import SpeculativeConfig
+from engine.spec.config import SpeculativeConfig
 from scheduler.config import SchedulerConfig
 from scheduler.lineup import DEFAULT, SPEC_SUFFIX, SYNTAX, Entry, checked, parse_entry, parse_lineup
 

@@ -30,12 +30,12 @@ from dataclasses import dataclass
 
 from benchmarks.sim.cost.model import CostModel, StepShape
 from benchmarks.sim.prompts import answer_base
-from engine.block_manager import BlockManager, CacheQueries
 from engine.config import EngineConfig
 from engine.errors import CacheCapacityError, ContextLengthError, EngineInputError, InputField
+from engine.kv.block_manager import BlockManager, CacheQueries
 from engine.outputs import DraftStats, FinishReason, StepOutput, TokenOutput
-from engine.sampling_params import SamplingParams
-from engine.speculative_config import SpeculativeConfig
+from engine.sample.sampling_params import SamplingParams
+from engine.spec.config import SpeculativeConfig
 from scheduler.request import SequenceRequest
 
 SIM_TOKEN_ID = 0  # every simulated token; nothing downstream of the scheduler reads it
@@ -228,7 +228,7 @@ class SimEngine(CacheQueries):
             num_tokens += width
             pairs = width * computed + width * (width + 1) // 2  # chunk_attention_pairs, inlined
             attention += pairs
-            if k and count == 1:  # verified as k + 1 decode rows sharing the block table (engine/forward_batch.py)
+            if k and count == 1:  # verified as k + 1 decode rows sharing a block table (engine/model/forward_batch)
                 verify_rows += k
                 kv_tokens += pairs  # each of them reads its own context
             else:

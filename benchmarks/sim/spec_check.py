@@ -24,7 +24,7 @@ from benchmarks.loadgen.run import RunResult
 from benchmarks.sim import cli as simulate
 from benchmarks.sim.cost.files import load_fitted
 from benchmarks.sim.cost.speculation import crossing, expected_emitted, speedups
-from engine.speculative_config import SpeculativeConfig
+from engine.spec.config import SpeculativeConfig
 from scheduler.lineup import SPEC_SUFFIX
 
 

@@ -1,4 +1,4 @@
-"""A pure decode step's layers in one compiled call (engine/fused_decode.py, engine/csrc/decode_layers.cpp): the
+"""A pure decode step's layers in one compiled call (engine/model/fused_decode.py, engine/csrc/decode_layers.cpp): the
 same tokens and logprobs as the per-op path, bit for bit, once per build of the kernels that has the integer-dot
 int4 matmul; and the steps it must leave to the per-op path."""
 
@@ -11,12 +11,12 @@ from typing import Any
 import pytest
 import torch
 
-from engine import native
 from engine.config import EngineConfig
 from engine.engine import Engine
-from engine.loader import load_model
-from engine.model_runner import TransformersRunner
-from engine.sampling_params import SamplingParams
+from engine.model.model_runner import TransformersRunner
+from engine.platform import native
+from engine.sample.sampling_params import SamplingParams
+from engine.weights.loader import load_model
 from tests.engine.test_speculative import oracle, run
 
 PROMPTS = [[5, 9, 2, 77, 31], [1, 2, 3], list(range(40, 57))]
@@ -76,7 +76,7 @@ def test_fused_decode_gives_the_per_op_paths_bits(kernels: native.Kernels, tiny_
 def test_verify_steps_run_fused_and_emit_the_plain_steps_tokens(
     kernels: native.Kernels, tiny_checkpoint: Path, dtype: str
 ) -> None:
-    """A row verifying drafts attends as one decode row per position (engine/forward_batch.py), so steps with
+    """A row verifying drafts attends as one decode row per position (engine/model/forward_batch.py), so steps with
     drafts run fused too, with the per-op path's tokens, and in float32 the plain steps' (right drafts, a wrong one,
     and a row without)."""
     build = _dot_build(kernels)

@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from api.protocol.openai_api import ChatCompletionRequest, CompletionRequest
-from engine.loader import LoadedModel
+from engine.weights.loader import LoadedModel
 from tests.server_harness import RunningServer, mode_config, running_server, tiny_loaded_model, tiny_tokenizer
 
 MODES = ("dynamic", "continuous")

@@ -19,8 +19,7 @@ from api.config import ServerConfig
 from api.endpoints.state import ServerState
 from api.runtime.heap import frozen_after_loading
 from benchmarks.micro import gc_pause
-from tests.api.live.test_compare import compare_server
-from tests.server_harness import running_server
+from tests.server_harness import compare_server, running_server
 
 
 @pytest.fixture

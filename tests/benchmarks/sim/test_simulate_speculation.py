@@ -19,8 +19,8 @@ from benchmarks.sim.engine import SimEngine, VirtualClock
 from benchmarks.sim.run import SimSettings, simulate_trace
 from engine.config import EngineConfig
 from engine.outputs import FinishReason
-from engine.sampling_params import SamplingParams
-from engine.speculative_config import SpeculativeConfig
+from engine.sample.sampling_params import SamplingParams
+from engine.spec.config import SpeculativeConfig
 from scheduler.config import Mode, SchedulerConfig
 
 # A CPU-like step: a fixed cost (reading the weights) and a cost per token, so a few drafts are nearly free.
@@ -172,14 +172,14 @@ def test_alone_every_accepted_draft_saves_a_step() -> None:
 
 def test_the_draft_length_rule_stops_drafting_where_verifying_costs_more_than_it_saves() -> None:
     # Every token costs its full share (no fixed cost): a draft right half the time never pays, so once it has
-    # measured a verify step and a plain one the rule leaves the row at 0, bar a one-draft probe every 32nd step.
-    # (Its first two steps verify all 4: the prompt's step is no decode step, so it measures nothing.)
+    # measured a verify step (the prompt's, with 4 drafts) and a plain one the rule leaves the row at 0, bar a
+    # one-draft probe every 32nd step.
     linear = FittedCostModel(0.0, 0.001, 0.0, 0, 0.0, 0.0)
     config = SchedulerConfig(mode=Mode.CONTINUOUS, max_num_seqs=1, speculative=SpeculativeConfig(4))
     settings = SimSettings(config, EngineConfig(seats=1, kv_cache_tokens=512), linear, acceptance_rate=0.5)
     metrics = simulate_trace([TraceRequest(0.0, 10, 200)], settings, "auto", 1.0).server_metrics
     assert metrics is not None and metrics.draft_tokens is not None
-    assert metrics.draft_tokens == 4 + 4 + 200 // 32
+    assert metrics.draft_tokens == 4 + 200 // 32
 
 
 def test_simulate_cli_runs_each_mode_with_and_without_speculation(tmp_path: Path) -> None:

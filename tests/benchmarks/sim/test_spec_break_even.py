@@ -15,7 +15,7 @@ from benchmarks.sim.run import SimSettings, simulate_trace
 from benchmarks.sim.spec_break_even import main
 from benchmarks.sim.spec_check import rate_from_counters
 from engine.config import EngineConfig
-from engine.speculative_config import SpeculativeConfig
+from engine.spec.config import SpeculativeConfig
 from scheduler.config import Mode, SchedulerConfig
 
 # A CPU-like step: a large fixed cost (reading the weights) and a per-token cost, so a few rows are nearly free.
