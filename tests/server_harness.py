@@ -287,6 +287,6 @@ def lineup_server(lineup: str, **overrides: Any) -> Iterator[str]:
     values: dict[str, Any] = {"port": free_port(), "max_batch_size": 3, "max_num_seqs": 3, "batch_window_ms": 20.0}
     config = ServerConfig(**{**values, **overrides})
     model = tiny_loaded_model()
-    app = create_compare_app(config, loader=lambda _config: model, lineup=parse_lineup(lineup))
+    app = create_compare_app(config, loader=lambda _config: model, lineup=parse_lineup(lineup, speculation=True))
     with serving_app(app, config) as (base_url, _):
         yield base_url
