@@ -39,6 +39,7 @@ _CSRC = Path(__file__).parent / "csrc"
 _SOURCES = tuple(
     _CSRC / name
     for name in (
+        "bindings.cpp",
         "paged_decode_attention.cpp",
         "prompt_scores.cpp",
         "fused_ops.cpp",

@@ -20,7 +20,6 @@
 #endif
 
 #include <ATen/Parallel.h>
-#include <torch/library.h>
 #include <torch/types.h>
 
 #include <algorithm>
@@ -283,6 +282,8 @@ int64_t argmax_row(const float* x, int64_t n) {
   return best_index;
 }
 
+}  // namespace
+
 torch::Tensor argmax_rows(const torch::Tensor& logits) {
   TORCH_CHECK(logits.device().is_cpu() && logits.scalar_type() == torch::kFloat && logits.dim() == 2 &&
                   logits.size(1) >= 1,
@@ -298,21 +299,4 @@ torch::Tensor argmax_rows(const torch::Tensor& logits) {
   return out;
 }
 
-}  // namespace
 }  // namespace BATCHSERVE_OPS
-
-TORCH_LIBRARY_FRAGMENT(BATCHSERVE_OPS, m) {
-  m.def("add_rms_norm(Tensor(a!) residual, Tensor? delta, Tensor weight, float eps) -> Tensor");
-  m.def("silu_mul(Tensor gate_up) -> Tensor");
-  m.def(
-      "rope_write_cache(Tensor qkv, Tensor cos, Tensor sin, Tensor(a!) key_cache, Tensor(b!) value_cache, "
-      "Tensor slot_mapping, int heads, int kv_heads) -> Tensor");
-  m.def("argmax_rows(Tensor logits) -> Tensor");
-}
-
-TORCH_LIBRARY_IMPL(BATCHSERVE_OPS, CPU, m) {
-  m.impl("add_rms_norm", &BATCHSERVE_OPS::add_rms_norm);
-  m.impl("silu_mul", &BATCHSERVE_OPS::silu_mul);
-  m.impl("rope_write_cache", &BATCHSERVE_OPS::rope_write_cache);
-  m.impl("argmax_rows", &BATCHSERVE_OPS::argmax_rows);
-}

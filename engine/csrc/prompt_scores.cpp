@@ -18,10 +18,9 @@
 #endif
 
 #include <ATen/Parallel.h>
-#include <torch/library.h>
 #include <torch/types.h>
 
-#include "scalar.h"
+#include "ops.h"
 
 #include <algorithm>
 #include <cmath>
@@ -120,6 +119,8 @@ void score_row(const float* x, int64_t vocab, int64_t target, int64_t k, float* 
   for (int64_t j = 0; j < k; ++j) top_values[j] = (top_values[j] - row_max) - log_total;
 }
 
+}  // namespace
+
 std::tuple<torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor> prompt_scores(
     const torch::Tensor& logits,  // [rows, vocab] float32
     const torch::Tensor& target,  // [rows] int64: the token each row scores
@@ -153,11 +154,4 @@ std::tuple<torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor> prompt_sc
   return {logprobs, ranks, top_ids, top_values};
 }
 
-}  // namespace
 }  // namespace BATCHSERVE_OPS
-
-TORCH_LIBRARY_FRAGMENT(BATCHSERVE_OPS, m) {
-  m.def("prompt_scores(Tensor logits, Tensor target, int k) -> (Tensor, Tensor, Tensor, Tensor)");
-}
-
-TORCH_LIBRARY_IMPL(BATCHSERVE_OPS, CPU, m) { m.impl("prompt_scores", &BATCHSERVE_OPS::prompt_scores); }

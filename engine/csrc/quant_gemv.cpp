@@ -20,7 +20,6 @@
 // nibble and row j + 32 in its high nibble.
 
 #include <ATen/Parallel.h>
-#include <torch/library.h>
 #include <torch/types.h>
 
 #include "ops.h"
@@ -586,6 +585,8 @@ bool float_or_bf16(const torch::Tensor& t) {
   return t.scalar_type() == torch::kFloat || t.scalar_type() == torch::kBFloat16;
 }
 
+}  // namespace
+
 torch::Tensor int4_gemv(const torch::Tensor& x, const torch::Tensor& packed, int64_t group,
                         const torch::Tensor& scales_and_zeros) {
   TORCH_CHECK(x.device().is_cpu() && x.dim() == 2 && float_or_bf16(x), "x must be [rows, K] float32 or bfloat16");
@@ -645,8 +646,6 @@ bool int4_dot_available() {
 #endif
 }
 
-}  // namespace
-
 torch::Tensor int4_dot(const torch::Tensor& x, const torch::Tensor& packed, int64_t group, const torch::Tensor& scales,
                        const torch::Tensor& zeros) {
   TORCH_CHECK(int4_dot_available(), "int4_dot needs AVX2, or AVX-512 with VNNI");
@@ -677,16 +676,3 @@ torch::Tensor int4_dot(const torch::Tensor& x, const torch::Tensor& packed, int6
 }
 
 }  // namespace BATCHSERVE_OPS
-
-TORCH_LIBRARY_FRAGMENT(BATCHSERVE_OPS, m) {
-  m.def("int4_dot_available() -> bool", &BATCHSERVE_OPS::int4_dot_available);
-  m.def("int4_gemv(Tensor x, Tensor packed, int group, Tensor scales_and_zeros) -> Tensor");
-  m.def("int8_gemv(Tensor x, Tensor values, Tensor scales) -> Tensor");
-  m.def("int4_dot(Tensor x, Tensor packed, int group, Tensor scales, Tensor zeros) -> Tensor");
-}
-
-TORCH_LIBRARY_IMPL(BATCHSERVE_OPS, CPU, m) {
-  m.impl("int4_gemv", &BATCHSERVE_OPS::int4_gemv);
-  m.impl("int8_gemv", &BATCHSERVE_OPS::int8_gemv);
-  m.impl("int4_dot", &BATCHSERVE_OPS::int4_dot);
-}
