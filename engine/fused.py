@@ -156,7 +156,7 @@ def token_logprobs(
 
     logits: [rows, vocab] float32, tokens: [rows]. Where the extension is loaded, the prompt-scoring kernel does it
     in passes over each row while it sits in cache, instead of log_softmax writing a second [rows, vocab] tensor that
-    a gather and a top-k then read again (engine/csrc/prompt_scores.cpp); its logprobs agree to ~1e-6."""
+    a gather and a top-k then read again (engine/csrc/sampling.cpp); its logprobs agree to ~1e-6."""
     k = min(k, logits.shape[-1])
     kernels = kernels or native.loaded_kernels()
     usable = logits.device.type == "cpu" and logits.dtype == torch.float32 and logits.dim() == 2

@@ -31,17 +31,21 @@ torch::Tensor silu_mul(const torch::Tensor& gate_up);
 torch::Tensor rope_write_cache(const torch::Tensor& qkv, const torch::Tensor& cos, const torch::Tensor& sin,
                                torch::Tensor key_cache, torch::Tensor value_cache, const torch::Tensor& slot_mapping,
                                int64_t heads, int64_t kv_heads);
-torch::Tensor argmax_rows(const torch::Tensor& logits);
 
-// prompt_scores.cpp
+// sampling.cpp
+torch::Tensor argmax_rows(const torch::Tensor& logits);
 std::tuple<torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor> prompt_scores(const torch::Tensor& logits,
                                                                                      const torch::Tensor& target,
                                                                                      int64_t k);
 
-// quant_gemv.cpp
+// int4_gemv.cpp
 torch::Tensor int4_gemv(const torch::Tensor& x, const torch::Tensor& packed, int64_t group,
                         const torch::Tensor& scales_and_zeros);
+
+// int8_gemv.cpp
 torch::Tensor int8_gemv(const torch::Tensor& x, const torch::Tensor& values, const torch::Tensor& scales);
+
+// int4_dot.cpp
 torch::Tensor int4_dot(const torch::Tensor& x, const torch::Tensor& packed, int64_t group, const torch::Tensor& scales,
                        const torch::Tensor& zeros);
 bool int4_dot_available();
