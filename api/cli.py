@@ -29,7 +29,7 @@ from api.flags import (
 )
 from api.formats import FORMATS_HELP, add_formats_flags, formats
 from engine.config import DTYPES, QUANTIZATIONS
-from engine.cpu_features import CpuIsaError, cpu_features
+from engine.platform.cpu_features import CpuIsaError, cpu_features
 from scheduler.config import Mode
 from scheduler.lineup import DEFAULT, SYNTAX, Entry, checked, parse_entry, parse_lineup
 from scheduler.ranges import SEATS
@@ -136,7 +136,7 @@ def serve(config: ServerConfig, lineup: tuple[Entry, ...] | None = None) -> None
 
 def generate(args: argparse.Namespace) -> None:
     from api.runtime.offline import LLM
-    from engine.sampling_params import SamplingParams
+    from engine.sample.sampling_params import SamplingParams
 
     llm = LLM(
         model=args.model,

@@ -15,7 +15,7 @@ from api.structured.limits import RANGES as GRAMMAR_RANGES
 from api.structured.limits import GrammarLimits
 from api.structured.tool_parsers.registry import PARSERS
 from engine.config import DEFAULT_MAX_QUANTIZED_ROWS, DTYPES, QUANTIZATIONS, EngineConfig, LoadConfig
-from engine.speculative_config import SpeculativeConfig
+from engine.spec.config import SpeculativeConfig
 from scheduler.config import RANGES, SCHEDULING_POLICIES, Mode, SchedulerConfig
 from scheduler.policies import load_policy
 from scheduler.ranges import DAY_S, QUEUE, TIMEOUT_S, Range
@@ -39,7 +39,7 @@ class RuntimeOptions:
     served_model_name: str | None = None
     dtype: str = "auto"  # engine.config.LoadConfig's
     quantization: str = "auto"
-    # How quantised weights run (engine.model_runner.TransformersRunner's options of the same names); the
+    # How quantised weights run (engine.model.model_runner.TransformersRunner's options of the same names); the
     # defaults are the measured choice, the others are for `python -m benchmarks quality` and experiments.
     max_quantized_rows: int | None = DEFAULT_MAX_QUANTIZED_ROWS
     int8_activations: bool = True

@@ -1,4 +1,4 @@
-"""`batchserve formats`: the weight formats `auto` chose on this machine (engine/format_choice.py), one entry per
+"""`batchserve formats`: the weight formats `auto` chose on this machine (api/runtime/format_choice.py), one entry per
 model and set of candidates, with each candidate's figures; `--reprobe` measures a model's choice again now.
 
 torch and transformers are imported when the command runs, not with the parser: `batchserve serve --help` stays
@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 from engine.config import DTYPES, QUANTIZATIONS
 
 if TYPE_CHECKING:
-    from engine.format_choice import CacheEntry
+    from api.runtime.format_choice import CacheEntry
 
 FORMATS_HELP = "Show the weight formats `auto` chose on this machine, or measure one again"
 
@@ -54,9 +54,9 @@ def describe(path: Path, entry: CacheEntry | None) -> str:
 
 
 def formats(args: argparse.Namespace) -> None:
-    from engine.format_choice import CHOICE_DIR, cached_entries
-    from engine.format_probe import load_auto
-    from engine.loader import resolve_cache_dir
+    from api.runtime.format_choice import CHOICE_DIR, cached_entries
+    from api.runtime.format_probe import load_auto
+    from engine.weights.loader import resolve_cache_dir
 
     if args.reprobe:
         load_auto(args.model, dtype=args.dtype, quantization=args.quantization, reprobe=True)

@@ -1,9 +1,15 @@
-"""The token-level engine: model runner, paged KV cache, sampler and compiled CPU kernels."""
+"""The token-level engine: sequences in, one forward per step over a ragged batch, sampled tokens out.
 
-from engine.cpu_features import apply_cap_to_torch
-from engine.native_caches import bound_native_caches
+`engine.py` is the engine; beside it its config, errors, outputs and per-row tensors. The rest is by job: `model/`
+(the runner and its layers), `sample/` (sampling), `spec/` (speculative decoding), `kv/` (the paged cache and its
+blocks), `weights/` (loading and weight formats), `platform/` (the CPU, the compiled kernels' builds in `csrc/`,
+process setup). Nothing is re-exported here: importing `engine` must stay cheap and run before torch loads."""
 
-# Before any engine module imports torch: BATCHSERVE_CPU_ISA caps torch and oneDNN too (engine/cpu_features.py),
-# and oneDNN's per-shape caches are bounded (engine/native_caches.py); both are read when torch loads.
+from engine.platform.cpu_features import apply_cap_to_torch
+from engine.platform.native_caches import bound_native_caches
+
+# Before any engine module imports torch: BATCHSERVE_CPU_ISA caps torch and oneDNN too
+# (engine/platform/cpu_features.py), and oneDNN's per-shape caches are bounded (engine/platform/native_caches.py);
+# both are read when torch loads.
 apply_cap_to_torch()
 bound_native_caches()

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-# Steps of more rows than this run the dense copy (engine.linear.RowSwitchedLinear). Measured (SmolLM2, int4 + bf16,
-# 2 cores, int4 through VNNI dot products): decode steps cost the same at 10-12 rows (int4 24.2 ms against dense 32.8
-# at 8 rows, 37.0 against 36.1 at 12, 44.4 against 39.5 at 16).
+# Steps of more rows than this run the dense copy (engine.model.linear.RowSwitchedLinear). Measured (SmolLM2, int4 +
+# bf16, 2 cores, int4 through VNNI dot products): decode steps cost the same at 10-12 rows (int4 24.2 ms against dense
+# 32.8 at 8 rows, 37.0 against 36.1 at 12, 44.4 against 39.5 at 16).
 DEFAULT_MAX_QUANTIZED_ROWS = 10
 
 
@@ -53,7 +53,7 @@ class LoadConfig:
     """How the weights are held and computed, named as vLLM's `--dtype` and `--quantization`.
 
     `dtype` is the activations' and KV cache's type (and dense weights'); `quantization` holds the projection
-    weights as weight-only int8 or int4. `auto` resolves at load (engine/weight_format.py) from the file and the
+    weights as weight-only int8 or int4. `auto` resolves at load (engine/weights/weight_format.py) from the file and the
     CPU: `float32`/`none` is exact (greedy parity with transformers' generate())."""
 
     dtype: str = "float32"

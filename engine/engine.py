@@ -3,7 +3,7 @@
 The engine knows nothing of text, requests or policies. A scheduler adds sequences, reserves cache for the
 tokens it wants computed, and calls `step()` with (sequence id, number of pending tokens to compute) pairs.
 Per-row state lives in preallocated tensors (engine/rows.py) so that building a step is a handful of tensor ops;
-sampling and the stop checks are engine/sampling_step.py.
+sampling and the stop checks are engine/sample/sampling_step.py.
 """
 
 from __future__ import annotations
@@ -12,19 +12,19 @@ from collections.abc import Mapping, Sequence
 
 import torch
 
-from engine.block_manager import BlockManager, CacheQueries
 from engine.config import EngineConfig
 from engine.errors import CacheCapacityError, ContextLengthError, EngineInputError, InputField
-from engine.forward_batch import PromptScoring, build_forward_batch, move_batch
-from engine.grammar import GrammarMatcher
-from engine.kv_cache import PagedKVCache
-from engine.model_runner import ModelRunner
+from engine.kv.block_manager import BlockManager, CacheQueries
+from engine.kv.kv_cache import PagedKVCache
+from engine.model.forward_batch import PromptScoring, build_forward_batch, move_batch
+from engine.model.model_runner import ModelRunner
+from engine.model.prompt_scoring import PromptScores
 from engine.outputs import DraftStats, PromptLogprobs, StepOutput
-from engine.prompt_scoring import PromptScores
 from engine.rows import SequenceRows
-from engine.sampling_params import SamplingParams
-from engine.sampling_step import sample_and_record
-from engine.speculative import verify_and_record
+from engine.sample.grammar import GrammarMatcher
+from engine.sample.sampling_params import SamplingParams
+from engine.sample.sampling_step import sample_and_record
+from engine.spec.verify import verify_and_record
 
 
 class Engine(CacheQueries):
@@ -202,7 +202,7 @@ class Engine(CacheQueries):
     ) -> StepOutput:
         """Compute `count` pending tokens for each (seq_id, count); sample for sequences whose pending ran out.
         `drafts`: draft tokens to verify after a sampling sequence's last known token (greedy speculation,
-        engine/speculative.py); its reserved cache must hold them too, and the sequence may emit several tokens."""
+        engine/spec/verify.py); its reserved cache must hold them too, and the sequence may emit several tokens."""
         if not schedule:
             return StepOutput((), 0, 0)
         state = self.rows

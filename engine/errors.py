@@ -39,7 +39,7 @@ class EngineInputError(ValueError):
 
 
 class SamplingParamsError(EngineInputError):
-    """A SamplingParams value the engine cannot run (engine/sampling_params.py)."""
+    """A SamplingParams value the engine cannot run (engine/sample/sampling_params.py)."""
 
 
 class ContextLengthError(EngineInputError):

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 import torch
 
 from engine.config import EngineConfig
-from engine.sampling_params import SamplingParams
+from engine.sample.sampling_params import SamplingParams
 
 
 class SequenceRows:
@@ -22,7 +22,7 @@ class SequenceRows:
         self.max_model_len = max_model_len
         # [rows] unless noted.
         self.token_buffer = torch.zeros(rows, max_model_len, dtype=torch.long)  # [rows, max_model_len]
-        # [rows, max blocks per sequence]: a mirror of engine.block_manager's lists, the forward's block tables
+        # [rows, max blocks per sequence]: a mirror of engine.kv.block_manager's lists, the forward's block tables
         self.block_table = torch.zeros(rows, max_blocks, dtype=torch.long)
         self.num_computed = torch.zeros(rows, dtype=torch.long)
         self.seq_len = torch.zeros(rows, dtype=torch.long)
@@ -46,7 +46,7 @@ class SequenceRows:
         self.bias_values = torch.zeros(rows, config.max_logit_bias)  # [rows, max bias], pad 0.0
         self.restricted = torch.zeros(rows, dtype=torch.bool)  # the row has allowed_token_ids
         self.allowed = torch.zeros(rows, vocab_size, dtype=torch.bool)  # [rows, vocab], read if restricted
-        self.constrained = torch.zeros(rows, dtype=torch.bool)  # a grammar constrains the row (engine/grammar.py)
+        self.constrained = torch.zeros(rows, dtype=torch.bool)  # a grammar constrains it (engine/sample/grammar.py)
         # Prompt scoring: alternatives wanted (-1: off) and the first prompt position not delivered yet, which
         # survives preemption so that a recomputed prompt is not scored twice.
         self.prompt_top_k = torch.full((rows,), -1, dtype=torch.long)

@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 
-from engine.speculative_config import SpeculativeConfig
+from engine.spec.config import SpeculativeConfig
 from scheduler.ranges import DAY_MS, QUEUE, SEATS, TIMEOUT_S, Range
 
 

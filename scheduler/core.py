@@ -137,7 +137,7 @@ class Scheduler:
             return self._step()
         finally:
             self.inbox.publish()
-            self.events.flush()
+            self.events.record.flush()
 
     def _step(self) -> StepStats | None:
         now = self.clock()
@@ -147,7 +147,7 @@ class Scheduler:
             return None
         # Prefill work: prompt chunks, and recomputation after preemption; the rest are decode tokens.
         prefill = sum(count for request, count in plan if count > 1 or request.first_token is None)
-        lanes = self.events.lanes(plan, self.running)  # before the step: a release empties a seat
+        lanes = self.events.record.lanes(plan, self.running)  # before the step: a release empties a seat
         for request, _ in plan:
             self._mark_scheduled(request, now)
         failed = False
@@ -175,10 +175,10 @@ class Scheduler:
         )  # fmt: skip
         self._num_steps += 1
         if not failed:
-            self.draft_length.observe(len(plan), num_tokens, prefill, stats.duration)
+            self.draft_length.observe(len(plan), num_tokens, stats.duration)
         if self.on_step is not None:
             self.on_step(stats)
-        self.events.step(self._num_steps, stats, lanes)
+        self.events.record.step(self._num_steps, stats, lanes)
         return stats
 
     def _plan(self, now: float) -> StepPlan:
@@ -197,7 +197,7 @@ class Scheduler:
         if request.scheduled is None:
             request.scheduled = now
             self.inbox.started()
-            self.events.point(PointKind.ADMITTED, request, now)
+            self.events.record.point(PointKind.ADMITTED, request, now)
 
     def _deliver(self, tokens: Sequence[TokenOutput], prompt_logprobs: Sequence[PromptLogprobs] = ()) -> int:
         by_seq = {r.seq_id: r for r in self.running}
@@ -215,7 +215,7 @@ class Scheduler:
                 continue
             if request.first_token is None:
                 request.first_token = now
-                self.events.point(PointKind.FIRST_TOKEN, request, now)
+                self.events.record.point(PointKind.FIRST_TOKEN, request, now)
             request.last_token = now
             request.output_token_ids.append(token.token_id)
             delivered += 1
@@ -230,7 +230,7 @@ class Scheduler:
             self.inbox.started()
         now = self.clock()
         if request.status in (RequestStatus.WAITING, RequestStatus.RUNNING):
-            self.events.point(PointKind.FINISHED, request, now, outcome)
+            self.events.record.point(PointKind.FINISHED, request, now, outcome)
         self._finishing = (request, now)
         try:
             self.lifecycle.finish(request, outcome, error)
@@ -243,7 +243,7 @@ class Scheduler:
         outcome = request.outcome or Outcome.FAILED
         finishing = self._finishing
         now = finishing[1] if finishing is not None and finishing[0] is request else self.clock()
-        self.events.point(PointKind.RELEASED, request, now)
+        self.events.record.point(PointKind.RELEASED, request, now)
         self._emit(request, FinishEvent(outcome, request.timings(self.mode, now), request.error))
 
     @staticmethod

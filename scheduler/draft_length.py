@@ -10,9 +10,9 @@ prefix of each row's drafts, so every row gets its own length. With a step cost 
 batches on a CPU that is bound by reading the weights), long drafts pay; where it grows with every token (a big
 batch), none do. docs/speculative.md compares this with a fixed k and vLLM's table by batch size.
 
-The cost is measured, not assumed: every decode step's (rows, tokens, seconds) feeds a running mean per (rows,
-tokens), read at the step's row count by linear interpolation between the token counts seen and a least-squares
-line beyond them. At a row count not yet measured, the first step verifies every draft and the next runs plain; and
+The cost is measured, not assumed: every step's (rows, tokens, seconds) feeds a running mean per (rows, tokens),
+read at the step's row count by linear interpolation between the token counts seen and a least-squares line beyond
+them. At a row count not yet measured, the first step verifies every draft and the next runs plain; and
 every PROBE_EVERY steps a row the rule left without drafts verifies one, so a sequence whose acceptance was low can
 show it has changed.
 """
@@ -30,9 +30,9 @@ COST_MEMORY = 0.1  # weight of a new measurement in a token count's running mean
 
 @dataclass
 class StepCosts:
-    """Measured time of decode steps (no prompt chunk) by their rows and tokens (rows plus drafts): a running mean
-    per (rows, tokens). Keyed by rows too, because a verify step is not a plain step with more rows: the engine
-    runs a step of plain decode rows through its fused decode path and one with drafts as chunks, at another cost."""
+    """Measured time of steps by their rows and tokens (rows plus drafts plus prompt chunks): a running mean per
+    (rows, tokens). Keyed by rows too, because a verify step is not a plain step with more rows: its rows'
+    positions share their contexts, and the LM head and acceptance work grow with the drafts."""
 
     seconds: dict[int, dict[int, float]] = field(default_factory=dict)  # rows -> tokens -> seconds
 
@@ -73,10 +73,11 @@ class DraftLengthRule:
     costs: StepCosts = field(default_factory=StepCosts)
     steps: int = 0
 
-    def observe(self, rows: int, tokens: int, prompt_tokens: int, seconds: float) -> None:
-        """A step that ran: `rows` rows, `tokens` tokens in all, `prompt_tokens` of them prompt chunks."""
-        if prompt_tokens == 0:
-            self.costs.observe(rows, tokens, seconds)
+    def observe(self, rows: int, tokens: int, seconds: float) -> None:
+        """A step that ran: `rows` rows, `tokens` tokens in all (drafts and prompt chunks included). Steps with a
+        prompt chunk count too: under a steady stream of arrivals most steps carry one, and a rule that waited for
+        decode-only steps at a row count would keep exploring there (every draft, every step)."""
+        self.costs.observe(rows, tokens, seconds)
 
     def choose(self, rates: np.ndarray, caps: np.ndarray, rows: int, step_tokens: int, step_yield: int) -> np.ndarray:
         """Drafts per drafting row (acceptance `rates`, at most `caps` drafts each), in a step of `rows` rows and

@@ -9,10 +9,10 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Protocol
 
-from engine.block_manager import BlockManager
 from engine.config import EngineConfig
+from engine.kv.block_manager import BlockManager
 from engine.outputs import StepOutput
-from engine.sampling_params import SamplingParams
+from engine.sample.sampling_params import SamplingParams
 
 
 class SchedulerEngine(Protocol):

@@ -1,10 +1,10 @@
 """The scheduler's event feed: what each step ran in which seat, and each point of a request's life.
 
-The core calls the feed at every step and lifecycle point; while no listener wants events (`enabled` is False) each
-call returns at once, having built nothing. Otherwise the feed collects a step's events in a list and hands the
-whole list to the listener once, after the step. The listener must not block: the API's hub passes the list to its
-event loop and returns. Encoding, text and fan-out happen there, never on this thread. Field meanings:
-docs/events.md.
+The core calls the feed's recorder at every step and lifecycle point. While no listener wants events (`enabled` is
+False) the recorder is one whose every call returns at once, having built nothing; otherwise it collects a step's
+events in a list and hands the whole list to the listener once, after the step. The listener must not block: the
+API's hub passes the list to its event loop and returns. Encoding, text and fan-out happen there, never on this
+thread. Field meanings: docs/events.md.
 """
 
 from __future__ import annotations
@@ -87,64 +87,104 @@ SchedulerEvent = StepEvent | RequestPoint | Snapshot
 EventListener = Callable[[list[SchedulerEvent]], None]
 
 
-class EventFeed:
-    """Collects one scheduler's events on its loop thread and hands them to a single listener once per step."""
+class Recorder:
+    """What the loop thread calls at each step and lifecycle point. This one records nothing: it is the feed's while
+    no listener wants events, so each call returns at once, having built nothing, and the core needs no check."""
 
-    def __init__(self) -> None:
-        self.enabled = False  # set by the listener's owner from any thread: a bool swap is atomic
-        self._listener: EventListener | None = None
-        self._pending: list[SchedulerEvent] = []
-
-    def attach(self, listener: EventListener) -> None:
-        self._listener = listener
-
-    # ----- loop thread: each returns at once while disabled -----
     def point(self, kind: PointKind, request: SequenceRequest, now: float, outcome: Outcome | None = None) -> None:
-        if self.enabled:
-            self._pending.append(request_point(kind, request, now, outcome))
+        pass
 
     def lanes(
         self, plan: Sequence[tuple[SequenceRequest, int]], running: Sequence[SequenceRequest]
     ) -> tuple[Lane, ...]:
         """A step's lanes, taken before it runs (a request released by the step still shows where it ran)."""
-        return step_lanes(plan, running) if self.enabled else ()
+        return ()
 
     def step(self, number: int, stats: StepStats, lanes: tuple[Lane, ...]) -> None:
-        if self.enabled:
-            self._pending.append(
-                StepEvent(
-                    stats.start, number, stats.duration, lanes, stats.num_waiting, stats.num_running,
-                    stats.held_seats, stats.num_tokens, stats.num_prompt_tokens, stats.num_generated,
-                    stats.num_draft_tokens, stats.num_accepted_tokens,
-                )
-            )  # fmt: skip
+        pass
 
     def snapshot(self, now: float, running: Sequence[SequenceRequest], waiting: int) -> None:
-        if self.enabled:
-            held = sum(1 for r in running if r.status is RequestStatus.FINISHED)
-            self._pending.append(Snapshot(now, snapshot_lanes(running), waiting, len(running), held))
+        pass
 
     def rejected(self, request: SequenceRequest, now: float, reason: str) -> None:
         """On the submitting thread: delivered at once, alone."""
-        if self.enabled:
-            self.deliver([request_point(PointKind.REJECTED, request, now, reason=reason)])
 
     def flush(self) -> None:
-        """Loop thread only: hand the events collected since the last flush to the listener."""
-        if not self._pending:
-            return
-        batch, self._pending = self._pending, []
-        self.deliver(batch)
+        """After each step: hand the events collected since the last flush to the listener."""
 
-    def deliver(self, batch: list[SchedulerEvent]) -> None:
+
+class Recording(Recorder):
+    """The feed's recorder while a listener wants events: it collects a step's events and hands them over at once."""
+
+    def __init__(self, listener: EventListener) -> None:
+        self._listener = listener
+        self._pending: list[SchedulerEvent] = []
+
+    def point(self, kind: PointKind, request: SequenceRequest, now: float, outcome: Outcome | None = None) -> None:
+        self._pending.append(request_point(kind, request, now, outcome))
+
+    def lanes(
+        self, plan: Sequence[tuple[SequenceRequest, int]], running: Sequence[SequenceRequest]
+    ) -> tuple[Lane, ...]:
+        return step_lanes(plan, running)
+
+    def step(self, number: int, stats: StepStats, lanes: tuple[Lane, ...]) -> None:
+        self._pending.append(
+            StepEvent(
+                stats.start, number, stats.duration, lanes, stats.num_waiting, stats.num_running, stats.held_seats,
+                stats.num_tokens, stats.num_prompt_tokens, stats.num_generated, stats.num_draft_tokens,
+                stats.num_accepted_tokens,
+            )
+        )  # fmt: skip
+
+    def snapshot(self, now: float, running: Sequence[SequenceRequest], waiting: int) -> None:
+        held = sum(1 for r in running if r.status is RequestStatus.FINISHED)
+        self._pending.append(Snapshot(now, snapshot_lanes(running), waiting, len(running), held))
+
+    def rejected(self, request: SequenceRequest, now: float, reason: str) -> None:
+        self._deliver([request_point(PointKind.REJECTED, request, now, reason=reason)])
+
+    def flush(self) -> None:
+        if self._pending:
+            batch, self._pending = self._pending, []
+            self._deliver(batch)
+
+    def _deliver(self, batch: list[SchedulerEvent]) -> None:
         """Any thread (a rejection happens on the submitting one). A failing listener never stops the step."""
-        listener = self._listener
-        if listener is None or not self.enabled:
-            return
         try:
-            listener(batch)
+            self._listener(batch)
         except Exception:
             logger.exception("the event listener failed; its events are dropped")
+
+
+class EventFeed:
+    """One scheduler's events, handed to a single listener once per step. The core calls `record`'s methods: a
+    `Recorder` that records nothing while no listener wants events, a `Recording` while one does."""
+
+    def __init__(self) -> None:
+        self._listener: EventListener | None = None
+        self.record: Recorder = Recorder()
+
+    def attach(self, listener: EventListener) -> None:
+        self._listener = listener
+
+    @property
+    def enabled(self) -> bool:
+        return isinstance(self.record, Recording)
+
+    @enabled.setter
+    def enabled(self, on: bool) -> None:
+        """Set by the listener's owner from any thread: `record` is swapped whole, one atomic assignment, and the
+        loop thread reads it afresh at each call. Events a recording collected and had not flushed when it was
+        switched off are dropped."""
+        if on == self.enabled:
+            return  # a second subscriber: keep the events collected so far
+        if not on:
+            self.record = Recorder()
+        elif self._listener is None:
+            raise RuntimeError("attach a listener before enabling the event feed")
+        else:
+            self.record = Recording(self._listener)
 
 
 def lane_phase(request: SequenceRequest, count: int) -> LanePhase:

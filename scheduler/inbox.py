@@ -135,7 +135,7 @@ class Inbox:
         return self._counts
 
     def _rejected(self, request: SequenceRequest, reason: str) -> None:
-        self.events.rejected(request, self.clock(), reason)
+        self.events.record.rejected(request, self.clock(), reason)
 
     def _command(self, kind: Command, item: SequenceRequest | str) -> None:
         """Queue a command for the loop thread; the caller holds the lock."""
@@ -156,9 +156,9 @@ class Inbox:
                 assert isinstance(item, SequenceRequest)
                 self.requests[item.request_id] = item
                 self.lifecycle.enqueue(item)
-                self.events.point(PointKind.QUEUED, item, item.queued)
+                self.events.record.point(PointKind.QUEUED, item, item.queued)
             elif kind is Command.SNAPSHOT:
-                self.events.snapshot(self.clock(), self.lifecycle.running, len(self.lifecycle.waiting))
+                self.events.record.snapshot(self.clock(), self.lifecycle.running, len(self.lifecycle.waiting))
             elif kind is Command.DRAIN:
                 self._begin_drain_now()
             elif kind is Command.SHUTDOWN:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import abc
 from collections.abc import Callable, Sequence
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from scheduler.config import Mode, SchedulerConfig
 from scheduler.request import SequenceRequest
@@ -18,6 +18,7 @@ from scheduler.request import SequenceRequest
 StepPlan = list[tuple[SequenceRequest, int]]
 
 
+@runtime_checkable
 class PolicyContext(Protocol):
     """What a policy sees of the scheduler's state, and the actions it may ask for. Token counts are absolute
     positions of one sequence (as the engine's `reserve`): `reserve(r, n)` makes r's cache hold n tokens."""

@@ -71,9 +71,14 @@ class ByPriority(RequestQueue):
     """By (priority, arrival), preempted requests included; the lowest ranked running request is the one of the
     highest priority value, the latest arrival among equals, the one seated last among exact ties."""
 
+    @staticmethod
+    def rank(request: SequenceRequest) -> tuple[int, float]:
+        """The one place "by priority" is defined: lower first, ties by arrival."""
+        return request.priority, request.arrival
+
     def add(self, request: SequenceRequest) -> None:
-        key = (request.priority, request.arrival)
-        self._insert(request, lambda ahead: (ahead.priority, ahead.arrival) <= key)
+        key = self.rank(request)
+        self._insert(request, lambda ahead: self.rank(ahead) <= key)
 
     def requeue(self, request: SequenceRequest) -> None:
         self.add(request)
@@ -82,7 +87,7 @@ class ByPriority(RequestQueue):
         self, running: Sequence[SequenceRequest], where: Callable[[SequenceRequest], bool]
     ) -> SequenceRequest | None:
         candidates = [r for r in reversed(running) if where(r)]  # reversed: max keeps the first of ties
-        return max(candidates, key=lambda r: (r.priority, r.arrival), default=None)
+        return max(candidates, key=self.rank, default=None)
 
 
 def request_queue(by_priority: bool) -> RequestQueue:

@@ -7,7 +7,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from engine.outputs import FinishReason, PromptLogprobs, TokenOutput
-from engine.sampling_params import SamplingParams
+from engine.sample.sampling_params import SamplingParams
 
 
 class RequestStatus(enum.Enum):

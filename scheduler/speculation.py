@@ -1,5 +1,5 @@
 """The scheduler's half of speculative decoding: which rows of a planned step get drafts, how many, and the cache for
-them. The engine verifies them (engine/speculative.py); docs/speculative.md has the design.
+them. The engine verifies them (engine/spec/verify.py); docs/speculative.md has the design.
 
 Every row whose step samples (greedy or sampled; the engine's acceptance keeps the distribution) may get drafts, in
 every mode: up to the configured k, capped so that they never run past `max_tokens` (so a sequence never reserves
@@ -17,9 +17,9 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from engine.ngram_drafter import propose_ngram
-from engine.prediction_drafter import propose_from_prediction
-from engine.speculative_config import SpeculativeConfig
+from engine.spec.config import SpeculativeConfig
+from engine.spec.ngram_drafter import propose_ngram
+from engine.spec.prediction_drafter import propose_from_prediction
 from scheduler.config import SchedulerConfig
 from scheduler.draft_length import DraftLengthRule, acceptance_rates
 from scheduler.policy import PolicyContext, StepPlan

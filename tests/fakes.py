@@ -8,26 +8,41 @@ as a recorded violation), and puts a single logit spike on `token_fn(position, c
 block accounting and sampler therefore run unchanged, and greedy requests get exact, reproducible tokens.
 Prompt positions a batch asks to score get `scripted_prompt_score(position)` as their logprob (rank: the
 position), so tests can tell which positions were delivered.
+
+Below them: the checks the scheduler's tests share (`assert_drained`, `assert_complete`) and the helpers that
+drive the engine loop thread (`RecordingEvent`, `submit`, `collect`).
 """
 
 from __future__ import annotations
 
+import asyncio
+import threading
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 
 import torch
 
+from benchmarks.sim.engine import VirtualClock
 from engine.config import EngineConfig
 from engine.engine import Engine
-from engine.forward_batch import ForwardBatch
-from engine.kv_cache import KVCacheShape, PagedKVCache
-from engine.model_runner import ForwardOutput
+from engine.kv.kv_cache import KVCacheShape, PagedKVCache
+from engine.model.forward_batch import AttentionGroup, ForwardBatch
+from engine.model.model_runner import ForwardOutput
+from engine.model.prompt_scoring import PromptScores
 from engine.outputs import PromptLogprobs
-from engine.prompt_scoring import PromptScores
-from engine.sampling_params import SamplingParams
+from engine.sample.sampling_params import SamplingParams
 from scheduler.config import Mode, SchedulerConfig
 from scheduler.core import Scheduler
-from scheduler.request import FinishEvent, Outcome, PromptLogprobsEvent, RequestEvent, SequenceRequest, TokenEvent
+from scheduler.loop import SchedulerLoop
+from scheduler.request import (
+    FinishEvent,
+    Outcome,
+    PromptLogprobsEvent,
+    RequestEvent,
+    RequestStatus,
+    SequenceRequest,
+    TokenEvent,
+)
 from scheduler.stats import StepStats
 
 EOS = 0  # ScriptedRunner's EOS id; default scripted tokens are never EOS
@@ -48,19 +63,8 @@ def default_token(position: int, context: Sequence[int]) -> int:
     return 1 + (checksum + 7 * position) % (VOCAB - 1)
 
 
-class FakeClock:
-    """A manual monotonic clock: `clock()` reads it, `advance`/`set` move it (never backwards)."""
-
-    def __init__(self, start: float = 0.0) -> None:
-        self.now = start
-
-    def __call__(self) -> float:
-        return self.now
-
-    def advance(self, seconds: float) -> float:
-        assert seconds >= 0
-        self.now += seconds
-        return self.now
+class FakeClock(VirtualClock):
+    """The simulator's manual clock (`clock()` reads it), which tests also `set`; it never goes backwards."""
 
     def set(self, when: float) -> float:
         assert when >= self.now, f"the clock cannot go back from {self.now} to {when}"
@@ -84,6 +88,12 @@ class InjectedFault(RuntimeError):
 def cache_block_size(cache: torch.Tensor, group: object) -> int:
     """Block size implied by a group's mask width over its block table."""
     return int(group.mask.shape[-1] // group.block_table.shape[1])  # type: ignore[attr-defined]
+
+
+def key_slots(group: AttentionGroup, block_size: int) -> torch.Tensor:
+    """[rows, context blocks * block_size] the cache slot of every key position of the group's rows."""
+    offsets = torch.arange(block_size, device=group.block_table.device)
+    return (group.block_table[:, :, None] * block_size + offsets).flatten(1)
 
 
 class ScriptedRunner:
@@ -163,7 +173,7 @@ class ScriptedRunner:
             hit = (group.query_index == token_index) & group.query_valid
             if bool(hit.any()):
                 row = int(hit.nonzero()[0, 0])
-                slots = group.key_slots(cache_block_size(values, group))[row, :length]
+                slots = key_slots(group, cache_block_size(values, group))[row, :length]
                 stored_positions = values[0, slots, 0].long()
                 if not torch.equal(stored_positions, torch.arange(1, length + 1)):
                     self.violations.append(
@@ -214,6 +224,11 @@ class Stream:
     @property
     def reason(self) -> Outcome | None:
         return None if self.finish is None else self.finish.outcome
+
+    @property
+    def seq_id(self) -> int:
+        assert self.request is not None
+        return self.request.seq_id
 
 
 class Stuck(AssertionError):
@@ -345,3 +360,86 @@ def expected_tokens(prompt: Sequence[int], max_tokens: int, token_fn: TokenFn = 
     for _ in range(max_tokens):
         sequence.append(token_fn(len(sequence), sequence))
     return sequence[len(prompt) :]
+
+
+# ----- checks shared by the scheduler's tests -----
+def assert_drained(h: Harness) -> None:
+    """Everything finished: no cache, every row free, nothing running, waiting, queued or held."""
+    assert h.engine.cache_usage == 0
+    assert h.engine.blocks.pool.num_free == h.engine.blocks.pool.num_blocks
+    assert h.engine.num_free_seats == h.seats
+    assert list(h.scheduler.running) == []
+    assert len(h.scheduler.waiting) == 0
+    assert h.scheduler.num_queued == 0
+    assert h.scheduler.lifecycle.held_seats == 0
+    assert not h.scheduler.has_pending_work()
+    assert h.runner.violations == []
+    for stream in h.streams.values():
+        assert stream.done, stream.request_id
+        assert stream.request is not None and stream.request.status is RequestStatus.RELEASED
+        assert_timings_ordered(stream)
+
+
+def assert_timings_ordered(stream: Stream) -> None:
+    assert stream.finish is not None
+    t = stream.finish.timings
+    present = [x for x in (t.arrival, t.scheduled, t.first_token, t.last_token, t.released) if x is not None]
+    assert present == sorted(present), (stream.request_id, t)
+    assert (t.first_token is None) == (t.last_token is None) == (not stream.tokens)
+    if t.first_token is not None:
+        assert t.scheduled is not None
+        assert t.first_token == stream.token_times[0] and t.last_token == stream.token_times[-1]
+
+
+def assert_complete(stream: Stream) -> None:
+    """Finished by length with exactly max_tokens tokens, the ones the prompt gives when run alone."""
+    assert stream.reason is Outcome.LENGTH, (stream.request_id, stream.finish)
+    assert stream.tokens == expected_tokens(stream.prompt, stream.max_tokens)
+    assert len(stream.tokens) == stream.max_tokens
+    assert all(isinstance(e, TokenEvent) for e in stream.events[:-1])
+    assert isinstance(stream.events[-1], FinishEvent)
+
+
+# ----- the engine loop thread (scheduler/loop.py) -----
+EVENT_TIMEOUT_S = 10.0  # only a guard against a hung test; never reached when things work
+
+
+class RecordingEvent(threading.Event):
+    """The loop's wake-up event: records each wait's timeout; `idle` is set while the loop thread waits."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.timeouts: list[float | None] = []
+        self.idle = threading.Event()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        self.timeouts.append(timeout)
+        self.idle.set()
+        try:
+            return super().wait(timeout)
+        finally:
+            self.idle.clear()
+
+
+def wait_idle(wake: RecordingEvent) -> None:
+    """Return once the loop thread is inside its event wait."""
+    assert wake.idle.wait(EVENT_TIMEOUT_S), "the loop never went idle"
+
+
+async def collect(stream: asyncio.Queue[RequestEvent]) -> list[RequestEvent]:
+    events: list[RequestEvent] = []
+    while not events or not isinstance(events[-1], FinishEvent):
+        events.append(await asyncio.wait_for(stream.get(), EVENT_TIMEOUT_S))
+    return events
+
+
+def submit(loop: SchedulerLoop, request_id: str, prompt: list[int], max_tokens: int) -> asyncio.Queue[RequestEvent]:
+    """Submit with a sink that hands events to this asyncio loop thread-safely, as the API's does."""
+    stream: asyncio.Queue[RequestEvent] = asyncio.Queue()
+    aio_loop = asyncio.get_running_loop()
+
+    def sink(event: RequestEvent) -> None:
+        aio_loop.call_soon_threadsafe(stream.put_nowait, event)
+
+    loop.submit(SequenceRequest(request_id, prompt, SamplingParams(max_tokens=max_tokens, temperature=0.0), sink))
+    return stream

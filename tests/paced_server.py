@@ -10,7 +10,7 @@ from collections.abc import Callable
 from typing import Any
 
 from api.cli import main
-from engine.model_runner import TransformersRunner
+from engine.model.model_runner import TransformersRunner
 
 STEP_ENV = "BATCHSERVE_TEST_STEP_S"
 

@@ -7,8 +7,8 @@ from typing import Any
 
 import torch
 
-from engine.loader import LoadedModel
-from engine.quantization import Int4Weight
+from engine.weights.loader import LoadedModel
+from engine.weights.quantization import Int4Weight
 
 
 def dequantized_model(loaded: LoadedModel) -> Any:

@@ -67,3 +67,11 @@ def test_every_result_a_doc_cites_exists(doc: Path) -> None:
 def test_a_written_path_is_not_a_citation() -> None:
     text = "run `x --out benchmarks/results/new-run` then read `benchmarks/results/old-run/result.json`."
     assert cited_results(text) == {"benchmarks/results/old-run/result.json"}
+
+
+def test_no_merge_conflict_markers_are_left_in_the_tree() -> None:
+    """A merge resolved in haste once left `<<<<<<<` blocks in a doc that every other check passed."""
+    tracked = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True).stdout.split()
+    marker = re.compile(r"^(<{7}|>{7}) ", re.MULTILINE)
+    texts = [name for name in tracked if name.endswith((".py", ".md", ".cpp", ".h", ".toml", ".sh", ".txt", ".json"))]
+    assert [name for name in texts if (ROOT / name).is_file() and marker.search((ROOT / name).read_text())] == []

@@ -6,6 +6,7 @@ Imports are read with `ast` (module-level and inside functions alike), so nothin
 from __future__ import annotations
 
 import ast
+import functools
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -21,6 +22,9 @@ ALLOWED = {
     "api": {"api", "scheduler", "engine"},
     "benchmarks": set(PACKAGES),
 }
+# engine/'s subpackages, low to high: each may import those before it and the engine's top-level modules (config,
+# errors, outputs, phases, rows); only engine.engine, on top, imports from all of them.
+ENGINE_LAYERS = ("platform", "weights", "sample", "kv", "spec", "model")
 MAX_PRODUCT_LINES = 400
 ONE_IMPORTER = ("ray", "xgrammar")  # optional heavy dependencies: one product module each
 
@@ -35,8 +39,17 @@ def source_files(packages: tuple[str, ...] = PACKAGES) -> Iterator[Path]:
         yield from sorted((ROOT / package).rglob("*.py"))
 
 
-def imported_names(path: Path) -> Iterator[str]:
+def imported_names(path: Path) -> tuple[str, ...]:
     """Every module name an import statement in `path` names, relative imports resolved."""
+    return _imported_names(path, path.stat().st_mtime_ns)
+
+
+@functools.cache  # each file is parsed once for the several checks here, again only if it changed
+def _imported_names(path: Path, _mtime_ns: int) -> tuple[str, ...]:
+    return tuple(_read_imports(path))
+
+
+def _read_imports(path: Path) -> Iterator[str]:
     package = module_name(path).split(".")
     if path.name != "__init__.py":
         package = package[:-1]
@@ -69,6 +82,26 @@ def test_layers_point_down() -> None:
         if target.split(".")[0] not in ALLOWED[source.split(".")[0]]
     ]
     assert upward == []
+
+
+def test_engine_subpackages_point_down() -> None:
+    def layer(module: str) -> int:
+        """The module's place in ENGINE_LAYERS; -1 for engine's top-level modules, len for engine.engine."""
+        parts = module.split(".")
+        if module == "engine.engine":
+            return len(ENGINE_LAYERS)
+        return ENGINE_LAYERS.index(parts[1]) if len(parts) > 2 else -1
+
+    graph = import_graph()
+    upward = [
+        f"{source} imports {target}"
+        for source, targets in graph.items()
+        if source.startswith("engine.") and layer(source) >= 0
+        for target in targets
+        if target.startswith("engine.") and layer(target) > layer(source)
+    ]
+    assert upward == []
+    assert "engine.platform.native" in graph["engine.model.model_runner"]  # the check sees the imports
 
 
 def test_no_import_cycle() -> None:

@@ -24,9 +24,8 @@ from packaging.requirements import Requirement
 
 from api.cli import build_parser, compare_config, compare_lineup
 from api.flags import config_from_args
-from engine.loader import DEFAULT_MODEL_FILE
-from tests.api.endpoints.test_api import wait_until
-from tests.server_harness import free_port
+from engine.weights.loader import DEFAULT_MODEL_FILE
+from tests.server_harness import free_port, wait_until
 
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"

@@ -1,6 +1,6 @@
 """Whether this machine can build the engine's C++ kernels, decided without trying to build them.
 
-Tests take their expectation from here, not from `engine.native.load_decode_kernel()`: where a compiler and
+Tests take their expectation from here, not from `engine.platform.native.load_decode_kernel()`: where a compiler and
 ninja are present the kernel must build, so a broken build fails the suite instead of turning into skips.
 """
 
@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 from torch.utils import cpp_extension
 
-from engine import native
-from engine.cpu_features import cpu_features
+from engine.platform import native
+from engine.platform.cpu_features import cpu_features
 
 
 def _can_build_kernels() -> bool:

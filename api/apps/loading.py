@@ -14,9 +14,9 @@ from api.endpoints.service import GenerationService
 from api.endpoints.state import Phase, Runtime, ServerState
 from api.runtime.build import ModelRuntime, build_model_runtime, load
 from api.runtime.heap import frozen_after_loading
-from engine.loader import LoadedModel
-from engine.model_runner import ModelRunner
+from engine.model.model_runner import ModelRunner
 from engine.phases import phase
+from engine.weights.loader import LoadedModel
 
 logger = logging.getLogger("batchserve.api")
 

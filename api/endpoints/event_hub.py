@@ -167,7 +167,7 @@ class EventHub:
             self.subscribers.remove(subscriber)
         for mode in subscriber.modes:
             if not any(mode in s.modes for s in self.subscribers):
-                self.sources[mode].scheduler.events.enabled = False  # back to one flag check per step
+                self.sources[mode].scheduler.events.enabled = False  # back to a recorder that records nothing
 
     def kick(self, subscriber: Subscriber) -> None:
         logger.info("an event stream subscriber fell behind twice; disconnecting it")

@@ -39,7 +39,7 @@ from api.protocol.sampling import chat_max_tokens, check_common_limits, choice_i
 from api.structured.requests import compile_grammar, request_grammar
 from api.structured.spec import GrammarSpec
 from api.text.prompts import chat_echo_text, chat_prompt, completion_prompts
-from engine.grammar import Grammar
+from engine.sample.grammar import Grammar
 
 _T = TypeVar("_T")
 _Request = TypeVar("_Request", CompletionRequest, ChatCompletionRequest)

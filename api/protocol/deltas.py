@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from api.protocol.errors import APIError
-from engine.sampling_params import SamplingParams
+from engine.sample.sampling_params import SamplingParams
 from scheduler.request import RequestTimings
 
 

@@ -10,8 +10,8 @@ from api.protocol.engine_fields import engine_input_error
 from api.protocol.errors import bad_request
 from api.protocol.openai_api import ChatCompletionRequest, SamplingFields
 from engine.errors import EngineInputError
-from engine.grammar import Grammar
-from engine.sampling_params import SamplingParams
+from engine.sample.grammar import Grammar
+from engine.sample.sampling_params import SamplingParams
 
 
 def check_common_limits(request: SamplingFields, max_n: int, max_stop_strings: int) -> None:

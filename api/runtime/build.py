@@ -12,15 +12,15 @@ from typing import TYPE_CHECKING
 from transformers import PreTrainedTokenizerBase
 
 from api.config import RuntimeOptions
+from api.runtime.format_probe import load_auto
 from api.structured.grammars import build_grammars
 from api.text.token_bytes import TokenBytes
 from api.text.tool_template import ChatSetup
 from engine.config import DEFAULT_MAX_QUANTIZED_ROWS
 from engine.engine import Engine
-from engine.format_probe import load_auto
-from engine.loader import LoadedModel
-from engine.model_runner import ModelRunner, TransformersRunner
-from engine.native import load_kernels
+from engine.model.model_runner import ModelRunner, TransformersRunner
+from engine.platform.native import load_kernels
+from engine.weights.loader import LoadedModel
 from scheduler.core import Scheduler
 from scheduler.loop import SchedulerLoop
 from scheduler.stats import StepStats
@@ -30,7 +30,7 @@ if TYPE_CHECKING:
 
 
 def load(options: RuntimeOptions) -> LoadedModel:
-    """The model in the options' format; what is `auto` is measured on this machine (engine/format_probe.py). The
+    """The model in the options' format; what is `auto` is measured on this machine (api/runtime/format_probe.py). The
     kernels the runner will use are built here, if not yet, so that their build (a first start's phase, with its
     progress lines) is not hidden inside preparing the engine."""
     loaded = load_auto(options.model, device=options.device, dtype=options.dtype, quantization=options.quantization)

@@ -11,10 +11,10 @@ from api.config import RuntimeOptions
 from api.runtime.build import build_model_runtime, load
 from api.text.chat_template import encode_chat
 from api.text.detokenizer import IncrementalDetokenizer
-from engine.compute_thread import run_on_passing_thread
-from engine.loader import LoadedModel
 from engine.outputs import PromptLogprobs
-from engine.sampling_params import SamplingParams
+from engine.platform.compute_thread import run_on_passing_thread
+from engine.sample.sampling_params import SamplingParams
+from engine.weights.loader import LoadedModel
 from scheduler.request import (
     FinishEvent,
     Outcome,

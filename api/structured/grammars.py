@@ -32,7 +32,7 @@ if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
     from api.structured.xgrammar_backend import XGrammarCompiler, _Grammar
-    from engine.grammar import Grammar
+    from engine.sample.grammar import Grammar
 
 _CACHE_BYTES = 256 * 2**20
 INSTALL_HINT = "pip install --no-deps xgrammar apache-tvm-ffi"

@@ -11,7 +11,7 @@ from api.structured.grammars import INSTALL_HINT
 from api.structured.spec import GrammarSpec, grammar_spec
 from api.structured.tool_choice import ToolPlan, tool_plan
 from api.structured.tool_parsers.base import ToolParser
-from engine.grammar import Grammar
+from engine.sample.grammar import Grammar
 
 if TYPE_CHECKING:
     from api.structured.grammars import Grammars

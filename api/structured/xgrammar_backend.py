@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     import torch
     from transformers import PreTrainedTokenizerBase
 
-    from engine.grammar import GrammarMatcher
+    from engine.sample.grammar import GrammarMatcher
 
 # JSON grammars allow at most this many whitespace characters in a row: enough for a newline and an indent, too few
 # for a small model to spend its max_tokens on spaces (the failure users report of unbounded JSON whitespace).

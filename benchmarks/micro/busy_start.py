@@ -24,9 +24,10 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
+from api.runtime.format_probe import load_auto
+from api.runtime.format_steps import time_steps
 from benchmarks.results_io.report import write_json
-from engine.format_probe import load_auto, time_steps
-from engine.loader import LoadedModel
+from engine.weights.loader import LoadedModel
 
 TARGET = 1.15  # issue 46: a busy first start serves batch 1 within 15 % of the quiet choice
 ROWS = (1, 16)

@@ -32,10 +32,10 @@ from benchmarks.micro.rows import add_row
 from benchmarks.results_io.report import write_json
 from engine.config import EngineConfig
 from engine.engine import Engine
-from engine.linear import AnyLinear, Int4DotLinear, Int4Linear, Int8Linear, Linear, RowSwitchedLinear
-from engine.loader import LoadedModel
-from engine.model_runner import TransformersRunner
-from engine.sampling_params import SamplingParams
+from engine.model.linear import AnyLinear, Int4DotLinear, Int4Linear, Int8Linear, Linear, RowSwitchedLinear
+from engine.model.model_runner import TransformersRunner
+from engine.sample.sampling_params import SamplingParams
+from engine.weights.loader import LoadedModel
 
 
 @dataclass(frozen=True)
@@ -46,7 +46,7 @@ class BenchConfig:
     max_prompt: int = 96
     repeats: int = 3
     generate_batch: int = 8
-    fused_ops: bool = True  # the compiled element-wise kernels (engine/fused.py); off: their torch fallbacks
+    fused_ops: bool = True  # the compiled element-wise kernels (engine/model/elementwise.py); off: torch's
 
     def __post_init__(self) -> None:
         if not self.batch_sizes or min(self.batch_sizes) < 1:

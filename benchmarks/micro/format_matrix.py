@@ -5,7 +5,7 @@ them, in one run: does `auto` serve as fast as the fastest format, at 1 row, 16 
     python -m benchmarks formats --out DIR                            # this CPU's own
 
 Each combination is loaded as `serve --dtype D --quantization Q` loads it and timed through the engine
-(engine.format_probe.time_steps: median of 5 decode steps per row count, 16 sequences with 32-token prompts),
+(api.runtime.format_steps.time_steps: median of 5 decode steps per row count, 16 sequences with 32-token prompts),
 quantised formats with the default row switch as served; `auto` is loaded as `serve` loads it (measuring on its
 first start here, its choice cached) and timed with the row switch it chose. Every format is loaded first and then
 timed in `--rounds` rounds, in turn, the order reversed every other round (A..Z, Z..A, A..Z, ...), and each time is
@@ -22,11 +22,12 @@ import statistics
 from collections.abc import Sequence
 from pathlib import Path
 
+from api.runtime.format_probe import load_auto
+from api.runtime.format_steps import PREFILL_ROWS, PROBE_ROWS, time_steps
 from benchmarks.results_io.report import write_json
 from engine.config import DEFAULT_MAX_QUANTIZED_ROWS
-from engine.cpu_features import cpu_features
-from engine.format_probe import PREFILL_ROWS, PROBE_ROWS, load_auto, time_steps
-from engine.loader import LoadedModel, load_model
+from engine.platform.cpu_features import cpu_features
+from engine.weights.loader import LoadedModel, load_model
 
 COMBINATIONS = [(d, q) for d in ("float32", "bfloat16") for q in ("none", "int8", "int4")]
 TOLERANCE = 1.10  # the "within 10 %"

@@ -22,10 +22,10 @@ from pathlib import Path
 import torch
 
 from benchmarks.results_io.report import write_json
-from engine import native
-from engine.cpu_features import cpu_features
-from engine.linear import Int4DotLinear, Int4Linear, Int8Linear
-from engine.quantization import int4_from_dense, int8_from_dense
+from engine.model.linear import Int4DotLinear, Int4Linear, Int8Linear
+from engine.platform import native
+from engine.platform.cpu_features import cpu_features
+from engine.weights.quantization import int4_from_dense, int8_from_dense
 
 ROWS = (1, 16)
 OUT_FEATURES, IN_FEATURES = 3072, 576

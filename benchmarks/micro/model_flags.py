@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 
 from engine.config import DTYPES, QUANTIZATIONS
-from engine.loader import LoadedModel, load_model
+from engine.weights.loader import LoadedModel, load_model
 
 
 def add_model_arguments(parser: argparse.ArgumentParser, dtype: str = "auto", quantization: str = "auto") -> None:

@@ -26,7 +26,7 @@ from pathlib import Path
 from api.runtime.offline import LLM
 from benchmarks.results_io.machine import dated_result_dir
 from benchmarks.results_io.report import write_json
-from engine.sampling_params import SamplingParams
+from engine.sample.sampling_params import SamplingParams
 
 DEFAULT_TEXTS = Path(__file__).resolve().parents[3] / "shared" / "reference"
 BASELINE = "float32/none"

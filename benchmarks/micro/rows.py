@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from engine.engine import Engine
-from engine.sampling_params import SamplingParams
+from engine.sample.sampling_params import SamplingParams
 
 
 def add_row(

@@ -1,4 +1,4 @@
-"""Speculative acceptance alone: the per-position loop against the vectorised acceptance (engine/speculative.py),
+"""Speculative acceptance alone: the per-position loop against the vectorised acceptance (engine/spec/verify.py),
 and the engine's choice between them (`verify_and_record`: greedy rows at once, sampled rows in the loop).
 
 Both accept the same drafts from the same logits on the same rows (half greedy, half sampled with top-p), so only
@@ -23,8 +23,8 @@ import torch
 
 from engine.config import EngineConfig
 from engine.rows import SequenceRows
-from engine.sampling_params import SamplingParams
-from engine.speculative import accept_at_once, accept_in_order, verify_and_record
+from engine.sample.sampling_params import SamplingParams
+from engine.spec.verify import accept_at_once, accept_in_order, verify_and_record
 
 VOCAB = 49152  # SmolLM2's
 PROMPT = 64

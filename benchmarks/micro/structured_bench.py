@@ -30,10 +30,10 @@ from benchmarks.micro.model_flags import add_model_arguments, load_from_args
 from benchmarks.results_io.report import write_json
 from engine.config import EngineConfig
 from engine.engine import Engine
-from engine.grammar import Grammar
-from engine.loader import LoadedModel
-from engine.model_runner import TransformersRunner
-from engine.sampling_params import SamplingParams
+from engine.model.model_runner import TransformersRunner
+from engine.sample.grammar import Grammar
+from engine.sample.sampling_params import SamplingParams
+from engine.weights.loader import LoadedModel
 
 # A typical API schema: nested objects, an array of objects, enums, numbers, a date.
 TYPICAL_SCHEMA = {

@@ -32,7 +32,7 @@ from api.structured.xgrammar_backend import XGrammarCompiler
 from benchmarks.micro.model_flags import add_model_arguments, load_from_args
 from benchmarks.micro.structured_bench import decode_engine, decode_pass
 from benchmarks.results_io.report import write_json
-from engine.grammar import Grammar
+from engine.sample.grammar import Grammar
 
 KINDS = ("free", "lazy", "in_call")
 _CITY = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}

@@ -38,7 +38,7 @@ from benchmarks.peers.targets import (
 )
 from benchmarks.results_io.report import NO_CACHE_SUFFIX, ABOutcome, columns_table, write_report
 from benchmarks.results_io.tables import format_run
-from engine.speculative_config import SpeculativeConfig
+from engine.spec.config import SpeculativeConfig
 from scheduler.lineup import DEFAULT, SYNTAX, Entry, checked, parse_entry, parse_lineup
 
 _DESCRIPTION = "Compare batchserve's batching modes (and plug-in policies) on one workload."

@@ -30,7 +30,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from engine.loader import default_model_path, gguf_checkpoint_dir, load_model, resolve_cache_dir
+from engine.weights.loader import default_model_path, gguf_checkpoint_dir, load_model, resolve_cache_dir
 
 LLAMA_CPP_PYTHON_VERSION = "0.3.36"
 _VENDOR_PREFIX = "vendor/llama.cpp/"
@@ -42,7 +42,7 @@ _NO_AMX = "-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
 
 
 # llama.cpp's own switches for a build capped at an instruction set, so it runs the paths batchserve runs with
-# BATCHSERVE_CPU_ISA set to the same value (engine/cpu_features.py); "native" is whatever this CPU has.
+# BATCHSERVE_CPU_ISA set to the same value (engine/platform/cpu_features.py); "native" is whatever this CPU has.
 _ISA_OPTIONS = {
     "native": {"GGML_NATIVE": "ON"},
     "avx2": {

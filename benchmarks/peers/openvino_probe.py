@@ -44,7 +44,7 @@ from benchmarks.peers.openvino import FORMAT_NOTES, WEIGHT_FORMATS, OpenVinoCach
 from benchmarks.peers.openvino_client import OpenVinoWorker, ov_properties, worker_argv
 from benchmarks.results_io.report import write_json
 from engine.config import DTYPES, QUANTIZATIONS
-from engine.loader import default_model_path
+from engine.weights.loader import default_model_path
 
 # (figure, lower is better)
 FIGURES = (("batch1_ms_per_token", True), ("batch_tok_s", False), ("long_prompt_ttft_ms", True))

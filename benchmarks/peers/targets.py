@@ -23,7 +23,7 @@ from benchmarks.loadgen.server_proc import LaunchConfig
 from benchmarks.peers.hf_export import default_export_dir, is_exported
 from benchmarks.peers.llama_cpp import default_cache
 from benchmarks.peers.vllm_cpu import FIRST_START_S, default_venv, serve_argv, serve_env
-from engine.loader import ModelNotFoundError, default_model_path
+from engine.weights.loader import ModelNotFoundError, default_model_path
 from scheduler.lineup import DEFAULT, Entry, parse_lineup
 
 # llama-server: the binary on PATH (else the cached build) on --model; llama-<format>: the cached build

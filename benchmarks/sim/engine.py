@@ -22,11 +22,11 @@ from dataclasses import dataclass
 
 from benchmarks.sim.cost.model import CostModel, StepShape
 from benchmarks.sim.prompts import answer_base
-from engine.block_manager import BlockManager, CacheQueries
 from engine.config import EngineConfig
 from engine.errors import CacheCapacityError, ContextLengthError, EngineInputError, InputField
+from engine.kv.block_manager import BlockManager, CacheQueries
 from engine.outputs import FinishReason, StepOutput, TokenOutput
-from engine.sampling_params import SamplingParams
+from engine.sample.sampling_params import SamplingParams
 
 SIM_TOKEN_ID = 0  # every simulated token; nothing downstream of the scheduler reads it
 

@@ -19,7 +19,7 @@ from benchmarks.sim.cost.model import CostModel
 from benchmarks.sim.engine import SimEngine, VirtualClock
 from benchmarks.sim.prompts import PromptIds
 from engine.config import EngineConfig
-from engine.sampling_params import SamplingParams
+from engine.sample.sampling_params import SamplingParams
 from scheduler.config import SchedulerConfig
 from scheduler.core import Scheduler
 from scheduler.request import EventSink, RequestEvent, SequenceRequest, TokenEvent

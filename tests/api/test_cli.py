@@ -19,10 +19,9 @@ from api.apps.loading import build_runtime
 from api.cli import build_parser, main
 from api.config import API_KEY_ENV, ServerConfig
 from api.flags import FLAGS_DOC, config_from_args
-from engine.linear import Linear, onednn_available
-from engine.model_runner import TransformersRunner
-from tests.api.endpoints.test_api import PROMPT, wait_until
-from tests.server_harness import free_port, tiny_loaded_model
+from engine.model.linear import Linear, onednn_available
+from engine.model.model_runner import TransformersRunner
+from tests.server_harness import PROMPT, free_port, tiny_loaded_model, wait_until
 from tests.toolchain import CAN_BUILD_KERNELS
 
 BATCHSERVE = str(Path(sys.executable).with_name("batchserve"))

@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from engine import native
-from engine.format_choice import read_entry
+from api.runtime.format_choice import read_entry
+from engine.platform import native
 from tests.server_harness import free_port
 from tests.toolchain import CAN_BUILD_KERNELS
 

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from api.cli import main
-from engine.format_choice import write_entry
-from engine.format_probe import choose
-from engine.loader import CACHE_DIR_ENV
+from api.runtime.format_choice import write_entry
+from api.runtime.format_probe import choose
+from engine.weights.loader import CACHE_DIR_ENV
 
 PAIRS = [("bfloat16", "none"), ("bfloat16", "int4")]
 STEP_MS = {

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine.block_manager import BlockManager
+from engine.kv.block_manager import BlockManager
 
 SIZE = 2
 NUM_BLOCKS = 8

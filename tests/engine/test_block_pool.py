@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-import engine.block_manager
-import engine.block_pool
-from engine.block_manager import BlockManager
-from engine.block_pool import BlockPool, block_key, root
+import engine.kv.block_manager
+import engine.kv.block_pool
+from engine.kv.block_manager import BlockManager
+from engine.kv.block_pool import BlockPool, block_key, root
 
 SIZE = 2
 
@@ -91,8 +91,8 @@ def test_salts_never_share_and_readers_that_do_not_read_find_nothing() -> None:
 
 def test_a_colliding_key_never_hands_out_other_tokens(monkeypatch: pytest.MonkeyPatch) -> None:
     """Every key the same: only the token and parent comparison stands between a sequence and wrong values."""
-    monkeypatch.setattr(engine.block_pool, "block_key", lambda *_: 7)
-    monkeypatch.setattr(engine.block_manager, "block_key", lambda *_: 7)
+    monkeypatch.setattr(engine.kv.block_pool, "block_key", lambda *_: 7)
+    monkeypatch.setattr(engine.kv.block_manager, "block_key", lambda *_: 7)
     cache = manager(8)
     first = fill(cache, 0, [1, 2, 3, 4])
     fill(cache, 1, [5, 6, 7, 8])  # collides with the first at its first block: stays private

@@ -17,8 +17,8 @@ import torch
 from transformers import PreTrainedModel
 
 from api.runtime.offline import LLM
-from engine.sampling_params import SamplingParams
-from engine.speculative_config import SpeculativeConfig
+from engine.sample.sampling_params import SamplingParams
+from engine.spec.config import SpeculativeConfig
 from scheduler.request import Outcome
 from tests.conftest import TINY_VOCAB_SIZE, train_byte_level_tokenizer
 from tests.engine.test_engine import ARCHS, GREEDY, Driver, make_engine, random_prompt

@@ -1,4 +1,4 @@
-"""A pure decode step's layers in one compiled call (engine/fused_decode.py, engine/csrc/decode_layers.cpp): the
+"""A pure decode step's layers in one compiled call (engine/model/fused_decode.py, engine/csrc/decode_layers.cpp): the
 same tokens and logprobs as the per-op path, bit for bit, once per build of the kernels that has the integer-dot
 int4 matmul; and the steps it must leave to the per-op path."""
 
@@ -11,12 +11,13 @@ from typing import Any
 import pytest
 import torch
 
-from engine import native
 from engine.config import EngineConfig
 from engine.engine import Engine
-from engine.loader import load_model
-from engine.model_runner import TransformersRunner
-from engine.sampling_params import SamplingParams
+from engine.model.model_runner import TransformersRunner
+from engine.platform import native
+from engine.sample.sampling_params import SamplingParams
+from engine.weights.loader import load_model
+from tests.engine.test_speculative import oracle, run
 
 PROMPTS = [[5, 9, 2, 77, 31], [1, 2, 3], list(range(40, 57))]
 NEW_TOKENS = 12
@@ -69,6 +70,36 @@ def test_fused_decode_gives_the_per_op_paths_bits(kernels: native.Kernels, tiny_
     assert per_op_steps() == 1  # the prefill only: every decode step ran fused
     expected = _greedy(_runner(tiny_checkpoint, dtype, build, fused_decode=False), getattr(torch, dtype))
     assert got == expected
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_verify_steps_run_fused_and_emit_the_plain_steps_tokens(
+    kernels: native.Kernels, tiny_checkpoint: Path, dtype: str
+) -> None:
+    """A row verifying drafts attends as one decode row per position (engine/model/forward_batch.py), so steps with
+    drafts run fused too, with the per-op path's tokens, and in float32 the plain steps' (right drafts, a wrong one,
+    and a row without)."""
+    build = _dot_build(kernels)
+    params = [SamplingParams(max_tokens=NEW_TOKENS, temperature=0.0)] * len(PROMPTS)
+
+    def engine(**options: Any) -> Engine:
+        config = EngineConfig(seats=4, kv_cache_tokens=256, block_size=4)
+        return Engine(_runner(tiny_checkpoint, dtype, build, **options), config, dtype=getattr(torch, dtype))
+
+    reference, _, _ = run(engine(), PROMPTS, params, chunk=64)
+    drafters = {0: oracle(reference, PROMPTS, 4), 1: oracle(reference, PROMPTS, 3, wrong_at=1)}
+
+    def drafter(seq_id: int, tokens: list[int]) -> list[int]:
+        return drafters[seq_id](seq_id, tokens) if seq_id in drafters else []
+
+    fused = engine()
+    per_op_steps = _count_per_op_steps(fused.runner)  # type: ignore[arg-type]
+    got, _, stats = run(fused, PROMPTS, params, drafter, chunk=64)
+    assert sum(accepted for _, accepted in stats) > 0
+    assert per_op_steps() == 1  # the prefill only: every step with drafts ran fused
+    assert got == run(engine(fused_decode=False), PROMPTS, params, drafter, chunk=64)[0]
+    if dtype == "float32":  # bfloat16's prefill step, which verifies its drafts as a chunk, rounds otherwise
+        assert got == reference
 
 
 @pytest.fixture(scope="module")

@@ -17,9 +17,9 @@ from transformers import PreTrainedModel
 from engine.config import EngineConfig
 from engine.engine import Engine
 from engine.errors import CacheCapacityError, EngineInputError, InputField
-from engine.model_runner import TransformersRunner
+from engine.model.model_runner import TransformersRunner
 from engine.outputs import FinishReason, StepOutput, TokenOutput
-from engine.sampling_params import SamplingParams
+from engine.sample.sampling_params import SamplingParams
 from tests.toolchain import CAN_BUILD_KERNELS
 
 ARCHS = ("llama", "qwen2", "mistral")

@@ -1,8 +1,9 @@
-"""The fused element-wise kernels (engine/fused.py, engine/csrc/fused_ops.cpp) against the unfused torch code they
-replace, in float32 and bfloat16, over odd sizes and several rows; and the decode attention kernel on a bf16 cache.
+"""The fused element-wise kernels (engine/model/elementwise.py, engine/csrc/fused_ops.cpp) against the unfused torch
+code they replace, in float32 and bfloat16, over odd sizes and several rows; and the decode attention kernel on a bf16
+cache.
 
-Every test runs once per build of the kernels this CPU can execute (engine/native.py). Tolerances: everything is
-bit-exact against transformers' own modules except float32 RMSNorm, whose sum of squares the kernel takes in
+Every test runs once per build of the kernels this CPU can execute (engine/platform/native.py). Tolerances: everything
+is bit-exact against transformers' own modules except float32 RMSNorm, whose sum of squares the kernel takes in
 double (torch sums in float in its own order): there the output may differ in the last bit or two (rtol 1e-6);
 and SiLU, exact only in the build whose exp is the one torch runs here (elsewhere the engine runs torch's op).
 """
@@ -18,14 +19,15 @@ import torch.nn.functional as F
 from transformers import PreTrainedModel
 from transformers.models.llama.modeling_llama import LlamaRMSNorm, apply_rotary_pos_emb
 
-from engine import native
-from engine.attention import paged_attention, prepare
 from engine.config import EngineConfig
 from engine.engine import Engine
-from engine.forward_batch import build_forward_batch
-from engine.fused import ElementwiseOps, RotaryTables, argmax_rows, token_logprobs
-from engine.model_runner import TransformersRunner
-from engine.sampling_params import SamplingParams
+from engine.model.attention import paged_attention, prepare
+from engine.model.elementwise import ElementwiseOps, RotaryTables
+from engine.model.forward_batch import build_forward_batch
+from engine.model.model_runner import TransformersRunner
+from engine.platform import native
+from engine.sample.kernels import argmax_rows, token_logprobs
+from engine.sample.sampling_params import SamplingParams
 from tests.toolchain import load_build
 
 DTYPES = (torch.float32, torch.bfloat16)

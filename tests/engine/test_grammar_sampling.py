@@ -15,9 +15,9 @@ import torch
 from transformers import PreTrainedModel
 
 from engine.errors import InputField, SamplingParamsError
-from engine.grammar import BITS_PER_WORD, fill_bitmasks, unpack_bitmask, words_for
 from engine.outputs import FinishReason
-from engine.sampling_params import SamplingParams
+from engine.sample.grammar import BITS_PER_WORD, fill_bitmasks, unpack_bitmask, words_for
+from engine.sample.sampling_params import SamplingParams
 from tests.engine.test_engine import Driver, make_engine, random_prompt
 
 GREEDY = {"temperature": 0.0}

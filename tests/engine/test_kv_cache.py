@@ -1,10 +1,11 @@
-"""Tests for engine.kv_cache: the cache's layout (its blocks' bookkeeping is tests/engine/test_block_manager.py's)."""
+"""Tests for engine.kv.kv_cache: the cache's layout (its blocks' bookkeeping is
+tests/engine/test_block_manager.py's)."""
 
 from __future__ import annotations
 
 import torch
 
-from engine.kv_cache import KVCacheShape, PagedKVCache
+from engine.kv.kv_cache import KVCacheShape, PagedKVCache
 
 
 def test_paged_cache_layout_and_sizes() -> None:

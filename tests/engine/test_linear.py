@@ -1,4 +1,4 @@
-"""engine.linear.Linear: the oneDNN prepacked matmul gives F.linear's result, and is really used on the CPU."""
+"""engine.model.linear.Linear: the oneDNN prepacked matmul gives F.linear's result, and is really used on the CPU."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import torch
 import torch.nn.functional as F
 from transformers import PreTrainedModel
 
-from engine.linear import Linear, onednn_available
-from engine.model_runner import TransformersRunner
+from engine.model.linear import Linear, onednn_available
+from engine.model.model_runner import TransformersRunner
 
 needs_onednn = pytest.mark.skipif(
     not onednn_available(torch.device("cpu"), torch.float32), reason="this torch build has no oneDNN"

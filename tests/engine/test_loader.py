@@ -1,4 +1,4 @@
-"""Tests for engine.loader: fast ones on a tiny random Llama, one slow one on the real SmolLM2 GGUF."""
+"""Tests for engine.weights.loader: fast ones on a tiny random Llama, one slow one on the real SmolLM2 GGUF."""
 
 from __future__ import annotations
 
@@ -15,8 +15,8 @@ from tokenizers.models import WordLevel
 from tokenizers.pre_tokenizers import Whitespace
 from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
-from engine import loader
-from engine.loader import (
+from engine.weights import loader
+from engine.weights.loader import (
     LoadedModel,
     ModelNotFoundError,
     default_model_path,

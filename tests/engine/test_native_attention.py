@@ -8,10 +8,10 @@ import logging
 import pytest
 import torch
 
-from engine import native
-from engine.attention import paged_attention, prepare
-from engine.cpu_features import features_for
-from engine.forward_batch import build_forward_batch
+from engine.model.attention import paged_attention, prepare
+from engine.model.forward_batch import build_forward_batch
+from engine.platform import native
+from engine.platform.cpu_features import features_for
 from tests.toolchain import CAN_BUILD_KERNELS
 
 
@@ -123,7 +123,7 @@ def test_a_failed_build_falls_back_with_a_warning(monkeypatch: pytest.MonkeyPatc
 
     monkeypatch.setattr(native, "loaded_kernels", lambda build=None: None)
     monkeypatch.setattr(cpp_extension, "load", no_compiler)
-    with caplog.at_level(logging.WARNING, logger="engine.native"):
+    with caplog.at_level(logging.WARNING, logger="engine.platform.native"):
         assert native.load_kernels() is None
     assert "no C++ compiler found" in caplog.text
 

@@ -1,5 +1,5 @@
-"""oneDNN's per-shape caches are bounded before torch loads (engine/native_caches.py), and a value the operator set
-is kept."""
+"""oneDNN's per-shape caches are bounded before torch loads (engine/platform/native_caches.py), and a value the operator
+set is kept."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import os
 import subprocess
 import sys
 
-from engine.native_caches import CACHE_CAPACITY
+from engine.platform.native_caches import CACHE_CAPACITY
 
 PROBE = "import engine, os; print(os.environ['ONEDNN_PRIMITIVE_CACHE_CAPACITY'], os.environ['LRU_CACHE_CAPACITY'])"
 

@@ -1,4 +1,4 @@
-"""engine.ngram_drafter: the latest earlier occurrence of the longest suffix, checked against a plain loop."""
+"""engine.spec.ngram_drafter: the latest earlier occurrence of the longest suffix, checked against a plain loop."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import random
 
 import torch
 
-from engine.ngram_drafter import propose_ngram
+from engine.spec.ngram_drafter import propose_ngram
 
 
 def reference(tokens: list[int], k: int, n_min: int, n_max: int) -> list[int]:

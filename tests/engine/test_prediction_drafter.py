@@ -1,5 +1,5 @@
-"""Predicted Outputs' drafts (engine/prediction_drafter.py): the prediction read forward from where the answer so far
-aligns with it, re-aligned after the answer leaves it."""
+"""Predicted Outputs' drafts (engine/spec/prediction_drafter.py): the prediction read forward from where the answer so
+far aligns with it, re-aligned after the answer leaves it."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from engine.prediction_drafter import propose_from_prediction
+from engine.spec.prediction_drafter import propose_from_prediction
 
 
 def t(values: list[int]) -> torch.Tensor:

@@ -10,8 +10,8 @@ from transformers import PreTrainedModel
 
 from engine.config import EngineConfig
 from engine.engine import Engine
-from engine.model_runner import TransformersRunner
-from engine.sampling_params import SamplingParams
+from engine.model.model_runner import TransformersRunner
+from engine.sample.sampling_params import SamplingParams
 from tests.engine.test_engine import GREEDY, Driver, hf_greedy, make_engine, random_prompt
 from tests.reference_models import generate_exactly
 from tests.server_harness import real_loaded_model

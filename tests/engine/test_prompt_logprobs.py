@@ -16,14 +16,14 @@ from transformers import PreTrainedModel
 
 from api.protocol.openai_api import MAX_LOGPROBS
 from api.runtime.offline import LLM
-from engine import native
 from engine.config import EngineConfig
 from engine.engine import Engine
 from engine.errors import EngineInputError, InputField
-from engine.model_runner import TransformersRunner
+from engine.model.model_runner import TransformersRunner
+from engine.model.prompt_scoring import score_positions
 from engine.outputs import PromptLogprobs
-from engine.prompt_scoring import score_positions
-from engine.sampling_params import SamplingParams
+from engine.platform import native
+from engine.sample.sampling_params import SamplingParams
 from scheduler.config import Mode, SchedulerConfig
 from scheduler.core import Scheduler
 from scheduler.request import Outcome, PromptLogprobsEvent, SequenceRequest, TokenEvent

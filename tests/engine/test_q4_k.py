@@ -1,4 +1,5 @@
-"""Q4_K (K-quant) blocks load as int4 groups exactly as the gguf package dequantises them (engine/kquants.py)."""
+"""Q4_K (K-quant) blocks load as int4 groups exactly as the gguf package dequantises them
+(engine/weights/kquants.py)."""
 
 from __future__ import annotations
 
@@ -10,9 +11,9 @@ import torch
 from gguf import GGMLQuantizationType, GGUFWriter, LlamaFileType
 from gguf.quants import Q4_K, dequantize
 
-from engine.kquants import Q4_K as Q4_K_NAME
-from engine.kquants import decode_q4_k, gguf_file_type, loads_as_int4
-from engine.quantization import open_gguf, read_gguf_int4
+from engine.weights.kquants import Q4_K as Q4_K_NAME
+from engine.weights.kquants import decode_q4_k, gguf_file_type, loads_as_int4
+from engine.weights.quantization import open_gguf, read_gguf_int4
 
 
 def _random_q4_k(rows: int, cols: int, seed: int) -> np.ndarray:

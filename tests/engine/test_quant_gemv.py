@@ -9,9 +9,7 @@ import threading
 import pytest
 import torch
 
-from engine import native
-from engine.compute_thread import run_on_passing_thread
-from engine.linear import (
+from engine.model.linear import (
     Int4DotLinear,
     Int4Linear,
     Int8Linear,
@@ -20,7 +18,9 @@ from engine.linear import (
     build_linear,
     pack_int4_blocks,
 )
-from engine.quantization import Int4Weight, Int8Weight
+from engine.platform import native
+from engine.platform.compute_thread import run_on_passing_thread
+from engine.weights.quantization import Int4Weight, Int8Weight
 
 GROUP = 32
 

@@ -18,21 +18,20 @@ from api.config import ServerConfig
 from api.flags import config_from_args
 from api.runtime.offline import LLM
 from engine.config import LoadConfig
-from engine.linear import Int4Linear, Int8Linear, Linear, build_linear
-from engine.loader import LoadedModel, load_model
-from engine.quantization import (
+from engine.model.linear import Int4Linear, Int8Linear, Linear, build_linear
+from engine.sample.sampling_params import SamplingParams
+from engine.weights.loader import LoadedModel, load_model
+from engine.weights.quantization import (
     Int4Weight,
     Int8Weight,
     concat_rows,
-    decode_q8_0,
     gguf_projection_types,
     int4_from_dense,
     int8_from_dense,
     open_gguf,
     read_gguf_int4,
 )
-from engine.sampling_params import SamplingParams
-from engine.weight_format import WeightFormat, cpu_has_native_bf16, resolve
+from engine.weights.weight_format import WeightFormat, cpu_has_native_bf16, resolve
 from tests.reference_models import dequantized_model, generate_exactly
 
 HEADS, KV_HEADS, HIDDEN = 4, 2, 64
@@ -97,14 +96,6 @@ def test_q4_blocks_load_as_int4_exactly_as_gguf_dequantizes_them(
     for name, weight in weights.items():
         assert weight.values.dtype == torch.uint8 and int(weight.values.max()) <= 15
         torch.testing.assert_close(weight.dequantize(), torch.from_numpy(expected[name]), rtol=0, atol=1e-6)
-
-
-def test_q8_0_blocks_decode_as_gguf_dequantizes_them(gguf_file: tuple[Path, dict[str, np.ndarray]]) -> None:
-    path, reference = gguf_file
-    reader = open_gguf(path)
-    tensor = next(t for t in reader.tensors if t.name == "output.weight")
-    decoded = decode_q8_0(tensor.data, int(tensor.shape[1]))
-    assert torch.equal(decoded, torch.from_numpy(reference["output.weight"]))
 
 
 def test_projection_types_are_reported_by_module_name(gguf_file: tuple[Path, dict[str, np.ndarray]]) -> None:

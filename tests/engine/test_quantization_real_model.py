@@ -17,9 +17,9 @@ import pytest
 import torch
 
 from api.runtime.offline import LLM
-from engine.loader import LoadedModel, load_model
-from engine.quantization import Int4Weight, Int8Weight
-from engine.sampling_params import SamplingParams
+from engine.sample.sampling_params import SamplingParams
+from engine.weights.loader import LoadedModel, load_model
+from engine.weights.quantization import Int4Weight, Int8Weight
 from tests.reference_models import dequantized_model, generate_exactly
 
 pytestmark = pytest.mark.slow

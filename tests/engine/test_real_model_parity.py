@@ -10,9 +10,9 @@ import pytest
 from api.runtime.offline import LLM
 from engine.config import EngineConfig
 from engine.engine import Engine
-from engine.loader import LoadedModel
-from engine.model_runner import TransformersRunner
-from engine.sampling_params import SamplingParams
+from engine.model.model_runner import TransformersRunner
+from engine.sample.sampling_params import SamplingParams
+from engine.weights.loader import LoadedModel
 from scheduler.request import Outcome
 from tests.reference_models import generate_exactly
 from tests.server_harness import real_loaded_model
@@ -116,7 +116,7 @@ def test_seeded_sampling_is_the_same_alone_and_beside_others(loaded: LoadedModel
 def test_ngram_speculation_gives_generate_greedy_text(loaded: LoadedModel, mode: str) -> None:
     """Every mode with n-gram drafts (docs/speculative.md): the prompts that repeat get drafts accepted, and every
     output is still `generate()`'s."""
-    from engine.speculative_config import SpeculativeConfig
+    from engine.spec.config import SpeculativeConfig
 
     indices = (1, 3, 4, 6)
     prompts = [_prompts()[i] for i in indices]
@@ -134,8 +134,8 @@ def test_ngram_speculation_gives_generate_greedy_text(loaded: LoadedModel, mode:
 
 def test_ngram_speculation_keeps_seeded_sampled_output(loaded: LoadedModel) -> None:
     """Seeded sampling with top-p and top-k, drafts on and off, in continuous mode: the same tokens, and some drafts
-    accepted (each position draws with the plain step's (seed, output index), engine/speculative.py)."""
-    from engine.speculative_config import SpeculativeConfig
+    accepted (each position draws with the plain step's (seed, output index), engine/spec/verify.py)."""
+    from engine.spec.config import SpeculativeConfig
 
     prompts = [_prompts()[i] for i in (1, 4, 6)]
     params = [SamplingParams(max_tokens=32, temperature=0.7, top_p=0.9, top_k=40, seed=s) for s in (3, 4, 5)]

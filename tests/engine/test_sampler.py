@@ -1,13 +1,14 @@
-"""Tests for engine.sampler: counter-based uniforms, greedy and filtered sampling, penalties, logprobs, numerics."""
+"""Tests for engine.sample.sampler: counter-based uniforms, greedy and filtered sampling, penalties, logprobs,
+numerics."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from engine.logits_processors import apply_penalties
-from engine.sampler import RowSampling, counter_uniform, filtered_probs, sample
-from engine.sampling_params import MIN_SAMPLING_TEMPERATURE, SamplingParams
+from engine.sample.logits_processors import apply_penalties
+from engine.sample.sampler import RowSampling, counter_uniform, filtered_probs, sample
+from engine.sample.sampling_params import MIN_SAMPLING_TEMPERATURE, SamplingParams
 
 BINS = 20
 # Chi-square with BINS - 1 = 19 degrees of freedom has mean 19 and sd ~6.2; 60 is > 6 sd out, so a correct

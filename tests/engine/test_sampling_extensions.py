@@ -14,7 +14,8 @@ import torch
 from transformers import PreTrainedModel
 
 from engine.errors import EngineInputError, InputField
-from engine.logits_processors import (
+from engine.outputs import FinishReason
+from engine.sample.logits_processors import (
     AllowedTokens,
     BannedTokens,
     LogitBias,
@@ -23,9 +24,8 @@ from engine.logits_processors import (
     RepetitionPenalty,
     token_mask,
 )
-from engine.outputs import FinishReason
-from engine.sampler import RowSampling, sample
-from engine.sampling_params import MAX_LOGIT_EDIT, SamplingParams
+from engine.sample.sampler import RowSampling, sample
+from engine.sample.sampling_params import MAX_LOGIT_EDIT, SamplingParams
 from tests.engine.test_engine import Driver, hf_greedy, hf_log_softmax, make_engine, random_prompt, run_alone
 
 INF = float("inf")

@@ -1,4 +1,4 @@
-"""Speculative decoding in the engine (engine/speculative.py): on float32 tiny models, greedy output with drafts is
+"""Speculative decoding in the engine (engine/spec/verify.py): on float32 tiny models, greedy output with drafts is
 identical token for token to output without, whatever the drafts (n-gram, right, wrong, past max_tokens or EOS),
 for several sequences in one ragged batch, and every KV block comes back at the end."""
 
@@ -11,9 +11,9 @@ import torch
 from transformers import PreTrainedModel
 
 from engine.engine import Engine
-from engine.ngram_drafter import propose_ngram
 from engine.outputs import FinishReason
-from engine.sampling_params import SamplingParams
+from engine.sample.sampling_params import SamplingParams
+from engine.spec.ngram_drafter import propose_ngram
 from tests.engine.test_engine import make_engine, random_prompt
 
 Drafter = Callable[[int, list[int]], list[int]]  # (seq id, its tokens so far) -> drafts

@@ -1,4 +1,4 @@
-"""Speculative acceptance of sampled rows (engine/speculative.py) keeps the distribution and the seeds.
+"""Speculative acceptance of sampled rows (engine/spec/verify.py) keeps the distribution and the seeds.
 
 The statistical test draws many seeded rows, each verifying two drafts (each position's most likely token, so an
 acceptance that compared greedily or accepted everything would accept them always), and checks by chi-square that
@@ -15,9 +15,9 @@ import torch
 
 from engine.config import EngineConfig
 from engine.rows import SequenceRows
-from engine.sampling_params import SamplingParams
-from engine.sampling_step import sample_and_record
-from engine.speculative import Verified, accept_at_once, accept_in_order, verify_and_record
+from engine.sample.sampling_params import SamplingParams
+from engine.sample.sampling_step import sample_and_record
+from engine.spec.verify import Verified, accept_at_once, accept_in_order, verify_and_record
 
 VOCAB = 6
 PROMPT = [1, 2, 3]

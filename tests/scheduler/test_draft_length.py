@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from engine.speculative_config import SpeculativeConfig
+from engine.spec.config import SpeculativeConfig
 from scheduler.draft_length import PROBE_EVERY, DraftLengthRule, StepCosts, acceptance_rates
 
 
@@ -16,7 +16,7 @@ def rule_with(rows: int, cost: dict[int, float]) -> DraftLengthRule:
     """A rule that has measured decode steps of `rows` rows at each token count in `cost`."""
     rule = DraftLengthRule()
     for tokens, seconds in cost.items():
-        rule.observe(rows, tokens, 0, seconds)
+        rule.observe(rows, tokens, seconds)
     return rule
 
 
@@ -31,10 +31,15 @@ def test_step_costs_interpolate_between_counts_and_extend_a_line_beyond() -> Non
     assert costs.cost(1, np.array([1.0]))[0] == pytest.approx(0.011)
 
 
-def test_steps_with_a_prompt_chunk_are_not_decode_costs() -> None:
+def test_a_row_count_seen_with_prompt_chunks_is_not_explored_at_every_step() -> None:
+    """Under steady arrivals most steps carry a prompt chunk: they are costs at their token count, so a row count
+    seen only with chunks runs one plain step to measure, then the rule's choice (no drafts where tokens cost their
+    share), instead of verifying every draft at every step."""
     rule = DraftLengthRule()
-    rule.observe(4, 260, 256, 0.2)
-    assert rule.costs.seconds == {}
+    rule.observe(32, 32 + 256, 0.288)  # compute-bound: a millisecond a token
+    assert rule.choose(np.full(32, 0.5), np.full(32, 4), 32, 32, 32).sum() == 0  # a plain step, to measure
+    rule.observe(32, 32, 0.032)
+    assert rule.choose(np.full(32, 0.5), np.full(32, 4), 32, 32, 32).sum() == 0  # measured: drafts do not pay
 
 
 def test_acceptance_rates_start_at_one_half() -> None:
@@ -75,9 +80,9 @@ def test_caps_bound_each_row() -> None:
 def test_at_a_new_row_count_a_full_step_then_a_plain_one_are_measured() -> None:
     rule = DraftLengthRule()
     assert rule.choose(np.array([0.1]), np.array([4]), 1, 1, 1).tolist() == [4]
-    rule.observe(1, 5, 0, 0.050)
+    rule.observe(1, 5, 0.050)
     assert rule.choose(np.array([0.1]), np.array([4]), 1, 1, 1).tolist() == [0]
-    rule.observe(1, 1, 0, 0.010)
+    rule.observe(1, 1, 0.010)
     assert rule.choose(np.array([0.1]), np.array([4]), 1, 1, 1).tolist() == [0]  # measured: it does not pay
     assert rule.choose(np.array([0.9]), np.array([4]), 1, 1, 1).tolist() == [0]  # 5x the time for at most 4.1x
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from scheduler.config import Mode
 from scheduler.events import LanePhase, PointKind, RequestPoint, SchedulerEvent, Snapshot, StepEvent
 from scheduler.fair_share import FairShareLoop
@@ -67,7 +69,7 @@ class TickingClock(FakeClock):
     """Every reading moves time on, as a busy machine's clock does between two reads in one step."""
 
     def __call__(self) -> float:
-        return self.advance(1e-4)
+        return self.set(self.now + 1e-4)
 
 
 def test_a_request_released_as_it_finishes_is_released_at_that_instant() -> None:
@@ -112,6 +114,30 @@ def test_a_disabled_feed_records_nothing_and_a_snapshot_comes_at_the_next_bounda
     snapshots = [e for batch in batches for e in batch if isinstance(e, Snapshot)]
     assert len(snapshots) == 1 and snapshots[0].running == 1
     assert [(lane.seat, lane.request_id, lane.phase) for lane in snapshots[0].lanes] == [(0, "x", LanePhase.DECODE)]
+
+
+def test_enabling_a_feed_again_mid_step_keeps_what_the_step_recorded() -> None:
+    """The hub enables a feed again for each new subscriber, from its own thread, at any point of a step: the
+    recorder stays, with what the step recorded so far."""
+    h = build(Mode.CONTINUOUS, seats=2)
+    batches = listen(h)
+    feed = h.scheduler.events
+
+    def enable_again(_: object) -> None:  # after the step ran, before it is recorded and flushed
+        feed.enabled = True
+
+    h.scheduler.on_step = enable_again
+    h.submit(4, max_tokens=3, request_id="x")
+    h.step()
+    kinds = [e.kind if isinstance(e, RequestPoint) else type(e) for batch in batches for e in batch]
+    assert kinds == [PointKind.QUEUED, PointKind.ADMITTED, PointKind.FIRST_TOKEN, StepEvent]
+
+
+def test_a_feed_without_a_listener_cannot_be_enabled() -> None:
+    feed = build(Mode.CONTINUOUS).scheduler.events
+    with pytest.raises(RuntimeError, match="attach a listener"):
+        feed.enabled = True
+    assert not feed.enabled
 
 
 def test_a_rejected_submission_is_reported_on_the_submitting_thread() -> None:

@@ -1,7 +1,8 @@
 """The scheduler's seams: the policy interface (a fake context satisfies it, and the policies run against it), the
 lifecycle's single release of an engine row, and the counts snapshot other threads read.
 
-`mypy tests/test_lifecycle.py` checks that both `FakeContext` and the real `Lifecycle` satisfy `PolicyContext`.
+`PolicyContext` is a runtime-checkable protocol, so the tests below fail if `FakeContext` or the real `Lifecycle`
+lacks one of its members; `.ci/run` runs mypy over tests/scheduler too, which checks their signatures as well.
 """
 
 from __future__ import annotations
@@ -12,14 +13,14 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from engine.sampling_params import SamplingParams
+from engine.sample.sampling_params import SamplingParams
 from scheduler.config import Mode, SchedulerConfig
 from scheduler.continuous import ContinuousPolicy
 from scheduler.dynamic import DynamicPolicy
 from scheduler.policy import PolicyContext
 from scheduler.request import Outcome, RequestEvent, RequestStatus, SequenceRequest
 from scheduler.stats import SchedulerCounts
-from tests.fakes import Harness, Stream, build
+from tests.fakes import Harness, build
 
 MODES = [Mode.DYNAMIC, Mode.CONTINUOUS]
 
@@ -118,13 +119,15 @@ class FakeContext:
 
 def test_the_real_lifecycle_satisfies_the_policy_context() -> None:
     h = build(Mode.CONTINUOUS)
-    context: PolicyContext = h.scheduler.lifecycle  # mypy checks the protocol here
+    context: PolicyContext = h.scheduler.lifecycle  # mypy checks the signatures here
+    assert isinstance(context, PolicyContext)  # every member is there
     assert context.free_seats == h.seats and context.free_cache_tokens == 1024
 
 
 def test_continuous_policy_plans_against_a_fake_context() -> None:
     ctx = FakeContext(seats=2, blocks=100, queue=[_request(i, 6, 4) for i in range(3)])
-    context: PolicyContext = ctx  # mypy checks the protocol here
+    context: PolicyContext = ctx  # mypy checks the signatures here
+    assert isinstance(context, PolicyContext)  # every member is there: the fake has not drifted
     policy = ContinuousPolicy(SchedulerConfig(mode=Mode.CONTINUOUS, max_num_seqs=2, max_num_batched_tokens=8))
     first, second, third = ctx.queue
     # FCFS within seats and budget: the second prompt is chunked to what is left of the budget.
@@ -173,11 +176,6 @@ def _spy_on_remove(h: Harness, monkeypatch: pytest.MonkeyPatch) -> list[int]:
     return removed
 
 
-def _seq_id(stream: Stream) -> int:
-    assert stream.request is not None
-    return stream.request.seq_id
-
-
 @pytest.mark.parametrize("mode", MODES)
 def test_an_abort_frees_the_row_exactly_once(mode: Mode, monkeypatch: pytest.MonkeyPatch) -> None:
     h = build(mode, seats=2)
@@ -191,7 +189,7 @@ def test_an_abort_frees_the_row_exactly_once(mode: Mode, monkeypatch: pytest.Mon
     h.run()
     assert running.reason is Outcome.ABORTED and waiting.reason is Outcome.ABORTED and short.done
     # One remove per request: each is released once, from one place.
-    assert sorted(removed) == sorted(_seq_id(s) for s in (short, running, waiting))
+    assert sorted(removed) == sorted(s.seq_id for s in (short, running, waiting))
 
 
 def test_an_abort_of_a_held_answer_frees_its_row_once(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -202,9 +200,9 @@ def test_an_abort_of_a_held_answer_frees_its_row_once(monkeypatch: pytest.Monkey
     assert h.scheduler.counts().held_seats == 1 and not held.done
     h.scheduler.abort(held.request_id)
     h.step()
-    assert held.reason is Outcome.ABORTED and removed == [_seq_id(held)]
+    assert held.reason is Outcome.ABORTED and removed == [held.seq_id]
     h.run()
-    assert removed == [_seq_id(held), _seq_id(long)] and long.reason is Outcome.LENGTH
+    assert removed == [held.seq_id, long.seq_id] and long.reason is Outcome.LENGTH
 
 
 def _counts(c: SchedulerCounts) -> tuple[int, int, int, int, int, bool]:

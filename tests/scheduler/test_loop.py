@@ -8,38 +8,18 @@ orderings: events arrive, the idle thread blocks instead of spinning, a batch ti
 from __future__ import annotations
 
 import asyncio
-import threading
 import time
 from collections.abc import Callable
 from typing import TypedDict, Unpack
 
 import pytest
 
-from engine.sampling_params import SamplingParams
+from engine.sample.sampling_params import SamplingParams
 from scheduler.config import Mode
 from scheduler.loop import SchedulerLoop
 from scheduler.request import FinishEvent, Outcome, RequestEvent, SequenceRequest, TokenEvent
 from scheduler.stats import StepStats
-from tests.fakes import Harness, build, expected_tokens
-
-EVENT_TIMEOUT_S = 10.0  # only a guard against a hung test; never reached when things work
-
-
-class RecordingEvent(threading.Event):
-    """The loop's wake-up event: records each wait's timeout; `idle` is set while the loop thread waits."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.timeouts: list[float | None] = []
-        self.idle = threading.Event()
-
-    def wait(self, timeout: float | None = None) -> bool:
-        self.timeouts.append(timeout)
-        self.idle.set()
-        try:
-            return super().wait(timeout)
-        finally:
-            self.idle.clear()
+from tests.fakes import Harness, RecordingEvent, build, collect, expected_tokens, submit, wait_idle
 
 
 class CountingStep:
@@ -69,34 +49,10 @@ def make_loop(mode: Mode, **config: Unpack[LoopOptions]) -> tuple[Harness, Sched
     return h, loop, wake, counter
 
 
-def wait_idle(wake: RecordingEvent) -> None:
-    """Return once the loop thread is inside its event wait."""
-    assert wake.idle.wait(EVENT_TIMEOUT_S), "the loop never went idle"
-
-
 def assert_blocked(wake: RecordingEvent) -> None:
     """The loop thread is inside a wait with no deadline on an event nobody has set: it cannot step until a
     submit or stop sets it (a spinning loop would wait with a timeout, or on an event left set)."""
     assert wake.idle.is_set() and wake.timeouts[-1] is None and not wake.is_set()
-
-
-async def collect(stream: asyncio.Queue[RequestEvent]) -> list[RequestEvent]:
-    events: list[RequestEvent] = []
-    while not events or not isinstance(events[-1], FinishEvent):
-        events.append(await asyncio.wait_for(stream.get(), EVENT_TIMEOUT_S))
-    return events
-
-
-def submit(loop: SchedulerLoop, request_id: str, prompt: list[int], max_tokens: int) -> asyncio.Queue[RequestEvent]:
-    """Submit with a sink that hands events to this asyncio loop thread-safely, as the API's does."""
-    stream: asyncio.Queue[RequestEvent] = asyncio.Queue()
-    aio_loop = asyncio.get_running_loop()
-
-    def sink(event: RequestEvent) -> None:
-        aio_loop.call_soon_threadsafe(stream.put_nowait, event)
-
-    loop.submit(SequenceRequest(request_id, prompt, SamplingParams(max_tokens=max_tokens, temperature=0.0), sink))
-    return stream
 
 
 @pytest.mark.parametrize("mode", [Mode.DYNAMIC, Mode.CONTINUOUS], ids=lambda m: m.value)

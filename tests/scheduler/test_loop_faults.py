@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 import pytest
 
-from engine.sampling_params import SamplingParams
+from engine.sample.sampling_params import SamplingParams
 from scheduler.config import Mode
 from scheduler.core import Scheduler
 from scheduler.errors import EngineLoopStoppedError
@@ -21,9 +21,8 @@ from scheduler.fair_share import FairShareLoop
 from scheduler.loop import MAX_WAIT_S, SchedulerLoop, retry_delay
 from scheduler.request import FinishEvent, Outcome, RequestEvent, SequenceRequest, TokenEvent
 from scheduler.stats import StepStats
-from tests.fakes import build, expected_tokens
+from tests.fakes import RecordingEvent, build, collect, expected_tokens, submit, wait_idle
 from tests.scheduler.faulty_policies import MODULE, raising
-from tests.scheduler.test_loop import RecordingEvent, collect, submit, wait_idle
 
 
 class Fatal(BaseException):

@@ -8,8 +8,7 @@ import pytest
 from scheduler.config import Mode, SchedulerConfig
 from scheduler.examples.shortest_prompt_first import AGING_TOKENS_PER_S, ShortestPromptFirst
 from scheduler.policies import load_policy
-from tests.fakes import build
-from tests.scheduler.test_scheduler import assert_complete, assert_drained
+from tests.fakes import FakeClock, assert_complete, assert_drained, build
 
 EXAMPLE = "scheduler.examples.shortest_prompt_first:ShortestPromptFirst"
 
@@ -42,6 +41,7 @@ def test_a_long_prompt_that_waited_long_enough_overtakes_by_aging() -> None:
     h.submit(prompt=4, max_tokens=40)
     h.step()
     long = h.submit(prompt=40, max_tokens=2)
+    assert isinstance(h.clock, FakeClock)
     while h.clock.now < 36 / AGING_TOKENS_PER_S + 0.05:  # its 36 extra tokens are aged away
         h.step()
     short = h.submit(prompt=4, max_tokens=2)

@@ -18,9 +18,8 @@ import pytest
 from scheduler.config import Mode
 from scheduler.policy import Policy
 from scheduler.request import Outcome, RequestStatus
-from tests.fakes import Harness, build
+from tests.fakes import Harness, assert_drained, build
 from tests.scheduler.faulty_policies import CALLBACKS, CONTRACT_BREAKERS, MODULE, PolicyBug, raising
-from tests.scheduler.test_scheduler import assert_drained
 
 Answers = dict[str, tuple[Outcome | None, list[int]]]
 TAKES_OVER = "takes over from now on"

@@ -7,8 +7,7 @@ from __future__ import annotations
 import pytest
 
 from scheduler.config import Mode
-from tests.fakes import build
-from tests.scheduler.test_scheduler import assert_complete, assert_drained
+from tests.fakes import assert_complete, assert_drained, build
 
 
 def first_steps(streams: dict) -> dict[str, int]:

@@ -11,8 +11,7 @@ from __future__ import annotations
 import pytest
 
 from scheduler.config import Mode
-from tests.fakes import Harness, build
-from tests.scheduler.test_scheduler import assert_complete, assert_drained
+from tests.fakes import Harness, assert_complete, assert_drained, build
 
 
 def preempting(seats: int = 2, threshold: int = 1, **overrides: object) -> Harness:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from engine.sampling_params import SamplingParams
+from engine.sample.sampling_params import SamplingParams
 from scheduler.queue import ByPriority, FirstComeFirstServed, request_queue
 from scheduler.request import RequestEvent, SequenceRequest
 

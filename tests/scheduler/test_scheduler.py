@@ -8,6 +8,7 @@ greedy tokens are identical in both modes and equal to `generate()`.
 from __future__ import annotations
 
 import itertools
+from typing import Any
 
 import pytest
 import torch
@@ -16,58 +17,24 @@ from transformers import GenerationMixin, PreTrainedModel
 from engine.config import EngineConfig
 from engine.engine import Engine
 from engine.errors import CacheCapacityError, EngineInputError
-from engine.model_runner import TransformersRunner
-from engine.sampling_params import SamplingParams
+from engine.model.model_runner import TransformersRunner
+from engine.sample.sampling_params import SamplingParams
 from scheduler.config import Mode, SchedulerConfig
 from scheduler.core import Scheduler
 from scheduler.errors import QueueFullError, SchedulerClosedError
-from scheduler.request import FinishEvent, Outcome, RequestStatus, SequenceRequest, TokenEvent
-from tests.fakes import FakeClock, Harness, ScriptedRunner, Stream, build, expected_tokens
+from scheduler.request import Outcome, RequestStatus, SequenceRequest
+from tests.fakes import (
+    FakeClock,
+    Harness,
+    ScriptedRunner,
+    Stream,
+    assert_complete,
+    assert_drained,
+    build,
+    expected_tokens,
+)
 
 MODES = [Mode.DYNAMIC, Mode.CONTINUOUS]
-
-
-# ----- checks shared by the tests -----
-def assert_drained(h: Harness) -> None:
-    """Everything finished: no cache, every row free, nothing running, waiting, queued or held."""
-    assert h.engine.cache_usage == 0
-    assert h.engine.blocks.pool.num_free == h.engine.blocks.pool.num_blocks
-    assert h.engine.num_free_seats == h.seats
-    assert list(h.scheduler.running) == []
-    assert len(h.scheduler.waiting) == 0
-    assert h.scheduler.num_queued == 0
-    assert h.scheduler.lifecycle.held_seats == 0
-    assert not h.scheduler.has_pending_work()
-    assert h.runner.violations == []
-    for stream in h.streams.values():
-        assert stream.done, stream.request_id
-        assert stream.request is not None and stream.request.status is RequestStatus.RELEASED
-        assert_timings_ordered(stream)
-
-
-def assert_timings_ordered(stream: Stream) -> None:
-    assert stream.finish is not None
-    t = stream.finish.timings
-    present = [x for x in (t.arrival, t.scheduled, t.first_token, t.last_token, t.released) if x is not None]
-    assert present == sorted(present), (stream.request_id, t)
-    assert (t.first_token is None) == (t.last_token is None) == (not stream.tokens)
-    if t.first_token is not None:
-        assert t.scheduled is not None
-        assert t.first_token == stream.token_times[0] and t.last_token == stream.token_times[-1]
-
-
-def assert_complete(stream: Stream) -> None:
-    """Finished by length with exactly max_tokens tokens, the ones the prompt gives when run alone."""
-    assert stream.reason is Outcome.LENGTH, (stream.request_id, stream.finish)
-    assert stream.tokens == expected_tokens(stream.prompt, stream.max_tokens)
-    assert len(stream.tokens) == stream.max_tokens
-    assert all(isinstance(e, TokenEvent) for e in stream.events[:-1])
-    assert isinstance(stream.events[-1], FinishEvent)
-
-
-def seq_id(stream: Stream) -> int:
-    assert stream.request is not None
-    return stream.request.seq_id
 
 
 # ===== dynamic (request-level) batching =====
@@ -195,7 +162,7 @@ def test_dynamic_reserves_kv_for_the_whole_batch_up_front() -> None:
     b = h.submit(prompt=3, max_tokens=20)  # 23 tokens: 6 blocks
     first = h.step()
     assert first is not None and first.cache_usage == 10 / 256
-    assert h.engine.reserved_tokens(seq_id(a)) == 16 and h.engine.reserved_tokens(seq_id(b)) == 24
+    assert h.engine.reserved_tokens(a.seq_id) == 16 and h.engine.reserved_tokens(b.seq_id) == 24
     h.run()
     assert [s.cache_usage for s in h.stats[:-1]] == [10 / 256] * 19  # never grows, kept while a is held
     assert h.stats[-1].cache_usage == 0
@@ -317,14 +284,19 @@ def test_continuous_request_that_does_not_fit_waits_outside_the_engine(monkeypat
     h = build(Mode.CONTINUOUS, seats=2, kv_cache_tokens=64)  # 16 blocks of 4
     added: list[int] = []
     add = h.engine.add
-    monkeypatch.setattr(h.engine, "add", lambda seq, *rest: (added.append(seq), add(seq, *rest))[1])
+
+    def counted_add(seq_id: int, *rest: Any) -> None:
+        added.append(seq_id)
+        add(seq_id, *rest)
+
+    monkeypatch.setattr(h.engine, "add", counted_add)
     first = h.submit(prompt=40, max_tokens=20)  # 10 blocks at once, growing to 15
     h.scheduler.step()
     second = h.submit(prompt=40, max_tokens=4)  # 10 blocks: waits until the first is done
     h.run()
     assert_complete(first)
     assert_complete(second)
-    assert added == [seq_id(first), seq_id(second)]
+    assert added == [first.seq_id, second.seq_id]
     assert second.finish is not None and second.finish.timings.num_preemptions == 0
     assert_drained(h)
 
@@ -435,17 +407,17 @@ def test_abort_frees_seat_and_cache_within_one_step(mode: Mode, where: str) -> N
         victim = h.submit(prompt=20, max_tokens=4)  # 2 + 18 tokens over the first steps at 4 a step
         h.step()
         h.step()
-        assert victim.request is not None and 0 < h.engine.num_computed(seq_id(victim)) < 20
+        assert victim.request is not None and 0 < h.engine.num_computed(victim.seq_id) < 20
         assert victim.tokens == []
     tokens_before = list(victim.tokens)
     h.scheduler.abort(victim.request_id)
     h.step()
     assert victim.reason is Outcome.ABORTED and victim.finish_step == h.step_count
     assert victim.tokens == tokens_before
-    assert not h.engine.has_sequence(seq_id(victim))
+    assert not h.engine.has_sequence(victim.seq_id)
     live = [s for s in h.streams.values() if not s.done]
     assert h.engine.num_free_seats == h.seats - len(live)
-    used = sum(h.engine.reserved_tokens(seq_id(s)) // h.engine.block_size for s in live)
+    used = sum(h.engine.reserved_tokens(s.seq_id) // h.engine.block_size for s in live)
     assert h.engine.blocks.pool.num_used == used
     if where == "waiting":
         assert victim.finish is not None and victim.finish.timings.scheduled is None

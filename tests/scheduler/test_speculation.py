@@ -6,16 +6,16 @@ drafts and acceptances; the cache is all returned."""
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Mapping, Sequence
 
 import pytest
 from transformers import PreTrainedModel
 
 from engine.config import EngineConfig
 from engine.engine import Engine, StepOutput
-from engine.model_runner import TransformersRunner
-from engine.sampling_params import SamplingParams
-from engine.speculative_config import SpeculativeConfig
+from engine.model.model_runner import TransformersRunner
+from engine.sample.sampling_params import SamplingParams
+from engine.spec.config import SpeculativeConfig
 from scheduler.config import Mode, SchedulerConfig
 from scheduler.core import Scheduler
 from scheduler.request import SequenceRequest
@@ -49,8 +49,10 @@ def serve(
     if step_cost is not None:
         plain_step = engine.step
 
-        def timed_step(*args: Any) -> StepOutput:
-            output = plain_step(*args)
+        def timed_step(
+            schedule: Sequence[tuple[int, int]], drafts: Mapping[int, Sequence[int]] | None = None
+        ) -> StepOutput:
+            output = plain_step(schedule, drafts)
             clock.advance(step_cost[0] + step_cost[1] * output.num_tokens)
             return output
 

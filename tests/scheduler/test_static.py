@@ -7,8 +7,7 @@ from __future__ import annotations
 import pytest
 
 from scheduler.config import Mode
-from tests.fakes import FakeClock, Harness, build
-from tests.scheduler.test_scheduler import assert_complete, assert_drained
+from tests.fakes import FakeClock, Harness, assert_complete, assert_drained, build
 
 
 def static(seats: int = 3, window_ms: float = 5000.0, start: float = 0.0) -> tuple[Harness, FakeClock]:

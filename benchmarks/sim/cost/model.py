@@ -14,7 +14,7 @@ Every model shares one interface (`CostModel.step_time(StepShape, idle_s)`):
   non-negative; k is the best of a grid of candidate knees.
 
   Where the engine switches weights by step size (quantised up to `max_quantized_rows` tokens a step, a dense
-  copy past it: engine.linear.RowSwitchedLinear), cost is not one smooth function of T: past the switch the
+  copy past it: engine.model.linear.RowSwitchedLinear), cost is not one smooth function of T: past the switch the
   fixed cost jumps and the per-token cost drops. `SwitchedCostModel` then holds one fitted model per regime.
 
   A step that starts after the engine sat idle for `COLD_AFTER_S` or more costs `cold_step_s` more: the

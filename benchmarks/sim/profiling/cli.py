@@ -76,8 +76,8 @@ from benchmarks.sim.profiling.steps import (
     with_cold_steps,
 )
 from engine.engine import Engine
-from engine.linear import RowSwitchedLinear
-from engine.model_runner import TransformersRunner
+from engine.model.linear import RowSwitchedLinear
+from engine.model.model_runner import TransformersRunner
 from scheduler.config import Mode, SchedulerConfig
 
 _DESCRIPTION = "Measure this machine's engine step time over a grid and fit the simulator's step-cost model."

@@ -17,7 +17,7 @@ import numpy as np
 from benchmarks.loadgen.trace import TraceRequest
 from engine.engine import Engine
 from engine.outputs import StepOutput
-from engine.sampling_params import SamplingParams
+from engine.sample.sampling_params import SamplingParams
 from scheduler.config import SchedulerConfig
 from scheduler.core import Scheduler
 from scheduler.request import FinishEvent, Outcome, RequestEvent, SequenceRequest, TokenEvent

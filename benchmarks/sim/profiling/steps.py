@@ -26,7 +26,7 @@ from benchmarks.sim.profiling.served_probe import (
     probe_load,
 )
 from engine.engine import Engine
-from engine.sampling_params import SamplingParams
+from engine.sample.sampling_params import SamplingParams
 from scheduler.config import Mode, SchedulerConfig
 
 # The first decode steps after a step on the dense copy run slower while the quantised weights come back into the

@@ -19,106 +19,33 @@ import openai
 import pytest
 import torch
 import uvicorn
-from openai.types.chat import ChatCompletionMessageParam
-from prometheus_client.parser import text_string_to_metric_families
 
 from api.apps.serve import create_app
 from api.config import ServerConfig
-from api.endpoints.state import ServerState
-from engine.loader import LoadedModel
+from engine.weights.loader import LoadedModel
 from tests.server_harness import (
+    CHAT,
+    LONG,
+    MODES,
+    PROMPT,
     RunningServer,
+    as_dicts,
+    error_of,
     free_port,
+    metric_samples,
+    metric_value,
     mode_config,
+    model_name,
+    num_running,
     openai_client,
     running_server,
+    seats_all_free,
+    server_mode,
+    stop_string_in,
     tiny_loaded_model,
     tiny_tokenizer,
+    wait_until,
 )
-
-MODES = ("dynamic", "continuous")
-PROMPT = "the quick brown fox"
-CHAT: list[ChatCompletionMessageParam] = [{"role": "user", "content": "hello world"}]
-LONG = 200  # tokens of a request that is still running when the test acts on it (it is aborted, never awaited)
-
-
-# ----- helpers shared with test_api_streaming.py -----
-def model_name(server: RunningServer) -> str:
-    return str(server.runtime.model_name)
-
-
-def server_mode(server: RunningServer) -> str:
-    return str(ServerState.of(server.app).config.mode)  # type: ignore[arg-type]
-
-
-def metric_samples(base_url: str, headers: dict[str, str] | None = None) -> dict[str, list[tuple[dict, float]]]:
-    """Sample name -> [(labels, value)] from /metrics."""
-    response = httpx.get(f"{base_url}/metrics", headers=headers, timeout=10)
-    assert response.status_code == 200, response.text
-    samples: dict[str, list[tuple[dict, float]]] = {}
-    for family in text_string_to_metric_families(response.text):
-        for sample in family.samples:
-            samples.setdefault(sample.name, []).append((dict(sample.labels), sample.value))
-    return samples
-
-
-def metric_value(base_url: str, name: str, **labels: str) -> float:
-    """Sum of the samples of `name` whose labels include `labels` (0 when the series does not exist yet)."""
-    return sum(
-        value
-        for sample_labels, value in metric_samples(base_url).get(name, [])
-        if all(sample_labels.get(k) == v for k, v in labels.items())
-    )
-
-
-def wait_until(predicate: Callable[[], bool], what: str, timeout_s: float = 30.0) -> None:
-    """Poll until `predicate()` holds; fail after a generous deadline (a bounded wait, not a timing check)."""
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
-        time.sleep(0.01)
-
-
-def seats_all_free(server: RunningServer) -> bool:
-    runtime = server.runtime
-    seats = ServerState.of(server.app).config.seats  # type: ignore[arg-type]
-    return (
-        runtime.engine.num_free_seats == seats
-        and runtime.scheduler.counts().running == 0
-        and runtime.engine.cache_usage == 0.0
-        and not runtime.scheduler.counts().pending_work
-    )
-
-
-def num_running(server: RunningServer) -> float:
-    return metric_value(server.base_url, "vllm:num_requests_running", mode=server_mode(server))
-
-
-def as_dicts(messages: list[ChatCompletionMessageParam]) -> list[dict[str, str]]:
-    """Chat messages as a tokenizer's chat template takes them."""
-    return [{"role": str(m["role"]), "content": str(m.get("content"))} for m in messages]
-
-
-def error_of(response: httpx.Response, status: int) -> dict[str, object]:
-    """The OpenAI error object of a response, checking its status and shape."""
-    assert response.status_code == status, response.text
-    body = response.json()
-    assert set(body) == {"error"}
-    error = body["error"]
-    assert set(error) == {"message", "type", "param", "code"}
-    assert isinstance(error["message"], str) and error["message"]
-    return error  # type: ignore[no-any-return]
-
-
-def stop_string_in(text: str, length: int = 2) -> tuple[int, str]:
-    """The first substring of `text` after its first character that occurs nowhere earlier and holds no U+FFFD
-    (an undecodable byte): usable as a stop string that truncates `text` at a known index."""
-    for index in range(1, len(text) - length + 1):
-        candidate = text[index : index + length]
-        if "\ufffd" not in candidate and text.find(candidate) == index:
-            return index, candidate
-    raise AssertionError(f"no usable stop string in {text!r}")
 
 
 # ----- models, completions, chat -----

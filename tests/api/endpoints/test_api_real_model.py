@@ -11,9 +11,16 @@ import pytest
 import torch
 from openai.types.chat import ChatCompletionMessageParam
 
-from engine.loader import LoadedModel
-from tests.api.endpoints.test_api import MODES, as_dicts, mode_config, openai_client
-from tests.server_harness import RunningServer, real_loaded_model, running_server
+from engine.weights.loader import LoadedModel
+from tests.server_harness import (
+    MODES,
+    RunningServer,
+    as_dicts,
+    mode_config,
+    openai_client,
+    real_loaded_model,
+    running_server,
+)
 
 pytestmark = pytest.mark.slow
 

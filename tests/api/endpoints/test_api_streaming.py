@@ -11,20 +11,24 @@ import openai
 import pytest
 
 from scheduler.request import FinishEvent, RequestEvent, SequenceRequest
-from tests.api.endpoints.test_api import (
+from tests.server_harness import (
     CHAT,
     LONG,
     PROMPT,
+    RunningServer,
     error_of,
     metric_value,
+    mode_config,
     model_name,
     num_running,
+    openai_client,
+    running_server,
     seats_all_free,
     server_mode,
     stop_string_in,
+    tiny_tokenizer,
     wait_until,
 )
-from tests.server_harness import RunningServer, mode_config, openai_client, running_server, tiny_tokenizer
 
 
 def sse_events(response: httpx.Response) -> list[dict]:

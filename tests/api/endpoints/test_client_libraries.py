@@ -23,10 +23,10 @@ from langchain_openai import ChatOpenAI, OpenAI
 from openai.types import Completion
 from openai.types.chat import ChatCompletion, ChatCompletionFunctionToolParam, ChatCompletionMessageParam
 
-from engine.loader import LoadedModel, default_model_path, gguf_checkpoint_dir
-from tests.api.endpoints.test_api import as_dicts
+from engine.weights.loader import LoadedModel, default_model_path, gguf_checkpoint_dir
 from tests.server_harness import (
     RunningServer,
+    as_dicts,
     mode_config,
     openai_client,
     real_loaded_model,

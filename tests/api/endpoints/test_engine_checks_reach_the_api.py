@@ -2,7 +2,7 @@
 400 naming the request field: never a 500, never a traceback in the log.
 
 The cases are derived from the engine's own code: every `raise SamplingParamsError(..., InputField.X)` in
-engine/sampling_params.py (read with `ast`, loops over field names unrolled) must have a request below that
+engine/sample/sampling_params.py (read with `ast`, loops over field names unrolled) must have a request below that
 reaches it, in both modes, on both endpoints, streaming and not. The requests carry values the request models
 let through (so it is the engine's check that answers), or, where the API's narrower range catches the value
 first, the API's 400 names the same field.
@@ -19,7 +19,7 @@ from typing import Any
 import httpx
 import pytest
 
-import engine.sampling_params
+import engine.sample.sampling_params
 from api.protocol.engine_fields import _PARAMS
 from engine.errors import InputField
 
@@ -50,8 +50,8 @@ CASES: dict[InputField, dict[str, object]] = {
 
 
 def engine_checked_fields() -> set[InputField]:
-    """The InputField of every SamplingParamsError raised in engine/sampling_params.py."""
-    tree = ast.parse(Path(engine.sampling_params.__file__).read_text())
+    """The InputField of every SamplingParamsError raised in engine/sample/sampling_params.py."""
+    tree = ast.parse(Path(engine.sample.sampling_params.__file__).read_text())
     parents = {child: node for node in ast.walk(tree) for child in ast.iter_child_nodes(node)}
 
     def loop_values(node: ast.AST, variable: str) -> list[str]:
@@ -107,5 +107,10 @@ def test_an_engine_refusal_is_a_400_naming_the_field(
     expected = "top_logprobs" if endpoint == CHAT and field == InputField.LOGPROBS else _PARAMS[field]
     assert error["param"] == expected, error
     assert not [r for r in logs.records if r.levelno >= logging.ERROR or r.exc_info], "a bad request logged an error"
+
+
+@pytest.mark.parametrize("endpoint", [COMPLETIONS, CHAT], ids=["cmpl", "chat"])
+def test_after_every_refusal_the_server_still_answers(server: Any, endpoint: str) -> None:
+    """Runs after the refusals above (pytest keeps the file's order), on the same module's servers."""
     good = httpx.post(f"{server.base_url}{endpoint}", json=GOOD[endpoint], timeout=60)
-    assert good.status_code == 200  # and the server still answers
+    assert good.status_code == 200 and good.json()["usage"]["completion_tokens"] == 4

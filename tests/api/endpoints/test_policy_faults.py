@@ -16,9 +16,8 @@ import httpx
 import pytest
 
 from scheduler.config import Mode
-from tests.api.endpoints.test_api import PROMPT, error_of, metric_value
 from tests.scheduler.faulty_policies import raising
-from tests.server_harness import mode_config, running_server
+from tests.server_harness import PROMPT, error_of, metric_value, mode_config, running_server
 
 TOKENS = 16
 STREAM_GUARD_S = 60.0  # only a guard against a hung stream (its pings keep the connection alive); never reached

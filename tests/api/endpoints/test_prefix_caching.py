@@ -9,8 +9,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from tests.api.endpoints.test_api import metric_value
-from tests.server_harness import RunningServer, mode_config, openai_client, running_server, tiny_tokenizer
+from tests.server_harness import RunningServer, metric_value, mode_config, openai_client, running_server, tiny_tokenizer
 
 BLOCK = 16  # the engine's default block size
 

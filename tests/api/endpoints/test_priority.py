@@ -15,8 +15,14 @@ from api.apps.compare import mode_config as compare_mode_config
 from api.cli import main
 from api.config import ServerConfig
 from scheduler.lineup import parse_entry
-from tests.api.endpoints.test_api import metric_samples, metric_value
-from tests.server_harness import RunningServer, mode_config, real_loaded_model, running_server
+from tests.server_harness import (
+    RunningServer,
+    metric_samples,
+    metric_value,
+    mode_config,
+    real_loaded_model,
+    running_server,
+)
 
 
 @pytest.fixture(scope="module")

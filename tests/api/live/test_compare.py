@@ -4,39 +4,24 @@ stream (what a hostage workload looks like in each mode), its auth and query che
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import threading
 from collections.abc import Iterator
-from dataclasses import dataclass
 from typing import Any
 
 import httpx
 import openai
 import pytest
 
-from api.apps.compare import create_compare_app
-from api.config import ServerConfig
 from api.endpoints.state import ServerState
-from tests.server_harness import free_port, read_events, serving_app, tiny_loaded_model
+from tests.server_harness import (
+    CompareServer,
+    compare_server,
+    read_events,
+    wait_until,
+)
 
 KEY = "sekret"
-
-
-@dataclass(frozen=True)
-class CompareServer:
-    base_url: str
-    app: Any
-
-
-@contextlib.contextmanager
-def compare_server(freeze_heap: bool = False, **overrides: Any) -> Iterator[CompareServer]:
-    values: dict[str, Any] = {"port": free_port(), "max_batch_size": 4, "max_num_seqs": 4, "batch_timeout_ms": 500.0}
-    config = ServerConfig(**{**values, **overrides})
-    model = tiny_loaded_model()
-    app = create_compare_app(config, loader=lambda _config: model, freeze_heap=freeze_heap)
-    with serving_app(app, config) as (base_url, _):
-        yield CompareServer(base_url, app)
 
 
 @pytest.fixture(scope="module")
@@ -149,7 +134,7 @@ def test_hostage_workload_shows_held_seats_in_dynamic_and_none_in_continuous(ser
         target=read_events, args=(f"{server.base_url}/v1/events?include_text=false", stop, events), daemon=True
     )
     reader.start()
-    _wait_for(lambda: {e["mode"] for k, e in events if k == "hello"} == {"dynamic", "continuous"})
+    wait_until(lambda: {e["mode"] for k, e in events if k == "hello"} == {"dynamic", "continuous"}, timeout_s=60.0)
     long_ids: dict[str, list[str]] = {"dynamic": [], "continuous": []}
     short_ids: dict[str, list[str]] = {"dynamic": [], "continuous": []}
     # One long answer and three short ones to each mode at once: in dynamic mode they board one bus (4 seats).
@@ -162,7 +147,10 @@ def test_hostage_workload_shows_held_seats_in_dynamic_and_none_in_continuous(ser
     for thread in senders:
         thread.join(60)
     every = {rid for ids in (*long_ids.values(), *short_ids.values()) for rid in ids}
-    _wait_for(lambda: every <= {e["request_id"] for k, e in events if k == "request" and e["event"] == "released"})
+    wait_until(
+        lambda: every <= {e["request_id"] for k, e in events if k == "request" and e["event"] == "released"},
+        timeout_s=60.0,
+    )
     stop.set()
 
     def at(mode: str, rid: str, point: str) -> float:
@@ -185,18 +173,6 @@ def test_hostage_workload_shows_held_seats_in_dynamic_and_none_in_continuous(ser
     assert len(finished) == len(every) == 8 and all(e["outcome"] == "length" for e in finished)
 
 
-def _wait_for(condition: Any, timeout_s: float = 60.0) -> None:
-    deadline = threading.Event()
-    timer = threading.Timer(timeout_s, deadline.set)
-    timer.start()
-    try:
-        while not condition():
-            if deadline.wait(0.02):
-                raise AssertionError("the condition never held")
-    finally:
-        timer.cancel()
-
-
 def test_a_subscriber_that_never_reads_is_lagged_then_disconnected_while_serving_goes_on(
     server: CompareServer,
 ) -> None:
@@ -217,7 +193,7 @@ def test_a_subscriber_that_never_reads_is_lagged_then_disconnected_while_serving
     for _ in range(3):  # each answer is more than a queue of events; the subscriber reads none of them
         reply = api.completions.create(model=model, prompt="hello", max_tokens=30, extra_body={"ignore_eos": True})
         assert reply.usage is not None and reply.usage.completion_tokens == 30
-    _wait_for(lambda: hub.disconnected > disconnected)
+    wait_until(lambda: hub.disconnected > disconnected, timeout_s=60.0)
     assert subscriber.closed and subscriber.kicked.is_set() and subscriber not in hub.subscribers
     assert len(subscriber._queue) <= 8  # what it held never grew past its bound
     assert hub.lagged >= 1

@@ -3,37 +3,22 @@ with its own policy, on the tiny model; a mode named `static` beside the page's 
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Iterator
-from typing import Any
 
 import httpx
 import openai
 import pytest
 
-from api.apps.compare import create_compare_app
 from api.cli import build_parser, compare_lineup, main
-from api.config import ServerConfig
-from scheduler.lineup import parse_lineup
-from tests.server_harness import free_port, serving_app, tiny_loaded_model
+from tests.server_harness import lineup_server
 
 SPF = "scheduler.examples.shortest_prompt_first:ShortestPromptFirst"
 KEY = "three-panes"
 
 
-@contextlib.contextmanager
-def serving(lineup: str, **overrides: Any) -> Iterator[str]:
-    values: dict[str, Any] = {"port": free_port(), "max_batch_size": 3, "max_num_seqs": 3, "batch_window_ms": 20.0}
-    config = ServerConfig(**{**values, **overrides})
-    model = tiny_loaded_model()
-    app = create_compare_app(config, loader=lambda _config: model, lineup=parse_lineup(lineup))
-    with serving_app(app, config) as (base_url, _):
-        yield base_url
-
-
 @pytest.fixture(scope="module")
 def static_and_plug_in() -> Iterator[str]:
-    with serving(f"static,spf={SPF}") as base_url:
+    with lineup_server(f"static,spf={SPF}") as base_url:
         yield base_url
 
 
@@ -65,7 +50,7 @@ def test_the_root_metrics_label_every_pane_by_its_name_and_the_page_files_still_
 
 
 def test_the_key_guards_a_mode_named_static_though_the_page_files_are_open() -> None:
-    with serving("static,continuous", api_key=KEY) as base_url:
+    with lineup_server("static,continuous", api_key=KEY) as base_url:
         assert httpx.get(f"{base_url}/static/v1/models").status_code == 401
         assert httpx.get(f"{base_url}/static/metrics").status_code == 401
         keyed = httpx.get(f"{base_url}/static/v1/models", headers={"Authorization": f"Bearer {KEY}"})

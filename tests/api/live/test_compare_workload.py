@@ -17,9 +17,7 @@ import pytest
 
 import api.live.workload
 from api.cli import build_parser
-from tests.api.live.test_compare import _wait_for
-from tests.api.live.test_compare_modes import serving
-from tests.server_harness import read_events
+from tests.server_harness import lineup_server, read_events, wait_until
 
 KEY = "workload-key"
 AUTH = {"Authorization": f"Bearer {KEY}"}
@@ -28,7 +26,7 @@ PANES = ["static", "dynamic", "continuous"]
 
 @pytest.fixture(scope="module")
 def base_url() -> Iterator[str]:
-    with serving("static,dynamic,continuous", api_key=KEY) as url:
+    with lineup_server("static,dynamic,continuous", api_key=KEY) as url:
         yield url
 
 
@@ -64,7 +62,7 @@ def _run_when_free(base_url: str, body: dict[str, Any]) -> list[dict[str, Any]]:
             received.extend(_events(answer))
             return True
 
-    _wait_for(started)
+    wait_until(started, timeout_s=60.0)
     return received
 
 
@@ -79,7 +77,7 @@ def _subscribe(base_url: str) -> tuple[list[tuple[str, dict[str, Any]]], threadi
     stop = threading.Event()
     url = f"{base_url}/v1/events?include_text=false"
     threading.Thread(target=read_events, args=(url, stop, events), kwargs={"headers": AUTH}, daemon=True).start()
-    _wait_for(lambda: {e["mode"] for kind, e in events if kind == "hello"} == set(PANES))
+    wait_until(lambda: {e["mode"] for kind, e in events if kind == "hello"} == set(PANES), timeout_s=60.0)
     return events, stop
 
 
@@ -122,7 +120,7 @@ def test_a_workload_streams_every_panes_answers_on_one_stream(base_url: str) -> 
         together = [ids[pane, i] for i in range(3)]
         assert [rid.rsplit("-", 1)[1] for rid in together] == ["0", "1", "2"]
         assert len({rid.rsplit("-", 1)[0] for rid in together}) == 1
-    _wait_for(lambda: set(ids.values()) <= set(_at(events, "released")))
+    wait_until(lambda: set(ids.values()) <= set(_at(events, "released")), timeout_s=60.0)
     stop.set()
     queued = _at(events, "queued")
     for (pane, _), rid in ids.items():
@@ -188,8 +186,8 @@ def test_a_client_that_leaves_aborts_the_workload_and_frees_every_seat(base_url:
     left_at = time.monotonic()
     started_ids = {rid for ids in started.values() for rid in ids}
     assert all(len(ids) == 3 for ids in started.values()), started  # the later arrival had not left yet
-    _wait_for(lambda: started_ids <= set(_at(events, "released")))
-    _wait_for(lambda: sum(_running(base_url).values()) == 0)
+    wait_until(lambda: started_ids <= set(_at(events, "released")), timeout_s=60.0)
+    wait_until(lambda: sum(_running(base_url).values()) == 0, timeout_s=60.0)
     finished = _at(events, "finished")
     assert "abort" in {finished[rid]["outcome"] for rid in started_ids}, finished  # cut off, not run to their end
     time.sleep(max(0.0, 2.5 - (time.monotonic() - left_at)))  # past the later arrival's moment
@@ -260,7 +258,7 @@ def test_a_refused_body_holds_no_slot_and_a_failed_workload_returns_its_own(
     assert "data: [DONE]" not in lines
     monkeypatch.undo()
     assert _all_finished(_run_when_free(base_url, short), PANES, 1)
-    _wait_for(lambda: sum(_running(base_url).values()) == 0)
+    wait_until(lambda: sum(_running(base_url).values()) == 0, timeout_s=60.0)
 
 
 def test_max_workloads_is_a_flag_of_serve_and_compare_and_must_be_positive() -> None:
@@ -276,7 +274,7 @@ def test_max_workloads_is_a_flag_of_serve_and_compare_and_must_be_positive() -> 
 
 def test_a_server_with_max_workloads_2_runs_two_and_refuses_a_third() -> None:
     pane = ["continuous"]
-    with serving("continuous", api_key=KEY, max_workloads=2) as url:
+    with lineup_server("continuous", api_key=KEY, max_workloads=2) as url:
         assert httpx.get(f"{url}/v1/compare/modes", headers=AUTH).json()["max_workloads"] == 2
         target = f"{url}/v1/compare/workload"
         short = {"panes": pane, "requests": [_item(0, 2)]}

@@ -23,7 +23,7 @@ import pytest
 from api.process.asyncio_loop import AcceptErrorHandler
 from api.process.connections import HTTP2_PREFACE
 from api.process.log_throttle import LogThrottle
-from tests.server_harness import RunningServer, free_port, mode_config, running_server
+from tests.server_harness import RunningServer, free_port, mode_config, running_server, wait_until
 
 WAIT_S = 20.0  # only against hangs: every wait below ends as soon as its condition holds
 BODY = json.dumps({"prompt": "hello", "max_tokens": 2}).encode()
@@ -115,13 +115,6 @@ def _completion_ok(server: RunningServer) -> None:
 _JSON = {"content-type": "application/json"}
 
 
-def _wait_for(condition: object, what: str) -> None:
-    deadline = time.monotonic() + WAIT_S
-    while not condition():  # type: ignore[operator]
-        assert time.monotonic() < deadline, f"gave up waiting for {what}"
-        time.sleep(0.02)
-
-
 def _quiet(logs: pytest.LogCaptureFixture) -> None:
     """Nothing above INFO, and no traceback."""
     loud = [r for r in logs.records if r.levelno > logging.INFO or r.exc_info]
@@ -182,7 +175,7 @@ def test_a_body_trickled_byte_by_byte_gets_408(strict: RunningServer, logs: pyte
         assert 1 <= sent < len(body)
         error = _error(_read_to_eof(sock), 408)
     assert error["type"] == "timeout_error" and "request body" in str(error["message"])
-    _wait_for(lambda: "before the whole body arrived" in logs.text, "the handler to end")
+    wait_until(lambda: "before the whole body arrived" in logs.text, "the handler to end", timeout_s=WAIT_S)
     _completion_ok(strict)
     _quiet(logs)
 
@@ -194,10 +187,10 @@ def test_connections_past_the_cap_get_503_and_a_freed_slot_serves_again(
     lenient: RunningServer, logs: pytest.LogCaptureFixture
 ) -> None:
     connections = lenient.server.server_state.connections
-    _wait_for(lambda: not connections, "earlier connections to close")
+    wait_until(lambda: not connections, "earlier connections to close", timeout_s=WAIT_S)
     held = [_connect(lenient) for _ in range(20)]
     try:
-        _wait_for(lambda: len(connections) == 20, "20 open connections")
+        wait_until(lambda: len(connections) == 20, "20 open connections", timeout_s=WAIT_S)
         for i in range(30):  # past the cap: half send a request, half nothing
             with _connect(lenient) as extra:
                 if i % 2:
@@ -211,7 +204,7 @@ def test_connections_past_the_cap_get_503_and_a_freed_slot_serves_again(
         assert held[0].recv(65536).startswith(b"HTTP/1.1 200")
         for sock in held[:5]:
             sock.close()
-        _wait_for(lambda: len(connections) <= 15, "the closed connections to be released")
+        wait_until(lambda: len(connections) <= 15, "the closed connections to be released", timeout_s=WAIT_S)
         _completion_ok(lenient)
     finally:
         for sock in held:
@@ -278,6 +271,7 @@ uvicorn.Server(uvicorn_config(app, config, log_level="warning", lifespan="off"))
 """
 
 
+@pytest.mark.slow  # a server process, and a storm that lasts 2.5 s by design
 def test_running_out_of_descriptors_logs_once_a_second() -> None:
     """A server limited to 48 descriptors, 80 idle connections: accept fails with EMFILE for the rest, over and
     over; the log gets at most one line a second (asyncio's own handler wrote thousands, with tracebacks)."""
@@ -295,7 +289,7 @@ def test_running_out_of_descriptors_logs_once_a_second() -> None:
     sockets: list[socket.socket] = []
     try:
         assert proc.stdout is not None and proc.stdout.readline() == "serving\n"
-        _wait_for(lambda: _can_connect(port), "the server to listen")
+        wait_until(lambda: _can_connect(port), "the server to listen", timeout_s=WAIT_S)
         start = time.monotonic()
         sockets = [socket.create_connection(("127.0.0.1", port), timeout=WAIT_S) for _ in range(80)]
         time.sleep(2.5)  # the storm lasts while the connections wait; not an assertion on speed
@@ -330,8 +324,12 @@ def test_a_disconnect_mid_upload_is_an_info_line(lenient: RunningServer, logs: p
             b"POST /v1/completions HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\n"
             b'Content-Length: 1000\r\n\r\n{"prompt": "'
         )
-        _wait_for(lambda: lenient.server.server_state.tasks, "the handler to start")
-    _wait_for(lambda: "before the whole body arrived" in logs.text or "error" in logs.text.lower(), "the handler")
+        wait_until(lambda: bool(lenient.server.server_state.tasks), "the handler to start", timeout_s=WAIT_S)
+    wait_until(
+        lambda: "before the whole body arrived" in logs.text or "error" in logs.text.lower(),
+        "the handler",
+        timeout_s=WAIT_S,
+    )
     _quiet(logs)
     _completion_ok(lenient)
 
@@ -344,7 +342,7 @@ def test_a_malformed_chunk_size_gets_a_400(lenient: RunningServer, logs: pytest.
         )
         error = _error(_read_to_eof(sock), 400)
     assert error["type"] == "invalid_request_error" and error["code"] == "invalid_http"
-    _wait_for(lambda: "before the whole body arrived" in logs.text, "the handler to end")
+    wait_until(lambda: "before the whole body arrived" in logs.text, "the handler to end", timeout_s=WAIT_S)
     _quiet(logs)
     _completion_ok(lenient)
 

@@ -22,9 +22,8 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.api.endpoints.test_api import PROMPT, wait_until
 from tests.paced_server import STEP_ENV
-from tests.server_harness import free_port
+from tests.server_harness import PROMPT, free_port, wait_until
 
 pytestmark = pytest.mark.slow
 

@@ -23,7 +23,7 @@ from api.structured.budget import budget_problem
 from api.structured.grammars import build_grammars
 from api.structured.limits import GrammarLimits
 from api.structured.spec import GrammarKind, GrammarSpec
-from tests.server_harness import RunningServer, mode_config, running_server, tiny_tokenizer
+from tests.server_harness import RunningServer, mode_config, running_server, tiny_tokenizer, wait_until
 
 PROMPT = "the quick brown fox"
 WORKER = "api.structured.compile_worker"
@@ -54,14 +54,6 @@ def worker_pids(server: RunningServer) -> set[int]:
 
 def alive(pid: int) -> bool:
     return Path(f"/proc/{pid}").exists()  # a killed worker is reaped, so it does not linger as a zombie
-
-
-def wait_until(condition: Any, what: str, timeout_s: float = 60.0) -> None:
-    """Wait for an event (a process ending); not a speed check: the bound only keeps a bug from hanging the suite."""
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, f"never happened: {what}"
-        time.sleep(0.05)
 
 
 def post(server: RunningServer, body: dict[str, Any], timeout: float = 120.0) -> httpx.Response:

@@ -16,8 +16,15 @@ from api.protocol.errors import APIError
 from api.protocol.messages_api import CountTokensRequest, MessagesRequest, parse_messages_request
 from api.translation.messages import to_chat, to_message
 from api.translation.messages_stream import StreamStart, message_events
-from tests.api.endpoints.test_api import metric_value, num_running, seats_all_free, wait_until
-from tests.server_harness import RunningServer, mode_config, running_server
+from tests.server_harness import (
+    RunningServer,
+    metric_value,
+    mode_config,
+    num_running,
+    running_server,
+    seats_all_free,
+    wait_until,
+)
 
 MODES = ("dynamic", "continuous")
 USER = {"role": "user", "content": "hello world"}

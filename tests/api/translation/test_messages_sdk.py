@@ -14,8 +14,14 @@ import jsonschema
 import pytest
 from anthropic.types import Message, MessageParam, ToolParam
 
-from tests.api.endpoints.test_api import stop_string_in
-from tests.server_harness import RunningServer, mode_config, openai_client, real_loaded_model, running_server
+from tests.server_harness import (
+    RunningServer,
+    mode_config,
+    openai_client,
+    real_loaded_model,
+    running_server,
+    stop_string_in,
+)
 
 pytestmark = pytest.mark.slow
 

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from benchmarks.micro import kernel_builds
-from engine import native
-from engine.cpu_features import cpu_features
+from engine.platform import native
+from engine.platform.cpu_features import cpu_features
 
 pytestmark = pytest.mark.skipif(native.load_kernels() is None, reason="the kernels need a C++ compiler")
 

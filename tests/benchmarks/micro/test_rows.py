@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from benchmarks.micro.rows import add_row
-from engine.sampling_params import SamplingParams
+from engine.sample.sampling_params import SamplingParams
 
 
 class Engine:

@@ -12,7 +12,7 @@ import asyncio
 import json
 import sys
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +33,7 @@ from benchmarks.results_io.report import ABOutcome, write_report
 ROOT = Path(__file__).resolve().parents[3]
 BATCH_SIZE_PER_STEP = 2.0  # what the fake reports for every step
 HELD_PER_REQUEST = 3  # held seat-steps the fake reports per request
+GATE_TIMEOUT_S = 5.0  # not a timed assert: it only keeps a client that never reaches the gate from hanging the test
 
 
 @dataclass(frozen=True)
@@ -40,6 +41,9 @@ class FakeBehaviour:
     send_usage: bool = True
     send_timings: bool = True
     fail_marker: str | None = None  # prompts containing this get HTTP 500
+    # Hold every request's answer until this many are in flight at once (once reached, the gate stays open), so a
+    # client that can reach that concurrency must; a client that cannot is let through after GATE_TIMEOUT_S.
+    gate: int = 0
 
 
 def token_text(i: int) -> str:
@@ -56,6 +60,7 @@ class FakeServer:
     _thread: threading.Thread | None = None
     _loop: asyncio.AbstractEventLoop | None = None
     _stop: asyncio.Event | None = None
+    _gate_open: asyncio.Event | None = None  # made on the server's own loop
     _ready: threading.Event = field(default_factory=threading.Event)
 
     def __post_init__(self) -> None:
@@ -126,9 +131,20 @@ class FakeServer:
         self._in_flight += 1
         self.max_in_flight = max(self.max_in_flight, self._in_flight)
         try:
+            await self._pass_gate()
             await self._stream(payload, writer)
         finally:
             self._in_flight -= 1
+
+    async def _pass_gate(self) -> None:
+        if self._gate_open is None:
+            self._gate_open = asyncio.Event()
+        if self._in_flight >= self.behaviour.gate:
+            self._gate_open.set()
+        try:
+            await asyncio.wait_for(self._gate_open.wait(), GATE_TIMEOUT_S)
+        except TimeoutError:
+            self._gate_open.set()
 
     async def _stream(self, payload: dict[str, Any], writer: asyncio.StreamWriter) -> None:
         n = int(payload["max_tokens"])
@@ -307,11 +323,15 @@ def test_http_errors_are_recorded_not_raised() -> None:
     assert result.summary.errors == (bad.error,)
 
 
-def test_max_concurrency_caps_requests_in_flight() -> None:
+@pytest.mark.parametrize("cap", [2, 3])
+def test_max_concurrency_caps_requests_in_flight(cap: int) -> None:
+    """The server holds the answers until `cap` requests are in flight, so the client must reach the cap (a serial
+    one never does) and never pass it."""
     specs = build_workload(WorkloadConfig(name="uniform", num_prompts=8, input_len=4, output_len=6))
-    with FakeServer() as server:
-        asyncio.run(run_benchmark(specs, _config(server.base_url, max_concurrency=2)))
-    assert 1 <= server.max_in_flight <= 2
+    with FakeServer(FakeBehaviour(gate=cap)) as server:
+        config = replace(_config(server.base_url, max_concurrency=cap), warmup_requests=0)  # a lone warm-up: no gate
+        asyncio.run(run_benchmark(specs, config))
+    assert server.max_in_flight == cap
 
 
 def test_serve_bench_cli_prints_table_and_writes_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -41,9 +41,9 @@ from benchmarks.sim.profiling.steps import step_shape
 from benchmarks.sim.run import SimSettings, simulate_trace
 from engine.config import EngineConfig
 from engine.engine import Engine
-from engine.model_runner import TransformersRunner
+from engine.model.model_runner import TransformersRunner
 from engine.outputs import StepOutput
-from engine.sampling_params import SamplingParams
+from engine.sample.sampling_params import SamplingParams
 from scheduler.config import Mode, SchedulerConfig
 from scheduler.core import Scheduler
 from scheduler.request import EventSink, Outcome, RequestEvent, SequenceRequest, TokenEvent

@@ -19,7 +19,7 @@ from benchmarks.sim.profiling.steps import (
     after_large_probe_tokens,
     measure_after_large,
 )
-from engine.sampling_params import SamplingParams
+from engine.sample.sampling_params import SamplingParams
 
 SWITCH_TOKENS = 10
 DECODE_S = 0.001  # a 1-row small step, settled

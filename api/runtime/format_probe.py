@@ -1,0 +1,393 @@
+"""`auto` weight formats, measured on this machine rather than guessed from its CPU flags.
+
+At the first load on a machine, each candidate format (dtype x quantization, those `auto` leaves open) is loaded,
+and then all of them are timed in turns (api/runtime/format_timing.py): round after round, each one's decode step on the
+real model at 1, 4, 8 and 16 rows and a 128-token prefill chunk, through the same runner and engine that serve
+(api/runtime/format_steps.py). Each figure is the candidate's best time over the rounds, so another process's burst of
+work, which slows some rounds, cannot pick the winner; while a calibration op says the machine is busy, more rounds
+are timed. The format kept is the one whose worst ratio to the best time, at 1 row, 16 rows and the prefill chunk,
+is smallest; for a quantised format the row count up to which its quantised weights run (above it, the dense copy)
+is the largest measured count at which they beat the dense format of the same dtype, and every size when that is
+the prefill chunk. (The prefill matters: on a CPU without native bf16, a dense bf16 prefill is an order of magnitude
+slower than float32's, however fast int4 decodes.)
+
+The choice is cached (api/runtime/format_choice.py) by the CPU (under BATCHSERVE_CPU_ISA), the kernel build, torch and
+the model file, when it would still win with the runner-up's figures lowered by their noise (a best over rounds
+can only be too slow, so the winner's own need no allowance); else it is served and kept as provisional, measured
+again at the next start, and settled once two measurements pick the same format. A later start re-times the
+calibration op and measures again when the machine's speed no longer matches the cached one (another CPU with the
+same flags), unless other processes are using the CPU: a busy start keeps it. The measurement is logged as a phase
+(engine/phases.py: a line per candidate and round, where the choice is cached and how to redo it), after the kernels
+it times are built.
+
+Every candidate meets the quality bar (perplexity within 1 % of float32, docs/quantization.md): the table below
+names the measured cost of each; a format whose quality is unmeasured is never a candidate.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from api.runtime.format_choice import (
+    EVERY_STEP,
+    FormatChoice,
+    cache_file,
+    format_label,
+    machine,
+    read_entry,
+    write_entry,
+)
+from api.runtime.format_steps import (
+    MEASURED_ROWS,
+    PREFILL_ROWS,
+    PROBE_ROWS,
+    EngineStepper,
+    Pair,
+    available_memory,
+    resident_groups,
+)
+from api.runtime.format_timing import (
+    DEFAULT_PLAN,
+    Calibration,
+    Clock,
+    LoadGauge,
+    Recheck,
+    RoundPlan,
+    Rounds,
+    Stepper,
+    SystemClock,
+    SystemLoad,
+    default_calibration,
+    recheck,
+    time_rounds,
+)
+from engine.config import DEFAULT_MAX_QUANTIZED_ROWS
+from engine.phases import phase
+from engine.platform.native import load_kernels
+from engine.weights.loader import (
+    LoadedModel,
+    checkpoint_dtype,
+    convert_gguf,
+    load_model,
+    resolve_device,
+    resolve_source,
+)
+
+logger = logging.getLogger("batchserve.loader")
+
+_SCORED_ROWS = (1, 16, PREFILL_ROWS)
+
+# Perplexity against float32 on SmolLM2-135M (`python -m benchmarks quality`, docs/quantization.md).
+# Only these are candidates.
+MEASURED_QUALITY: Mapping[Pair, float] = {
+    ("float32", "none"): 0.0,
+    ("bfloat16", "none"): 0.11,
+    ("float32", "int4"): 0.30,
+    ("bfloat16", "int4"): 0.34,
+}
+QUALITY_BAR_PERCENT = 1.0
+
+
+def candidates(dtype: str, quantization: str, gguf_int4: bool, stored_float32: bool) -> list[Pair]:
+    """The (dtype, quantization) pairs `auto` may pick: measured quality within the bar, int4 only from a GGUF's
+    own Q4 blocks (anything else would mean requantising, whose quality is not measured), and bf16 not for a
+    checkpoint stored in float32 (`stored_float32`: its bf16 quality is not measured at load)."""
+    found = []
+    for (d, q), cost in MEASURED_QUALITY.items():
+        if cost > QUALITY_BAR_PERCENT or (q == "int4" and not gguf_int4) or (d == "bfloat16" and stored_float32):
+            continue
+        if dtype in ("auto", d) and quantization in ("auto", q):
+            found.append((d, q))
+    return found
+
+
+@dataclass(frozen=True)
+class _Score:
+    reads: dict[int, str]  # at each measured size, whose figure this format serves it in: its own, or its dense copy's
+    limit: int | None  # the row switch
+    worst: float  # its worst ratio to the fastest at the scored sizes
+
+
+def _scores(step_ms: Mapping[str, Mapping[int, float]], pairs: Sequence[Pair]) -> dict[Pair, _Score]:
+    reads: dict[Pair, tuple[dict[int, str], int | None]] = {}
+    for dtype, quantization in pairs:
+        label, dense = format_label(dtype, quantization), format_label(dtype, "none")
+        if quantization == "none" or dense not in step_ms:
+            limit = None if quantization == "none" else DEFAULT_MAX_QUANTIZED_ROWS  # no dense format to compare
+            reads[(dtype, quantization)] = ({rows: label for rows in MEASURED_ROWS}, limit)
+            continue
+        wins = [rows for rows in MEASURED_ROWS if step_ms[label][rows] <= step_ms[dense][rows]]
+        limit = max(wins) if wins else 0
+        if limit == MEASURED_ROWS[-1]:
+            # Winning at the largest size measured: no reason to expect the dense copy to win past it (on a CPU
+            # without native bf16 a 512-token dense bf16 prefill is many times the int4 one).
+            limit = EVERY_STEP
+        reads[(dtype, quantization)] = ({rows: label if rows <= limit else dense for rows in MEASURED_ROWS}, limit)
+    times = {
+        pair: {rows: step_ms[read][rows] for rows, read in by_size.items()} for pair, (by_size, _) in reads.items()
+    }
+    best = {rows: min(t[rows] for t in times.values()) for rows in _SCORED_ROWS}
+    return {
+        pair: _Score(by_size, limit, max(times[pair][rows] / best[rows] for rows in _SCORED_ROWS))
+        for pair, (by_size, limit) in reads.items()
+    }
+
+
+def _ranking(scores: Mapping[Pair, _Score]) -> list[Pair]:
+    # Ties go to the more exact format (the table's order: float32 first).
+    return sorted(scores, key=lambda pair: (round(scores[pair].worst, 3), MEASURED_QUALITY[pair]))
+
+
+def _contested(
+    step_ms: Mapping[str, Mapping[int, float]],
+    spread: Mapping[str, Mapping[int, float]],
+    pairs: Sequence[Pair],
+    scores: Mapping[Pair, _Score],
+    chosen: Pair,
+    rival: Pair,
+) -> tuple[bool, float]:
+    """Whether the noise could hand `rival` the win: does `chosen` still rank first with each figure only `rival`
+    reads lowered by that figure's noise? Only the rival's figures move: each figure is a best over rounds, and
+    contention only ever adds time, so the chosen format's own bests can only be too slow, never flatter it.
+    (Figures both read, as a quantised format's dense copy, move together and cannot tell them apart.) And the
+    largest noise among the figures that tell the two apart."""
+    own = {(scores[chosen].reads[rows], rows) for rows in _SCORED_ROWS}
+    theirs = {(scores[rival].reads[rows], rows) for rows in _SCORED_ROWS}
+    shifted = {label: dict(sizes) for label, sizes in step_ms.items()}
+    for label, rows in theirs - own:
+        shifted[label][rows] /= 1 + spread[label][rows]
+    noise = max((spread[label][rows] for label, rows in own ^ theirs), default=0.0)
+    return _ranking(_scores(shifted, pairs))[0] != chosen, noise
+
+
+def choose(
+    step_ms: Mapping[str, Mapping[int, float]],
+    pairs: list[Pair],
+    spread: Mapping[str, Mapping[int, float]] | None = None,
+) -> FormatChoice:
+    """The format whose worst ratio to the fastest, at 1 row, 16 rows and a prefill chunk, is smallest, with its
+    row switch, its margin over the runner-up and, given each figure's noise (`spread`), whether that margin is
+    inside it (provisional)."""
+    scores = _scores(step_ms, pairs)
+    ranking = _ranking(scores)
+    chosen = ranking[0]
+    dtype, quantization = chosen
+    limit = scores[chosen].limit
+    if quantization != "none" and limit == 0:
+        quantization, limit = "none", None  # the dense weights won at every size: no reason to hold int4
+    figures = []
+    for pair in pairs:  # each format's own figures (not those of the dense copy it may switch to)
+        label, switch = format_label(*pair), scores[pair].limit
+        copy = ""
+        if switch not in (None, EVERY_STEP) and format_label(pair[0], "none") in step_ms:
+            copy = f" (its {pair[0]} copy {'at every size' if switch == 0 else f'above {switch} rows'})"
+        figures.append(f"{label} " + "/".join(f"{step_ms[label][rows]:.1f}" for rows in _SCORED_ROWS) + copy)
+    reason = f"ms at 1/16 rows/{PREFILL_ROWS}-token prefill: {', '.join(figures)}"
+    choice = FormatChoice(dtype, quantization, limit, step_ms, reason, spread=spread or {})
+    if len(ranking) < 2:
+        return choice
+    rival = ranking[1]
+    margin = scores[rival].worst / scores[chosen].worst - 1
+    provisional, noise = _contested(step_ms, spread, pairs, scores, chosen, rival) if spread else (False, 0.0)
+    return dataclasses.replace(
+        choice, runner_up=format_label(*rival), margin=margin, noise=noise, provisional=provisional
+    )
+
+
+def decode_steps(plan: RoundPlan) -> int:
+    """The decode steps one of a candidate's sequences takes in the rounds (a warm-up round, and per round a step
+    that warms its weights and one per row count)."""
+    return (len(PROBE_ROWS) + 1) * (plan.rounds + plan.max_extra_rounds + 1)
+
+
+def _merged(
+    measured: Sequence[Rounds], plan: RoundPlan
+) -> tuple[dict[str, dict[int, float]], dict[str, dict[int, float]]]:
+    best: dict[str, dict[int, float]] = {}
+    spread: dict[str, dict[int, float]] = {}
+    for rounds in measured:
+        best |= rounds.best_ms()
+        spread |= rounds.spread(plan.rounds)
+    return best, spread
+
+
+def measured_format(
+    source: Path,
+    pairs: list[Pair],
+    device: str = "cpu",
+    cache_dir: Path | None = None,
+    prepare: Callable[[str, str], Stepper] | None = None,
+    clock: Clock | None = None,
+    calibration: Calibration | None = None,
+    plan: RoundPlan = DEFAULT_PLAN,
+    groups: Sequence[Sequence[Pair]] | None = None,
+    reprobe: bool = False,
+    load: LoadGauge | None = None,
+) -> FormatChoice:
+    """The cached choice among `pairs` for this machine where there is one and the machine's speed still matches
+    it, else measured now, after building the kernels the candidates run (so that their build is a phase of its own
+    rather than a silent part of the first candidate's). `prepare(dtype, quantization)`: one candidate, ready to
+    time (default: loaded). `groups`: the candidates to hold loaded at once, in turn (default: all). `reprobe`: measure
+    even where a choice is cached. `clock`, `calibration`, `load`: the system's, two tensor ops, /proc/stat."""
+    cached = cache_file(source, pairs, device, cache_dir)
+    redo = f"cached in {cached}; delete it to measure again (`batchserve formats` lists the choices)"
+    clock = clock or SystemClock()
+    calibration = calibration or default_calibration()
+    if reprobe:
+        cached.unlink(missing_ok=True)
+    entry = read_entry(cached)
+    # A provisional entry is a previous start's lead inside its noise: measured again, and settled where both agree.
+    pending = entry.choice if entry is not None and entry.choice.provisional else None
+    if pending is not None:
+        logger.info("weights: the previous start's choice (%s) was provisional: measuring again", pending.summary())
+    elif entry is not None:
+        verdict, speeds = recheck(entry.choice.calibration_ms, clock, calibration, load=load or SystemLoad())
+        if verdict is not Recheck.OTHER:
+            busy = f", kept while other processes use the CPU ({speeds}); checked again at the next start"
+            note = (busy if verdict is Recheck.BUSY else "") + f" ({redo})"
+            logger.info(
+                "weights: %s, chosen by auto, measured here %s%s", entry.choice.summary(), entry.measured_at, note
+            )
+            return entry.choice
+        logger.info(
+            "weights: the cached choice (%s, measured %s) was measured at another speed than this machine's now "
+            "(%s): measuring again",
+            entry.choice.label,
+            entry.measured_at,
+            speeds,
+        )
+
+    load_kernels()  # the candidates' kernels, logged as their own phase when they build (engine/platform/native.py)
+    if prepare is None:
+
+        def load_and_prepare(dtype: str, quantization: str) -> Stepper:
+            loaded = load_model(source, device, cache_dir, dtype, quantization, quiet=True)
+            return EngineStepper(loaded, decode_steps=decode_steps(plan))
+
+        prepare = load_and_prepare
+    labels = [format_label(d, q) for d, q in pairs]
+    what = (
+        f"{len(pairs)} candidates ({', '.join(labels)}), each loaded, then all timed in turns ({plan.rounds} rounds, "
+        f"more while the machine is busy): decode steps of {'/'.join(map(str, PROBE_ROWS))} rows and a "
+        f"{PREFILL_ROWS}-token prefill"
+    )
+    with phase(logger, "measuring weight formats once for this CPU", what, steps=len(pairs)) as running:
+        measured: list[Rounds] = []
+
+        def announce(number: int, planned: int) -> None:
+            running.step("the machine is busy: more rounds" if number > plan.rounds else "", planned)
+
+        loaded = 0
+        for group in groups or [pairs]:
+            running.stage("", len(pairs), loaded)
+            steppers = {}
+            for dtype, quantization in group:
+                running.step(format_label(dtype, quantization))
+                steppers[format_label(dtype, quantization)] = prepare(dtype, quantization)
+            loaded += len(group)
+            running.stage("round", plan.rounds)
+            measured.append(time_rounds(steppers, MEASURED_ROWS, clock, calibration, plan, announce))
+            del steppers  # their engines and weight copies, before the next group loads
+        best, spread = _merged(measured, plan)
+        quiet = sum(len(rounds.quiet()) for rounds in measured)
+        total = sum(len(rounds.samples) for rounds in measured)
+        all_calibrations = [cal for rounds in measured for cal in rounds.calibrations]
+        choice = dataclasses.replace(
+            choose(best, pairs, spread),
+            rounds=total,
+            quiet_rounds=quiet,
+            calibration_ms=Rounds([], all_calibrations).calibration_ms(),
+        )
+        rounds_said = f"best of {total} rounds, {quiet} quiet"
+        if choice.provisional and pending is not None and pending.label == choice.label:
+            # Two measurements, each with its lead inside its own noise, picked the same format: that is the
+            # evidence one could not give, and measuring at every start would cost each start the probe's time.
+            choice = dataclasses.replace(choice, provisional=False)
+            write_entry(cached, choice, str(source), machine())
+            logger.info(
+                "weights: %s, chosen by auto as at the previous start, each lead inside its noise: two measurements "
+                "agree (%s; %s)",
+                choice.summary(),
+                rounds_said,
+                choice.reason,
+            )
+            running.result = redo
+        elif choice.provisional and (entry is None or pending is not None):
+            write_entry(cached, choice, str(source), machine())
+            logger.info(
+                "weights: %s, chosen by auto provisionally: its lead is inside the noise measured (%s; %s); kept as "
+                "provisional, measured again at the next start and cached once two measurements agree",
+                choice.summary(),
+                rounds_said,
+                choice.reason,
+            )
+            running.result = f"provisional in {cached}: measured again at the next start"
+        elif choice.provisional:
+            logger.info(
+                "weights: %s, chosen by auto provisionally: its lead is inside the noise measured (%s; %s); the "
+                "cached choice stays, checked again at the next start",
+                choice.summary(),
+                rounds_said,
+                choice.reason,
+            )
+            running.result = "not cached (a lead inside the noise): the cached choice stays"
+        else:
+            write_entry(cached, choice, str(source), machine())
+            logger.info("weights: %s, chosen by auto (%s; %s)", choice.summary(), rounds_said, choice.reason)
+            running.result = redo
+    return choice
+
+
+def load_auto(
+    path: str | Path | None = None,
+    device: str = "cpu",
+    cache_dir: Path | None = None,
+    dtype: str = "auto",
+    quantization: str = "auto",
+    reprobe: bool = False,
+) -> LoadedModel:
+    """`load_model`, with whatever is `auto` measured on a CPU where more than one candidate is left (`reprobe`:
+    measured even where a choice is cached). A first start's slow steps are logged as phases, one after the other
+    (engine/phases.py): the GGUF's conversion, loading the weights, the kernel build and the measurement
+    (engine/platform/native.py builds the kernels before it times them)."""
+    source = resolve_source(path)
+    if source.is_file():
+        convert_gguf(source, cache_dir)  # before the load's phase, not inside it
+    measuring = "auto" in (dtype, quantization) and resolve_device(device).type == "cpu"
+    with phase(logger, "loading the weights", announce=False):
+        loaded = load_model(source, device, cache_dir, dtype, quantization, quiet=measuring)
+    if not measuring:
+        return loaded
+    stored_float32 = source.is_dir() and checkpoint_dtype(source) in (None, torch.float32)
+    pairs = candidates(dtype, quantization, loaded.weight_format.quantization == "int4", stored_float32)
+    if len(pairs) < 2:
+        logger.info("weights: %s (%d quantised matmuls)", loaded.weight_format.label, len(loaded.quantized))
+        return loaded
+    weights = sum(parameter.numel() for parameter in loaded.model.parameters())
+    plan = DEFAULT_PLAN
+
+    def prepare(dtype: str, quantization: str) -> Stepper:
+        # The format already loaded is one of the candidates: timed as it is, not loaded twice.
+        same = format_label(dtype, quantization) == loaded.weight_format.label
+        model = loaded if same else load_model(source, device, cache_dir, dtype, quantization, quiet=True)
+        return EngineStepper(model, decode_steps=decode_steps(plan))
+
+    groups = resident_groups(pairs, weights, available_memory())
+    if len(groups) > 1:
+        logger.info(
+            "weights: the %d candidates do not fit in memory at once: timed in %d groups", len(pairs), len(groups)
+        )
+    choice = measured_format(source, pairs, device, cache_dir, prepare, plan=plan, groups=groups, reprobe=reprobe)
+    if choice.label == loaded.weight_format.label:
+        chosen = loaded
+    else:
+        del loaded, prepare
+        with phase(logger, f"loading the weights as {choice.label}", announce=False):
+            chosen = load_model(source, device, cache_dir, choice.dtype, choice.quantization, quiet=True)
+    return chosen.with_row_switch(choice.max_quantized_rows)

@@ -1,0 +1,132 @@
+"""A loaded weight format's engine steps, ready to time (api/runtime/format_probe.py,
+benchmarks/micro/format_matrix.py): decode steps of 1-16 sequences with 32-token prompts and 128-token prefill
+chunks, through the same runner and engine that serve; and how many formats fit in memory, loaded at once."""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import torch
+
+from api.runtime.format_timing import Clock, SystemClock
+from engine.config import EngineConfig
+from engine.engine import Engine
+from engine.model.model_runner import TransformersRunner
+from engine.sample.sampling_params import SamplingParams
+from engine.weights.loader import LoadedModel
+
+PROBE_ROWS = (1, 4, 8, 16)  # decode steps of this many sequences
+PREFILL_ROWS = 128  # and one sequence's prompt chunk of this many tokens
+MEASURED_ROWS = (*PROBE_ROWS, PREFILL_ROWS)
+_PROMPT_TOKENS = 32
+Pair = tuple[str, str]  # (dtype, quantization)
+# Bytes per weight a candidate holds while it is timed, its model and its runner's copy (docs/quantization.md's
+# memory table: 1076, 538, 731 and 364 MB for SmolLM2-135M's 134.5 M weights), rounded up.
+_BYTES_PER_WEIGHT: Mapping[Pair, int] = {
+    ("float32", "none"): 8,
+    ("bfloat16", "none"): 4,
+    ("float32", "int4"): 6,
+    ("bfloat16", "int4"): 3,
+}
+
+
+class EngineStepper:
+    """`step(n)`: a decode step of the first n of `rows` sequences, or (n = `prefill_tokens`) a prefill chunk of a
+    new sequence, removed after it; each sequence may take `decode_steps` decode steps. Quantised weights (if any)
+    run up to `max_quantized_rows` rows (None: at every size). No prefix caching: the same prompts are timed again
+    and must be computed each time."""
+
+    def __init__(
+        self,
+        loaded: LoadedModel,
+        rows: tuple[int, ...] = PROBE_ROWS,
+        prefill_tokens: int | None = PREFILL_ROWS,
+        decode_steps: int = 64,
+        max_quantized_rows: int | None = None,
+    ) -> None:
+        dtype = next(loaded.model.parameters()).dtype
+        runner = TransformersRunner(loaded.model, quantized=loaded.quantized, max_quantized_rows=max_quantized_rows)
+        self.rows = rows
+        self.prefill_tokens = prefill_tokens
+        seats = max(rows)
+        length = _PROMPT_TOKENS + decode_steps + 2
+        cache_tokens = seats * 2 * length + 2 * (prefill_tokens or 0) + 32
+        config = EngineConfig(seats=seats + 1, kv_cache_tokens=cache_tokens, block_size=16, enable_prefix_caching=False)
+        self.engine = Engine(runner, config, dtype=dtype)  # + a seat for prefills
+        self.params = SamplingParams(max_tokens=length, temperature=0.0, ignore_eos=True)
+        prompt = list(range(1, _PROMPT_TOKENS + 1))
+        for seq in range(seats):
+            self.engine.add(seq, prompt, self.params)
+            self.engine.reserve(seq, length)
+        with torch.inference_mode():
+            self.engine.step([(seq, len(prompt)) for seq in range(seats)])
+        self._next_seq = seats
+
+    def step(self, size: int) -> None:
+        with torch.inference_mode():
+            if size in self.rows:
+                self.engine.step([(seq, 1) for seq in range(size)])
+                return
+            if size != self.prefill_tokens:
+                raise ValueError(f"no step of size {size}: decode rows {self.rows}, prefill {self.prefill_tokens}")
+            seq, self._next_seq = self._next_seq, self._next_seq + 1
+            self.engine.add(seq, list(range(1, size + 1)), self.params)
+            self.engine.reserve(seq, size + 1)
+            self.engine.step([(seq, size)])
+            self.engine.remove(seq)
+
+
+def time_steps(
+    loaded: LoadedModel,
+    rows: tuple[int, ...] = PROBE_ROWS,
+    prefill_tokens: int | None = PREFILL_ROWS,
+    repeats: int = 5,
+    max_quantized_rows: int | None = None,
+    clock: Clock | None = None,
+) -> dict[int, float]:
+    """Median step time (ms) of `loaded` at each row count, and (keyed by its size) of a prefill chunk of
+    `prefill_tokens`, each after a warm-up step of that size; quantised weights (if any) run up to
+    `max_quantized_rows` rows (None: at every size)."""
+    clock = clock or SystemClock()
+    stepper = EngineStepper(loaded, rows, prefill_tokens, (repeats + 1) * len(rows), max_quantized_rows)
+    sizes = (*rows, prefill_tokens) if prefill_tokens else rows
+    times: dict[int, float] = {}
+    for size in sizes:
+        stepper.step(size)  # warm-up at this size
+        samples = []
+        for _ in range(repeats):
+            started = clock.now()
+            stepper.step(size)
+            samples.append((clock.now() - started) * 1000)
+        times[size] = statistics.median(samples)
+    return times
+
+
+def resident_groups(pairs: Sequence[Pair], weights: int, available: int | None) -> list[list[Pair]]:
+    """The candidates to hold loaded at once, in turn: all of them where their `weights` (parameters) fit in half
+    of the `available` memory (bytes; None: unknown, all of them), else consecutive groups that do (one at least)."""
+    if available is None:
+        return [list(pairs)]
+    groups: list[list[Pair]] = [[]]
+    held = 0
+    for pair in pairs:
+        need = _BYTES_PER_WEIGHT.get(pair, 8) * weights
+        if groups[-1] and held + need > available // 2:
+            groups.append([])
+            held = 0
+        groups[-1].append(pair)
+        held += need
+    return groups
+
+
+def available_memory() -> int | None:
+    """MemAvailable from /proc/meminfo, in bytes; None where there is none (not Linux)."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None

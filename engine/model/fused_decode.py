@@ -1,0 +1,123 @@
+"""A pure decode step's decoder layers in one call to the compiled kernels (engine/csrc/decode_layers.cpp).
+
+At batch 1 a layer is about ten op calls, and each costs microseconds of Python and dispatch around a kernel of
+tens: on a 2-core AVX2 machine that was about a fifth of a step. Where every projection of every layer is an int4
+integer-dot matmul without bias (engine.model.linear.Int4DotLinear), the activation is SiLU and the element-wise ops are
+the compiled ones, one call runs the same kernels with the same arguments in the same order, so its result is the
+per-op path's bit for bit. Every other step (prefill, a mixed step, more rows than the quantised weights serve)
+keeps the per-op path.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from engine.model.attention import PreparedGroup
+from engine.model.elementwise import ElementwiseOps, RotaryTables, is_silu
+from engine.model.linear import AnyLinear, Int4DotLinear, RowSwitchedLinear
+from engine.platform.native import Kernels
+
+
+@dataclass(frozen=True)
+class LayerWeights:
+    """What one decoder layer computes with, in the order a step uses it."""
+
+    input_norm: torch.Tensor
+    qkv_proj: AnyLinear
+    o_proj: AnyLinear
+    post_norm: torch.Tensor
+    gate_up_proj: AnyLinear
+    down_proj: AnyLinear
+
+
+def _int4_dot(linear: AnyLinear) -> tuple[Int4DotLinear, int | None] | None:
+    """The integer-dot matmul behind `linear` and the most rows it serves (None: any), or None if it has none."""
+    if isinstance(linear, RowSwitchedLinear) and isinstance(linear.quantized, Int4DotLinear):
+        return linear.quantized, linear.max_quantized_rows
+    if isinstance(linear, Int4DotLinear):
+        return linear, None
+    return None
+
+
+@dataclass(frozen=True)
+class FusedDecode:
+    kernels: Kernels
+    tensors: list[torch.Tensor]  # 14 per layer, in decode_layers.cpp's order
+    max_rows: int | None  # steps of more rows run the dense weights, through the per-op path
+    fused_silu: bool  # SiLU * up through the compiled kernel (else ATen's ops, as the per-op path does)
+
+    @classmethod
+    def build(cls, layers: Sequence[LayerWeights], ops: ElementwiseOps, act: nn.Module) -> FusedDecode | None:
+        """The fused path for these layers, or None where a layer or op has no place in it. The caller decides
+        whether decode attention runs in the native kernel, which the fused step needs."""
+        kernels = ops.kernels
+        if kernels is None or not is_silu(act) or not layers:
+            return None
+        tensors: list[torch.Tensor] = []
+        limits: set[int | None] = set()
+        for layer in layers:
+            parts = (
+                layer.input_norm,
+                layer.qkv_proj,
+                layer.o_proj,
+                layer.post_norm,
+                layer.gate_up_proj,
+                layer.down_proj,
+            )
+            for part in parts:  # decode_layers.cpp's order
+                if isinstance(part, torch.Tensor):
+                    tensors.append(part.contiguous())
+                    continue
+                found = _int4_dot(part)
+                if found is None or found[0].bias is not None or found[0].kernels.build != kernels.build:
+                    return None
+                dot, limit = found
+                limits.add(limit)
+                tensors.extend((dot.packed, dot.scales, dot.zeros))
+        if len(limits) != 1:
+            return None
+        return cls(kernels, tensors, limits.pop(), ops.fuses_silu(act))
+
+    def accepts(self, groups: tuple[PreparedGroup, ...], rows: int) -> bool:
+        """Whether a step with these attention groups and rows runs here: decode rows only, read in place by the
+        native attention kernel, and no more rows than the quantised weights serve."""
+        return (
+            len(groups) == 1
+            and groups[0].group.is_decode
+            and groups[0].block_index is None
+            and (self.max_rows is None or rows <= self.max_rows)
+        )
+
+    def __call__(
+        self,
+        x: torch.Tensor,
+        cache_data: torch.Tensor,
+        rotary: RotaryTables,
+        slot_mapping: torch.Tensor,
+        group: PreparedGroup,
+        heads: int,
+        kv_heads: int,
+        scale: float,
+        eps: float,
+    ) -> None:
+        """Runs every layer over the residual stream x ([rows, hidden], updated in place), writing the cache."""
+        self.kernels.ops.decode_layers(
+            x,
+            cache_data,
+            self.tensors,
+            rotary.cos,
+            rotary.sin,
+            slot_mapping,
+            group.group.block_table,
+            group.group.context_lens,
+            heads,
+            kv_heads,
+            group.block_size,
+            scale,
+            eps,
+            self.fused_silu,
+        )

@@ -1,0 +1,248 @@
+"""Weight matmuls: dense through oneDNN with weights reordered once at load (falling back to `F.linear`), and
+weight-only int4 and int8 through torch's packed CPU kernels.
+
+On the CPU, `F.linear` goes to MKL's sgemm, which on AMD processors takes a generic code path: the same
+decode step's projections ran 2x faster (batch 1 to 64) and 1.3x faster (prefill) through oneDNN with the
+weight reordered into its blocked layout ahead of time (the op torch's inductor emits for frozen CPU linears
+with dynamic batch sizes). The reordered copy is extra memory (one more copy of the projection weights), so
+it is optional. bfloat16 weights are reordered the same way. The quantised kernels and the measurements that chose
+between them are in docs/quantization.md.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from engine.platform.cpu_features import cpu_features
+from engine.platform.native import Kernels
+from engine.weights.quantization import Int4Weight, Int8Weight, QuantizedWeight
+
+
+def onednn_available(device: torch.device, dtype: torch.dtype) -> bool:
+    """Whether oneDNN can reorder and run this weight: bf16 needs AVX-512 BW/VL/DQ or AVX-NE-CONVERT (without them
+    torch's reorder raises), so on an AVX2 CPU, or under an AVX2 cap, bf16 weights stay in torch's layout."""
+    ops = getattr(torch.ops, "mkldnn", None)
+    return (
+        device.type == "cpu"
+        and (dtype == torch.float32 or (dtype == torch.bfloat16 and cpu_features().onednn_bf16))
+        and torch.backends.mkldnn.is_available()
+        and ops is not None
+        and hasattr(ops, "_reorder_linear_weight")
+        and hasattr(ops, "_linear_pointwise")
+    )
+
+
+@dataclass(frozen=True)
+class Linear:
+    """y = x W^T + b, with W optionally held in oneDNN's reordered layout."""
+
+    weight: torch.Tensor  # [out, in], the model's own (kept: it is what the fallback and generate() use)
+    bias: torch.Tensor | None
+    packed: torch.Tensor | None = None  # opaque oneDNN tensor, None when not packed
+
+    @classmethod
+    def build(cls, weight: torch.Tensor, bias: torch.Tensor | None, prepack: bool) -> Linear:
+        if not (prepack and onednn_available(weight.device, weight.dtype)):
+            return cls(weight, bias)
+        return cls(weight, bias, torch.ops.mkldnn._reorder_linear_weight(weight.detach()))
+
+    @property
+    def in_features(self) -> int:
+        return int(self.weight.shape[1])
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if self.packed is None:
+            return F.linear(x, self.weight, self.bias)
+        return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
+
+
+INT4_BLOCK_ROWS = 64  # output rows per block of the kernels' int4_gemv layout
+
+
+def pack_int4_blocks(values: torch.Tensor) -> torch.Tensor:
+    """[N, K] values 0..15 into the kernels' int4_gemv layout (engine/csrc/int4_gemv.cpp), [N, K / 2] uint8: per
+    block of 64 rows and per input k, 32 bytes, byte j = row j (low nibble) | row j + 32 (high nibble). It is the
+    layout torch's packing has at its AVX-512 capability, written here so that it holds at every capability."""
+    out, inputs = values.shape
+    halves = values.view(out // INT4_BLOCK_ROWS, 2, INT4_BLOCK_ROWS // 2, inputs)
+    packed = (halves[:, 0] | (halves[:, 1] << 4)).transpose(1, 2)  # [blocks, K, 32]
+    return packed.contiguous().view(out, inputs // 2)
+
+
+@dataclass(frozen=True)
+class Int4Linear:
+    """y = x dequant(W)^T + b with W 4-bit in torch's CPU packed layout, groups of `group_size` inputs.
+
+    torch reads each group as (q - 8) * scale + zero; with float32 activations the scales stay float32, so GGUF
+    Q4_1 blocks (w = d * q + m) are used exactly as stored (engine/weights/quantization.py)."""
+
+    packed: torch.Tensor  # [out, in / 2] uint8, torch's layout
+    scales_and_zeros: torch.Tensor  # [in / group_size, out, 2] in the activations' dtype
+    group_size: int
+    bias: torch.Tensor | None
+    in_features: int
+    kernels: Kernels | None = None  # through their int4_gemv (engine/csrc/int4_gemv.cpp) rather than torch's kernel
+
+    @classmethod
+    def build(
+        cls, weight: Int4Weight, bias: torch.Tensor | None, dtype: torch.dtype, kernels: Kernels | None = None
+    ) -> Int4Linear:
+        """Through `kernels` where the weight tiles into their blocks of 64 rows, else torch's kernel."""
+        scales_and_zeros = torch.stack((weight.scales.t(), weight.zeros.t()), dim=-1).to(dtype).contiguous()
+        inputs = int(weight.values.shape[1])
+        if kernels and weight.values.shape[0] % INT4_BLOCK_ROWS == 0 and weight.group_size % 16 == 0:
+            return cls(pack_int4_blocks(weight.values), scales_and_zeros, weight.group_size, bias, inputs, kernels)
+        # torch's packing depends on its CPU capability; only its own kernel reads it.
+        packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(weight.values.to(torch.int32), 1)
+        return cls(packed, scales_and_zeros, weight.group_size, bias, inputs)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        x = x.contiguous()  # the int4 kernels refuse strided inputs (the runner passes slices of fused outputs)
+        # Ours reads each weight byte once for up to 8 rows (torch's costs grow with the rows as if each were a
+        # pass) and is 20x faster on float32 activations: docs/quantization.md has the measurements.
+        mm = self.kernels.ops.int4_gemv if self.kernels else torch.ops.aten._weight_int4pack_mm_for_cpu
+        y = mm(x, self.packed, self.group_size, self.scales_and_zeros)
+        return y if self.bias is None else y + self.bias
+
+
+@dataclass(frozen=True)
+class Int4DotLinear:
+    """y = x dequant(W)^T + b through integer dot products: int4 weights (the file's own values, scales and zeros)
+    times activations written as two int8 digits per group of 32 (the kernels' `int4_dot`: AVX-512 VNNI, or AVX2's
+    `vpmaddubsw`), on float32 or bfloat16 activations.
+
+    Two digits (leading, and the rounding error in 127ths) keep the activations good to ~1/32000 of their group's
+    largest value: perplexity +0.30 % against float32, as the float path's +0.32 % (one digit, llama.cpp's Q8
+    activations: +1.59 %). The weights live in the kernel's own layout, 4 bits a weight as in torch's packing."""
+
+    packed: torch.Tensor  # [out, in / 2] uint8, blocks of 16 rows (engine/csrc/int4_dot.cpp)
+    scales: torch.Tensor  # [out / 16, in / group, 16] bfloat16
+    zeros: torch.Tensor  # [out / 16, in / group, 16] bfloat16
+    group_size: int
+    bias: torch.Tensor | None
+    in_features: int
+    kernels: Kernels
+
+    BLOCK = 16  # output rows per block of the layout
+
+    @classmethod
+    def supports(cls, weight: Int4Weight, dtype: torch.dtype) -> bool:
+        out, inputs = weight.values.shape
+        return (
+            dtype in (torch.float32, torch.bfloat16)
+            and out % cls.BLOCK == 0
+            and weight.group_size % 8 == 0
+            and inputs % 8 == 0
+        )
+
+    @classmethod
+    def build(cls, weight: Int4Weight, bias: torch.Tensor | None, kernels: Kernels) -> Int4DotLinear:
+        out, inputs = weight.values.shape
+        # Per block of 16 rows and run of 8 inputs: 4 bytes a row, byte j = input j (low nibble) | input 4 + j (high).
+        runs = weight.values.view(out // cls.BLOCK, cls.BLOCK, inputs // 8, 2, 4)
+        packed = (runs[:, :, :, 0, :] | (runs[:, :, :, 1, :] << 4)).permute(0, 2, 1, 3).contiguous()
+        groups = inputs // weight.group_size
+
+        def blocked(per_group: torch.Tensor) -> torch.Tensor:
+            return per_group.view(out // cls.BLOCK, cls.BLOCK, groups).permute(0, 2, 1).contiguous().bfloat16()
+
+        return cls(
+            packed.view(out, inputs // 2),
+            blocked(weight.scales),
+            blocked(weight.zeros),
+            weight.group_size,
+            bias,
+            inputs,
+            kernels,
+        )
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.kernels.ops.int4_dot(x, self.packed, self.group_size, self.scales, self.zeros)
+        return y if self.bias is None else y + self.bias
+
+
+@dataclass(frozen=True)
+class Int8Linear:
+    """y = x (q * scale)^T + b with int8 weights and one scale per output row (`_weight_int8pack_mm`)."""
+
+    values: torch.Tensor  # [out, in] int8
+    scales: torch.Tensor  # [out] in the activations' dtype
+    bias: torch.Tensor | None
+    kernels: Kernels | None = None  # through their int8_gemv where it is measured faster (see __call__)
+    max_kernel_bf16_rows: int | None = None  # bfloat16 steps of more rows run torch's kernel; None: never
+
+    # Where the CPU has bf16 in hardware, up to this many bfloat16 rows the compiled kernel's prefetching streams the
+    # weights faster than torch's (an LM head step: 2.0 ms against 2.8 cold) and past it torch's is as fast. Without
+    # it torch's bf16 kernel is emulated: ours was 2x faster at 1 to 32 rows on an AVX2 EPYC (27.7 against 53.1 ms
+    # for a [32, 576] x [49152, 576] head). On float32 ours is 9x faster at any size.
+    NATIVE_BF16_ROWS = 8
+
+    @classmethod
+    def build(
+        cls, weight: Int8Weight, bias: torch.Tensor | None, dtype: torch.dtype, kernels: Kernels | None = None
+    ) -> Int8Linear:
+        limit = cls.NATIVE_BF16_ROWS if cpu_features().native_bf16 else None
+        return cls(weight.values.contiguous(), weight.scales.to(dtype), bias, kernels, limit)
+
+    @property
+    def in_features(self) -> int:
+        return int(self.values.shape[1])
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        limit = self.max_kernel_bf16_rows
+        if self.kernels and (x.dtype == torch.float32 or limit is None or x.shape[0] <= limit):
+            y = self.kernels.ops.int8_gemv(x, self.values, self.scales)
+        else:
+            y = torch.ops.aten._weight_int8pack_mm(x, self.values, self.scales)
+        return y if self.bias is None else y + self.bias
+
+
+QuantizedLinear = Int4Linear | Int4DotLinear | Int8Linear
+
+
+@dataclass(frozen=True)
+class RowSwitchedLinear:
+    """Quantised weights for small steps, a dense copy for large ones.
+
+    A step of a few rows is bound by the bytes of weights it reads, where 4-bit weights win; a step of many rows
+    (prefill, a large decode batch) is bound by arithmetic, where dequantising every weight for every group of
+    rows costs far more than a dense bfloat16 matmul (4x at 64 rows, 8x at 512: docs/quantization.md). The
+    dense copy holds the quantised weights' own dequantised values in the activations' dtype (built by
+    TransformersRunner), so both paths compute the same function."""
+
+    quantized: QuantizedLinear
+    dense: Linear
+    max_quantized_rows: int
+
+    @property
+    def in_features(self) -> int:
+        return self.dense.in_features
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return self.quantized(x) if x.shape[0] <= self.max_quantized_rows else self.dense(x)
+
+
+AnyLinear = Linear | Int4Linear | Int4DotLinear | Int8Linear | RowSwitchedLinear
+
+
+def build_linear(
+    weight: torch.Tensor | QuantizedWeight,
+    bias: torch.Tensor | None,
+    dtype: torch.dtype,
+    prepack: bool,
+    kernels: Kernels | None = None,
+    int8_activations: bool = False,
+) -> Linear | QuantizedLinear:
+    """The matmul for a dense weight (in `dtype`, oneDNN-prepacked if asked and possible) or a quantised one
+    (`kernels`: through that loaded build of the compiled kernels; `int8_activations`: int4 weights through
+    integer dot products where the build has them, see Int4DotLinear)."""
+    if isinstance(weight, Int4Weight):
+        if kernels and int8_activations and kernels.has_int4_dot and Int4DotLinear.supports(weight, dtype):
+            return Int4DotLinear.build(weight, bias, kernels)
+        return Int4Linear.build(weight, bias, dtype, kernels)
+    if isinstance(weight, Int8Weight):
+        return Int8Linear.build(weight, bias, dtype, kernels)
+    return Linear.build(weight, bias, prepack)

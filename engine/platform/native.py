@@ -1,0 +1,238 @@
+"""The engine's C++ CPU kernels (engine/csrc), one build per instruction set, chosen at run time.
+
+The same sources compile once per instruction-set level into their own extension, each registering its ops under
+its own namespace (`torch.ops.batchserve_avx2.int4_gemv`, ...): AVX-512 with VNNI, AVX-512, AVX2 + FMA, and a
+scalar (SSE2) build that runs anywhere. The engine loads the best build that `cpu_features()` allows (so
+`BATCHSERVE_CPU_ISA=avx2` runs the AVX2 build on any machine), and tests load every build the machine can execute
+and compare each with torch. Separate builds rather than one library of target-attributed functions: every
+build is then a whole program for one instruction set, and code the CPU cannot execute is never loaded.
+
+torch's extension builder compiles a build once (a minute or so on 2 cores, needs a C++ compiler and ninja) into
+its cache (`$TORCH_EXTENSIONS_DIR`, default ~/.cache/torch_extensions); later processes only load it. A first start
+logs the build as a phase (engine/phases.py), with progress lines while it compiles. The extension's name
+carries a hash of the sources, the flags and the torch version, and it compiles copies of the sources kept in its
+own directory, so every checkout of the same sources shares the build. Where no compiler is present the build
+fails with a warning and the engine runs its pure-torch attention, prompt scoring and element-wise ops
+(engine/model/elementwise.py).
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import logging
+import platform
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from engine.phases import phase
+from engine.platform.cpu_features import CpuFeatures, cpu_features, torch_capability
+
+logger = logging.getLogger(__name__)
+
+_CSRC = Path(__file__).parent.parent / "csrc"
+_SOURCES = tuple(
+    _CSRC / name
+    for name in (
+        "bindings.cpp",  # every op's registration
+        "paged_decode_attention.cpp",
+        "fused_ops.cpp",  # add_rms_norm, silu_mul, rope_write_cache
+        "sampling.cpp",  # argmax_rows, prompt_scores
+        "int4_gemv.cpp",
+        "int8_gemv.cpp",
+        "int4_dot.cpp",
+        "decode_layers.cpp",
+    )
+)
+_HEADERS = tuple(
+    _CSRC / name
+    for name in (
+        "ops.h",
+        "scalar.h",
+        "vector_lanes.h",
+        "vector_exp.h",
+        "quant.h",
+        "int4_gemv_avx512.h",
+        "int4_gemv_avx2.h",
+        "int4_gemv_scalar.h",
+        "int4_dot_avx512_vnni.h",
+        "int4_dot_avx2.h",
+    )
+)  # not compiled on their own, but a change must rebuild
+_STALE_LOCK_S = 300.0  # a build takes ~10-30 s; a lock this old was left by a build that was killed
+
+DecodeKernel = Callable[
+    [torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, int, float], torch.Tensor
+]
+# (logits [rows, vocab], target [rows], k) -> (logprobs [rows], ranks [rows], top ids [rows, k], top logprobs)
+ScoreKernel = Callable[[torch.Tensor, torch.Tensor, int], tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]]
+
+
+@dataclass(frozen=True)
+class KernelBuild:
+    """One compilation of the kernels: the instruction-set level it needs and the flags that target it."""
+
+    name: str  # also the op namespace's suffix
+    level: str  # an engine.platform.cpu_features.ISA_LEVELS key: the CPU must reach it
+    flags: tuple[str, ...]
+
+    @property
+    def namespace(self) -> str:
+        return f"batchserve_{self.name}"
+
+
+# Best first. GCC's x86-64-v3 is AVX2 + FMA + F16C + BMI; v4 adds AVX-512 F/BW/CD/DQ/VL.
+X86_BUILDS = (
+    KernelBuild("avx512_vnni", "avx512_vnni", ("-march=x86-64-v4", "-mavx512vnni", "-mtune=generic")),
+    KernelBuild("avx512", "avx512", ("-march=x86-64-v4", "-mtune=generic")),
+    KernelBuild("avx2", "avx2", ("-march=x86-64-v3", "-mtune=generic")),
+    KernelBuild("scalar", "scalar", ("-march=x86-64", "-mtune=generic")),
+)
+# Elsewhere (ARM) one build for the CPU it is built on.
+NATIVE_BUILD = KernelBuild("native", "scalar", ("-march=native",))
+
+
+def builds_for(features: CpuFeatures) -> tuple[KernelBuild, ...]:
+    """The builds a CPU with `features` can execute, best first."""
+    if not features.is_x86:
+        return (NATIVE_BUILD,)
+    return tuple(build for build in X86_BUILDS if features.at_least(build.level))
+
+
+def best_build(features: CpuFeatures | None = None) -> KernelBuild:
+    return builds_for(features or cpu_features())[0]
+
+
+@dataclass(frozen=True)
+class Kernels:
+    """The ops of one loaded build."""
+
+    build: KernelBuild
+
+    @functools.cached_property
+    def ops(self) -> Any:
+        # Resolved once: a torch.ops namespace lookup costs microseconds, and a decode step makes hundreds of calls.
+        return getattr(torch.ops, self.build.namespace)
+
+    @property
+    def decode_attention(self) -> DecodeKernel:
+        return self.ops.paged_decode_attention  # type: ignore[no-any-return]
+
+    @property
+    def prompt_scores(self) -> ScoreKernel:
+        return self.ops.prompt_scores  # type: ignore[no-any-return]
+
+    @property
+    def has_int4_dot(self) -> bool:
+        """Integer dot products for int4 weights (engine.model.linear.Int4DotLinear): AVX2, or AVX-512 with VNNI."""
+        return bool(self.ops.int4_dot_available())
+
+    @property
+    def silu_matches_torch(self) -> bool:
+        """Whether the fused SiLU gives torch's bits here: it calls the exp of one torch capability, so only
+        when torch runs that capability (engine/csrc/fused_ops.cpp)."""
+        if self.build is NATIVE_BUILD:
+            return False
+        expected = torch_capability(self.build.level)
+        return bool(torch.backends.cpu.get_cpu_capability() == expected)
+
+
+def load_kernels(build: KernelBuild | None = None) -> Kernels | None:
+    """The kernels of `build` (default: the best this CPU allows), compiling them if needed; None where they
+    cannot be built here."""
+    build = build or best_build()
+    kernels = loaded_kernels(build)
+    if kernels is not None:  # already loaded in this process (the op registry is process-wide)
+        return kernels
+    return loaded_kernels(build) if _compile(build) else None
+
+
+def loaded_kernels(build: KernelBuild | None = None) -> Kernels | None:
+    """The kernels of `build` (default: the best this CPU allows) if loaded in this process; never builds."""
+    build = build or best_build()
+    try:
+        _ = getattr(torch.ops, build.namespace).paged_decode_attention
+    except (AttributeError, RuntimeError):
+        return None
+    return Kernels(build)
+
+
+def cpu_signature() -> str:
+    try:
+        cpuinfo = Path("/proc/cpuinfo").read_text()
+        flags = next((line for line in cpuinfo.splitlines() if line.startswith("flags")), "")
+    except OSError:
+        flags = ""
+    return f"{platform.machine()} {flags}"
+
+
+def extension_name(build: KernelBuild) -> str:
+    texts = (source.read_text() for source in (*_SOURCES, *_HEADERS))
+    # A native build is for the CPU it was built on; the others run on any CPU that reaches their level.
+    machine = cpu_signature() if build is NATIVE_BUILD else platform.machine()
+    key = "\n".join([*texts, machine, " ".join(build.flags), torch.__version__])
+    return f"batchserve_kernels_{build.name}_{hashlib.sha256(key.encode()).hexdigest()[:12]}"
+
+
+def build_directory(build: KernelBuild) -> Path:
+    """Where torch's extension builder keeps `build` (under $TORCH_EXTENSIONS_DIR); created if missing."""
+    from torch.utils import cpp_extension
+
+    return Path(cpp_extension._get_build_directory(extension_name(build), verbose=False))
+
+
+def _compile(build: KernelBuild) -> bool:
+    """Compile (or load the cached build of) the extension, registering its ops; False where it cannot."""
+    try:
+        from torch.utils import cpp_extension
+
+        name = extension_name(build)
+        directory = build_directory(build)
+        _clear_stale_lock(directory / "lock")
+        built = (directory / f"{name}.so").is_file()  # then ninja only checks it (unless a path or flag changed)
+        title = f"{'loading' if built else 'building'} the C++ kernels ({build.name})"
+        once = f"once per CPU kind and torch version (a minute or so on 2 cores), into {directory}"
+        with phase(logger, title, once, announce=not built) as running:
+            cpp_extension.load(
+                name=name,
+                sources=[str(source) for source in _copied_sources(directory)],
+                extra_cflags=["-O3", *build.flags, "-fopenmp", f"-DBATCHSERVE_OPS={build.namespace}"],
+                extra_ldflags=["-fopenmp"],
+                is_python_module=False,
+            )
+            running.result = f"cached in {directory}; delete it to build again"
+    except Exception as exc:  # no compiler, no ninja, a read-only cache: all mean "use the torch path"
+        logger.warning("native CPU kernels (%s) unavailable, using the torch path: %s", build.name, exc)
+        return False
+    return True
+
+
+def _copied_sources(directory: Path) -> list[Path]:
+    """The sources, copied into the build's own directory: its name hashes their text, and ninja rebuilds whenever
+    a source's path changes, so compiling from the copy lets every checkout of the same sources (worktrees, CI's
+    fresh clones) share one build rather than rebuild it in turn."""
+    copies = directory / "src"
+    copies.mkdir(exist_ok=True)
+    for source in (*_SOURCES, *_HEADERS):
+        copy = copies / source.name
+        text = source.read_bytes()
+        if not copy.is_file() or copy.read_bytes() != text:
+            temporary = copy.with_suffix(copy.suffix + ".tmp")
+            temporary.write_bytes(text)
+            temporary.replace(copy)  # atomic: a process compiling beside this one never reads half a file
+    return [copies / source.name for source in _SOURCES]
+
+
+def _clear_stale_lock(lock: Path) -> None:
+    """torch waits forever on a build lock whose builder was killed; such a lock would hang every start."""
+    try:
+        if time.time() - lock.stat().st_mtime > _STALE_LOCK_S:
+            lock.unlink(missing_ok=True)
+            logger.warning("removed a stale extension build lock: %s", lock)
+    except FileNotFoundError:
+        pass

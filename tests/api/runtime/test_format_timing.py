@@ -1,0 +1,83 @@
+"""Timing candidates in turns (api/runtime/format_timing.py) on a fake machine whose clock advances only by the work
+timed on it (tests/api/runtime/fake_machine.py): rounds until enough are quiet, bounded; each figure its best round's;
+a later start's calibration against the cached one."""
+
+from __future__ import annotations
+
+import pytest
+
+from api.runtime.format_timing import STALE_RATIO, Recheck, RoundPlan, recheck, time_rounds
+from tests.api.runtime.fake_machine import FakeMachine
+
+SIZES = (1, 16)
+TRUTH = {"a": {1: 10.0, 16: 40.0}, "b": {1: 12.0, 16: 30.0}}
+
+
+def approx(table: dict[str, dict[int, float]]) -> dict[str, object]:
+    return {label: pytest.approx(sizes) for label, sizes in table.items()}
+
+
+PLAN = RoundPlan(rounds=5, max_extra_rounds=6, busy_wait_s=0.5)
+
+
+def test_a_quiet_machine_takes_the_planned_rounds_and_no_wait() -> None:
+    machine = FakeMachine()
+    steppers = {label: machine.stepper(times) for label, times in TRUTH.items()}
+    announced: list[tuple[int, int]] = []
+    rounds = time_rounds(steppers, SIZES, machine, machine.calibration(), PLAN, lambda *n: announced.append(n))
+    assert len(rounds.samples) == 5 and rounds.quiet() == [0, 1, 2, 3, 4]
+    assert announced == [(1, 5), (2, 5), (3, 5), (4, 5), (5, 5)]
+    assert rounds.best_ms() == approx(TRUTH)
+    assert all(
+        spread == pytest.approx(0, abs=1e-9)
+        for sizes in rounds.spread(PLAN.rounds).values()
+        for spread in sizes.values()
+    )
+    assert rounds.calibration_ms() == pytest.approx({"compute": 1.0, "memory": 4.0})
+    # a warm-up round, then per round a warming step and one per size: 3 steps each
+    assert all(stepper.steps == len(SIZES) + 5 * (1 + len(SIZES)) for stepper in steppers.values())
+
+
+def test_a_busy_spell_adds_rounds_and_waits_until_enough_are_quiet() -> None:
+    machine = FakeMachine(busy=[(0.0, 2.0)])
+    steppers = {label: machine.stepper(times) for label, times in TRUTH.items()}
+    announced: list[tuple[int, int]] = []
+    rounds = time_rounds(steppers, SIZES, machine, machine.calibration(), PLAN, lambda *n: announced.append(n))
+    assert len(rounds.quiet()) == 5 and 5 < len(rounds.samples) <= 11
+    assert announced[-1][1] == len(rounds.samples)  # the total announced grew with the busy rounds
+    assert rounds.best_ms() == approx(TRUTH)  # the busy rounds' times are never the best
+    assert rounds.calibration_ms() == pytest.approx({"compute": 1.0, "memory": 4.0})  # the busy calibrations left out
+
+
+def test_a_machine_busy_throughout_stops_at_the_bound_and_reads_its_noise_over_every_round() -> None:
+    machine = FakeMachine(busy_share=0.8, slot_s=0.05, seed=1)
+    steppers = {label: machine.stepper(times) for label, times in TRUTH.items()}
+    rounds = time_rounds(steppers, SIZES, machine, machine.calibration(), PLAN)
+    assert len(rounds.samples) == 11 and len(rounds.quiet()) < 5
+    assert max(spread for sizes in rounds.spread(PLAN.rounds).values() for spread in sizes.values()) > 1
+
+
+def test_a_later_start_matches_the_cached_speed_unless_this_machine_is_another() -> None:
+    cached = {"compute": 1.0, "memory": 4.0}
+    same = FakeMachine()
+    verdict, speeds = recheck(cached, same, same.calibration(), load=same)
+    assert verdict is Recheck.SAME and speeds == "calibration compute 1.00 ms, memory 4.00 ms then, " + (
+        "compute 1.00 ms, memory 4.00 ms now"
+    )
+    faster = FakeMachine(speed=0.5)  # contention never speeds a machine up: no second try
+    assert recheck(cached, faster, faster.calibration(), load=faster)[0] is Recheck.OTHER and faster.t < 0.1
+    busy_then_quiet = FakeMachine(busy=[(0.0, 0.1)])
+    assert recheck(cached, busy_then_quiet, busy_then_quiet.calibration(), load=busy_then_quiet)[0] is Recheck.SAME
+    slower = FakeMachine(speed=STALE_RATIO * 1.1)  # a quiet machine, slower throughout: another CPU
+    assert recheck(cached, slower, slower.calibration(), tries=3, wait_s=0.5, load=slower)[0] is Recheck.OTHER
+    assert slower.t >= 1.0  # it waited twice before calling it another machine
+
+
+def test_a_later_start_on_a_busy_machine_keeps_the_cached_choice() -> None:
+    """Slower throughout while other processes hold the cores: contention, not another machine (measuring now would
+    time the contention). Without a load gauge the same calibrations read as another machine."""
+    cached = {"compute": 1.0, "memory": 4.0}
+    busy = FakeMachine(busy=[(0.0, 60.0)])
+    assert recheck(cached, busy, busy.calibration(), load=busy)[0] is Recheck.BUSY
+    unseen = FakeMachine(busy=[(0.0, 60.0)])
+    assert recheck(cached, unseen, unseen.calibration())[0] is Recheck.OTHER
