@@ -1,5 +1,5 @@
-"""The sampler's compiled kernels, with torch fallbacks: a one-pass greedy argmax (engine/csrc/fused_ops.cpp) and
-each row's token logprob and best alternatives through the prompt-scoring kernel (engine/csrc/prompt_scores.cpp)."""
+"""The sampler's compiled kernels, with torch fallbacks: a one-pass greedy argmax, and each row's token logprob and
+best alternatives through the prompt-scoring kernel (both engine/csrc/sampling.cpp)."""
 
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ def token_logprobs(
 
     logits: [rows, vocab] float32, tokens: [rows]. Where the extension is loaded, the prompt-scoring kernel does it
     in passes over each row while it sits in cache, instead of log_softmax writing a second [rows, vocab] tensor that
-    a gather and a top-k then read again (engine/csrc/prompt_scores.cpp); its logprobs agree to ~1e-6."""
+    a gather and a top-k then read again (engine/csrc/sampling.cpp); its logprobs agree to ~1e-6."""
     k = min(k, logits.shape[-1])
     kernels = kernels or native.loaded_kernels()
     usable = logits.device.type == "cpu" and logits.dtype == torch.float32 and logits.dim() == 2
