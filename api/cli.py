@@ -159,10 +159,14 @@ def compare_config(args: argparse.Namespace) -> ServerConfig:
 
 
 def compare_lineup(args: argparse.Namespace) -> tuple[Entry, ...]:
-    """`--modes`, and `--policy` as one more pane; ValueError naming what is wrong."""
-    entries = list(parse_lineup(args.modes))
+    """`--modes` (a `<mode>-spec` pane: that mode with --speculative-config), and `--policy` as one more pane;
+    ValueError naming what is wrong."""
+    entries = list(parse_lineup(args.modes, speculation=True))
     if args.policy is not None:
-        entries.append(parse_entry(args.policy))
+        entries.append(parse_entry(args.policy, speculation=True))
+    speculating = [e.name for e in entries if e.speculative]
+    if speculating and args.speculative_config is None:
+        raise ValueError(f"the pane {speculating[0]} speculates: give --speculative-config")
     return checked(entries)
 
 
@@ -187,7 +191,12 @@ def build_parser() -> argparse.ArgumentParser:
     compare = commands.add_parser(
         "compare", help="Serve batching modes side by side on one port, with the live page", allow_abbrev=False
     )
-    compare.add_argument("--modes", default=DEFAULT, help=f"The panes: {SYNTAX}, each under /NAME (default: {DEFAULT})")
+    compare.add_argument(
+        "--modes",
+        default=DEFAULT,
+        help=f"The panes: {SYNTAX}, each under /NAME (default: {DEFAULT}); <mode>-spec: that mode with "
+        "--speculative-config (then the panes without -spec run without it; with none, every pane has it)",
+    )
     compare.add_argument("--policy", default=None, help="One more pane: a plug-in policy [NAME=]MODULE:CLASS")
     add_config_flags(compare, skip=("mode", "policy"))
     seats_help = f"Seats of every mode (sets the two flags above); {SEATS.span()}"

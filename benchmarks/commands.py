@@ -52,11 +52,6 @@ COMMANDS: tuple[Command, ...] = (
         "benchmarks.online.soak",
         "a long soak of a real server: memory, descriptors, threads and gauges under mixed load",
     ),
-    Command(
-        "score-memory",
-        "benchmarks.online.score_memory",
-        "a server's peak memory scoring its longest prompt (echo, logprobs and prompt_logprobs 20)",
-    ),
     # peers
     Command("llama-build", "benchmarks.peers.llama_cpp", "build llama-server and the f32 GGUF it is compared on"),
     Command(
@@ -82,19 +77,9 @@ COMMANDS: tuple[Command, ...] = (
         "benchmarks.micro.engine_bench",
         "engine throughput by batch size against its ceiling and transformers generate()",
     ),
-    Command(
-        "quant",
-        "benchmarks.micro.quant_bench",
-        "each weight format's decode-step matmuls, and the LM head options' quality",
-    ),
     Command("membw", "benchmarks.micro.membw", "this machine's memory bandwidth by buffer size"),
     Command(
         "quality", "benchmarks.micro.quality", "perplexity and greedy agreement of each weight format against float32"
-    ),
-    Command(
-        "prefix-overhead",
-        "benchmarks.micro.prefix_overhead",
-        "what prefix caching costs the engine when no prefix is shared: steps with it on and off, interleaved",
     ),
     Command(
         "spec-accept",
@@ -110,11 +95,6 @@ COMMANDS: tuple[Command, ...] = (
         "tool-cost",
         "benchmarks.micro.tool_grammar_cost",
         "tool_choice auto's lazy grammar: decode with half the batch under it, free and inside a call, against none",
-    ),
-    Command(
-        "gc",
-        "benchmarks.micro.gc_pause",
-        "how long one full GC stops a loaded server, before and after its heap is frozen",
     ),
     Command(
         "formats",

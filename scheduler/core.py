@@ -34,7 +34,7 @@ from scheduler.request import (
     SequenceRequest,
     TokenEvent,
 )
-from scheduler.speculation import propose_drafts
+from scheduler.speculation import Drafter, propose_drafts
 from scheduler.stats import SchedulerCounts, StepStats
 
 logger = logging.getLogger("batchserve.scheduler")
@@ -48,9 +48,10 @@ class Scheduler:
         clock: Callable[[], float] = time.monotonic,
         on_step: Callable[[StepStats], None] | None = None,
         on_policy_fallback: Callable[[], None] | None = None,
+        drafter: Drafter | None = None,
     ) -> None:
         """`on_policy_fallback`: called (on the loop thread) each time the mode's built-in policy takes over from
-        one that raised."""
+        one that raised. `drafter`: where speculation's drafts come from (default: the request's own tokens)."""
         check_seats(engine, config)
         self.engine = engine
         self.config = config
@@ -63,6 +64,7 @@ class Scheduler:
         self.inbox = Inbox(config, clock, self.events, self.lifecycle, self.guard, self._finish)
         self._num_steps = 0
         self.draft_length = DraftLengthRule()  # learns this engine's step cost from every step (speculation.py)
+        self.drafter = drafter
         # (request, when) while `_finish` runs: a request its policy releases at once (continuous batching) is
         # released at the instant it finished, not a clock reading later: it was held for no time.
         self._finishing: tuple[SequenceRequest, float] | None = None
@@ -153,7 +155,7 @@ class Scheduler:
         failed = False
         try:
             schedule = [(r.seq_id, count) for r, count in plan]
-            drafts = propose_drafts(self.config, self.lifecycle, plan, self.draft_length)
+            drafts = propose_drafts(self.config, self.lifecycle, plan, self.draft_length, self.drafter)
             output = self.engine.step(schedule, drafts) if drafts else self.engine.step(schedule)
         except Exception as exc:  # a failed step fails its own requests; the loop goes on serving
             logger.exception("engine step failed; failing its %d requests", len(plan))
@@ -167,6 +169,7 @@ class Scheduler:
             for seq_id, num_drafts, num_accepted in drafted.by_seq:  # before delivery: a release reads them
                 by_seq[seq_id].num_draft_tokens += num_drafts
                 by_seq[seq_id].num_accepted_tokens += num_accepted
+                by_seq[seq_id].num_rejections += num_accepted < num_drafts
             generated, num_tokens = self._deliver(output.tokens, output.prompt_logprobs), output.num_tokens
         stats = StepStats(
             self.mode, now, self.clock() - now, len(plan), num_tokens, prefill, generated, self.lifecycle.held_seats,

@@ -60,10 +60,13 @@ class StepCosts:
         return np.where(tokens > counts[-1], above, np.interp(tokens, counts, times))
 
 
-def acceptance_rates(drafted: Sequence[int], accepted: Sequence[int]) -> np.ndarray:
-    """Each sequence's acceptance rate so far, with one accepted and one rejected draft assumed (so a sequence
-    without history starts at 1/2, and no rate is ever exactly 0 or 1)."""
-    return (np.asarray(accepted, dtype=np.float64) + 1.0) / (np.asarray(drafted, dtype=np.float64) + 2.0)
+def acceptance_rates(accepted: Sequence[int], rejections: Sequence[int]) -> np.ndarray:
+    """Each sequence's chance that a draft is right: its accepted drafts over the drafts actually judged (the
+    accepted ones and one per rejection; the drafts after a rejection were never judged, and counting them as wrong
+    would read a rate a as (a + ... + a**k) / k), with one right and one wrong assumed (so a sequence without
+    history starts at 1/2, and no rate is ever exactly 0 or 1)."""
+    accepted_drafts = np.asarray(accepted, dtype=np.float64)
+    return (accepted_drafts + 1.0) / (accepted_drafts + np.asarray(rejections, dtype=np.float64) + 2.0)
 
 
 @dataclass

@@ -5,6 +5,10 @@ Each entry is a built-in mode (`static`, `dynamic`, `continuous`) or a plug-in p
 plug-in runs with the seats and settings of the mode its class declares (`Policy.mode`; continuous if it declares
 none), and is shown under NAME: the pane's title and URL prefix, the run's name, the `mode` label of its metrics.
 Without NAME it is the class name in kebab case (`ShortestPromptFirst` -> `shortest-prompt-first`).
+
+Where a line-up takes speculation per entry (`batchserve compare`'s panes: `parse_lineup(text, speculation=True)`),
+`<mode>-spec` is that mode with `--speculative-config`, as `ab --speculation both` names its runs, and so is a
+plug-in whose NAME ends in `-spec`.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ _NAME = re.compile(r"[a-z][a-z0-9-]{0,39}")
 # A name is a URL prefix beside the compare server's own routes: these would shadow them (or they it).
 _RESERVED = frozenset({"v1", "health", "metrics"})
 SYNTAX = "a comma list of static, dynamic, continuous (or all) and plug-in policies [NAME=]MODULE:CLASS"
+SPEC_SUFFIX = "-spec"  # an entry that speculates: compare's panes, ab's and simulate's runs with --speculation both
 
 
 @dataclass(frozen=True)
@@ -28,17 +33,22 @@ class Entry:
     name: str  # the label everywhere: pane title and prefix, run name, metrics' `mode` label
     mode: Mode  # the built-in mode whose seats and settings it runs with
     policy: str | None = None  # a plug-in Policy subclass by import path, run instead of the mode's own
+    speculative: bool = False  # runs with --speculative-config (a pane named <mode>-spec)
 
     @property
     def description(self) -> str:
         return self.name if self.policy is None else f"{self.name} ({self.policy}, {self.mode.value}'s seats)"
 
 
-def parse_entry(text: str) -> Entry:
-    """One entry; ValueError naming what is wrong (a policy that does not load included)."""
+def parse_entry(text: str, speculation: bool = False) -> Entry:
+    """One entry; ValueError naming what is wrong (a policy that does not load included). `speculation`: a name
+    ending in -spec speculates."""
     text = text.strip()
     if text in BUILT_IN:
         return Entry(text, Mode(text))
+    base = text.removesuffix(SPEC_SUFFIX)
+    if speculation and base != text and base in BUILT_IN:
+        return Entry(text, Mode(base), speculative=True)
     name, _, path = text.rpartition("=")
     if ":" not in path:
         raise ValueError(f"{text!r} is neither a mode ({', '.join(BUILT_IN)}) nor a policy [NAME=]MODULE:CLASS")
@@ -50,16 +60,18 @@ def parse_entry(text: str) -> Entry:
             f"the policy's name {name!r} must be lower-case letters, digits and dashes, start with a letter, and "
             f"not be {', '.join(sorted(_RESERVED | set(BUILT_IN)))}; give one as NAME={path}"
         )
-    return Entry(name, mode if isinstance(mode, Mode) else Mode(mode), path)
+    speculative = speculation and name.endswith(SPEC_SUFFIX)
+    return Entry(name, mode if isinstance(mode, Mode) else Mode(mode), path, speculative)
 
 
-def parse_lineup(text: str) -> tuple[Entry, ...]:
-    """A comma list of entries; `all` stands for the three built-in modes. No name twice."""
+def parse_lineup(text: str, speculation: bool = False) -> tuple[Entry, ...]:
+    """A comma list of entries; `all` stands for the three built-in modes. No name twice. `speculation`: as
+    `parse_entry`'s."""
     entries: list[Entry] = []
     for part in (p.strip() for p in text.split(",")):
         if not part:
             continue
-        entries += [Entry(m, Mode(m)) for m in BUILT_IN] if part == "all" else [parse_entry(part)]
+        entries += [Entry(m, Mode(m)) for m in BUILT_IN] if part == "all" else [parse_entry(part, speculation)]
     return checked(entries)
 
 

@@ -14,6 +14,8 @@ configured or not: then up to PREDICTION_DRAFT_TOKENS at a time (the configured 
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 import torch
 
@@ -27,13 +29,21 @@ from scheduler.request import SequenceRequest
 
 PREDICTION_DRAFT_TOKENS = 8  # drafts per step from a prediction where no --speculative-config sets the count
 
+# Up to k draft tokens for a request (its prediction, else n-gram lookup per the config); [] when it has none. The
+# simulator passes its own (benchmarks/sim/engine.py): its tokens carry no text to look up.
+Drafter = Callable[[SequenceRequest, int, SpeculativeConfig | None], list[int]]
+
 
 def propose_drafts(
-    config: SchedulerConfig, ctx: PolicyContext, plan: StepPlan, rule: DraftLengthRule | None = None
+    config: SchedulerConfig,
+    ctx: PolicyContext,
+    plan: StepPlan,
+    rule: DraftLengthRule | None = None,
+    drafter: Drafter | None = None,
 ) -> dict[int, list[int]]:
     """Draft tokens by sequence id for this step's plan, their cache reserved; {} with nothing to draft from.
     `rule`: each row's length from the live batch (scheduler/draft_length.py); None, or `draft_length: fixed`,
-    drafts the configured count."""
+    drafts the configured count. `drafter`: where drafts come from (default `draft_from_tokens`)."""
     spec = config.speculative
     if spec is None and not any(request.prediction for request, _ in plan):
         return {}
@@ -46,11 +56,11 @@ def propose_drafts(
         room = request.params.max_tokens - len(request.output_token_ids) - 1  # the last token needs no draft after it
         k = min(wanted, room, budget)
         if k > 0 and (spec is not None or request.prediction):
-            proposal = _proposal(request, k, spec)
+            proposal = (drafter or draft_from_tokens)(request, k, spec)
             if proposal:
                 rows.append((request, proposal))
     if rule is not None and rows and (spec is None or spec.draft_length == "auto"):
-        rates = acceptance_rates([r.num_draft_tokens for r, _ in rows], [r.num_accepted_tokens for r, _ in rows])
+        rates = acceptance_rates([r.num_accepted_tokens for r, _ in rows], [r.num_rejections for r, _ in rows])
         caps = np.array([len(proposal) for _, proposal in rows])
         lengths = rule.choose(rates, caps, len(plan), step_tokens, len(sampling)).tolist()
         rows = [(request, proposal[:length]) for (request, proposal), length in zip(rows, lengths, strict=True)]
@@ -65,7 +75,8 @@ def propose_drafts(
     return drafts
 
 
-def _proposal(request: SequenceRequest, k: int, spec: SpeculativeConfig | None) -> list[int]:
+def draft_from_tokens(request: SequenceRequest, k: int, spec: SpeculativeConfig | None) -> list[int]:
+    """The request's prediction read forward, else n-gram lookup over its prompt and output so far."""
     if request.prediction:
         output = torch.tensor(request.output_token_ids, dtype=torch.long)
         prediction = torch.tensor(request.prediction, dtype=torch.long)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import logging
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -31,6 +32,27 @@ def pytest_sessionstart(session: pytest.Session) -> None:
     takes a minute or more (its command line names the venv's paths, so a cached build is rebuilt), and a test
     server's health wait must not absorb that: under load it once ran past the wait's 120 s."""
     native.load_kernels()
+
+
+def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
+    """Under `-m "not slow"` (the fast subset), a test module whose `pytestmark` names `slow` is not imported: each
+    of its tests would be deselected anyway, and importing them (Ray, the agent frameworks, Selenium) costs seconds
+    of every fast run's collection. Any other marker expression collects everything, as pytest does."""
+    if config.getoption("markexpr", "").strip() != "not slow" or not collection_path.name.startswith("test_"):
+        return None
+    return True if collection_path.suffix == ".py" and module_marked_slow(collection_path.read_text()) else None
+
+
+def module_marked_slow(source: str) -> bool:
+    """Whether a module assigns `pytestmark` a value that names `pytest.mark.slow` at its top level."""
+    if "pytestmark" not in source:
+        return False
+    return any(
+        isinstance(node, ast.Assign)
+        and any(isinstance(t, ast.Name) and t.id == "pytestmark" for t in node.targets)
+        and any(isinstance(n, ast.Attribute) and n.attr == "slow" for n in ast.walk(node.value))
+        for node in ast.parse(source).body
+    )
 
 
 def train_byte_level_tokenizer(corpus: list[str], vocab_size: int, eos: str) -> PreTrainedTokenizerFast:

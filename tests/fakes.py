@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from benchmarks.sim.engine import VirtualClock
 from engine.config import EngineConfig
 from engine.engine import Engine
 from engine.kv.kv_cache import KVCacheShape, PagedKVCache
@@ -63,19 +64,8 @@ def default_token(position: int, context: Sequence[int]) -> int:
     return 1 + (checksum + 7 * position) % (VOCAB - 1)
 
 
-class FakeClock:
-    """A manual monotonic clock: `clock()` reads it, `advance`/`set` move it (never backwards)."""
-
-    def __init__(self, start: float = 0.0) -> None:
-        self.now = start
-
-    def __call__(self) -> float:
-        return self.now
-
-    def advance(self, seconds: float) -> float:
-        assert seconds >= 0
-        self.now += seconds
-        return self.now
+class FakeClock(VirtualClock):
+    """The simulator's manual clock (`clock()` reads it), which tests also `set`; it never goes backwards."""
 
     def set(self, when: float) -> float:
         assert when >= self.now, f"the clock cannot go back from {self.now} to {when}"

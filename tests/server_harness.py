@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import json
+import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -129,19 +130,49 @@ def openai_client(server: RunningServer, api_key: str = "unused") -> openai.Open
     return openai.OpenAI(base_url=f"{server.base_url}/v1", api_key=api_key, max_retries=0, timeout=60)
 
 
-def read_events(url: str, stop: threading.Event, into: list[tuple[str, dict[str, Any]]], **kw: Any) -> None:
+def read_events(
+    url: str,
+    stop: threading.Event,
+    into: list[tuple[str, dict[str, Any]]],
+    opened: list[socket.socket] | None = None,
+    **kw: Any,
+) -> None:
     """Read a server's `GET /v1/events` stream into `into` as (event name, data) until `stop` is set (run it on a
-    thread); `kw` goes to httpx (headers)."""
+    thread; the stream is read up to its next line) or the stream's socket, appended to `opened`, is shut down;
+    `kw` goes to httpx (headers)."""
     with httpx.stream("GET", url, timeout=60, **kw) as response:
         assert response.status_code == 200
+        if opened is not None:
+            opened.append(response.extensions["network_stream"].get_extra_info("socket"))
         kind = ""
-        for line in response.iter_lines():
-            if line.startswith("event: "):
-                kind = line[7:]
-            elif line.startswith("data: "):
-                into.append((kind, json.loads(line[6:])))
-            if stop.is_set():
-                return
+        with contextlib.suppress(httpx.ReadError, httpx.RemoteProtocolError):  # the socket was shut down
+            for line in response.iter_lines():
+                if line.startswith("event: "):
+                    kind = line[7:]
+                elif line.startswith("data: "):
+                    into.append((kind, json.loads(line[6:])))
+                if stop.is_set():
+                    return
+
+
+@contextlib.contextmanager
+def events_read(url: str, **kw: Any) -> Iterator[list[tuple[str, dict[str, Any]]]]:
+    """A server's `GET /v1/events` stream read on a thread into the yielded list until the block ends, which closes
+    the connection at once: a server stopped after it then does not wait for the stream's next ping (10 s) to
+    learn that its reader left."""
+    events: list[tuple[str, dict[str, Any]]] = []
+    opened: list[socket.socket] = []
+    reader = threading.Thread(target=read_events, args=(url, threading.Event(), events, opened), kwargs=kw)
+    reader.start()
+    try:
+        yield events
+    finally:
+        deadline = time.monotonic() + 60
+        while not opened and reader.is_alive() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        for sock in opened:
+            sock.shutdown(socket.SHUT_RDWR)
+        reader.join(60)
 
 
 # ----- what the API tests share -----
@@ -256,6 +287,6 @@ def lineup_server(lineup: str, **overrides: Any) -> Iterator[str]:
     values: dict[str, Any] = {"port": free_port(), "max_batch_size": 3, "max_num_seqs": 3, "batch_window_ms": 20.0}
     config = ServerConfig(**{**values, **overrides})
     model = tiny_loaded_model()
-    app = create_compare_app(config, loader=lambda _config: model, lineup=parse_lineup(lineup))
+    app = create_compare_app(config, loader=lambda _config: model, lineup=parse_lineup(lineup, speculation=True))
     with serving_app(app, config) as (base_url, _):
         yield base_url

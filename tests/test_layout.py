@@ -6,6 +6,7 @@ Imports are read with `ast` (module-level and inside functions alike), so nothin
 from __future__ import annotations
 
 import ast
+import functools
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -38,8 +39,17 @@ def source_files(packages: tuple[str, ...] = PACKAGES) -> Iterator[Path]:
         yield from sorted((ROOT / package).rglob("*.py"))
 
 
-def imported_names(path: Path) -> Iterator[str]:
+def imported_names(path: Path) -> tuple[str, ...]:
     """Every module name an import statement in `path` names, relative imports resolved."""
+    return _imported_names(path, path.stat().st_mtime_ns)
+
+
+@functools.cache  # each file is parsed once for the several checks here, again only if it changed
+def _imported_names(path: Path, _mtime_ns: int) -> tuple[str, ...]:
+    return tuple(_read_imports(path))
+
+
+def _read_imports(path: Path) -> Iterator[str]:
     package = module_name(path).split(".")
     if path.name != "__init__.py":
         package = package[:-1]

@@ -13,6 +13,8 @@ import ast
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 TESTS = ROOT / "tests"
 FunctionNode = ast.FunctionDef | ast.AsyncFunctionDef
@@ -139,23 +141,29 @@ class Suite:
         ]
 
 
-def load_suite() -> Suite:
+def load_modules() -> dict[str, Module]:
     modules = {}
     for path in sorted(TESTS.rglob("*.py")):
         name = ".".join(path.relative_to(ROOT).with_suffix("").parts)
         modules[name] = parse_module(name, path.read_text())
-    return Suite(modules)
+    return modules
 
 
-def test_every_real_model_test_is_marked_slow() -> None:
-    unmarked = load_suite().unmarked_loaders()
+@pytest.fixture(scope="module")
+def suite_modules() -> dict[str, Module]:
+    """Every module under tests/ parsed once for this file's tests (each builds its own Suite on them)."""
+    return load_modules()
+
+
+def test_every_real_model_test_is_marked_slow(suite_modules: dict[str, Module]) -> None:
+    unmarked = Suite(suite_modules).unmarked_loaders()
     assert not unmarked, f"load the real model without @pytest.mark.slow: {unmarked}"
 
 
-def test_the_check_sees_the_loads() -> None:
+def test_the_check_sees_the_loads(suite_modules: dict[str, Module]) -> None:
     """The real-model tests are found however they reach the model: a cached helper of their module, a harness
     function imported from tests/, a module fixture, a conftest fixture (the agent clients)."""
-    suite = load_suite()
+    suite = Suite(suite_modules)
     assert suite.loads("tests.engine.test_quantization_real_model", "test_int4_batched_equals_alone")
     assert suite.loads(
         "tests.engine.test_real_model_parity", "test_seeded_sampling_is_the_same_alone_and_beside_others"

@@ -50,11 +50,19 @@ logger = logging.getLogger("batchserve.api")
 DEFAULT_LINEUP = parse_lineup(DEFAULT)
 
 
-def mode_config(config: ServerConfig, entry: Entry) -> ServerConfig:
+def mode_config(config: ServerConfig, entry: Entry, split: bool = False) -> ServerConfig:
     """The entry's server: its mode's seats and settings, and its plug-in policy if it is one.
-    --priority-preemption is continuous mode's flag, as --max-num-seqs is: the other panes go without it."""
+    --priority-preemption is continuous mode's flag, as --max-num-seqs is: the other panes go without it.
+    `split`: the line-up has `<mode>-spec` panes, and only those get --speculative-config (else every pane does)."""
     preemption = config.priority_preemption and entry.mode is Mode.CONTINUOUS
-    return dataclasses.replace(config, mode=entry.mode.value, policy=entry.policy, priority_preemption=preemption)
+    speculative = config.speculative_config if entry.speculative or not split else None
+    return dataclasses.replace(
+        config,
+        mode=entry.mode.value,
+        policy=entry.policy,
+        priority_preemption=preemption,
+        speculative_config=speculative,
+    )
 
 
 def _mode_app(config: ServerConfig, name: str) -> tuple[Starlette, ServerState]:
@@ -74,7 +82,8 @@ def create_compare_app(
     freeze_heap: bool = False,
     lineup: tuple[Entry, ...] = DEFAULT_LINEUP,
 ) -> Starlette:
-    mode_apps = {entry.name: _mode_app(mode_config(config, entry), entry.name) for entry in lineup}
+    split = any(entry.speculative for entry in lineup)
+    mode_apps = {entry.name: _mode_app(mode_config(config, entry, split), entry.name) for entry in lineup}
     modes = {name: mode_state for name, (_, mode_state) in mode_apps.items()}
     entries = tuple(e for mode_state in modes.values() for e in mode_state.mode_entries)
     state = ServerState(config, event_modes=tuple(modes), mode_entries=entries, modes=modes)

@@ -30,8 +30,11 @@ PAGE_MAX_DELAY_S = 120.0  # the last request of a workload leaves at most this l
 
 def mode_settings(config: ServerConfig) -> dict[str, Any]:
     """The policy's settings as `hello` and /v1/compare/modes show them; a plug-in's import path and the mode whose
-    seats and settings it runs with."""
-    plug_in = {} if config.policy is None else {"policy": config.policy, "policy_mode": config.mode}
+    seats and settings it runs with; speculation's drafts a row (k) and draft-length rule, where it speculates."""
+    plug_in: dict[str, Any] = {} if config.policy is None else {"policy": config.policy, "policy_mode": config.mode}
+    spec = config.speculative()
+    if spec is not None:
+        plug_in.update(speculative_tokens=spec.num_speculative_tokens, draft_length=spec.draft_length)
     if config.mode == Mode.DYNAMIC.value:
         return {"max_batch_size": config.max_batch_size, "batch_timeout_ms": config.batch_timeout_ms, **plug_in}
     if config.mode == Mode.STATIC.value:

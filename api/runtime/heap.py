@@ -2,7 +2,7 @@
 
 A loaded server holds some 426,000 objects the cyclic collector tracks (the model's modules and parameters, the
 tokenizer, the weight packs). Each full collection walks all of them while holding the GIL, which stops the
-engine's loop thread and the API alike: 126 ms a collection on the 2-core Xeon (`python -m benchmarks gc`,
+engine's loop thread and the API alike: 126 ms a collection on the 2-core Xeon (`benchmarks/scripts/gc_pause.py`,
 benchmarks/results/gc_pause.json), and in a diagnostic server at 1 request/s ten while the model loaded and about
 one a minute while serving. Loading therefore runs with the collector off, and what it built is then frozen
 (moved to the permanent generation, which collections skip): a full collection afterwards walks only what serving

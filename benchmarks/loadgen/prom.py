@@ -19,6 +19,8 @@ PROMPT_TOKENS = "vllm:prompt_tokens_total"
 GENERATION_TOKENS = "vllm:generation_tokens_total"
 TTFT = "vllm:time_to_first_token_seconds"
 QUEUE = "vllm:request_queue_time_seconds"
+DRAFT_TOKENS = "vllm:spec_decode_num_draft_tokens_total"
+ACCEPTED_TOKENS = "vllm:spec_decode_num_accepted_tokens_total"
 
 
 def parse_metrics(text: str) -> dict[str, float]:
@@ -55,6 +57,8 @@ class ScrapedMetrics:
     generation_tokens: float | None
     mean_ttft_ms: float | None
     mean_queue_ms: float | None
+    draft_tokens: float | None = None  # speculation: drafts verified (None: the server exports no such counter)
+    accepted_tokens: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -88,4 +92,6 @@ def metrics_delta(before: dict[str, float], after: dict[str, float]) -> ScrapedM
         generation_tokens=delta(GENERATION_TOKENS),
         mean_ttft_ms=mean(TTFT, 1e3),
         mean_queue_ms=mean(QUEUE, 1e3),
+        draft_tokens=delta(DRAFT_TOKENS),
+        accepted_tokens=delta(ACCEPTED_TOKENS),
     )

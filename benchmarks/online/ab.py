@@ -39,7 +39,7 @@ from benchmarks.peers.targets import (
 from benchmarks.results_io.report import NO_CACHE_SUFFIX, ABOutcome, columns_table, write_report
 from benchmarks.results_io.tables import format_run
 from engine.spec.config import SpeculativeConfig
-from scheduler.lineup import DEFAULT, SYNTAX, Entry, checked, parse_entry, parse_lineup
+from scheduler.lineup import DEFAULT, SPEC_SUFFIX, SYNTAX, Entry, checked, parse_entry, parse_lineup
 
 _DESCRIPTION = "Compare batchserve's batching modes (and plug-in policies) on one workload."
 
@@ -162,9 +162,6 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--stop-grace", type=float, default=15.0, help="seconds between SIGTERM and SIGKILL")
     add_load_arguments(parser)
     return parser
-
-
-SPEC_SUFFIX = "-spec"  # a mode's run with --speculative-config (ab --speculation both)
 
 
 def speculation_variants(

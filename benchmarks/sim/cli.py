@@ -38,12 +38,14 @@ from benchmarks.sim.cost.files import BusyArrival, load_busy_arrival, load_fitte
 from benchmarks.sim.cost.model import CostModel
 from benchmarks.sim.cost.roofline import GPUS, RooflineCostModel, load_model_shape
 from benchmarks.sim.cost.served import load_served_extras, served_load_modes, with_served_extra
+from benchmarks.sim.engine import DEFAULT_ACCEPTANCE_RATE
 from benchmarks.sim.report import write_sim_report
 from benchmarks.sim.run import SimSettings, simulate_trace
 from benchmarks.sim.validate.headline import validation_table
 from engine.config import EngineConfig
+from engine.spec.config import SpeculativeConfig
 from scheduler.config import SchedulerConfig
-from scheduler.lineup import DEFAULT, SYNTAX, Entry, checked, parse_entry, parse_lineup
+from scheduler.lineup import DEFAULT, SPEC_SUFFIX, SYNTAX, Entry, checked, parse_entry, parse_lineup
 
 _DESCRIPTION = "Simulate static, dynamic and continuous batching (and plug-in policies) on a virtual clock."
 _S = SchedulerConfig()
@@ -76,6 +78,26 @@ def build_parser() -> argparse.ArgumentParser:
         choices=("on", "off", "both"),
         default="on",
         help="the engine's prefix caching, as `ab`'s flag; both: each mode also runs with it off, as <mode>-nocache",
+    )
+    g.add_argument(
+        "--speculative-config",
+        default=None,
+        help='serve\'s JSON, e.g. \'{"method": "ngram", "num_speculative_tokens": 4}\': rows verify drafts, '
+        "accepted as --acceptance-rate says",
+    )
+    g.add_argument(
+        "--speculation",
+        choices=("on", "off", "both"),
+        default=None,
+        help=f"as `ab`'s: on with --speculative-config (its default); both: each mode also runs with it, as "
+        f"<mode>{SPEC_SUFFIX}",
+    )
+    g.add_argument(
+        "--acceptance-rate",
+        type=float,
+        default=DEFAULT_ACCEPTANCE_RATE,
+        help="the workload's chance that a draft is right, each independently up to the first wrong one (vLLM's "
+        f"synthetic acceptance; default {DEFAULT_ACCEPTANCE_RATE})",
     )
     g = parser.add_argument_group("cost model (one of)")
     g.add_argument("--cost-model", type=Path, default=None, help="cost.json from `python -m benchmarks fit-cost`")
@@ -173,10 +195,27 @@ def lineup(args: argparse.Namespace) -> tuple[Entry, ...]:
     return checked(entries)
 
 
+def speculation_runs(flag: str | None, config: str | None) -> list[tuple[SpeculativeConfig | None, str]]:
+    """--speculation and --speculative-config as `ab` reads them: (config, run name suffix) per run of each mode;
+    ValueError naming the flag."""
+    flag = flag or ("on" if config is not None else "off")
+    if flag == "off":
+        if config is not None:
+            raise ValueError("--speculative-config is given but --speculation is off")
+        return [(None, "")]
+    if config is None:
+        raise ValueError(f"--speculation {flag} needs --speculative-config")
+    try:
+        spec = SpeculativeConfig.from_json(config)
+    except (ValueError, TypeError) as exc:
+        raise ValueError(f"--speculative-config {exc}") from None
+    return [(spec, "")] if flag == "on" else [(None, ""), (spec, SPEC_SUFFIX)]
+
+
 def scheduler_configs(args: argparse.Namespace) -> dict[str, SchedulerConfig]:
-    """Each run's scheduler, by the run's name."""
+    """Each run's scheduler, by the run's name (a mode's speculating twin: <mode>-spec)."""
     return {
-        entry.name: SchedulerConfig(
+        entry.name + suffix: SchedulerConfig(
             mode=entry.mode,
             max_batch_size=args.max_batch_size or args.seats,
             batch_timeout_ms=args.batch_timeout_ms,
@@ -186,7 +225,9 @@ def scheduler_configs(args: argparse.Namespace) -> dict[str, SchedulerConfig]:
             policy=entry.policy,
             max_queue=args.max_queue,
             queue_timeout_s=args.queue_timeout_s,
+            speculative=spec,
         )
+        for spec, suffix in speculation_runs(args.speculation, args.speculative_config)
         for entry in lineup(args)
     }
 
@@ -271,6 +312,8 @@ def simulation_settings(args: argparse.Namespace) -> tuple[CostModel, dict[str, 
             args.router,
             request_overhead_s=overhead,
             busy_arrival=busy,
+            acceptance_rate=args.acceptance_rate,
+            seed=args.seed,
         )
         for caching, suffix in prefix_caching_runs(args.prefix_caching)
         for run, c in scheduler_configs(args).items()
@@ -423,5 +466,8 @@ def _settings_doc(args: argparse.Namespace, cost: CostModel, settings: dict[str,
         "max_model_len": args.max_model_len,
         "replicas": args.replicas,
         "router": args.router,
+        "speculation": args.speculation or ("on" if args.speculative_config else "off"),
+        "speculative_config": args.speculative_config,
+        "acceptance_rate": args.acceptance_rate,
         "sweep_rates": [str(r) for r in (parse_rates(args.sweep_rates) if args.sweep_rates else ())],
     }

@@ -61,6 +61,8 @@ class StepTally:
     prompt_tokens: int = 0
     generated: int = 0
     busy_s: float = 0.0
+    draft_tokens: int = 0  # speculation: drafts verified, and those accepted
+    accepted_tokens: int = 0
 
     def on_step(self, stats: StepStats) -> None:
         self.steps += 1
@@ -69,6 +71,8 @@ class StepTally:
         self.prompt_tokens += stats.num_prompt_tokens
         self.generated += stats.num_generated
         self.busy_s += stats.duration
+        self.draft_tokens += stats.num_draft_tokens
+        self.accepted_tokens += stats.num_accepted_tokens
 
 
 class Replica:

@@ -12,11 +12,19 @@ blocks its known tokens start with, by the engine's rules: admission, preemption
 step computes (and is charged for) only the uncached tokens. The ids a sequence generates are synthetic, a function
 of its prompt (`answer_ids`): equal prompts get equal answers, as with greedy decoding, so a conversation's next
 turn, whose prompt holds the previous answer, finds it cached.
+
+Speculation (`SchedulerConfig.speculative`): the real scheduler proposes drafts through `synthetic_drafts` (every row
+that may draft has k; the draft-length rule picks how many it verifies, from the step costs it measures on the
+virtual clock), and a row verifying k drafts accepts each with probability `acceptance_rate`, independently, up to
+the first wrong one (vLLM's synthetic acceptance), then emits the bonus token. The step is charged as the engine
+runs it: a decode row and its drafts as k + 1 decode rows. The cache rolls back by the accepted length: the row's
+computed tokens grow by what it emitted less one, and only full blocks of accepted tokens are registered.
 """
 
 from __future__ import annotations
 
 import math
+import random
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -25,10 +33,13 @@ from benchmarks.sim.prompts import answer_base
 from engine.config import EngineConfig
 from engine.errors import CacheCapacityError, ContextLengthError, EngineInputError, InputField
 from engine.kv.block_manager import BlockManager, CacheQueries
-from engine.outputs import FinishReason, StepOutput, TokenOutput
+from engine.outputs import DraftStats, FinishReason, StepOutput, TokenOutput
 from engine.sample.sampling_params import SamplingParams
+from engine.spec.config import SpeculativeConfig
+from scheduler.request import SequenceRequest
 
 SIM_TOKEN_ID = 0  # every simulated token; nothing downstream of the scheduler reads it
+DEFAULT_ACCEPTANCE_RATE = 0.5  # a draft's chance to be right where no rate is given (docs/simulator.md)
 
 
 class VirtualClock:
@@ -62,10 +73,27 @@ class _Sequence:
     reads: bool = True
 
 
+def synthetic_drafts(request: SequenceRequest, k: int, spec: SpeculativeConfig | None) -> list[int]:
+    """The simulator's drafter (`Scheduler(drafter=...)`): every row that may draft has k drafts, since simulated
+    tokens carry no text to look up; whether they are right is `SimEngine`'s draw."""
+    return [SIM_TOKEN_ID] * k
+
+
 class SimEngine(CacheQueries):
     def __init__(
-        self, config: EngineConfig, cost: CostModel, clock: VirtualClock, model_max_len: int | None = None
+        self,
+        config: EngineConfig,
+        cost: CostModel,
+        clock: VirtualClock,
+        model_max_len: int | None = None,
+        acceptance_rate: float = DEFAULT_ACCEPTANCE_RATE,
+        seed: int = 0,
     ) -> None:
+        """`acceptance_rate`, `seed`: speculation's synthetic acceptance (`_accepted`), the same draws for a seed."""
+        if not 0.0 <= acceptance_rate <= 1.0:
+            raise ValueError(f"acceptance_rate must be in [0, 1], got {acceptance_rate}")
+        self.acceptance_rate = acceptance_rate
+        self._rng = random.Random(seed)
         self.config = config
         self.cost = cost
         self.clock = clock
@@ -175,41 +203,80 @@ class SimEngine(CacheQueries):
     def step(
         self, schedule: Sequence[tuple[int, int]], drafts: Mapping[int, Sequence[int]] | None = None
     ) -> StepOutput:
-        if drafts:
-            raise NotImplementedError("the simulator does not model speculative decoding yet (issue 43 item 5)")
         if not schedule:
             return StepOutput((), 0, 0)
         # One pass of plain integer arithmetic per row: this loop is most of the simulator's own cost.
         tokens: list[TokenOutput] = []
-        num_tokens = attention = kv_tokens = 0
+        num_tokens = attention = kv_tokens = sampled = verify_rows = 0
         block_size, seqs = self.block_size, self._seqs
         manager = self.blocks
         caching = manager.enabled
+        row_drafts = drafts or {}
+        verified: list[tuple[int, int, int]] = []  # (seq_id, drafts, accepted) of each row that verified drafts
         filled: list[tuple[int, _Sequence]] = []  # sequences that filled a block this step, in schedule order
         for seq_id, count in schedule:
             seq = seqs[seq_id]
             computed = seq.computed
             end = computed + count
-            if count < 1 or end > seq.seq_len or end > manager.num_blocks(seq_id) * block_size:
+            reserved = manager.num_blocks(seq_id) * block_size
+            if count < 1 or end > seq.seq_len or end > reserved:
                 raise ValueError("schedule asks for no tokens, more than are pending, or more than are reserved")
-            num_tokens += count
-            attention += count * computed + count * (count + 1) // 2  # chunk_attention_pairs, inlined
-            kv_tokens += end
+            k = len(row_drafts.get(seq_id, ()))
+            if k and (end != seq.seq_len or end + k > min(reserved, self.max_model_len)):
+                raise ValueError("drafts for a sequence that does not sample this step, or past its reserved cache")
+            width = count + k
+            num_tokens += width
+            pairs = width * computed + width * (width + 1) // 2  # chunk_attention_pairs, inlined
+            attention += pairs
+            if k and count == 1:  # verified as k + 1 decode rows sharing a block table (engine/model/forward_batch)
+                verify_rows += k
+                kv_tokens += pairs  # each of them reads its own context
+            else:
+                kv_tokens += end + k
             seq.computed = end
-            if caching and end // block_size > manager.registered(seq_id):
+            if end == seq.seq_len:  # its pending tokens ran out: the engine samples one (k + 1 with drafts)
+                sampled += 1 + k
+                if k:
+                    accepted = self._accepted(k)
+                    emitted = self._emit(seq_id, seq, accepted + 1, tokens)
+                    seq.computed = end + emitted - 1  # rollback: rejected drafts' keys lie past what is computed
+                    verified.append((seq_id, k, min(accepted, emitted)))
+                else:
+                    seq.seq_len = end + 1
+                    tokens.append(self._sampled(seq_id, seq))
+            if caching and seq.computed // block_size > manager.registered(seq_id):
                 filled.append((seq_id, seq))
-            if end == seq.seq_len:  # its pending tokens ran out: the engine samples one
-                seq.seq_len = end + 1
-                tokens.append(self._sampled(seq_id, seq))
         if len({seq_id for seq_id, _ in schedule}) != len(schedule):
             raise ValueError("a sequence appears twice in one step")
         for seq_id, seq in filled:  # the engine's _register_full_blocks, after the step's tokens are computed
             full, first = seq.computed // block_size, manager.registered(seq_id)
             manager.register(seq_id, self._known(seq, first * block_size, full * block_size), full)
-        shape = StepShape(len(schedule), num_tokens, len(tokens), attention, kv_tokens)
+        shape = StepShape(len(schedule) + verify_rows, num_tokens, sampled, attention, kv_tokens)
         self.clock.advance(self.cost.step_time(shape, idle_s=self.clock() - self._last_step_end))
         self._last_step_end = self.clock()
-        return StepOutput(tuple(tokens), len(schedule), num_tokens)
+        if not verified:
+            return StepOutput(tuple(tokens), len(schedule), num_tokens)
+        stats = DraftStats.of([v[0] for v in verified], [range(v[1]) for v in verified], [v[2] for v in verified])
+        return StepOutput(tuple(tokens), len(schedule), num_tokens, (), stats)
+
+    def _accepted(self, k: int) -> int:
+        """vLLM's synthetic acceptance: each draft right with probability `acceptance_rate`, independently; a row
+        keeps its drafts up to the first wrong one."""
+        rate, draw = self.acceptance_rate, self._rng.random
+        accepted = 0
+        while accepted < k and draw() < rate:
+            accepted += 1
+        return accepted
+
+    def _emit(self, seq_id: int, seq: _Sequence, count: int, tokens: list[TokenOutput]) -> int:
+        """Up to `count` tokens for a row that verified drafts, as the engine emits them: a finish stops the row."""
+        for emitted in range(1, count + 1):
+            seq.seq_len += 1
+            token = self._sampled(seq_id, seq)
+            tokens.append(token)
+            if token.finish_reason is not None:
+                return emitted
+        return count
 
     def _sampled(self, seq_id: int, seq: _Sequence) -> TokenOutput:
         """The engine's finish rule: a stop beats the length limits when both hold."""

@@ -16,7 +16,7 @@ from benchmarks.loadgen.trace import TraceRequest
 from benchmarks.sim.cluster import Arrival, Replica, RequestTrace, StepTally, make_router, replay
 from benchmarks.sim.cost.files import BusyArrival
 from benchmarks.sim.cost.model import CostModel
-from benchmarks.sim.engine import SimEngine, VirtualClock
+from benchmarks.sim.engine import DEFAULT_ACCEPTANCE_RATE, SimEngine, VirtualClock, synthetic_drafts
 from benchmarks.sim.prompts import PromptIds
 from engine.config import EngineConfig
 from engine.sample.sampling_params import SamplingParams
@@ -34,6 +34,8 @@ class SimSettings:
     router: str = "round-robin"
     request_overhead_s: float = 0.0  # time outside the steps (HTTP, tokenising, SSE): cost.json's served probe
     busy_arrival: BusyArrival = field(default_factory=BusyArrival)  # arriving mid-step: the served probe
+    acceptance_rate: float = DEFAULT_ACCEPTANCE_RATE  # with speculation: each draft right with this chance
+    seed: int = 0  # the acceptance draws' (replica i draws from seed + i)
 
     def __post_init__(self) -> None:
         if self.replicas < 1:
@@ -41,20 +43,24 @@ class SimSettings:
         if not math.isfinite(self.request_overhead_s) or self.request_overhead_s < 0:
             raise ValueError(f"request_overhead_s must be finite and >= 0, got {self.request_overhead_s}")
         make_router(self.router)  # validates the name
+        if not 0.0 <= self.acceptance_rate <= 1.0:
+            raise ValueError(f"acceptance_rate must be in [0, 1], got {self.acceptance_rate}")
 
 
-def build_replica(settings: SimSettings) -> Replica:
+def build_replica(settings: SimSettings, index: int = 0) -> Replica:
     clock = VirtualClock()
-    engine = SimEngine(settings.engine, settings.cost, clock)
+    engine = SimEngine(
+        settings.engine, settings.cost, clock, acceptance_rate=settings.acceptance_rate, seed=settings.seed + index
+    )
     tally = StepTally()
-    scheduler = Scheduler(engine, settings.scheduler, clock=clock, on_step=tally.on_step)
+    scheduler = Scheduler(engine, settings.scheduler, clock=clock, on_step=tally.on_step, drafter=synthetic_drafts)
     return Replica(scheduler, clock, tally, engine.expect_output, settings.busy_arrival.stall_s)
 
 
 def simulate_trace(
     trace: Sequence[TraceRequest], settings: SimSettings, label: str, request_rate: float, burstiness: float = 1.0
 ) -> RunResult:
-    replicas = [build_replica(settings) for _ in range(settings.replicas)]
+    replicas = [build_replica(settings, i) for i in range(settings.replicas)]
     params: dict[int, SamplingParams] = {}  # one per distinct max_tokens: they are immutable
     ids = PromptIds()
     leaders = {item.follows for item in trace if item.follows is not None}
@@ -172,4 +178,6 @@ def _metrics(replicas: Sequence[Replica], records: Sequence[RequestRecord]) -> S
         generation_tokens=float(sum(r.tally.generated for r in replicas)),
         mean_ttft_ms=1e3 * math.fsum(ttfts) / len(ttfts) if ttfts else None,
         mean_queue_ms=math.fsum(queues) / len(queues) if queues else None,
+        draft_tokens=float(sum(r.tally.draft_tokens for r in replicas)),
+        accepted_tokens=float(sum(r.tally.accepted_tokens for r in replicas)),
     )

@@ -15,7 +15,6 @@
 //                  compiled one gives torch's bits only where torch runs the same instruction set).
 
 #include <ATen/ATen.h>
-#include <torch/library.h>
 #include <torch/types.h>
 
 #include <cstdint>
@@ -44,6 +43,8 @@ torch::Tensor project(const torch::Tensor& x, const torch::Tensor* weight /* pac
   const int64_t inputs = weight[0].size(1) * 2;
   return int4_dot(x, weight[0], inputs / weight[1].size(1), weight[1], weight[2]);
 }
+
+}  // namespace
 
 void decode_layers(torch::Tensor x, const torch::Tensor& cache, at::TensorList layers, const torch::Tensor& cos,
                    const torch::Tensor& sin, const torch::Tensor& slot_mapping, const torch::Tensor& block_table,
@@ -81,14 +82,4 @@ void decode_layers(torch::Tensor x, const torch::Tensor& cache, at::TensorList l
   if (mlp_out.has_value()) x.add_(*mlp_out);
 }
 
-}  // namespace
 }  // namespace BATCHSERVE_OPS
-
-TORCH_LIBRARY_FRAGMENT(BATCHSERVE_OPS, m) {
-  m.def(
-      "decode_layers(Tensor(a!) x, Tensor(b!) cache, Tensor[] layers, Tensor cos, Tensor sin, Tensor slot_mapping, "
-      "Tensor block_table, Tensor context_lens, int heads, int kv_heads, int block_size, float scale, "
-      "float eps, bool fused_silu) -> ()");
-}
-
-TORCH_LIBRARY_IMPL(BATCHSERVE_OPS, CPU, m) { m.impl("decode_layers", &BATCHSERVE_OPS::decode_layers); }

@@ -11,7 +11,6 @@
 //   add_rms_norm:  residual += delta (in place), then RMSNorm(residual) * weight
 //   silu_mul:      [rows, 2 n] gate|up -> [rows, n] SiLU(gate) * up
 //   rope_write_cache: RoPE on q and k of a fused qkv projection, k and v written to their paged cache slots
-//   argmax_rows:   greedy sampling's argmax, one pass over each row
 
 #if defined(__clang__)
 #pragma clang fp contract(off)
@@ -20,13 +19,11 @@
 #endif
 
 #include <ATen/Parallel.h>
-#include <torch/library.h>
 #include <torch/types.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <limits>
 #include <optional>
 
 // vector_exp.h: torch's vectorised exp at its AVX-512 and AVX2 capabilities (libtorch_cpu exports both): calling
@@ -123,13 +120,7 @@ namespace lanes = batchserve::lanes;
 constexpr int64_t kLanes = lanes::kWidth;
 
 inline lanes::Vec silu_lanes(lanes::Vec v) {
-#if defined(__AVX512F__)
-  const __m512 e = Sleef_expf16_u10(_mm512_sub_ps(_mm512_setzero_ps(), v));
-  return _mm512_div_ps(v, _mm512_add_ps(_mm512_set1_ps(1.0f), e));
-#else
-  const __m256 e = Sleef_expf8_u10(_mm256_sub_ps(_mm256_setzero_ps(), v));
-  return _mm256_div_ps(v, _mm256_add_ps(_mm256_set1_ps(1.0f), e));
-#endif
+  return lanes::div(v, lanes::add(lanes::set1(1.0f), lanes::exp(lanes::sub(lanes::zero(), v))));
 }
 #endif
 
@@ -253,66 +244,4 @@ torch::Tensor rope_write_cache(const torch::Tensor& qkv, const torch::Tensor& co
   return query;
 }
 
-namespace {
-
-// ---------------------------------------------------------------------------------------------------------------
-// Greedy argmax: blocks of the row are reduced to their maximum in vector lanes, and only a block that beats the
-// best so far is searched for its first maximal index, so the row is read once. Ties go to the lowest index, as
-// torch.argmax's do. Rows must hold no NaN (the sampler's callers guarantee it).
-
-constexpr int64_t kArgmaxBlock = 64;
-
-int64_t argmax_row(const float* x, int64_t n) {
-  float best = -std::numeric_limits<float>::infinity();
-  int64_t best_index = 0;
-  for (int64_t start = 0; start < n; start += kArgmaxBlock) {
-    const int64_t stop = std::min(start + kArgmaxBlock, n);
-    float block = -std::numeric_limits<float>::infinity();
-#pragma omp simd reduction(max : block)
-    for (int64_t i = start; i < stop; ++i) block = block > x[i] ? block : x[i];
-    if (block > best) {
-      best = block;
-      for (int64_t i = start; i < stop; ++i) {
-        if (x[i] == block) {
-          best_index = i;
-          break;
-        }
-      }
-    }
-  }
-  return best_index;
-}
-
-torch::Tensor argmax_rows(const torch::Tensor& logits) {
-  TORCH_CHECK(logits.device().is_cpu() && logits.scalar_type() == torch::kFloat && logits.dim() == 2 &&
-                  logits.size(1) >= 1,
-              "logits must be [rows, vocab] float32 on the CPU");
-  const auto x = logits.contiguous();
-  const int64_t rows = x.size(0), n = x.size(1);
-  auto out = torch::empty({rows}, x.options().dtype(torch::kLong));
-  const float* x_ptr = x.data_ptr<float>();
-  int64_t* out_ptr = out.data_ptr<int64_t>();
-  at::parallel_for(0, rows, grain(n), [&](int64_t begin, int64_t end) {
-    for (int64_t r = begin; r < end; ++r) out_ptr[r] = argmax_row(x_ptr + r * n, n);
-  });
-  return out;
-}
-
-}  // namespace
 }  // namespace BATCHSERVE_OPS
-
-TORCH_LIBRARY_FRAGMENT(BATCHSERVE_OPS, m) {
-  m.def("add_rms_norm(Tensor(a!) residual, Tensor? delta, Tensor weight, float eps) -> Tensor");
-  m.def("silu_mul(Tensor gate_up) -> Tensor");
-  m.def(
-      "rope_write_cache(Tensor qkv, Tensor cos, Tensor sin, Tensor(a!) key_cache, Tensor(b!) value_cache, "
-      "Tensor slot_mapping, int heads, int kv_heads) -> Tensor");
-  m.def("argmax_rows(Tensor logits) -> Tensor");
-}
-
-TORCH_LIBRARY_IMPL(BATCHSERVE_OPS, CPU, m) {
-  m.impl("add_rms_norm", &BATCHSERVE_OPS::add_rms_norm);
-  m.impl("silu_mul", &BATCHSERVE_OPS::silu_mul);
-  m.impl("rope_write_cache", &BATCHSERVE_OPS::rope_write_cache);
-  m.impl("argmax_rows", &BATCHSERVE_OPS::argmax_rows);
-}

@@ -1,17 +1,28 @@
-// The entry points one source of a build calls in another (decode_layers.cpp runs a decode step's layers through
-// them without going back to Python). They live in the build's own namespace (BATCHSERVE_OPS, e.g.
-// batchserve_avx2), so that builds loaded into one process never bind to each other's symbols.
+// Every op of a build, declared in one place: bindings.cpp registers each with torch, and decode_layers.cpp calls
+// some of them straight from C++. The comment above each group names the file that defines it.
+//
+// Each build of the extension (one per instruction set, engine/native.py) compiles these into its own namespace,
+// BATCHSERVE_OPS (e.g. batchserve_avx2), which is also its torch.ops namespace: several builds can then be loaded
+// into one process and compared, and none binds to another's symbols.
 
 #pragma once
+
+#ifndef BATCHSERVE_OPS
+#define BATCHSERVE_OPS batchserve
+#endif
 
 #include <torch/types.h>
 
 #include <cstdint>
 #include <optional>
-
-#include "scalar.h"  // BATCHSERVE_OPS
+#include <tuple>
 
 namespace BATCHSERVE_OPS {
+
+// paged_decode_attention.cpp
+torch::Tensor paged_decode_attention(const torch::Tensor& query, const torch::Tensor& key_cache,
+                                     const torch::Tensor& value_cache, const torch::Tensor& block_table,
+                                     const torch::Tensor& context_lens, int64_t block_size, double scale);
 
 // fused_ops.cpp
 torch::Tensor add_rms_norm(torch::Tensor residual, const std::optional<torch::Tensor>& delta,
@@ -21,13 +32,28 @@ torch::Tensor rope_write_cache(const torch::Tensor& qkv, const torch::Tensor& co
                                torch::Tensor key_cache, torch::Tensor value_cache, const torch::Tensor& slot_mapping,
                                int64_t heads, int64_t kv_heads);
 
-// paged_decode_attention.cpp
-torch::Tensor paged_decode_attention(const torch::Tensor& query, const torch::Tensor& key_cache,
-                                     const torch::Tensor& value_cache, const torch::Tensor& block_table,
-                                     const torch::Tensor& context_lens, int64_t block_size, double scale);
+// sampling.cpp
+torch::Tensor argmax_rows(const torch::Tensor& logits);
+std::tuple<torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor> prompt_scores(const torch::Tensor& logits,
+                                                                                     const torch::Tensor& target,
+                                                                                     int64_t k);
 
-// quant_gemv.cpp
+// int4_gemv.cpp
+torch::Tensor int4_gemv(const torch::Tensor& x, const torch::Tensor& packed, int64_t group,
+                        const torch::Tensor& scales_and_zeros);
+
+// int8_gemv.cpp
+torch::Tensor int8_gemv(const torch::Tensor& x, const torch::Tensor& values, const torch::Tensor& scales);
+
+// int4_dot.cpp
 torch::Tensor int4_dot(const torch::Tensor& x, const torch::Tensor& packed, int64_t group, const torch::Tensor& scales,
                        const torch::Tensor& zeros);
+bool int4_dot_available();
+
+// decode_layers.cpp
+void decode_layers(torch::Tensor x, const torch::Tensor& cache, at::TensorList layers, const torch::Tensor& cos,
+                   const torch::Tensor& sin, const torch::Tensor& slot_mapping, const torch::Tensor& block_table,
+                   const torch::Tensor& context_lens, int64_t heads, int64_t kv_heads, int64_t block_size,
+                   double scale, double eps, bool fused_silu);
 
 }  // namespace BATCHSERVE_OPS

@@ -8,7 +8,6 @@
 // dtype once, at the end).
 
 #include <ATen/Parallel.h>
-#include <torch/library.h>
 #include <torch/types.h>
 
 #include <algorithm>
@@ -294,13 +293,3 @@ torch::Tensor paged_decode_attention(
 }
 
 }  // namespace BATCHSERVE_OPS
-
-TORCH_LIBRARY(BATCHSERVE_OPS, m) {
-  m.def(
-      "paged_decode_attention(Tensor query, Tensor key_cache, Tensor value_cache, Tensor block_table, "
-      "Tensor context_lens, int block_size, float scale) -> Tensor");
-}
-
-TORCH_LIBRARY_IMPL(BATCHSERVE_OPS, CPU, m) {
-  m.impl("paged_decode_attention", &BATCHSERVE_OPS::paged_decode_attention);
-}

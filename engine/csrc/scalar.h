@@ -6,12 +6,6 @@
 
 #pragma once
 
-// Each build of the extension (one per instruction set, engine/native.py) registers its ops under its own
-// namespace, torch.ops.<BATCHSERVE_OPS>, so that several builds can be loaded in one process and compared.
-#ifndef BATCHSERVE_OPS
-#define BATCHSERVE_OPS batchserve
-#endif
-
 #include <c10/util/BFloat16.h>
 
 #include <cstdint>

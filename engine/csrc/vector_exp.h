@@ -7,6 +7,8 @@
 #include <cmath>
 #include <cstdint>
 
+#include "vector_lanes.h"
+
 #if defined(__AVX512F__) || defined(__AVX2__)
 #include <immintrin.h>
 extern "C" __m512 Sleef_expf16_u10(__m512);
@@ -14,6 +16,17 @@ extern "C" __m256 Sleef_expf8_u10(__m256);
 #endif
 
 namespace batchserve {
+
+#if defined(__AVX512F__) || defined(__AVX2__)
+namespace lanes {
+// exp of each lane of a vector_lanes.h vector.
+#if defined(__AVX512F__)
+inline Vec exp(Vec v) { return Sleef_expf16_u10(v); }
+#else
+inline Vec exp(Vec v) { return Sleef_expf8_u10(v); }
+#endif
+}  // namespace lanes
+#endif
 
 // x[i] = exp(x[i]) for i < n.
 inline void exp_in_place(float* x, int64_t n) {

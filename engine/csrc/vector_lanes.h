@@ -1,7 +1,9 @@
-// float32 vectors at the build's width (16 lanes with AVX-512, 8 with AVX2), loaded from and stored to float32 or
-// bfloat16, for the kernels that work a whole vector at a time. A bfloat16 load is a shift of the raw bits; a
-// bfloat16 store rounds to nearest-even as batchserve::narrow does (NaN to 0x7FC0), so a kernel that rounds here
-// where torch rounds gives torch's bits. The scalar build has none of this and keeps its plain loops.
+// float32 vectors at the build's width (16 lanes with AVX-512, 8 with AVX2), loaded from float32, bfloat16 or int8
+// and stored to float32 or bfloat16, for the kernels that work a whole vector at a time: one kernel written on these
+// compiles to each vector build's instructions (decode attention, SiLU * up, int8_gemv). A bfloat16 load is a shift
+// of the raw bits; a bfloat16 store rounds to nearest-even as batchserve::narrow does (NaN to 0x7FC0), so a kernel
+// that rounds here where torch rounds gives torch's bits. The scalar build has none of this and keeps its plain
+// loops.
 
 #pragma once
 
@@ -38,8 +40,15 @@ inline void store(c10::BFloat16* p, Vec v) {
   _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm512_cvtepi32_epi16(bf16_bits(v)));
 }
 inline Vec set1(float x) { return _mm512_set1_ps(x); }
+inline Vec zero() { return _mm512_setzero_ps(); }
+// kWidth int8 values, converted to float32 (exactly).
+inline Vec load_int8(const int8_t* p) {
+  return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+}
 inline Vec add(Vec a, Vec b) { return _mm512_add_ps(a, b); }
+inline Vec sub(Vec a, Vec b) { return _mm512_sub_ps(a, b); }
 inline Vec mul(Vec a, Vec b) { return _mm512_mul_ps(a, b); }
+inline Vec div(Vec a, Vec b) { return _mm512_div_ps(a, b); }
 inline Vec fma(Vec a, Vec b, Vec c) { return _mm512_fmadd_ps(a, b, c); }
 inline Vec max(Vec a, Vec b) { return _mm512_max_ps(a, b); }
 inline float sum(Vec v) { return _mm512_reduce_add_ps(v); }
@@ -69,8 +78,14 @@ inline void store(c10::BFloat16* p, Vec v) {
                    _mm_packus_epi32(_mm256_castsi256_si128(bits), _mm256_extracti128_si256(bits, 1)));
 }
 inline Vec set1(float x) { return _mm256_set1_ps(x); }
+inline Vec zero() { return _mm256_setzero_ps(); }
+inline Vec load_int8(const int8_t* p) {
+  return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
+}
 inline Vec add(Vec a, Vec b) { return _mm256_add_ps(a, b); }
+inline Vec sub(Vec a, Vec b) { return _mm256_sub_ps(a, b); }
 inline Vec mul(Vec a, Vec b) { return _mm256_mul_ps(a, b); }
+inline Vec div(Vec a, Vec b) { return _mm256_div_ps(a, b); }
 inline Vec fma(Vec a, Vec b, Vec c) { return _mm256_fmadd_ps(a, b, c); }
 inline Vec max(Vec a, Vec b) { return _mm256_max_ps(a, b); }
 inline float sum(Vec v) {

@@ -63,7 +63,7 @@ INT4_BLOCK_ROWS = 64  # output rows per block of the kernels' int4_gemv layout
 
 
 def pack_int4_blocks(values: torch.Tensor) -> torch.Tensor:
-    """[N, K] values 0..15 into the kernels' int4_gemv layout (engine/csrc/quant_gemv.cpp), [N, K / 2] uint8: per
+    """[N, K] values 0..15 into the kernels' int4_gemv layout (engine/csrc/int4_gemv.cpp), [N, K / 2] uint8: per
     block of 64 rows and per input k, 32 bytes, byte j = row j (low nibble) | row j + 32 (high nibble). It is the
     layout torch's packing has at its AVX-512 capability, written here so that it holds at every capability."""
     out, inputs = values.shape
@@ -84,7 +84,7 @@ class Int4Linear:
     group_size: int
     bias: torch.Tensor | None
     in_features: int
-    kernels: Kernels | None = None  # through their int4_gemv (engine/csrc/quant_gemv.cpp) rather than torch's kernel
+    kernels: Kernels | None = None  # through their int4_gemv (engine/csrc/int4_gemv.cpp) rather than torch's kernel
 
     @classmethod
     def build(
@@ -118,7 +118,7 @@ class Int4DotLinear:
     largest value: perplexity +0.30 % against float32, as the float path's +0.32 % (one digit, llama.cpp's Q8
     activations: +1.59 %). The weights live in the kernel's own layout, 4 bits a weight as in torch's packing."""
 
-    packed: torch.Tensor  # [out, in / 2] uint8, blocks of 16 rows (engine/csrc/quant_gemv.cpp)
+    packed: torch.Tensor  # [out, in / 2] uint8, blocks of 16 rows (engine/csrc/int4_dot.cpp)
     scales: torch.Tensor  # [out / 16, in / group, 16] bfloat16
     zeros: torch.Tensor  # [out / 16, in / group, 16] bfloat16
     group_size: int

@@ -2,7 +2,7 @@
 
 The LM head runs only over the positions asked for, one slice of positions at a time: each slice's
 [slice, vocab] logits are reduced to a few numbers per position and dropped, so a long prompt never holds
-[prompt, vocab] logits at once. On the CPU the reduction is one compiled kernel (engine/csrc/prompt_scores.cpp)
+[prompt, vocab] logits at once. On the CPU the reduction is one compiled kernel (engine/csrc/sampling.cpp)
 reading each row in cache, where torch needs five passes and two more [slice, vocab] tensors.
 """
 

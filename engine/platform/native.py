@@ -39,18 +39,30 @@ _CSRC = Path(__file__).parent.parent / "csrc"
 _SOURCES = tuple(
     _CSRC / name
     for name in (
+        "bindings.cpp",  # every op's registration
         "paged_decode_attention.cpp",
-        "prompt_scores.cpp",
-        "fused_ops.cpp",
-        "quant_gemv.cpp",
+        "fused_ops.cpp",  # add_rms_norm, silu_mul, rope_write_cache
+        "sampling.cpp",  # argmax_rows, prompt_scores
+        "int4_gemv.cpp",
+        "int8_gemv.cpp",
+        "int4_dot.cpp",
         "decode_layers.cpp",
     )
 )
-_HEADERS = (
-    _CSRC / "scalar.h",
-    _CSRC / "ops.h",
-    _CSRC / "vector_exp.h",
-    _CSRC / "vector_lanes.h",
+_HEADERS = tuple(
+    _CSRC / name
+    for name in (
+        "ops.h",
+        "scalar.h",
+        "vector_lanes.h",
+        "vector_exp.h",
+        "quant.h",
+        "int4_gemv_avx512.h",
+        "int4_gemv_avx2.h",
+        "int4_gemv_scalar.h",
+        "int4_dot_avx512_vnni.h",
+        "int4_dot_avx2.h",
+    )
 )  # not compiled on their own, but a change must rebuild
 _STALE_LOCK_S = 300.0  # a build takes ~10-30 s; a lock this old was left by a build that was killed
 

@@ -1,7 +1,7 @@
-"""The sampler's compiled kernels, with torch fallbacks: a one-pass greedy argmax (engine/csrc/fused_ops.cpp) and
-each row's token logprob and best alternatives through the prompt-scoring kernel (engine/csrc/prompt_scores.cpp).
-The caller passes the kernels (the runner's): never whatever build this process happens to have loaded, so a runner
-built without them (`--no-cpu-kernels`) samples through torch."""
+"""The sampler's compiled kernels, with torch fallbacks: a one-pass greedy argmax, and each row's token logprob and
+best alternatives through the prompt-scoring kernel (both engine/csrc/sampling.cpp). The caller passes the kernels
+(the runner's): never whatever build this process happens to have loaded, so a runner built without them
+(`--no-cpu-kernels`) samples through torch."""
 
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ def token_logprobs(
 
     logits: [rows, vocab] float32, tokens: [rows]. With `kernels`, their prompt-scoring kernel does it in passes over
     each row while it sits in cache, instead of log_softmax writing a second [rows, vocab] tensor that a gather and a
-    top-k then read again (engine/csrc/prompt_scores.cpp); its logprobs agree to ~1e-6. None: torch."""
+    top-k then read again (engine/csrc/sampling.cpp); its logprobs agree to ~1e-6. None: torch."""
     k = min(k, logits.shape[-1])
     usable = logits.device.type == "cpu" and logits.dtype == torch.float32 and logits.dim() == 2
     if kernels is not None and usable and logits.shape[-1] > 0:

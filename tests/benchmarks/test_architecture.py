@@ -31,11 +31,12 @@ def _imports(path: Path) -> list[str]:
 
 
 def _modules() -> list[tuple[str, Path]]:
-    """(subpackage, file) for every module under benchmarks/ (results/ holds data, not code)."""
+    """(subpackage, file) for every module under benchmarks/ (results/ holds data, not code; scripts/ holds one-off
+    scripts outside the package, which may import any job)."""
     found = []
     for path in sorted(BENCHMARKS.rglob("*.py")):
         parts = path.relative_to(BENCHMARKS).parts
-        if parts[0] != "results":
+        if parts[0] not in ("results", "scripts"):
             found.append((parts[0] if len(parts) > 1 else "", path))
     return found
 

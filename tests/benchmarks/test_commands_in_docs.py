@@ -74,3 +74,12 @@ def test_documented_command_answers_help(prefix: tuple[str, ...], capsys: pytest
     out, err = capsys.readouterr()
     assert code in (0, None), err[-2000:]
     assert "usage:" in out
+
+
+def test_every_script_the_docs_name_exists() -> None:
+    """A one-off script (benchmarks/scripts/, outside the dispatcher) that a doc tells the reader to run is there."""
+    named = {
+        name for doc in documents() for name in re.findall(r"benchmarks/scripts/[a-z0-9_]+\.(?:py|sh)", doc.read_text())
+    }
+    assert "benchmarks/scripts/gc_pause.py" in named
+    assert sorted(name for name in named if not (ROOT / name).is_file()) == []

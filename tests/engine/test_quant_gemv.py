@@ -1,6 +1,6 @@
-"""The compiled weight-only matmuls (engine/csrc/quant_gemv.cpp) against an exact float64 reference, once per
-build of the kernels this CPU can execute, and the row-switched linear that picks quantised or dense weights by a
-step's row count."""
+"""The compiled weight-only matmuls (engine/csrc/int4_gemv.cpp, int8_gemv.cpp, int4_dot.cpp) against an exact
+float64 reference, once per build of the kernels this CPU can execute, and the row-switched linear that picks
+quantised or dense weights by a step's row count."""
 
 from __future__ import annotations
 

@@ -42,8 +42,12 @@ def test_a_row_count_seen_with_prompt_chunks_is_not_explored_at_every_step() -> 
     assert rule.choose(np.full(32, 0.5), np.full(32, 4), 32, 32, 32).sum() == 0  # measured: drafts do not pay
 
 
-def test_acceptance_rates_start_at_one_half() -> None:
-    assert acceptance_rates([0, 10, 4], [0, 10, 0]).tolist() == pytest.approx([0.5, 11 / 12, 1 / 6])
+def test_acceptance_rates_start_at_one_half_and_count_only_judged_drafts() -> None:
+    # (accepted, rejections): none yet; 10 accepted, never rejected; 4 verify steps each rejecting its first draft
+    assert acceptance_rates([0, 10, 0], [0, 0, 4]).tolist() == pytest.approx([0.5, 11 / 12, 1 / 6])
+    # 4 drafts a step, the first 2 right and the third wrong, 10 steps: 20 of 30 judged drafts right (the 10 drafts
+    # after each rejection were never judged); counting them as wrong would read 21/42 = 0.5
+    assert acceptance_rates([20], [10]).tolist() == pytest.approx([21 / 32])
 
 
 def test_a_step_whose_cost_hardly_grows_takes_every_draft() -> None:

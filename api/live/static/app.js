@@ -163,6 +163,9 @@
       if (info.batch_timeout_ms != null) parts.push(`timeout ${info.batch_timeout_ms} ms`);
       if (info.batch_window_ms != null) parts.push(`leaves full or at a tick every ${info.batch_window_ms} ms`);
       if (info.max_num_batched_tokens != null) parts.push(`step budget ${info.max_num_batched_tokens} tokens`);
+      if (info.speculative_tokens != null) {
+        parts.push(`speculation: up to ${info.speculative_tokens} drafts (${info.draft_length})`);
+      }
       if (this.prefix) parts.push(`API at ${this.prefix}/v1`);
       this.detail.textContent = parts.join(" · ");
     }

@@ -107,5 +107,10 @@ def test_an_engine_refusal_is_a_400_naming_the_field(
     expected = "top_logprobs" if endpoint == CHAT and field == InputField.LOGPROBS else _PARAMS[field]
     assert error["param"] == expected, error
     assert not [r for r in logs.records if r.levelno >= logging.ERROR or r.exc_info], "a bad request logged an error"
+
+
+@pytest.mark.parametrize("endpoint", [COMPLETIONS, CHAT], ids=["cmpl", "chat"])
+def test_after_every_refusal_the_server_still_answers(server: Any, endpoint: str) -> None:
+    """Runs after the refusals above (pytest keeps the file's order), on the same module's servers."""
     good = httpx.post(f"{server.base_url}{endpoint}", json=GOOD[endpoint], timeout=60)
-    assert good.status_code == 200  # and the server still answers
+    assert good.status_code == 200 and good.json()["usage"]["completion_tokens"] == 4

@@ -285,11 +285,11 @@ def test_a_client_that_stops_reading_does_not_stall_other_streams(server: Runnin
 @pytest.mark.parametrize("mode", ["dynamic", "continuous"])
 def test_the_request_timeout_aborts_a_long_request_and_frees_its_seat(mode: str) -> None:
     with (
-        running_server(_config(mode, request_timeout_s=3.0)) as srv,
+        running_server(_config(mode, request_timeout_s=2.0)) as srv,
         httpx.Client(base_url=srv.base_url, timeout=60) as client,
     ):
         slow = FaultyForward(srv.runtime.engine.runner)
-        # Every step sleeps, so 200 tokens cannot take less than 10 s: they cannot beat the 3 s timeout however
+        # Every step sleeps, so 200 tokens cannot take less than 10 s: they cannot beat the 2 s timeout however
         # fast the machine is, and the timeout is long enough for the short request below on a busy one.
         slow.delay_s = 0.05
         srv.runtime.engine.runner.forward = slow
@@ -297,14 +297,14 @@ def test_the_request_timeout_aborts_a_long_request_and_frees_its_seat(mode: str)
         response = client.post(COMPLETIONS, json=_body(COMPLETIONS, 200))
         assert response.status_code == 504
         error = response.json()["error"]
-        assert error["type"] == "timeout_error" and "request timeout of 3.0 s" in error["message"]
+        assert error["type"] == "timeout_error" and "request timeout of 2.0 s" in error["message"]
         _wait_idle(srv)
 
         _assert_error_stream(_stream(client, CHAT, 200), "timeout_error", "request timeout")
         _wait_idle(srv)
 
         slow.delay_s = 0.0
-        response = client.post(COMPLETIONS, json=_body(COMPLETIONS, 3))  # ~4 unslowed steps against 3 s
+        response = client.post(COMPLETIONS, json=_body(COMPLETIONS, 3))  # ~4 unslowed steps against 2 s
         assert response.status_code == 200 and response.json()["usage"]["completion_tokens"] == 3
         assert client.get("/health").status_code == 200
         _wait_idle(srv)
@@ -316,9 +316,9 @@ def test_a_request_that_waits_past_the_queue_timeout_gets_503_and_others_are_ser
     config = _config(mode, max_num_seqs=1, max_batch_size=1, queue_timeout_s=0.5)
     with running_server(config) as srv, httpx.Client(base_url=srv.base_url, timeout=60) as client:
         slow = FaultyForward(srv.runtime.engine.runner)
-        slow.delay_s = 0.05  # the one seat stays busy for 60 steps, 3 s or more: far past the 0.5 s limit
+        slow.delay_s = 0.05  # the one seat stays busy for 30 steps, 1.5 s or more: far past the 0.5 s limit
         srv.runtime.engine.runner.forward = slow
-        with client.stream("POST", COMPLETIONS, json=_body(COMPLETIONS, 60, stream=True)) as busy:
+        with client.stream("POST", COMPLETIONS, json=_body(COMPLETIONS, 30, stream=True)) as busy:
             lines = busy.iter_lines()  # kept open: dropping the iterator would close the stream (a disconnect)
             first = next(line for line in lines if line.startswith("data: "))  # it holds the seat now
             assert "error" not in first
@@ -327,6 +327,6 @@ def test_a_request_that_waits_past_the_queue_timeout_gets_503_and_others_are_ser
             assert late.headers["retry-after"] == "1"
             error = late.json()["error"]
             assert error["type"] == "service_unavailable" and "queue" in error["message"]
-            _assert_complete_stream([line[6:] for line in lines if line.startswith("data: ")], 60)
+            _assert_complete_stream([line[6:] for line in lines if line.startswith("data: ")], 30)
         slow.delay_s = 0.0
         _assert_serving(srv, client)

@@ -5,14 +5,13 @@ response's `timings`, vLLM's counters and the event stream's steps alike."""
 from __future__ import annotations
 
 import json
-import threading
 import time
 from typing import Any
 
 import httpx
 import pytest
 
-from tests.server_harness import mode_config, openai_client, read_events, running_server
+from tests.server_harness import events_read, mode_config, openai_client, running_server
 
 SPEC = (
     '{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 1, "prompt_lookup_max": 3, '
@@ -75,11 +74,10 @@ def _metric(text: str, name: str) -> dict[str, float]:
 def test_drafts_and_acceptances_are_counted_per_response_metric_and_step(one_torch_thread: None, mode: str) -> None:
     """`timings` (non-stream and the final stream chunk), the vLLM counters and the event stream's steps all tell
     the same draft and accepted totals."""
-    with running_server(mode_config(mode, speculative_config=SPEC, batch_window_ms=1.0)) as server:
-        events: list[tuple[str, dict[str, Any]]] = []
-        stop = threading.Event()
-        reader = threading.Thread(target=read_events, args=(f"{server.base_url}/v1/events", stop, events))
-        reader.start()
+    with (
+        running_server(mode_config(mode, speculative_config=SPEC, batch_window_ms=1.0)) as server,
+        events_read(f"{server.base_url}/v1/events") as events,
+    ):
         deadline = time.monotonic() + 60
         while not any(kind == "hello" for kind, _ in events):
             assert time.monotonic() < deadline
@@ -99,7 +97,6 @@ def test_drafts_and_acceptances_are_counted_per_response_metric_and_step(one_tor
         while not ids <= {e["request_id"] for k, e in events if k == "request" and e["event"] == "released"}:
             assert time.monotonic() < deadline
             time.sleep(0.05)
-        stop.set()
         metrics = httpx.get(f"{server.base_url}/metrics").text
     steps = [e for k, e in events if k == "step"]
     drafted = sum(t["draft_tokens"] for t in timings)

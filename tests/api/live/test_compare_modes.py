@@ -9,7 +9,9 @@ import httpx
 import openai
 import pytest
 
-from api.cli import build_parser, compare_lineup, main
+from api.apps.compare import mode_config
+from api.cli import build_parser, compare_config, compare_lineup, main
+from scheduler.lineup import parse_lineup
 from tests.server_harness import lineup_server
 
 SPF = "scheduler.examples.shortest_prompt_first:ShortestPromptFirst"
@@ -66,3 +68,49 @@ def test_the_command_reads_modes_and_a_policy_pane() -> None:
         main(["compare", "--modes", "stat,dynamic"])
     with pytest.raises(SystemExit, match="appear"):
         main(["compare", "--modes", "dynamic,dynamic"])
+
+
+SPEC = '{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 1, "prompt_lookup_max": 3}'
+
+
+def test_a_spec_pane_is_its_mode_with_the_speculative_config_and_the_others_go_without() -> None:
+    args = build_parser().parse_args(["compare", "--modes", "dynamic,continuous,continuous-spec", "--seats", "2"])
+    args.speculative_config = SPEC
+    lineup = compare_lineup(args)
+    assert [(e.name, e.mode.value, e.speculative) for e in lineup] == [
+        ("dynamic", "dynamic", False),
+        ("continuous", "continuous", False),
+        ("continuous-spec", "continuous", True),
+    ]
+    config = compare_config(args)
+    split = [mode_config(config, entry, split=True) for entry in lineup]
+    assert [c.speculative_config for c in split] == [None, None, SPEC]
+    assert [c.mode for c in split] == ["dynamic", "continuous", "continuous"]
+    # Without a -spec pane the flag is every pane's, as before.
+    assert all(mode_config(config, entry).speculative_config == SPEC for entry in lineup)
+    # A plug-in named NAME-spec speculates too.
+    assert compare_lineup(build_parser().parse_args(["compare", "--modes", f"spf-spec={SPF}", *FLAG]))[0].speculative
+    with pytest.raises(SystemExit, match="continuous-spec speculates: give --speculative-config"):
+        main(["compare", "--modes", "continuous,continuous-spec"])
+    with pytest.raises(ValueError, match="neither a mode"):
+        parse_lineup("continuous-spec")  # ab and simulate take speculation as --speculation both instead
+    with pytest.raises(ValueError, match="appear"):
+        parse_lineup("continuous-spec,continuous-spec", speculation=True)
+
+
+FLAG = ("--speculative-config", SPEC)
+
+
+def test_only_the_spec_pane_drafts() -> None:
+    with lineup_server("continuous,continuous-spec", speculative_config=SPEC) as base_url:
+        listed = {e["mode"]: e for e in httpx.get(f"{base_url}/v1/compare/modes").json()["data"]}
+        assert listed["continuous-spec"]["speculative_tokens"] == 4 and listed["continuous-spec"]["draft_length"]
+        assert "speculative_tokens" not in listed["continuous"]
+        drafted = {}
+        for name in ("continuous", "continuous-spec"):
+            model = httpx.get(f"{base_url}/{name}/v1/models").json()["data"][0]["id"]
+            body = {"model": model, "prompt": "one two one two one two", "max_tokens": 24, "temperature": 0}
+            reply = httpx.post(f"{base_url}/{name}/v1/completions", json=body, timeout=60).json()
+            assert reply["choices"][0]["finish_reason"] == "length", reply
+            drafted[name] = reply["timings"]["draft_tokens"]
+        assert drafted["continuous"] == 0 and drafted["continuous-spec"] > 0

@@ -271,6 +271,7 @@ uvicorn.Server(uvicorn_config(app, config, log_level="warning", lifespan="off"))
 """
 
 
+@pytest.mark.slow  # a server process, and a storm that lasts 2.5 s by design
 def test_running_out_of_descriptors_logs_once_a_second() -> None:
     """A server limited to 48 descriptors, 80 idle connections: accept fails with EMFILE for the rest, over and
     over; the log gets at most one line a second (asyncio's own handler wrote thousands, with tracebacks)."""

@@ -145,6 +145,12 @@ def test_forced_tool_calls_whole_and_streamed_agree(server: RunningServer, tool_
     assert whole[1:] == streamed[1:]  # greedy: the same call, token for token
 
 
+@pytest.fixture(scope="module")
+def whole_answers() -> dict[tuple[Any, ...], Any]:
+    """Each server's whole greedy answer to a request the cut tests cut short, asked once (it cannot change)."""
+    return {}
+
+
 def _raw_call(server: RunningServer, tool_choice: Any, stream: bool, **extra: Any) -> tuple[dict[str, Any], str]:
     """The message (content, tool_calls and their arguments, streamed ones joined) and finish_reason of a forced
     call with `extra` fields (a stop string, a small max_tokens)."""
@@ -187,12 +193,15 @@ def _cut_text(message: dict[str, Any], stream: bool) -> str:
 @pytest.mark.parametrize("tool_choice", ["required", {"type": "function", "function": {"name": "toggle"}}],
                          ids=["required", "named"])  # fmt: skip
 def test_a_call_cut_short_reports_its_cut_and_its_text(
-    server: RunningServer, tool_choice: Any, cut: str, stream: bool
+    server: RunningServer, whole_answers: dict[tuple[Any, ...], Any], tool_choice: Any, cut: str, stream: bool
 ) -> None:
     """A stop string inside the call (or max_tokens) ends it where it falls, as anywhere: the answer says "stop"
     (or "length") with the text as it is, never "tool_calls" with arguments that do not parse (it said "tool_calls"
     with `arguments: "{"`)."""
-    whole, reason = _raw_call(server, tool_choice, stream=False)
+    key = (server, "call", json.dumps(tool_choice))
+    if key not in whole_answers:
+        whole_answers[key] = _raw_call(server, tool_choice, stream=False)
+    whole, reason = whole_answers[key]
     assert reason == "tool_calls"
     arguments = whole["tool_calls"][0]["function"]["arguments"]
     extra = {"stop": ["}"]} if cut == "stop" else {"max_tokens": 3}
@@ -211,10 +220,15 @@ def test_a_call_cut_short_reports_its_cut_and_its_text(
 
 @pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
 @pytest.mark.parametrize("endpoint", ["completions", "chat"])
-def test_a_stop_inside_a_grammar_ends_the_answer_there(server: RunningServer, endpoint: str, stream: bool) -> None:
+def test_a_stop_inside_a_grammar_ends_the_answer_there(
+    server: RunningServer, whole_answers: dict[tuple[Any, ...], Any], endpoint: str, stream: bool
+) -> None:
     """Structured outputs the same way: "stop", and the grammar's text up to the stop string, as is."""
+    key = (server, "grammar", endpoint)
     if endpoint == "completions":
-        whole, reason = _completion(server, False, guided_json=SCHEMA)
+        if key not in whole_answers:
+            whole_answers[key] = _completion(server, False, guided_json=SCHEMA)
+        whole, reason = whole_answers[key]
         cut, cut_reason = _completion(server, stream, guided_json=SCHEMA, stop=["}"])
         whole_text, text = whole[0], cut[0]
         reason, cut_reason = reason[0], cut_reason[0]
@@ -223,8 +237,10 @@ def test_a_stop_inside_a_grammar_ends_the_answer_there(server: RunningServer, en
         response_format = {"type": "json_schema", "json_schema": {"name": "pick", "schema": SCHEMA}}
         kwargs: dict[str, Any] = dict(model=_model(server), messages=MESSAGES, max_tokens=200, temperature=0)
         kwargs.update(response_format=response_format)
-        answer = client.chat.completions.create(**kwargs).choices[0]
-        whole_text, reason = answer.message.content or "", answer.finish_reason
+        if key not in whole_answers:
+            answer = client.chat.completions.create(**kwargs).choices[0]
+            whole_answers[key] = answer.message.content or "", answer.finish_reason
+        whole_text, reason = whole_answers[key]
         if stream:
             parts = [c.choices[0] for c in client.chat.completions.create(stream=True, stop=["}"], **kwargs)]
             text, cut_reason = "".join(p.delta.content or "" for p in parts), parts[-1].finish_reason

@@ -34,17 +34,20 @@ def _launch(how: str, **limits: float) -> LaunchConfig:
     return LaunchConfig((sys.executable, "-c", _SERVER, how, "{port}"), stop_grace_s=2.0, **limits)
 
 
+@pytest.mark.slow  # a process that waits out its timeouts: 1 to 2.5 s by design
 def test_a_start_that_keeps_logging_is_waited_for_past_the_silence_timeout(tmp_path: Path) -> None:
     with ServerProcess(_launch("2.5", health_timeout_s=1.0), tmp_path / "log") as server:
         assert "still starting" in server.log_tail()
 
 
+@pytest.mark.slow  # a process that waits out its timeouts: 1 to 2.5 s by design
 def test_a_silent_start_fails_after_the_timeout_naming_it(tmp_path: Path) -> None:
     server = ServerProcess(_launch("silent", health_timeout_s=1.0), tmp_path / "log")
     with pytest.raises(ServerStartError, match="silent for up to 1s"), server:
         pass
 
 
+@pytest.mark.slow  # a process that waits out its timeouts: 1 to 2.5 s by design
 def test_max_start_s_caps_a_start_that_logs_for_ever(tmp_path: Path) -> None:
     server = ServerProcess(_launch("forever", health_timeout_s=1.0, max_start_s=2.0), tmp_path / "log")
     with pytest.raises(ServerStartError, match="2s at most in all") as caught, server:

@@ -3,12 +3,20 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
 
+from benchmarks.loadgen.trace import TraceRequest
 from benchmarks.sim.cost.model import FittedCostModel
-from benchmarks.sim.spec_break_even import break_even, expected_emitted, main, sample_emitted, speedups
+from benchmarks.sim.cost.speculation import break_even, crossing, expected_emitted, sample_emitted, speedups
+from benchmarks.sim.run import SimSettings, simulate_trace
+from benchmarks.sim.spec_break_even import main
+from benchmarks.sim.spec_check import rate_from_counters
+from engine.config import EngineConfig
+from engine.spec.config import SpeculativeConfig
+from scheduler.config import Mode, SchedulerConfig
 
 # A CPU-like step: a large fixed cost (reading the weights) and a per-token cost, so a few rows are nearly free.
 CPU = FittedCostModel(
@@ -48,3 +56,81 @@ def test_command_prints_the_break_even_batch(tmp_path, capsys) -> None:
     assert out["break_even_batch"] == 4 and [r["batch"] for r in out["by_batch"]] == [1, 2, 3, 4]
     with pytest.raises(SystemExit):
         main(["--cost-model", str(path), "--acceptance-rate", "1.5"])
+
+
+def test_crossing_interpolates_where_the_speedup_falls_to_one() -> None:
+    assert crossing([1, 8], [1.3, 0.8]) == pytest.approx(1 + 0.3 / 0.5 * 7)
+    assert crossing([2, 4], [0.9, 0.5]) == 2.0 and crossing([1, 2], [1.5, 1.1]) is None
+
+
+def test_the_break_even_grows_with_acceptance_and_the_speedup_falls_with_the_batch() -> None:
+    batches = list(range(1, 65))
+    evens = [break_even(CPU, rate, 4, 256, batches) or 65 for rate in (0.2, 0.4, 0.6, 0.8, 0.95)]
+    assert evens == sorted(evens) and evens[0] < evens[-1]
+    for k in (1, 2, 4, 8):
+        assert (np.diff(speedups(CPU, 0.7, k, 256, batches)) <= 1e-12).all()
+    # Verifying nothing right costs more at every batch; every draft right pays where a step is nearly free.
+    assert break_even(CPU, 0.0, 4, 256, batches) == 1 and speedups(CPU, 0.99, 4, 0, [1])[0] > 3
+
+
+def _simulated_speedup(batch: int, rate: float) -> float:
+    spec = SpeculativeConfig(4, draft_length="fixed")
+    engine = EngineConfig(max_rows=batch, kv_cache_tokens=batch * 512, max_model_len=512)
+    trace = [TraceRequest(0.0, 16, 256) for _ in range(batch)]
+    throughput = []
+    for config in (None, spec):
+        scheduler = SchedulerConfig(mode=Mode.CONTINUOUS, max_num_seqs=batch, speculative=config)
+        run = simulate_trace(trace, SimSettings(scheduler, engine, CPU, acceptance_rate=rate), "run", 1.0)
+        throughput.append(run.summary.output_throughput)
+    return throughput[1] / throughput[0]
+
+
+def test_the_prediction_is_the_simulators_break_even() -> None:
+    # The simulator charges a verify step as the prediction does: its measured speedups cross 1 where the cost
+    # model's do (within a batch: its runs also hold prompt steps and the answers' last, shorter steps).
+    batches = [1, 2, 3, 4, 5, 6, 8, 10, 12]
+    for rate in (0.5, 0.7):  # break-even near 3.1 and 7.9
+        predicted = crossing(batches, speedups(CPU, rate, 4, 16 + 128, batches).tolist())
+        simulated = crossing(batches, [_simulated_speedup(b, rate) for b in batches])
+        assert predicted is not None and simulated is not None
+        assert simulated == pytest.approx(predicted, abs=1.0), rate
+
+
+def _ab_folder(root: Path, seats: int, plain: float, spec: float) -> Path:
+    folder = root / f"mixed-{seats}"
+    folder.mkdir()
+    config = '{"method": "ngram", "num_speculative_tokens": 4, "draft_length": "fixed"}'
+    settings = {"workload": "mixed", "num_prompts": 8, "seed": 0, "seats": seats, "max_concurrency": seats,
+                "request_rate": "inf", "speculative_config": config}  # fmt: skip
+
+    def run(label: str, tput: float, drafted: float, accepted: float) -> dict:
+        summary = {"label": label, "completed": 8, "input_tokens": 400, "output_tokens": 800, "output_throughput": tput}
+        return {"label": label, "summary": summary,
+                "server_metrics": {"draft_tokens": drafted, "accepted_tokens": accepted}}  # fmt: skip
+
+    accepted = 1000 * (expected_emitted(0.6, 4) - 1) / 4  # R = 0.6
+    runs = {
+        "continuous": run("continuous", plain, 0, 0),
+        "continuous-spec": run("continuous-spec", spec, 1000, accepted),
+    }
+    (folder / "result.json").write_text(json.dumps({"settings": settings, "runs": runs}))
+    return folder
+
+
+def test_check_sets_the_measured_break_even_beside_the_simulated(tmp_path, capsys) -> None:
+    cost = tmp_path / "cost.json"
+    cost.write_text(json.dumps({"model": {f: getattr(CPU, f) for f in CPU.__dataclass_fields__}}))
+    folders = [_ab_folder(tmp_path, 1, 100.0, 130.0), _ab_folder(tmp_path, 8, 400.0, 320.0)]
+    assert rate_from_counters(1000, 1000 * (expected_emitted(0.6, 4) - 1) / 4, 4) == pytest.approx(0.6)
+    main(["--cost-model", str(cost), "--check", *map(str, folders)])
+    out = capsys.readouterr().out
+    assert (
+        "| mixed-1 | continuous | 1 | 0.60 | 1.300x |" in out and "| mixed-8 | continuous | 8 | 0.60 | 0.800x |" in out
+    )
+    # measured: 1.3x at 1, 0.8x at 8, so 1 + 7 * 0.3 / 0.5; the simulator's and the cost model's beside it
+    line = next(line for line in out.splitlines() if line.startswith("continuous: break-even"))
+    assert line.startswith("continuous: break-even concurrency measured 5.2, simulated ")
+    # R = 0.6, k = 4 on the CPU model: 1.4x at 1 and 0.83x at 8, so 6.6 between them (3.4 on every batch size)
+    assert line.endswith("cost model alone 6.6 (between the same concurrencies)")
+    with pytest.raises(SystemExit):
+        main(["--cost-model", str(cost), "--check", str(tmp_path)])  # no result.json there

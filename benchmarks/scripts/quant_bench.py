@@ -1,20 +1,4 @@
-"""Weight formats side by side: one decode step's weight matmuls per format, and the LM head's options' quality.
-
-For each format the script builds the engine's own matmuls (fused q/k/v and gate/up per layer, then the LM head)
-from the default model and times one step's worth at each batch size (median of repeats after a warm-up):
-
-- `f32-linear`, `f32-onednn`: float32 through `F.linear` and through oneDNN on reordered weights (today's default);
-- `bf16-linear`, `bf16-onednn`: the same weights cast to bfloat16;
-- `int8-f32`, `int8-bf16`: per-row int8 weights (`_weight_int8pack_mm`), float32 or bfloat16 activations;
-- `int4-f32`, `int4-bf16`: the GGUF's own Q4_1 blocks in torch's int4 layout (`_weight_int4pack_mm_for_cpu`,
-  groups of 32), float32 or bfloat16 activations; the LM head is timed apart, as the Q8_0 head has its own options.
-
-The LM head section times each candidate for the Q8_0 tied head and measures its quality on real hidden states
-(the model run over ../shared/reference texts): the largest logit error against float32, top-1 agreement and the
-change in perplexity.
-
-    OMP_NUM_THREADS=2 python -m benchmarks quant [--batch-sizes 1,32,256] [--threads 2] [--out FILE]
-"""
+"""Which format each decode-step matmul and the LM head take (int4/bf16, int8 head): docs/quantization.md."""
 
 from __future__ import annotations
 
@@ -194,9 +178,7 @@ def run(
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(
-        prog="python -m benchmarks quant", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--batch-sizes", default="1,32,256")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--threads", type=int, default=2)
@@ -211,3 +193,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     result = run(batch_sizes, args.repeats, args.quality_tokens, args.layers, only)
     if args.out:
         write_json(args.out, result)
+
+
+if __name__ == "__main__":
+    main()

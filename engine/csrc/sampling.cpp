@@ -1,11 +1,13 @@
-// Prompt scoring: each row of LM-head logits reduced to one target token's logprob and rank and the k best
-// alternatives.
+// Reductions over rows of logits, one pass each while the row sits in the core's cache: greedy sampling's argmax,
+// and prompt scoring (also the sampler's chosen-token and top-k logprobs, engine/fused.py).
 //
-// In torch this is log_softmax (which writes a second [rows, vocab] tensor), a comparison that writes a bool
-// tensor, its sum and a top-k: five passes over 49k-float rows plus two large allocations per slice. Here each
-// row is read in vectorised passes while it sits in the core's cache: max and count of higher logits, the sum
-// of exponentials, and (when alternatives are asked for) a top-k scan that looks closely only at blocks that can
-// hold a winner.
+//   argmax_rows:   [rows, vocab] -> [rows] the first index of each row's maximum, as torch.argmax
+//   prompt_scores: each row reduced to one target token's logprob and rank and the k best alternatives.
+//                  In torch this is log_softmax (which writes a second [rows, vocab] tensor), a comparison that
+//                  writes a bool tensor, its sum and a top-k: five passes over 49k-float rows plus two large
+//                  allocations per slice. Here each row is read in vectorised passes: max and count of higher
+//                  logits, the sum of exponentials, and (when alternatives are asked for) a top-k scan that looks
+//                  closely only at blocks that can hold a winner.
 
 // The exponential's clamp below is a compare and select; GCC vectorises it with AVX2 only when it may assume that
 // floating-point exceptions are not observed (AVX-512 masks the lanes instead): without this the AVX2 build summed
@@ -18,10 +20,9 @@
 #endif
 
 #include <ATen/Parallel.h>
-#include <torch/library.h>
 #include <torch/types.h>
 
-#include "scalar.h"
+#include "ops.h"
 
 #include <algorithm>
 #include <cmath>
@@ -120,6 +121,8 @@ void score_row(const float* x, int64_t vocab, int64_t target, int64_t k, float* 
   for (int64_t j = 0; j < k; ++j) top_values[j] = (top_values[j] - row_max) - log_total;
 }
 
+}  // namespace
+
 std::tuple<torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor> prompt_scores(
     const torch::Tensor& logits,  // [rows, vocab] float32
     const torch::Tensor& target,  // [rows] int64: the token each row scores
@@ -153,11 +156,55 @@ std::tuple<torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor> prompt_sc
   return {logprobs, ranks, top_ids, top_values};
 }
 
-}  // namespace
-}  // namespace BATCHSERVE_OPS
+namespace {
 
-TORCH_LIBRARY_FRAGMENT(BATCHSERVE_OPS, m) {
-  m.def("prompt_scores(Tensor logits, Tensor target, int k) -> (Tensor, Tensor, Tensor, Tensor)");
+// Rows per task so that a task has at least ~16k elements: smaller batches run on the calling thread.
+int64_t grain(int64_t row_elements) { return std::max<int64_t>(1, 16384 / std::max<int64_t>(1, row_elements)); }
+
+// ---------------------------------------------------------------------------------------------------------------
+// Greedy argmax: blocks of the row are reduced to their maximum in vector lanes, and only a block that beats the
+// best so far is searched for its first maximal index, so the row is read once. Ties go to the lowest index, as
+// torch.argmax's do. Rows must hold no NaN (the sampler's callers guarantee it). It only compares, so the pragma
+// above (for prompt_scores' exponentials) changes none of its results.
+
+constexpr int64_t kArgmaxBlock = 64;
+
+int64_t argmax_row(const float* x, int64_t n) {
+  float best = -std::numeric_limits<float>::infinity();
+  int64_t best_index = 0;
+  for (int64_t start = 0; start < n; start += kArgmaxBlock) {
+    const int64_t stop = std::min(start + kArgmaxBlock, n);
+    float block = -std::numeric_limits<float>::infinity();
+#pragma omp simd reduction(max : block)
+    for (int64_t i = start; i < stop; ++i) block = block > x[i] ? block : x[i];
+    if (block > best) {
+      best = block;
+      for (int64_t i = start; i < stop; ++i) {
+        if (x[i] == block) {
+          best_index = i;
+          break;
+        }
+      }
+    }
+  }
+  return best_index;
 }
 
-TORCH_LIBRARY_IMPL(BATCHSERVE_OPS, CPU, m) { m.impl("prompt_scores", &BATCHSERVE_OPS::prompt_scores); }
+}  // namespace
+
+torch::Tensor argmax_rows(const torch::Tensor& logits) {
+  TORCH_CHECK(logits.device().is_cpu() && logits.scalar_type() == torch::kFloat && logits.dim() == 2 &&
+                  logits.size(1) >= 1,
+              "logits must be [rows, vocab] float32 on the CPU");
+  const auto x = logits.contiguous();
+  const int64_t rows = x.size(0), n = x.size(1);
+  auto out = torch::empty({rows}, x.options().dtype(torch::kLong));
+  const float* x_ptr = x.data_ptr<float>();
+  int64_t* out_ptr = out.data_ptr<int64_t>();
+  at::parallel_for(0, rows, grain(n), [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) out_ptr[r] = argmax_row(x_ptr + r * n, n);
+  });
+  return out;
+}
+
+}  // namespace BATCHSERVE_OPS

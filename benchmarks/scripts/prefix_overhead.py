@@ -1,17 +1,4 @@
-"""What prefix caching costs when nothing is shared: the same engine steps with caching on and off.
-
-Every attempt sends fresh random prompts (no prefix is ever found), so the only difference is the bookkeeping:
-looking prompts up, registering each block a step fills, parking released blocks and evicting them, and which
-blocks of the KV cache the next sequence gets. One engine, with one KV cache tensor, runs every attempt and
-switches caching between them, since two engines differ by where their cache lands in memory (an A/A run with two
-engines, both off, once gave 0.70x). A third setting repeats "off" as an A/A control of the method itself: its
-ratio to "off" shows how far two identical settings drift apart in the same run. The settings rotate in cycles
-of (on, off, control, control, off, on), so each setting has one attempt early and one late in a cycle and a
-steady drift cancels within it. A ratio is the median over cycles of each cycle's own ratio (off's two attempts
-against the other setting's two); a time is the median over all of a setting's attempts.
-
-    python -m benchmarks prefix-overhead --out benchmarks/results/prefix-caching/2026-12-02-epyc-zen5/overhead.json
-"""
+"""Does prefix caching slow the engine when nothing is shared: docs/prefix_caching.md, results/prefix-caching/."""
 
 from __future__ import annotations
 
@@ -103,11 +90,7 @@ def measure(loaded: LoadedModel, batch: int, prompt_len: int, steps: int, cycles
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(
-        prog="python -m benchmarks prefix-overhead",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    parser = argparse.ArgumentParser(description=__doc__)
     add_model_arguments(parser)
     parser.add_argument("--batch-sizes", default="1,8,32")
     parser.add_argument("--prompt-tokens", type=int, default=128)
@@ -132,3 +115,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         )
     if args.out:
         write_json(args.out, {"weights": loaded.weight_format.label, "rows": rows})
+
+
+if __name__ == "__main__":
+    main()

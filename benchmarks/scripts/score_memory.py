@@ -1,15 +1,4 @@
-"""Peak memory of scoring the longest prompt a server takes: `echo` with `logprobs=20` and `prompt_logprobs=20`
-against the same prompt sent plainly, through a real server.
-
-    python -m benchmarks score-memory [--mode continuous] [--out FILE.json]
-
-Scoring a prompt runs the LM head over every position; the logits of a whole prompt of the context length
-(2048 x 49152 float32 for SmolLM2-135M, 400 MB) would be a spike as large as the model, so the runner scores in
-slices of positions (`score_slice`). This measures what a client gets: the server's peak resident memory
-(Linux's VmHWM, reset before each request by writing 5 to /proc/PID/clear_refs) over its resident memory just
-before, for a plain request and a scored one on a prompt of max_model_len - 1 token ids with max_tokens 1, each
-sent `--repeats` times (the largest rise counts), after a warm-up of each. Also reports the scored answer's size.
-"""
+"""A server's peak memory scoring its longest prompt: docs/reliability.md, results/score-memory/."""
 
 from __future__ import annotations
 
@@ -65,7 +54,7 @@ def measure(client: httpx.Client, pid: int, prompt: list[int], scored: bool, rep
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks score-memory", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--mode", default="continuous", choices=("dynamic", "continuous", "static"))
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--out", type=Path, default=None, help="write the result as JSON here, the log beside it")
@@ -88,3 +77,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     else:
         print(json.dumps(result, indent=2))
     return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,13 +1,4 @@
-"""How long one full garbage collection stops a loaded server, before and after its heap is frozen.
-
-    python -m benchmarks gc [serve flags: --model PATH ...] [--repeats 5] [--out FILE.json]
-
-The server's runtime is built exactly as `serve` builds it (`api.apps.loading.build_runtime` over serve's loader),
-with the collector on as it was before `api.runtime.heap` existed. Then `gc.collect()` is timed `--repeats` times: a
-full collection walks every tracked object while holding the GIL, so it stops the engine's loop thread and the API
-alike. Then the heap is frozen, as `batchserve serve` now does after loading, and the same collections are timed
-again. Each result file records its machine.
-"""
+"""How long a full GC stops a loaded server, before and after its heap is frozen: results/gc_pause.json."""
 
 from __future__ import annotations
 
@@ -44,7 +35,7 @@ def time_full_collections(repeats: int) -> FullCollections:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks gc", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--out", type=Path, default=None, help="write the figures as JSON here")
     add_config_flags(parser)
@@ -79,3 +70,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         }
         write_json(args.out, document)
     return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,158 @@
+"""The break-even batch size measured beside simulated: `python -m benchmarks spec-break-even --cost-model cost.json
+--check DIR ...`, each DIR an `ab --speculation both` result folder (one per --seats / --max-concurrency).
+
+For each folder and each mode it ran with and without speculation (`<mode>` and `<mode>-spec`), the measured speedup
+is the spec run's output tokens per second over the plain run's. The simulator then runs the same requests at the same
+concurrency (min of --seats and --max-concurrency: a closed loop of c clients keeps at most c requests in the
+server) with the folder's --speculative-config, replaying the folder's exported traces when it has them
+(`--export-workload`), else the workload its settings name. The acceptance rate R is --acceptance-rate, else the
+spec run's counters (accepted / drafted = (R + ... + R**k) / k under synthetic acceptance with k drafts a row,
+solved for R). The cost model's own prediction (`spec_break_even.speedups` at the runs' mean context) sits beside.
+Each break-even is where the speedup crosses 1 over the folders' concurrencies (`crossing`).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from benchmarks.loadgen.run import RunResult
+from benchmarks.sim import cli as simulate
+from benchmarks.sim.cost.files import load_fitted
+from benchmarks.sim.cost.speculation import crossing, expected_emitted, speedups
+from engine.spec.config import SpeculativeConfig
+from scheduler.lineup import SPEC_SUFFIX
+
+
+@dataclass(frozen=True)
+class Point:
+    """One mode at one concurrency: speculation's speedup measured, simulated and from the cost model alone."""
+
+    folder: Path
+    mode: str
+    concurrency: int
+    rate: float
+    measured: float
+    simulated: float
+    predicted: float
+
+
+def rate_from_counters(drafted: float, accepted: float, k: int) -> float:
+    """R such that accepted / drafted = (R + ... + R**k) / k (bisection: the left side grows with R)."""
+    target = accepted / drafted
+    low, high = 0.0, 1.0
+    for _ in range(60):
+        middle = (low + high) / 2
+        if (expected_emitted(middle, k) - 1.0) / k < target:
+            low = middle
+        else:
+            high = middle
+    return low
+
+
+def _throughput(run: dict[str, Any]) -> float:
+    value = run["summary"]["output_throughput"]
+    if not value:
+        raise ValueError(f"run {run.get('label')!r} has no output throughput")
+    return float(value)
+
+
+def _rate(folder: Path, spec_run: dict[str, Any], k: int, given: float | None) -> float:
+    if given is not None:
+        return given
+    metrics = spec_run.get("server_metrics") or {}
+    drafted, accepted = metrics.get("draft_tokens"), metrics.get("accepted_tokens")
+    if not drafted or accepted is None:
+        raise ValueError(f"{folder}: the spec run recorded no draft counters; give --acceptance-rate")
+    return rate_from_counters(float(drafted), float(accepted), k)
+
+
+def _simulated(cost_model: Path, folder: Path, settings: dict[str, Any], mode: str, seats: int, rate: float) -> float:
+    """Simulated spec / plain output tokens per second for `mode` at `seats`, as the folder's runs were made."""
+    argv = ["--cost-model", str(cost_model), "--mode", mode, "--seats", str(seats), "--acceptance-rate", str(rate)]
+    argv += ["--speculative-config", settings["speculative_config"], "--speculation", "both"]
+    argv += ["--request-rate", str(settings.get("request_rate", "inf")), "--seed", str(settings.get("seed", 0))]
+    if (folder / "workload").is_dir():
+        argv += ["--replay", str(folder)]
+    else:
+        argv += ["--workload", str(settings["workload"]), "--num-prompts", str(settings["num_prompts"])]
+    args = simulate.build_parser().parse_args(argv)
+    _, sim_settings = simulate.simulation_settings(args)
+    if args.replay is not None:
+        runs: dict[str, RunResult] = simulate.replay(args, sim_settings)[0]
+    else:
+        simulate.check_workload(args, ())
+        runs = simulate.sweep(args, sim_settings, ())[0]
+    plain, spec = runs[mode].summary.output_throughput, runs[mode + SPEC_SUFFIX].summary.output_throughput
+    return spec / plain if plain else math.nan
+
+
+def points(cost_model: Path, folders: Sequence[Path], acceptance_rate: float | None) -> list[Point]:
+    model = load_fitted(cost_model)
+    out = []
+    for folder in folders:
+        document = json.loads((folder / "result.json").read_text())
+        settings, runs = document.get("settings") or {}, document.get("runs") or {}
+        if not settings.get("speculative_config"):
+            raise ValueError(f"{folder}: not an `ab --speculation both` run (no speculative_config)")
+        k = SpeculativeConfig.from_json(settings["speculative_config"]).num_speculative_tokens
+        concurrency = min(int(settings["seats"]), int(settings.get("max_concurrency") or settings["seats"]))
+        pairs = [name for name in runs if name + SPEC_SUFFIX in runs]
+        if not pairs:
+            raise ValueError(f"{folder}: no <mode> and <mode>{SPEC_SUFFIX} runs side by side")
+        for mode in pairs:
+            plain, spec = runs[mode], runs[mode + SPEC_SUFFIX]
+            rate = _rate(folder, spec, k, acceptance_rate)
+            summary = spec["summary"]
+            done = max(int(summary["completed"]), 1)
+            context = round(summary["input_tokens"] / done + summary["output_tokens"] / (2 * done))
+            out.append(
+                Point(
+                    folder,
+                    mode,
+                    concurrency,
+                    rate,
+                    _throughput(spec) / _throughput(plain),
+                    _simulated(cost_model, folder, settings, mode, concurrency, rate),
+                    float(speedups(model, rate, k, context, [concurrency])[0]),
+                )
+            )
+    return out
+
+
+def _fmt(value: float | None) -> str:
+    return "pays at every concurrency" if value is None else f"{value:.1f}"
+
+
+def table(found: Sequence[Point]) -> str:
+    lines = [
+        "| folder | mode | concurrency | acceptance R | measured on/off | simulated | cost model |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for p in sorted(found, key=lambda p: (p.mode, p.concurrency)):
+        lines.append(
+            f"| {p.folder.name} | {p.mode} | {p.concurrency} | {p.rate:.2f} | {p.measured:.3f}x | "
+            f"{p.simulated:.3f}x | {p.predicted:.3f}x |"
+        )
+    for mode in sorted({p.mode for p in found}):
+        mine = sorted((p for p in found if p.mode == mode), key=lambda p: p.concurrency)
+        batches = [p.concurrency for p in mine]
+        measured = crossing(batches, [p.measured for p in mine])
+        simulated = crossing(batches, [p.simulated for p in mine])
+        predicted = crossing(batches, [p.predicted for p in mine])  # the cost model between the measured points
+        error = ""
+        if measured is not None and simulated is not None:
+            error = f" (simulated {100 * (simulated - measured) / measured:+.0f} %)"
+        lines.append(
+            f"\n{mode}: break-even concurrency measured {_fmt(measured)}, simulated {_fmt(simulated)}{error}, "
+            f"cost model alone {_fmt(predicted)} (between the same concurrencies)"
+        )
+    return "\n".join(lines)
+
+
+def check(cost_model: Path, folders: Sequence[Path], acceptance_rate: float | None) -> str:
+    return table(points(cost_model, folders, acceptance_rate))

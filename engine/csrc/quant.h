@@ -1,0 +1,45 @@
+// What the weight-only quantised matmuls share (int4_gemv.cpp, int8_gemv.cpp, int4_dot.cpp): each reads every weight
+// byte once for all the activation rows of a pass, unrolled over a compile-time row count.
+//
+// Everything here has internal linkage (an unnamed namespace inside the build's own): the builds for different
+// instruction sets, loaded into one process, must never call each other's copies.
+
+#pragma once
+
+#include <torch/types.h>
+
+#include <cstdint>
+#include <type_traits>
+
+#include "ops.h"  // BATCHSERVE_OPS
+
+namespace BATCHSERVE_OPS {
+namespace {
+
+constexpr int64_t kPrefetchBytes = 1024;  // int4 bytes requested ahead of use (the next groups)
+constexpr int64_t kBlockN = 64;  // output rows per block of int4_gemv's layout (int4_gemv.cpp)
+constexpr int64_t kDotBlock = 16;  // output rows per block of int4_dot's layout (int4_dot.cpp)
+
+// Calls f(std::integral_constant<int, R>{}) for R = count in 1..Max: the kernels unroll over a compile-time
+// row count, and every caller picks it the same way.
+template <int Max, typename F>
+inline void with_row_count(int64_t count, F&& f) {
+  switch (count) {
+    case 1: f(std::integral_constant<int, 1>{}); break;
+    case 2: if constexpr (Max >= 2) f(std::integral_constant<int, 2>{}); break;
+    case 3: if constexpr (Max >= 3) f(std::integral_constant<int, 3>{}); break;
+    case 4: if constexpr (Max >= 4) f(std::integral_constant<int, 4>{}); break;
+    case 5: if constexpr (Max >= 5) f(std::integral_constant<int, 5>{}); break;
+    case 6: if constexpr (Max >= 6) f(std::integral_constant<int, 6>{}); break;
+    case 7: if constexpr (Max >= 7) f(std::integral_constant<int, 7>{}); break;
+    case 8: if constexpr (Max >= 8) f(std::integral_constant<int, 8>{}); break;
+    default: break;  // callers pass 1..Max
+  }
+}
+
+inline bool float_or_bf16(const torch::Tensor& t) {
+  return t.scalar_type() == torch::kFloat || t.scalar_type() == torch::kBFloat16;
+}
+
+}  // namespace
+}  // namespace BATCHSERVE_OPS
