@@ -29,6 +29,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from benchmarks.sim.cost.model import CostModel, StepShape
+from benchmarks.sim.cost.speculation import accepted_drafts
 from benchmarks.sim.prompts import answer_base
 from engine.config import EngineConfig
 from engine.errors import CacheCapacityError, ContextLengthError, EngineInputError, InputField
@@ -260,13 +261,7 @@ class SimEngine(CacheQueries):
         return StepOutput(tuple(tokens), len(schedule), num_tokens, (), stats)
 
     def _accepted(self, k: int) -> int:
-        """vLLM's synthetic acceptance: each draft right with probability `acceptance_rate`, independently; a row
-        keeps its drafts up to the first wrong one."""
-        rate, draw = self.acceptance_rate, self._rng.random
-        accepted = 0
-        while accepted < k and draw() < rate:
-            accepted += 1
-        return accepted
+        return accepted_drafts(self._rng.random, self.acceptance_rate, k)
 
     def _emit(self, seq_id: int, seq: _Sequence, count: int, tokens: list[TokenOutput]) -> int:
         """Up to `count` tokens for a row that verified drafts, as the engine emits them: a finish stops the row."""

@@ -11,7 +11,7 @@ where they do not (`crossing` interpolates where the speedup passes 1).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -23,12 +23,13 @@ def expected_emitted(rate: float, k: int) -> float:
     return float(np.sum(rate ** np.arange(k + 1)))
 
 
-def sample_emitted(rng: np.random.Generator, rate: float, k: int, rows: int) -> np.ndarray:
-    """Tokens each of `rows` rows emits: drafts accepted with probability `rate` each until the first rejection,
-    at most k, plus the bonus token."""
-    right = rng.random((rows, k)) < rate
-    accepted = np.where(right.all(axis=1), k, np.argmin(right, axis=1)) if k else np.zeros(rows, dtype=np.int64)
-    return accepted + 1
+def accepted_drafts(draw: Callable[[], float], rate: float, k: int) -> int:
+    """vLLM's synthetic acceptance, as the simulator's engine draws it: each of k drafts right with probability
+    `rate`, independently (`draw()` uniform in [0, 1)); a row keeps its drafts up to the first wrong one."""
+    accepted = 0
+    while accepted < k and draw() < rate:
+        accepted += 1
+    return accepted
 
 
 def decode_shape(rows: int, drafts: int, context: int) -> StepShape:
