@@ -89,12 +89,15 @@ class Acceptance:
 
 def acceptance_rates(counts: Sequence[Acceptance]) -> tuple[np.ndarray, np.ndarray]:
     """Each sequence's (a, c): the chance its first draft of a step is right, and that a later draft is right given
-    the one before it was, each its right drafts over its judged ones with one right and one wrong assumed (so a
-    sequence without history starts at 1/2 for both, and no rate is ever exactly 0 or 1, so c**j falls with j)."""
+    the one before it was. a is its right first drafts over its judged ones with one right and one wrong assumed (so
+    it starts at 1/2 and is never exactly 0 or 1); c the same with its two assumed drafts right at rate a, so that
+    without later drafts judged (a row held at one draft) c is a, the independent model, not a pessimistic 1/2,
+    and c < 1, so c**j falls with j."""
     table = np.array(
         [(n.first_right, n.first_judged, n.later_right, n.later_judged) for n in counts], dtype=np.float64
     ).reshape(-1, 4)
-    return (table[:, 0] + 1.0) / (table[:, 1] + 2.0), (table[:, 2] + 1.0) / (table[:, 3] + 2.0)
+    first = (table[:, 0] + 1.0) / (table[:, 1] + 2.0)
+    return first, (table[:, 2] + 2.0 * first) / (table[:, 3] + 2.0)
 
 
 @dataclass

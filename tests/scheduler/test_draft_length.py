@@ -71,21 +71,24 @@ def test_a_verify_step_counts_only_the_drafts_it_judged() -> None:
     assert (summed.first_judged, summed.first_right, summed.later_judged, summed.later_right) == (6, 4, 6, 4)
 
 
-def test_acceptance_rates_start_at_one_half_with_one_right_and_one_wrong_assumed() -> None:
-    fresh, copying, missing = Acceptance(), Acceptance(), Acceptance()
+def test_acceptance_rates_start_at_one_half_and_a_later_rate_without_history_is_the_first() -> None:
+    """a: one right and one wrong first draft assumed; c: two later drafts assumed, right at rate a, so a sequence
+    whose later drafts were never judged is valued as the independent model values it, not at 1/2."""
+    fresh, copying, missing, held = Acceptance(), Acceptance(), Acceptance(), Acceptance()
     for _ in range(10):
         copying.record(4, 4)  # 10 firsts right, 30 later drafts right
         missing.record(4, 0)  # 10 firsts wrong, no later one judged
-    first, later = acceptance_rates([fresh, copying, missing])
-    assert first.tolist() == pytest.approx([0.5, 11 / 12, 1 / 12])
-    assert later.tolist() == pytest.approx([0.5, 31 / 32, 0.5])
+        held.record(1, 1)  # held at one draft: 10 firsts right, no later one judged
+    first, later = acceptance_rates([fresh, copying, missing, held])
+    assert first.tolist() == pytest.approx([0.5, 11 / 12, 1 / 12, 11 / 12])
+    assert later.tolist() == pytest.approx([0.5, (30 + 22 / 12) / 32, 1 / 12, 11 / 12])
     # 4 drafts a step, the first 2 right and the third wrong, 10 steps: the firsts all right, and of the 20 later
     # drafts judged, 10 right (the 10 drafts after each rejection were never judged, so they do not count as wrong)
     thirds = Acceptance()
     for _ in range(10):
         thirds.record(4, 2)
     first, later = acceptance_rates([thirds])
-    assert (first[0], later[0]) == pytest.approx((11 / 12, 11 / 22))
+    assert (first[0], later[0]) == pytest.approx((11 / 12, (10 + 22 / 12) / 22))
     assert [r.shape for r in acceptance_rates([])] == [(0,), (0,)]
 
 
