@@ -20,7 +20,7 @@ from scheduler.config import Mode, SchedulerConfig
 from scheduler.core import Scheduler
 from scheduler.request import SequenceRequest
 from scheduler.stats import StepStats
-from tests.engine.test_engine import random_prompt
+from tests.engine.helpers import random_prompt
 from tests.fakes import FakeClock, Stream
 
 SPEC = SpeculativeConfig(num_speculative_tokens=4, prompt_lookup_min=1, prompt_lookup_max=3)

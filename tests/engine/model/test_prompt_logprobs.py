@@ -86,13 +86,13 @@ def run_scheduler(
     kv_cache_tokens: int = 1024,
 ) -> list[Stream]:
     """The real scheduler and engine, stepped synchronously until every request is released."""
-    seats = len(prompts)
+    rows = len(prompts)  # an engine row, and a scheduler seat, for each prompt
     engine = Engine(
-        TransformersRunner(model), EngineConfig(max_rows=seats, kv_cache_tokens=kv_cache_tokens, block_size=4)
+        TransformersRunner(model), EngineConfig(max_rows=rows, kv_cache_tokens=kv_cache_tokens, block_size=4)
     )
     clock = FakeClock()
     config = SchedulerConfig(
-        mode=mode, max_batch_size=seats, max_num_seqs=seats, batch_timeout_ms=0, max_num_batched_tokens=budget
+        mode=mode, max_batch_size=rows, max_num_seqs=rows, batch_timeout_ms=0, max_num_batched_tokens=budget
     )
     scheduler = Scheduler(engine, config, clock=clock)
     streams = [Stream(str(i), p, q.max_tokens) for i, (p, q) in enumerate(zip(prompts, params, strict=True))]
@@ -104,7 +104,7 @@ def run_scheduler(
         scheduler.step()
         clock.advance(1.0)
     assert all(s.reason is Outcome.LENGTH for s in streams)
-    assert engine.cache_usage == 0 and engine.num_free_rows == seats
+    assert engine.cache_usage == 0 and engine.num_free_rows == rows
     return streams
 
 
