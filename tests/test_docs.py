@@ -66,11 +66,12 @@ def test_every_result_a_doc_cites_exists(doc: Path) -> None:
 
 
 def provenance_files(cited: str) -> list[Path]:
-    """The JSON files that say where a cited result came from: the file itself, every JSON file under a cited folder,
-    or, for a report, plot or log, the JSON files beside it."""
+    """The JSON files that say where a cited result came from: the file itself, every JSON file under a cited folder
+    (but its raw/ records, which the result beside them describes), or, for a report, plot or log, the JSON files
+    beside it."""
     path = ROOT / cited
     if path.is_dir():
-        return sorted(path.rglob("*.json"))
+        return sorted(found for found in path.rglob("*.json") if "raw" not in found.relative_to(path).parts)
     return [path] if path.suffix == ".json" else sorted(path.parent.glob("*.json"))
 
 
