@@ -142,7 +142,7 @@ async def drain_all(state: ServerState) -> None:
     """Drain every mode at once (SIGTERM or the end of the lifespan); idempotent."""
     if state.phase is Phase.READY:
         state.phase = Phase.DRAINING
-    await asyncio.gather(*(drain(m, state.config.shutdown_grace_s) for m in state.modes.values()))
+    await asyncio.gather(*(drain(m, state.config.shutdown_grace_s, name) for name, m in state.modes.items()))
 
 
 async def health(request: Request) -> Response:

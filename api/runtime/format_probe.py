@@ -280,8 +280,8 @@ def measured_format(
     with phase(logger, "measuring weight formats once for this CPU", what, steps=len(pairs)) as running:
         measured: list[Rounds] = []
 
-        def announce(number: int, planned: int) -> None:
-            running.step("the machine is busy: more rounds" if number > plan.rounds else "", planned)
+        def announce(number: int, planned: int) -> None:  # said as soon as the count grows past the plan
+            running.step("the machine is busy: more rounds" if planned > plan.rounds else "", planned)
 
         loaded = 0
         for group in groups or [pairs]:
