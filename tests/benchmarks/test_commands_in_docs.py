@@ -1,7 +1,7 @@
 """Every `python -m benchmarks ...` command line in the README and the current docs still parses: its command exists
 and answers `--help`. (docs/notes/ is historical and exempt.)
 
-The listing runs the real `python -m benchmarks --help`; each documented prefix goes through the same dispatcher
+The listing and each documented prefix go through the real dispatcher (`python -m benchmarks`'s `main`)
 in-process (one interpreter, not one per command: each would import torch again)."""
 
 from __future__ import annotations
