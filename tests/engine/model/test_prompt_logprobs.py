@@ -27,7 +27,7 @@ from engine.sample.sampling_params import SamplingParams
 from scheduler.config import Mode, SchedulerConfig
 from scheduler.core import Scheduler
 from scheduler.request import Outcome, PromptLogprobsEvent, SequenceRequest, TokenEvent
-from tests.fakes import FakeClock, Stream, build, scripted_prompt_score
+from tests.fakes import FakeClock, Stream, build, scripted_prompt_score, step_until_done
 from tests.server_harness import real_loaded_model, tiny_loaded_model
 from tests.toolchain import CAN_BUILD_KERNELS, NO_TOOLCHAIN
 
@@ -98,11 +98,7 @@ def run_scheduler(
     streams = [Stream(str(i), p, q.max_tokens) for i, (p, q) in enumerate(zip(prompts, params, strict=True))]
     for stream, q in zip(streams, params, strict=True):
         scheduler.submit(SequenceRequest(stream.request_id, stream.prompt, q, stream))
-    for _ in range(1000):
-        if all(s.done for s in streams):
-            break
-        scheduler.step()
-        clock.advance(1.0)
+    step_until_done(scheduler, clock, streams, max_steps=1000)
     assert all(s.reason is Outcome.LENGTH for s in streams)
     assert engine.cache_usage == 0 and engine.num_free_rows == rows
     return streams
