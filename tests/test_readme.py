@@ -230,6 +230,15 @@ def test_serve_and_compare_lines_parse_into_a_config(command: str) -> None:
         compare_config(args), compare_lineup(args)
 
 
+def test_the_batchserve_commands_named_in_the_prose_parse() -> None:
+    """A command written inline (`batchserve generate "Hello" --max-tokens 16`) is pasted as the blocks' are: its
+    subcommand and flags exist."""
+    inline = re.findall(r"`(batchserve [^`]+)`", re.sub(r"```.*?```", "", README.read_text(), flags=re.DOTALL))
+    assert any(command.startswith("batchserve generate ") for command in inline)
+    for command in inline:
+        build_parser().parse_args(shlex.split(command)[1:])
+
+
 @pytest.mark.slow
 def test_the_curl_and_python_examples_run_against_a_live_server(live_server: tuple[str, Path], tmp_path: Path) -> None:
     url, import_log = live_server
