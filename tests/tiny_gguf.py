@@ -103,7 +103,8 @@ def write_tiny_gguf(
         if kind == GGMLQuantizationType.F32:
             writer.add_tensor(name, weight)
         else:
-            blocks = quantize_q4_k(weight) if kind == GGMLQuantizationType.Q4_K else quantize(weight, kind)
+            own = {GGMLQuantizationType.Q4_K: quantize_q4_k, GGMLQuantizationType.Q6_K: quantize_q6_k}
+            blocks = own[kind](weight) if kind in own else quantize(weight, kind)
             writer.add_tensor(name, blocks, raw_shape=blocks.shape, raw_dtype=kind)
 
     state = {name: tensor.detach().float().numpy() for name, tensor in model.state_dict().items()}
@@ -132,9 +133,8 @@ def _all_q4_1(layer: int, name: str) -> GGMLQuantizationType:
 
 
 def _q4_k_m_kinds(layer: int, name: str) -> GGMLQuantizationType:
-    """Q4_K, with more bits for the last layer's attn_v and ffn_down as llama.cpp's Q4_K_M gives some layers (Q6_K
-    there; Q8_0 here, which gguf-py can write: the loader treats every non-Q4 type alike)."""
-    return GGMLQuantizationType.Q8_0 if layer == 1 and name in ("attn_v", "ffn_down") else GGMLQuantizationType.Q4_K
+    """Q4_K, with Q6_K for the last layer's attn_v and ffn_down, as llama.cpp's Q4_K_M gives some layers."""
+    return GGMLQuantizationType.Q6_K if layer == 1 and name in ("attn_v", "ffn_down") else GGMLQuantizationType.Q4_K
 
 
 def write_tiny_q4_k_m_gguf(path: Path, only_q4_k: bool = False) -> Path:
@@ -144,3 +144,23 @@ def write_tiny_q4_k_m_gguf(path: Path, only_q4_k: bool = False) -> Path:
     model = build_tiny_causal_lm("llama", vocab_size=len(tokenizer), hidden_size=256, intermediate_size=512)
     kinds = (lambda layer, name: GGMLQuantizationType.Q4_K) if only_q4_k else _q4_k_m_kinds
     return write_tiny_gguf(path, model, kinds, LlamaFileType.MOSTLY_Q4_K_M)
+
+
+def quantize_q6_k(weight: np.ndarray) -> np.ndarray:
+    """Q6_K blocks [rows, cols / 256 * 210] of a float32 [rows, cols] weight: per 16-weight group a signed 8-bit
+    scale of the super-block's f16 d, values -32..31 (symmetric round-to-nearest; gguf-py cannot write Q6_K)."""
+    rows, cols = weight.shape
+    groups = weight.reshape(rows, cols // 256, 16, 16).astype(np.float32)
+    group_scale = np.abs(groups).max(-1) / 31  # [rows, blocks, 16]
+    d = np.maximum(group_scale.max(-1, keepdims=True) / 127, 1e-8).astype(np.float16)
+    sc = np.clip(np.round(group_scale / d.astype(np.float32)), 1, 127).astype(np.int8)
+    step = (d.astype(np.float32) * sc)[..., None]
+    q = (np.clip(np.round(groups / step), -32, 31) + 32).astype(np.uint8).reshape(rows, -1, 2, 4, 32)
+    # per 128-weight half: 4 runs of 32; ql holds runs 0/1 low nibbles (then 2/3 as high), qh their top 2 bits
+    low = q & 15
+    ql = np.concatenate([low[:, :, :, 0] | low[:, :, :, 2] << 4, low[:, :, :, 1] | low[:, :, :, 3] << 4], axis=-1)
+    qh = q[:, :, :, 0] >> 4 | (q[:, :, :, 1] >> 4) << 2 | (q[:, :, :, 2] >> 4) << 4 | (q[:, :, :, 3] >> 4) << 6
+    blocks = np.concatenate(
+        [ql.reshape(rows, -1, 128), qh.reshape(rows, -1, 64), sc.view(np.uint8), d.view(np.uint8)], axis=-1
+    )
+    return blocks.reshape(rows, -1)
