@@ -20,8 +20,8 @@ from scheduler.config import Mode, SchedulerConfig
 from scheduler.core import Scheduler
 from scheduler.request import SequenceRequest
 from scheduler.stats import StepStats
-from tests.engine.test_engine import random_prompt
-from tests.fakes import FakeClock, Stream
+from tests.engine.helpers import random_prompt
+from tests.fakes import FakeClock, Stream, step_until_done
 
 SPEC = SpeculativeConfig(num_speculative_tokens=4, prompt_lookup_min=1, prompt_lookup_max=3)
 
@@ -66,11 +66,7 @@ def serve(
     ]
     for request in requests:
         scheduler.submit(request)
-    for _ in range(2000):
-        if all(s.finish is not None for s in streams):
-            break
-        scheduler.step()
-        clock.advance(1.0)
+    step_until_done(scheduler, clock, streams, max_steps=2000)
     assert all(s.finish is not None for s in streams)
     assert engine.cache_usage == 0 and engine.num_free_rows == len(prompts)
     assert (sum(r.num_preemptions for r in requests) > 0) == (kv_cache_tokens < 100 and mode is Mode.CONTINUOUS)
