@@ -1,8 +1,10 @@
-"""Predicted Outputs (`prediction`) end to end on the tiny model, without --speculative-config: on both endpoints,
-streamed or not, greedy answers are the same with a prediction as without; a right prediction is counted as accepted
-in `usage.completion_tokens_details`, a wrong one as rejected (the real model's case, where the prediction is
-accepted whole, is in tests/api/endpoints/test_api_real_model.py). (A malformed prediction is
-in test_bad_input.py's corpus.)"""
+"""Predicted Outputs (`prediction`) end to end on the tiny model: on both endpoints, streamed or not, greedy answers
+are the same with a prediction as without; a right prediction is counted as accepted in
+`usage.completion_tokens_details`, a wrong one as rejected. The counting runs with a fixed draft length: by default
+the draft-length rule reads wall-clock step costs, so on a busy machine it may verify few drafts (the rule has its
+own tests); without --speculative-config a prediction is still drafted and judged. The real model's case, where the
+prediction is accepted whole, is in tests/api/endpoints/test_api_real_model.py; a malformed prediction is in
+test_bad_input.py's corpus."""
 
 from __future__ import annotations
 
@@ -12,11 +14,12 @@ from tests.server_harness import mode_config, openai_client, running_server
 
 PROMPT = "the cat sat on the mat"
 MESSAGES = [{"role": "user", "content": "say something"}]
+FIXED_LENGTH = '{"method": "ngram", "num_speculative_tokens": 4, "draft_length": "fixed"}'
 
 
 @pytest.mark.parametrize("mode", ["continuous", "dynamic"])
 def test_a_prediction_changes_no_answer_and_is_counted(mode: str, one_torch_thread: None) -> None:
-    with running_server(mode_config(mode)) as server:
+    with running_server(mode_config(mode, speculative_config=FIXED_LENGTH)) as server:
         client = openai_client(server)
         plain = client.completions.create(model="tiny-llama", prompt=PROMPT, max_tokens=24, temperature=0)
         answer = plain.choices[0].text
@@ -67,3 +70,19 @@ def test_a_prediction_changes_no_answer_and_is_counted(mode: str, one_torch_thre
         final = pieces[-1].usage
         assert final is not None and final.completion_tokens_details is not None
         assert (final.completion_tokens_details.accepted_prediction_tokens or 0) > 0
+
+
+def test_a_prediction_without_speculative_config_is_judged(one_torch_thread: None) -> None:
+    with running_server(mode_config("continuous")) as server:
+        client = openai_client(server)
+        plain = client.completions.create(model="tiny-llama", prompt=PROMPT, max_tokens=24, temperature=0)
+        answer = plain.choices[0].text
+        predicted = client.completions.create(
+            model="tiny-llama", prompt=PROMPT, max_tokens=24, temperature=0,
+            extra_body={"prediction": {"type": "content", "content": answer}},
+        )  # fmt: skip
+        assert predicted.choices[0].text == answer
+        details = predicted.usage.completion_tokens_details if predicted.usage else None
+        # the first step at a row count verifies every draft, whatever the rule has measured
+        assert details is not None
+        assert (details.accepted_prediction_tokens or 0) + (details.rejected_prediction_tokens or 0) > 0
