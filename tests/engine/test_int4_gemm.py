@@ -4,11 +4,18 @@ CPU can execute (the AVX2 build included), and its place in the row-switched lin
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
+from engine.config import EngineConfig
+from engine.engine import Engine
 from engine.model.linear import Int4DotLinear, Linear, RowSwitchedLinear
+from engine.model.model_runner import TransformersRunner
 from engine.platform import native
+from engine.sample.sampling_params import SamplingParams
+from engine.weights.loader import load_model
 from engine.weights.quantization import Int4Weight
 
 GROUP = 32
@@ -101,3 +108,34 @@ def test_row_switched_linear_runs_int4_gemm_from_its_row_count() -> None:
     assert torch.equal(switched(few), quantized(few))
     assert torch.equal(switched(some), torch.zeros(7, 64))
     assert torch.equal(switched(many), quantized.gemm(many)) and not torch.equal(switched(many), quantized(many))
+
+
+def test_the_runner_prefills_through_int4_gemm_only_when_asked(
+    tiny_checkpoint: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A 12-token prompt is a 12-row step: past the row switch of 2, it runs int4_gemm with min_gemm_rows=8 and the
+    dense copy without; the 1-row decode steps run int4_dot either way."""
+    kernels = native.load_kernels()
+    if kernels is None or not kernels.has_int4_dot:
+        pytest.skip("no build with integer dot products here")
+    calls: list[int] = []
+    gemm = Int4DotLinear.gemm
+
+    def counted(self: Int4DotLinear, x: torch.Tensor) -> torch.Tensor:
+        calls.append(int(x.shape[0]))
+        return gemm(self, x)
+
+    monkeypatch.setattr(Int4DotLinear, "gemm", counted)
+    loaded = load_model(tiny_checkpoint, dtype="float32", quantization="int4")
+    for min_gemm_rows in (None, 8):
+        calls.clear()
+        runner = TransformersRunner(
+            loaded.model, quantized=loaded.quantized, max_quantized_rows=2, min_gemm_rows=min_gemm_rows
+        )
+        engine = Engine(runner, EngineConfig(max_rows=2, kv_cache_tokens=64, block_size=4), dtype=torch.float32)
+        engine.add(0, list(range(1, 13)), SamplingParams(max_tokens=3, temperature=0.0))
+        engine.reserve(0, 15)
+        first = engine.step([(0, 12)]).tokens
+        assert len(first) == 1 and engine.step([(0, 1)]).tokens
+        # Every int4 projection of the 12-row step (each layer's), none of the decode step's.
+        assert set(calls) == (set() if min_gemm_rows is None else {12}) and len(calls) % len(runner.layers) == 0
