@@ -50,6 +50,10 @@ torch::Tensor int4_dot(const torch::Tensor& x, const torch::Tensor& packed, int6
                        const torch::Tensor& zeros);
 bool int4_dot_available();
 
+// int4_gemm.cpp (int4_dot's weights, many rows, one int8 digit per activation)
+torch::Tensor int4_gemm(const torch::Tensor& x, const torch::Tensor& packed, int64_t group, const torch::Tensor& scales,
+                        const torch::Tensor& zeros);
+
 // decode_layers.cpp
 void decode_layers(torch::Tensor x, const torch::Tensor& cache, at::TensorList layers, const torch::Tensor& cos,
                    const torch::Tensor& sin, const torch::Tensor& slot_mapping, const torch::Tensor& block_table,

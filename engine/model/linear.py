@@ -163,6 +163,12 @@ class Int4DotLinear:
         y = self.kernels.ops.int4_dot(x, self.packed, self.group_size, self.scales, self.zeros)
         return y if self.bias is None else y + self.bias
 
+    def gemm(self, x: torch.Tensor) -> torch.Tensor:
+        """The same weights for many rows (a prefill chunk): one int8 digit per activation, half the integer work
+        of two (engine/csrc/int4_gemm.cpp; its error against float32 is in docs/kernels.md)."""
+        y = self.kernels.ops.int4_gemm(x, self.packed, self.group_size, self.scales, self.zeros)
+        return y if self.bias is None else y + self.bias
+
 
 @dataclass(frozen=True)
 class Int8Linear:
@@ -216,13 +222,19 @@ class RowSwitchedLinear:
     quantized: QuantizedLinear
     dense: Linear
     max_quantized_rows: int
+    min_gemm_rows: int | None = None  # steps of this many rows or more run int4_gemm where the weights allow
 
     @property
     def in_features(self) -> int:
         return self.dense.in_features
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        return self.quantized(x) if x.shape[0] <= self.max_quantized_rows else self.dense(x)
+        rows = x.shape[0]
+        if rows <= self.max_quantized_rows:
+            return self.quantized(x)
+        if self.min_gemm_rows is not None and rows >= self.min_gemm_rows and isinstance(self.quantized, Int4DotLinear):
+            return self.quantized.gemm(x)
+        return self.dense(x)
 
 
 AnyLinear = Linear | Int4Linear | Int4DotLinear | Int8Linear | RowSwitchedLinear

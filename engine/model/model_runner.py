@@ -90,6 +90,7 @@ class TransformersRunner:
         quantized: Mapping[str, QuantizedWeight] | None = None,
         max_quantized_rows: int | None = DEFAULT_MAX_QUANTIZED_ROWS,
         int8_activations: bool = True,
+        min_gemm_rows: int | None = None,
         kernel_build: KernelBuild | None = None,
         fused_decode: bool = True,
     ) -> None:
@@ -106,6 +107,9 @@ class TransformersRunner:
         `int8_activations`: int4 matmuls quantise the activations to int8 digits for integer dot products where the
         kernel build has them: AVX2, or AVX-512 with VNNI (linear.Int4DotLinear; a quality change measured in
         docs/quantization.md).
+        `min_gemm_rows`: with int8 activations, steps of at least this many rows (past `max_quantized_rows`) run the
+        int4 weights through the many-row kernel (one int8 digit per activation, linear.Int4DotLinear.gemm) instead
+        of the dense copy; None: never.
         `kernel_build`: which build of the compiled kernels to run (engine/platform/native.py); default the best this
         CPU allows under BATCHSERVE_CPU_ISA.
         `fused_decode`: pure decode steps run every layer in one call where the layers allow it
@@ -136,6 +140,7 @@ class TransformersRunner:
         self.kernels = load_kernels(kernel_build) if use_kernel else None
         self.native_matmuls = self.kernels is not None and bool(self.quantized)
         self.int8_activations = int8_activations and self.kernels is not None and self.kernels.has_int4_dot
+        self.min_gemm_rows = min_gemm_rows
         self.lm_head = self._linear(model.lm_head, "lm_head")
         self.layers = [self._prepare_layer(layer, f"model.layers.{i}") for i, layer in enumerate(inner.layers)]
         attention = inner.layers[0].self_attn
@@ -166,7 +171,7 @@ class TransformersRunner:
         values = weights.dequantize(self.dtype) if isinstance(weights, Int4Weight) else weights.dequantize()
         dense = build_linear(values.to(self.dtype), bias, self.dtype, self.prepack_weights)
         assert isinstance(dense, Linear)
-        return RowSwitchedLinear(quantized, dense, self.max_quantized_rows)
+        return RowSwitchedLinear(quantized, dense, self.max_quantized_rows, self.min_gemm_rows)
 
     def _prepare_layer(self, layer: Any, prefix: str) -> LayerWeights:
         attn, mlp = layer.self_attn, layer.mlp

@@ -46,6 +46,7 @@ _SOURCES = tuple(
         "int4_gemv.cpp",
         "int8_gemv.cpp",
         "int4_dot.cpp",
+        "int4_gemm.cpp",
         "decode_layers.cpp",
     )
 )
@@ -62,6 +63,8 @@ _HEADERS = tuple(
         "int4_gemv_scalar.h",
         "int4_dot_avx512_vnni.h",
         "int4_dot_avx2.h",
+        "int4_gemm_avx512_vnni.h",
+        "int4_gemm_avx2.h",
     )
 )  # not compiled on their own, but a change must rebuild
 _STALE_LOCK_S = 300.0  # a build takes ~10-30 s; a lock this old was left by a build that was killed

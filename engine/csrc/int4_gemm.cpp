@@ -1,0 +1,127 @@
+// int4_gemm: x [rows, K] (float32 or bfloat16) times int4 weights W [N, K] for many rows (a prefill chunk); [rows, N]
+// in x's dtype. The weights are int4_dot's (int4_dot.cpp has the layout), so one copy serves both. The activations
+// are quantised once per row and group of the weights to one int8 digit (scale = max |x| / 127, llama.cpp's Q8
+// activations), where int4_dot writes two: half the integer work, at a quality docs/kernels.md states. Each block of
+// 16 output rows' weights (K * 8 bytes, in L1) is unpacked once per kGemmRows activation rows.
+//
+// One kernel per instruction set, each in its own header: int4_gemm_avx512_vnni.h (`vpdpbusd`) and
+// int4_gemm_avx2.h (`vpmaddubsw` + `vpmaddwd`); their integer sums are exact, so both give the same int32 dot
+// products. Builds without int4_dot have no int4_gemm either (int4_dot_available() says so).
+
+#include <ATen/Parallel.h>
+#include <c10/util/BFloat16.h>
+#include <torch/types.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
+#include "ops.h"
+#include "quant.h"
+#include "vector_lanes.h"
+
+#if defined(__AVX512F__)
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
+#include "int4_gemm_avx512_vnni.h"
+#define BATCHSERVE_INT4_GEMM 1
+#endif
+#elif defined(__AVX2__)
+#include "int4_gemm_avx2.h"
+#define BATCHSERVE_INT4_GEMM 1
+#endif
+
+namespace BATCHSERVE_OPS {
+namespace {
+
+#if defined(BATCHSERVE_INT4_GEMM)
+namespace lanes = batchserve::lanes;
+
+// Per row and group: one int8 digit per value, the scale that maps it back, and the exact float sum (the zero term).
+void quantise_rows(const float* x, int64_t rows, int64_t K, int64_t group, int8_t* xq, float* x_scales,
+                   float* x_sums) {
+  const int64_t groups = K / group;
+  at::parallel_for(0, rows, 16, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      for (int64_t g = 0; g < groups; ++g) {
+        const float* v = x + r * K + g * group;
+        float top = 0, sum = 0;
+        for (int64_t i = 0; i < group; ++i) {
+          top = std::max(top, std::fabs(v[i]));
+          sum += v[i];
+        }
+        const float scale = top / 127.0f;
+        const float inverse = scale > 0 ? 1.0f / scale : 0.0f;
+        int8_t* digits = xq + r * K + g * group;
+        for (int64_t i = 0; i < group; ++i) digits[i] = static_cast<int8_t>(std::nearbyint(v[i] * inverse));
+        x_scales[r * groups + g] = scale;
+        x_sums[r * groups + g] = sum;
+      }
+    }
+  });
+}
+
+template <typename T>
+void int4_gemm_rows(const float* x, const uint8_t* packed, const c10::BFloat16* scales, const c10::BFloat16* zeros,
+                    T* y, int64_t rows, int64_t K, int64_t N, int64_t group) {
+  const int64_t groups = K / group;
+  std::vector<int8_t> xq(rows * K);
+  std::vector<float> x_scales(rows * groups), x_sums(rows * groups);
+  quantise_rows(x, rows, K, group, xq.data(), x_scales.data(), x_sums.data());
+  at::parallel_for(0, N / kDotBlock, 1, [&](int64_t begin, int64_t end) {
+    alignas(64) float out[kGemmRows * kDotBlock];
+    for (int64_t block = begin; block < end; ++block) {
+      const uint8_t* block_bytes = packed + block * K * 8;
+      const c10::BFloat16* block_scales = scales + block * groups * kDotBlock;
+      const c10::BFloat16* block_zeros = zeros + block * groups * kDotBlock;
+      for (int64_t first = 0; first < rows; first += kGemmRows) {
+        const int64_t count = std::min<int64_t>(kGemmRows, rows - first);
+        const int8_t* xs = xq.data() + first * K;
+        const float* sc = x_scales.data() + first * groups;
+        const float* sm = x_sums.data() + first * groups;
+        with_row_count<kGemmRows>(count, [&](auto R) {
+          int4_gemm_block<decltype(R)::value>(block_bytes, block_scales, block_zeros, xs, sc, sm, K, group, out);
+        });
+        for (int64_t r = 0; r < count; ++r) {
+          T* row = y + (first + r) * N + block * kDotBlock;
+          const float* sums = out + r * kDotBlock;
+          for (int64_t i = 0; i < kDotBlock; i += lanes::kWidth) lanes::store(row + i, lanes::load(sums + i));
+        }
+      }
+    }
+  });
+}
+#endif
+
+}  // namespace
+
+torch::Tensor int4_gemm(const torch::Tensor& x, const torch::Tensor& packed, int64_t group,
+                        const torch::Tensor& scales, const torch::Tensor& zeros) {
+  TORCH_CHECK(int4_dot_available(), "int4_gemm needs AVX2, or AVX-512 with VNNI");
+  TORCH_CHECK(x.device().is_cpu() && x.dim() == 2 && float_or_bf16(x), "x must be [rows, K] float32 or bfloat16");
+  TORCH_CHECK(packed.scalar_type() == torch::kByte && packed.dim() == 2, "packed must be [N, K / 2] uint8");
+  const int64_t rows = x.size(0), K = x.size(1), N = packed.size(0);
+  TORCH_CHECK(group >= 8 && group % 8 == 0 && K % group == 0 && packed.size(1) * 2 == K,
+              "K must match the packing and the group (a multiple of 8)");
+  TORCH_CHECK(N % 16 == 0, "int4_gemm packs output rows in blocks of 16");
+  TORCH_CHECK(scales.scalar_type() == torch::kBFloat16 && zeros.scalar_type() == torch::kBFloat16 &&
+                  scales.numel() == N * (K / group) && zeros.numel() == N * (K / group),
+              "scales and zeros must be [N / 16, K / group, 16] bfloat16");
+  auto y = torch::empty({rows, N}, x.options());
+#if defined(BATCHSERVE_INT4_GEMM)
+  const auto xf = x.to(torch::kFloat).contiguous();
+  const auto w = packed.contiguous();
+  const auto s = scales.contiguous();
+  const auto z = zeros.contiguous();
+  if (x.scalar_type() == torch::kBFloat16) {
+    int4_gemm_rows<c10::BFloat16>(xf.data_ptr<float>(), w.data_ptr<uint8_t>(), s.data_ptr<c10::BFloat16>(),
+                                  z.data_ptr<c10::BFloat16>(), y.data_ptr<c10::BFloat16>(), rows, K, N, group);
+  } else {
+    int4_gemm_rows<float>(xf.data_ptr<float>(), w.data_ptr<uint8_t>(), s.data_ptr<c10::BFloat16>(),
+                          z.data_ptr<c10::BFloat16>(), y.data_ptr<float>(), rows, K, N, group);
+  }
+#endif
+  return y;
+}
+
+}  // namespace BATCHSERVE_OPS

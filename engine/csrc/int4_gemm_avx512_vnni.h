@@ -1,0 +1,63 @@
+// int4_gemm's kernel in the avx512_vnni build: per run of 8 inputs, one 64-byte load gives 16 output rows' 4-bit
+// weights (int4_dot.cpp's layout), and `vpdpbusd` sums each 4 of them times 4 int8 activations into a row's int32
+// lane. One digit per activation, so half int4_dot's dot products; kGemmRows activation rows share each unpacked
+// load.
+//
+// Everything here has internal linkage (an unnamed namespace inside the build's own namespace), as in quant.h.
+
+#pragma once
+
+#include <c10/util/BFloat16.h>
+#include <immintrin.h>
+
+#include <cstdint>
+#include <cstring>
+
+#include "quant.h"
+#include "vector_lanes.h"
+
+namespace BATCHSERVE_OPS {
+namespace {
+
+constexpr int kGemmRows = 8;  // activation rows per pass over a block's weights (8 int32 + 8 float accumulators)
+
+template <int R>
+inline void int4_gemm_block(const uint8_t* packed, const c10::BFloat16* scales, const c10::BFloat16* zeros,
+                            const int8_t* xq, const float* x_scales, const float* x_sums, int64_t K, int64_t group,
+                            float* out /* [R, 16] */) {
+  using batchserve::lanes::load;
+  const int64_t groups = K / group;
+  const __m512i low = _mm512_set1_epi8(0x0F);
+  __m512 total[R];
+  for (int r = 0; r < R; ++r) total[r] = _mm512_setzero_ps();
+  for (int64_t g = 0; g < groups; ++g) {
+    __m512i acc[R];
+    for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_si512();
+    const uint8_t* bytes = packed + g * group * 8;  // 64 bytes per 8 inputs
+    for (int64_t k = 0; k < group; k += 8, bytes += 64) {
+      const __m512i v = _mm512_loadu_si512(bytes);
+      const __m512i first = _mm512_and_si512(v, low);
+      const __m512i second = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
+      for (int r = 0; r < R; ++r) {
+        const int8_t* xs = xq + r * K + g * group + k;
+        int32_t a, b;
+        std::memcpy(&a, xs, 4);
+        std::memcpy(&b, xs + 4, 4);
+        acc[r] = _mm512_dpbusd_epi32(acc[r], first, _mm512_set1_epi32(a));
+        acc[r] = _mm512_dpbusd_epi32(acc[r], second, _mm512_set1_epi32(b));
+      }
+    }
+    const __m512 s = load(scales + g * kDotBlock);
+    // sum_k ((q - 8) s + z) x = s sum_k q x + (z - 8 s) sum_k x
+    const __m512 z = _mm512_fnmadd_ps(_mm512_set1_ps(8.0f), s, load(zeros + g * kDotBlock));
+    for (int r = 0; r < R; ++r) {
+      const __m512 dots = _mm512_mul_ps(_mm512_cvtepi32_ps(acc[r]), _mm512_set1_ps(x_scales[r * groups + g]));
+      total[r] = _mm512_fmadd_ps(s, dots, total[r]);
+      total[r] = _mm512_fmadd_ps(z, _mm512_set1_ps(x_sums[r * groups + g]), total[r]);
+    }
+  }
+  for (int r = 0; r < R; ++r) _mm512_storeu_ps(out + r * kDotBlock, total[r]);
+}
+
+}  // namespace
+}  // namespace BATCHSERVE_OPS
