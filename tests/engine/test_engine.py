@@ -31,8 +31,17 @@ from tests.toolchain import CAN_BUILD_KERNELS
 # ----- greedy parity with Hugging Face generate() -----
 
 
-@pytest.mark.parametrize("cpu_kernels", [True, False], ids=["cpu_kernels", "torch_only"])
-@pytest.mark.parametrize("arch", ARCHS)
+# The fast subset keeps every architecture on the default path (the kernels) and the torch-only path on llama;
+# qwen2's and mistral's torch-only runs (the heaviest cases, ~40 s of a loaded 2-core machine) run in the full suite.
+@pytest.mark.parametrize(
+    ("arch", "cpu_kernels"),
+    [
+        pytest.param(arch, kernels, id=f"{arch}-{'cpu_kernels' if kernels else 'torch_only'}", marks=marks)
+        for arch in ARCHS
+        for kernels in (True, False)
+        for marks in ([pytest.mark.slow] if arch != "llama" and not kernels else [],)
+    ],
+)
 def test_batched_greedy_matches_hf_generate_with_joins_leaves_and_chunked_prefill(
     arch: str, cpu_kernels: bool, tiny_model_builder: Callable[..., PreTrainedModel]
 ) -> None:
