@@ -44,26 +44,31 @@ class _Server(uvicorn.Server):
     uvicorn closes its listeners as soon as it starts shutting down, so the first SIGTERM/SIGINT does not start
     that: the server keeps listening (new requests and /health get 503 with Retry-After) while `drain` lets the
     running requests finish within the grace period and ends the rest; then uvicorn shuts down. A second signal
-    exits at once.
+    cuts the grace period short (`cut_short`): what still runs is ended with a 503 and the shutdown goes on, as
+    cleanly. Only a third exits at once, as uvicorn does: without the lifespan's shutdown, so not cleanly.
     """
 
-    def __init__(self, config: uvicorn.Config, drain: Callable[[], Awaitable[None]]) -> None:
+    def __init__(
+        self, config: uvicorn.Config, drain: Callable[[], Awaitable[None]], cut_short: Callable[[], None]
+    ) -> None:
         super().__init__(config)
         self._drain = drain
-        self._drain_requested = False
+        self._cut_short = cut_short
+        self._signals = 0
         self._drain_task: asyncio.Task[None] | None = None
 
     def handle_exit(self, sig: int, frame: Any) -> None:
         # A signal handler interrupts the event loop's thread anywhere (even holding a lock): only set flags here.
-        if self._drain_requested or self.should_exit:
+        self._signals += 1
+        if self._signals > 2:
             super().handle_exit(sig, frame)
             self.force_exit = True
-        else:
-            self._drain_requested = True
 
     async def on_tick(self, counter: int) -> bool:
-        if self._drain_requested and self._drain_task is None:
+        if self._signals and self._drain_task is None:
             self._drain_task = asyncio.ensure_future(self._drain())
+        if self._signals == 2:
+            self._cut_short()  # idempotent: a flag the drain polls
         if self._drain_task is not None and self._drain_task.done():
             if not self._drain_task.cancelled() and self._drain_task.exception() is not None:
                 logging.getLogger("batchserve.api").error("the drain failed", exc_info=self._drain_task.exception())
@@ -94,7 +99,7 @@ def serve(config: ServerConfig, lineup: tuple[Entry, ...] | None = None) -> None
     from api.apps.compare import create_compare_app, drain_all
     from api.apps.serve import create_app
     from api.endpoints.state import Phase, ServerState
-    from api.process.drain import drain
+    from api.process.drain import cut_short, drain
     from api.process.server import uvicorn_config
 
     # this process is the server's alone: its heap is frozen after loading (api.runtime.heap)
@@ -111,7 +116,9 @@ def serve(config: ServerConfig, lineup: tuple[Entry, ...] | None = None) -> None
     )
     state = ServerState.of(app)
     server = _Server(
-        uv_config, (lambda: drain_all(state)) if compare else (lambda: drain(state, config.shutdown_grace_s))
+        uv_config,
+        (lambda: drain_all(state)) if compare else (lambda: drain(state, config.shutdown_grace_s)),
+        lambda: cut_short(state),
     )
 
     def announce() -> None:
@@ -132,6 +139,7 @@ def serve(config: ServerConfig, lineup: tuple[Entry, ...] | None = None) -> None
     server.run()
     if state.phase is Phase.FAILED:
         raise SystemExit("batchserve: the model could not be loaded")
+    print("batchserve stopped", flush=True)  # what became of the running requests is logged above
 
 
 def generate(args: argparse.Namespace) -> None:
@@ -224,6 +232,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     # Until the server installs its own handlers (and drains), SIGTERM means "never mind": exit quietly, with 0.
     signal.signal(signal.SIGTERM, _exit_before_serving)
     args = build_parser().parse_args(argv)
+    if args.command in ("serve", "compare"):  # and Ctrl-C too: not a KeyboardInterrupt traceback from an import
+        signal.signal(signal.SIGINT, _exit_before_serving)
     try:
         logging.getLogger("batchserve.api").info("CPU: %s", cpu_features().describe())
     except CpuIsaError as exc:  # a bad BATCHSERVE_CPU_ISA: one line, before anything loads

@@ -1,20 +1,24 @@
 """How many drafts each row verifies this step: chosen from the live batch, each sequence's measured acceptance and
 this engine's measured step cost, so that the step yields the most tokens per second.
 
-A row that verifies j drafts emits its first draft's worth only if the draft is right: with acceptance rate a
-(each draft right with probability a, as vLLM's synthetic acceptance models it), its j-th draft adds a**j expected
-tokens and one token to the step. The step's yield is (tokens it emits) / (its time); adding the draft increments in
-order of a**j, the yield after m of them is (E0 + the m best gains) / cost(n0 + m), and the rule takes the m that
-maximises it (0: no drafts, where verifying costs more than it saves). Since a**j falls with j, the m best are a
-prefix of each row's drafts, so every row gets its own length. With a step cost that grows slowly in tokens (small
-batches on a CPU that is bound by reading the weights), long drafts pay; where it grows with every token (a big
-batch), none do. docs/speculative.md compares this with a fixed k and vLLM's table by batch size.
+A row that verifies j drafts emits its j-th draft's worth only if that draft and every one before it are right.
+Right drafts come in runs in copy-like text (a quote that matches goes on matching), so a draft is not taken as
+right with one rate, independently (vLLM's synthetic acceptance): each sequence has two rates, a for the first
+draft of a step and c for a later draft given the one before it was right (`Acceptance`). Its j-th draft then adds
+a * c**(j-1) expected tokens and one token to the step. The step's yield is (tokens it emits) / (its time); adding
+the draft increments in order of gain, the yield after m of them is (E0 + the m best gains) / cost(n0 + m), and the
+rule takes the m that maximises it (0: no drafts, where verifying costs more than it saves). Since c < 1 the gains
+fall with j, so the m best are a prefix of each row's drafts, and every row gets its own length. With a step cost
+that grows slowly in tokens (small batches on a CPU that is bound by reading the weights), long drafts pay; where it
+grows with every token (a big batch), none do. docs/speculative.md compares this with a fixed k and vLLM's table by
+batch size.
 
 The cost is measured, not assumed: every step's (rows, tokens, seconds) feeds a running mean per (rows, tokens),
 read at the step's row count by linear interpolation between the token counts seen and a least-squares line beyond
 them. At a row count not yet measured, the first step verifies every draft and the next runs plain; and
-every PROBE_EVERY steps a row the rule left without drafts verifies one, so a sequence whose acceptance was low can
-show it has changed.
+every PROBE_EVERY steps a row the rule left with fewer than two drafts verifies one more, so a sequence whose
+acceptance was low can show it has changed, and one held at a single draft gets its later drafts judged (c is
+learnt only from them).
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-PROBE_EVERY = 32  # steps between probes: rows at 0 drafts verify one
+PROBE_EVERY = 32  # steps between probes: rows at 0 or 1 drafts verify one more
 COST_MEMORY = 0.1  # weight of a new measurement in a token count's running mean
 
 
@@ -60,13 +64,37 @@ class StepCosts:
         return np.where(tokens > counts[-1], above, np.interp(tokens, counts, times))
 
 
-def acceptance_rates(accepted: Sequence[int], rejections: Sequence[int]) -> np.ndarray:
-    """Each sequence's chance that a draft is right: its accepted drafts over the drafts actually judged (the
-    accepted ones and one per rejection; the drafts after a rejection were never judged, and counting them as wrong
-    would read a rate a as (a + ... + a**k) / k), with one right and one wrong assumed (so a sequence without
-    history starts at 1/2, and no rate is ever exactly 0 or 1)."""
-    accepted_drafts = np.asarray(accepted, dtype=np.float64)
-    return (accepted_drafts + 1.0) / (accepted_drafts + np.asarray(rejections, dtype=np.float64) + 2.0)
+@dataclass
+class Acceptance:
+    """One sequence's judged drafts, by kind: the first draft of a verify step, and a later draft whose previous one
+    was right. Only judged drafts count: a row's judging ends at its first wrong draft, so the drafts after it say
+    nothing (counting them as wrong would read a rate a as (a + ... + a**k) / k)."""
+
+    first_judged: int = 0
+    first_right: int = 0
+    later_judged: int = 0
+    later_right: int = 0
+
+    def record(self, drafts: int, accepted: int) -> None:
+        """A verify step of `drafts` drafts whose first `accepted` were right. The first draft is always judged;
+        draft j > 1 only if the j - 1 before it were right (j <= accepted + 1), so min(accepted, drafts - 1) later
+        drafts were judged, and accepted - 1 of them right."""
+        if drafts <= 0:
+            return
+        self.first_judged += 1
+        self.first_right += accepted > 0
+        self.later_judged += min(accepted, drafts - 1)
+        self.later_right += max(accepted - 1, 0)
+
+
+def acceptance_rates(counts: Sequence[Acceptance]) -> tuple[np.ndarray, np.ndarray]:
+    """Each sequence's (a, c): the chance its first draft of a step is right, and that a later draft is right given
+    the one before it was, each its right drafts over its judged ones with one right and one wrong assumed (so a
+    sequence without history starts at 1/2 for both, and no rate is ever exactly 0 or 1, so c**j falls with j)."""
+    table = np.array(
+        [(n.first_right, n.first_judged, n.later_right, n.later_judged) for n in counts], dtype=np.float64
+    ).reshape(-1, 4)
+    return (table[:, 0] + 1.0) / (table[:, 1] + 2.0), (table[:, 2] + 1.0) / (table[:, 3] + 2.0)
 
 
 @dataclass
@@ -82,9 +110,12 @@ class DraftLengthRule:
         decode-only steps at a row count would keep exploring there (every draft, every step)."""
         self.costs.observe(rows, tokens, seconds)
 
-    def choose(self, rates: np.ndarray, caps: np.ndarray, rows: int, step_tokens: int, step_yield: int) -> np.ndarray:
-        """Drafts per drafting row (acceptance `rates`, at most `caps` drafts each), in a step of `rows` rows and
-        `step_tokens` tokens without drafts that emits `step_yield` tokens without them."""
+    def choose(
+        self, first: np.ndarray, later: np.ndarray, caps: np.ndarray, rows: int, step_tokens: int, step_yield: int
+    ) -> np.ndarray:
+        """Drafts per drafting row (acceptance `first` and `later` as `acceptance_rates` gives them, at most `caps`
+        drafts each), in a step of `rows` rows and `step_tokens` tokens without drafts that emits `step_yield`
+        tokens without them."""
         self.steps += 1
         if len(caps) == 0:
             return caps.copy()
@@ -94,7 +125,7 @@ class DraftLengthRule:
             return np.zeros_like(caps)  # then a plain one
         width = int(caps.max(initial=0))
         depth = np.arange(1, width + 1)
-        gains = rates[:, None] ** depth[None, :]  # [rows, width]: the j-th draft's expected tokens
+        gains = first[:, None] * later[:, None] ** (depth[None, :] - 1)  # [rows, width]: the j-th draft's tokens
         gains[depth[None, :] > caps[:, None]] = -1.0  # past a row's cap: never taken
         # Best gains first; a row's own gains fall with j, so any top-m set holds a prefix of each row's drafts.
         ranked = np.argsort(-gains.ravel(), kind="stable")
@@ -104,5 +135,5 @@ class DraftLengthRule:
         best = int(np.argmax(yields))
         lengths = np.bincount(ranked[:best] // width, minlength=len(caps)).astype(caps.dtype)
         if self.steps % PROBE_EVERY == 0:
-            lengths = np.where((lengths == 0) & (caps > 0), 1, lengths)
+            lengths = np.where((lengths < 2) & (lengths < caps), lengths + 1, lengths)
         return lengths

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 from engine.outputs import FinishReason, PromptLogprobs, TokenOutput
 from engine.sample.sampling_params import SamplingParams
+from scheduler.draft_length import Acceptance
 
 
 class RequestStatus(enum.Enum):
@@ -138,7 +139,7 @@ class SequenceRequest:
     num_cached_tokens: int = 0  # prompt tokens found in the prefix cache when it was first admitted
     num_draft_tokens: int = 0  # speculation: draft tokens verified for it, over all its steps
     num_accepted_tokens: int = 0  # of those, the ones accepted
-    num_rejections: int = 0  # verify steps that rejected a draft (those after it were never judged)
+    acceptance: Acceptance = field(default_factory=Acceptance)  # its judged drafts, for the draft-length rule
     prediction: Sequence[int] = ()  # Predicted Outputs: the answer the client expects, tokenised (a draft source)
     prediction_offset: int = 0  # the answer's token i stands for the prediction's i + offset (prediction_drafter)
 

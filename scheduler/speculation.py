@@ -60,9 +60,9 @@ def propose_drafts(
             if proposal:
                 rows.append((request, proposal))
     if rule is not None and rows and (spec is None or spec.draft_length == "auto"):
-        rates = acceptance_rates([r.num_accepted_tokens for r, _ in rows], [r.num_rejections for r, _ in rows])
+        first, later = acceptance_rates([request.acceptance for request, _ in rows])
         caps = np.array([len(proposal) for _, proposal in rows])
-        lengths = rule.choose(rates, caps, len(plan), step_tokens, len(sampling)).tolist()
+        lengths = rule.choose(first, later, caps, len(plan), step_tokens, len(sampling)).tolist()
         rows = [(request, proposal[:length]) for (request, proposal), length in zip(rows, lengths, strict=True)]
     drafts: dict[int, list[int]] = {}
     for request, proposal in rows:

@@ -82,9 +82,15 @@ TINY_MAX_POSITIONS = 256
 
 
 def build_tiny_causal_lm(
-    arch: str, *, seed: int = 0, vocab_size: int = TINY_VOCAB_SIZE, initializer_range: float = 0.1
+    arch: str,
+    *,
+    seed: int = 0,
+    vocab_size: int = TINY_VOCAB_SIZE,
+    initializer_range: float = 0.1,
+    hidden_size: int = 64,
+    intermediate_size: int = 128,
 ) -> PreTrainedModel:
-    """A 2-layer, hidden-64 GQA decoder of the given family with random weights, in eval mode.
+    """A 2-layer, hidden-64 (by default) GQA decoder of the given family with random weights, in eval mode.
 
     The weights are larger than the default init (initializer_range 0.1) so next-token distributions are
     peaked and greedy choices are not near-ties. Norm weights and (for Qwen2) the q/k/v biases are
@@ -94,11 +100,11 @@ def build_tiny_causal_lm(
     config_cls, model_cls = TINY_ARCHITECTURES[arch]
     config = config_cls(
         vocab_size=vocab_size,
-        hidden_size=64,
+        hidden_size=hidden_size,
         num_hidden_layers=2,
         num_attention_heads=4,
         num_key_value_heads=2,
-        intermediate_size=128,
+        intermediate_size=intermediate_size,
         max_position_embeddings=TINY_MAX_POSITIONS,
         initializer_range=initializer_range,
         bos_token_id=None,

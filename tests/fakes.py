@@ -233,6 +233,16 @@ class Stream:
         return self.request.seq_id
 
 
+def step_until_done(scheduler: Scheduler, clock: FakeClock, streams: Sequence[Stream], max_steps: int) -> None:
+    """Step a real scheduler synchronously, a second of fake time a step, until every stream has its end or
+    `max_steps` steps have run (the caller asserts which)."""
+    for _ in range(max_steps):
+        if all(s.done for s in streams):
+            return
+        scheduler.step()
+        clock.advance(1.0)
+
+
 class Stuck(AssertionError):
     pass
 

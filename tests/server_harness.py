@@ -3,6 +3,7 @@ the API tests share: metrics, waits, error shapes, and `compare`'s servers."""
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import functools
 import json
@@ -25,6 +26,7 @@ from api.apps.serve import create_app
 from api.config import ServerConfig
 from api.endpoints.state import ServerState
 from api.process.server import uvicorn_config
+from api.structured.grammars import CompileWorkers
 from benchmarks.loadgen.server_proc import free_port
 from engine.weights.loader import LoadedModel, load_model
 from scheduler.lineup import parse_lineup
@@ -59,6 +61,15 @@ def tiny_loaded_model(arch: str = "llama", seed: int = 0) -> LoadedModel:
 
 
 @functools.cache
+def shared_compile_workers() -> CompileWorkers:
+    """Grammar compile workers for every server of this test process: a worker costs ~2 s of a core to start
+    (it imports xgrammar and torch), and servers with the same tokenizer and limits share one."""
+    workers = CompileWorkers()
+    atexit.register(workers.close)
+    return workers
+
+
+@functools.cache
 def real_loaded_model() -> LoadedModel:
     """SmolLM2-135M-Instruct (converted once, then from the cache); shared by the slow tests of a session."""
     return load_model()
@@ -83,7 +94,9 @@ def running_server(
     port = config.port or free_port()
     config = ServerConfig(**{**config.__dict__, "port": port})
     model = loaded if loaded is not None else tiny_loaded_model()
-    app = create_app(config, loader=lambda _config: model, freeze_heap=freeze_heap)
+    app = create_app(
+        config, loader=lambda _config: model, freeze_heap=freeze_heap, compile_workers=shared_compile_workers()
+    )
     with serving_app(app, config) as (base_url, server):
         yield RunningServer(base_url, app, server)
 
@@ -276,7 +289,9 @@ def compare_server(freeze_heap: bool = False, **overrides: Any) -> Iterator[Comp
     values: dict[str, Any] = {"port": free_port(), "max_batch_size": 4, "max_num_seqs": 4, "batch_timeout_ms": 500.0}
     config = ServerConfig(**{**values, **overrides})
     model = tiny_loaded_model()
-    app = create_compare_app(config, loader=lambda _config: model, freeze_heap=freeze_heap)
+    app = create_compare_app(
+        config, loader=lambda _config: model, freeze_heap=freeze_heap, compile_workers=shared_compile_workers()
+    )
     with serving_app(app, config) as (base_url, _):
         yield CompareServer(base_url, app)
 
@@ -287,6 +302,11 @@ def lineup_server(lineup: str, **overrides: Any) -> Iterator[str]:
     values: dict[str, Any] = {"port": free_port(), "max_batch_size": 3, "max_num_seqs": 3, "batch_window_ms": 20.0}
     config = ServerConfig(**{**values, **overrides})
     model = tiny_loaded_model()
-    app = create_compare_app(config, loader=lambda _config: model, lineup=parse_lineup(lineup, speculation=True))
+    app = create_compare_app(
+        config,
+        loader=lambda _config: model,
+        lineup=parse_lineup(lineup, speculation=True),
+        compile_workers=shared_compile_workers(),
+    )
     with serving_app(app, config) as (base_url, _):
         yield base_url

@@ -3,6 +3,7 @@ what the docs cite and says which doc cites each entry."""
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import subprocess
@@ -62,6 +63,46 @@ def cited_results(text: str) -> set[str]:
 @pytest.mark.parametrize("doc", MARKDOWN, ids=lambda path: str(path.relative_to(ROOT)))
 def test_every_result_a_doc_cites_exists(doc: Path) -> None:
     assert sorted(path for path in cited_results(doc.read_text()) if not (ROOT / path).exists()) == []
+
+
+def provenance_files(cited: str) -> list[Path]:
+    """The JSON files that say where a cited result came from: the file itself, every JSON file under a cited folder
+    (but its raw/ records, which the result beside them describes), or, for a report, plot or log, the JSON files
+    beside it."""
+    path = ROOT / cited
+    if path.is_dir():
+        return sorted(found for found in path.rglob("*.json") if "raw" not in found.relative_to(path).parts)
+    return [path] if path.suffix == ".json" else sorted(path.parent.glob("*.json"))
+
+
+def lacks_provenance(path: Path) -> bool:
+    """Whether a result file fails to record the commit it measured and the CPU cap it ran under (machine_facts()'s
+    `commit` and `cpu_cap`; for runs from before machine_facts() recorded them, recovered from git and marked so)."""
+    document = json.loads(path.read_text())
+    machine = document.get("machine") if isinstance(document, dict) else None
+    return not (isinstance(machine, dict) and machine.get("commit") and isinstance(machine.get("cpu_cap"), dict))
+
+
+@pytest.mark.parametrize("doc", MARKDOWN, ids=lambda path: str(path.relative_to(ROOT)))
+def test_every_result_a_doc_cites_records_its_commit_and_cpu_cap(doc: Path) -> None:
+    cited = [path for path in cited_results(doc.read_text()) if path != "benchmarks/results/README.md"]
+    unrecorded = [f"{path}: no result file" for path in cited if not provenance_files(path)]
+    unrecorded += [
+        str(found.relative_to(ROOT)) for path in cited for found in provenance_files(path) if lacks_provenance(found)
+    ]
+    assert sorted(set(unrecorded)) == []
+
+
+def test_a_result_without_commit_or_cap_is_caught(tmp_path: Path) -> None:
+    machine = {"cpu": "AMD EPYC", "commit": "f3dab9d", "cpu_cap": {}}
+    for document, lacking in (
+        ({"machine": machine}, False),
+        ({"machine": {**machine, "commit": None}}, True),
+        ({"machine": {key: value for key, value in machine.items() if key != "cpu_cap"}}, True),
+        ({"requests": []}, True),
+    ):
+        (tmp_path / "result.json").write_text(json.dumps(document))
+        assert lacks_provenance(tmp_path / "result.json") is lacking
 
 
 def test_a_written_path_is_not_a_citation() -> None:

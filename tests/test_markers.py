@@ -164,7 +164,7 @@ def test_the_check_sees_the_loads(suite_modules: dict[str, Module]) -> None:
     """The real-model tests are found however they reach the model: a cached helper of their module, a harness
     function imported from tests/, a module fixture, a conftest fixture (the agent clients)."""
     suite = Suite(suite_modules)
-    assert suite.loads("tests.engine.test_quantization_real_model", "test_int4_batched_equals_alone")
+    assert suite.loads("tests.engine.weights.test_quantization_real_model", "test_int4_batched_equals_alone")
     assert suite.loads(
         "tests.engine.test_real_model_parity", "test_seeded_sampling_is_the_same_alone_and_beside_others"
     )
@@ -172,7 +172,7 @@ def test_the_check_sees_the_loads(suite_modules: dict[str, Module]) -> None:
         "tests.api.endpoints.test_api_real_model", "test_streamed_text_concatenates_to_the_non_streamed_text"
     )
     assert suite.loads("tests.api.agents.test_agent_clients", "test_agent_client")
-    assert not suite.loads("tests.engine.test_loader", "test_missing_default_package_says_how_to_fix")
+    assert not suite.loads("tests.engine.weights.test_loader", "test_missing_default_package_says_how_to_fix")
 
 
 def test_an_unmarked_load_is_reported() -> None:

@@ -86,7 +86,7 @@ def installs(commands: Iterable[str]) -> set[str]:
         if not command.startswith("pip install"):
             continue
         words = shlex.split(command)[2:]
-        for word in (word for word in words if not word.startswith("-")):
+        for word in requirement_words(words):
             if word.startswith("."):
                 extras = re.findall(r"[\w-]+", word.partition("[")[2])
                 optional = [r for extra in extras for r in project["optional-dependencies"][extra]]
@@ -111,6 +111,19 @@ def installs(commands: Iterable[str]) -> set[str]:
                 installed.add(_normal(needed.name))
                 expand.append(needed)
     return installed
+
+
+def requirement_words(words: list[str]) -> Iterator[str]:
+    """The requirements among a `pip install`'s words: not its options, nor the values of those that take one."""
+    takes_value = {"--extra-index-url", "--index-url", "-i", "--find-links", "-f", "--constraint", "-c"}
+    after_option = False
+    for word in words:
+        if not word.startswith("-") and not after_option:
+            yield word
+        after_option = word in takes_value
+
+
+CPU_INDEX = "https://download.pytorch.org/whl/cpu"
 
 
 def subprocess_env(import_log: Path) -> dict[str, str]:
@@ -176,6 +189,24 @@ def test_the_quick_start_pins_xgrammar_as_the_ci_script_does() -> None:
     assert pins(README.read_text()) == pins((ROOT / ".ci" / "run").read_text()) != []
 
 
+def test_torch_comes_from_pytorchs_cpu_index_in_the_quick_start_and_the_ci_script() -> None:
+    """A pinned version alone is not the CPU build: PyPI's Linux x86_64 wheel of torch 2.13.0 is the CUDA one (527 MB,
+    requiring cuda-toolkit, cuDNN and NCCL: GBs). PyTorch's CPU index, added to PyPI, serves `2.13.0+cpu`, which pip
+    prefers to PyPI's `2.13.0` (a local version sorts above its public one); macOS and Windows wheels are CPU
+    builds either way."""
+    ci = re.sub(r"\\\n\s*", " ", (ROOT / ".ci" / "run").read_text())
+    quick_start = " && ".join(next(b for b in SHELL if b.section.startswith("Quick start")).commands())
+    for where, text in (("README", quick_start), (".ci/run", ci)):
+        torch = [c for c in re.split(r"&&|\n", text) if "pip install" in c and re.search(r"\btorch==", c)]
+        assert torch, f"{where} installs no pinned torch"
+        for command in torch:
+            words = shlex.split(command)
+            assert "--extra-index-url" in words and words[words.index("--extra-index-url") + 1] == CPU_INDEX, (
+                f"{where}: {command.strip()!r} takes PyPI's CUDA build on Linux"
+            )
+    assert "torch" in installs([f"pip install torch==2.13.0 --extra-index-url {CPU_INDEX}"])
+
+
 def test_the_install_check_has_teeth() -> None:
     """The project alone does not bring the client the README's Python example imports: the bug this file guards."""
     assert "openai" in quick_start_installs() and "openai" not in installs(["pip install -e ."])
@@ -197,6 +228,15 @@ def test_serve_and_compare_lines_parse_into_a_config(command: str) -> None:
         config_from_args(args)
     else:
         compare_config(args), compare_lineup(args)
+
+
+def test_the_batchserve_commands_named_in_the_prose_parse() -> None:
+    """A command written inline (`batchserve generate "Hello" --max-tokens 16`) is pasted as the blocks' are: its
+    subcommand and flags exist."""
+    inline = re.findall(r"`(batchserve [^`]+)`", re.sub(r"```.*?```", "", README.read_text(), flags=re.DOTALL))
+    assert any(command.startswith("batchserve generate ") for command in inline)
+    for command in inline:
+        build_parser().parse_args(shlex.split(command)[1:])
 
 
 @pytest.mark.slow

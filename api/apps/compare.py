@@ -40,6 +40,7 @@ from api.live import page, stream_routes
 from api.process.drain import drain
 from api.protocol.errors import APIError
 from api.runtime.build import build_runner
+from api.structured.grammars import CompileWorkers
 from engine.phases import phase
 from scheduler.config import Mode
 from scheduler.fair_share import FairShareLoop
@@ -81,7 +82,11 @@ def create_compare_app(
     loader: ModelLoader = default_loader,
     freeze_heap: bool = False,
     lineup: tuple[Entry, ...] = DEFAULT_LINEUP,
+    compile_workers: CompileWorkers | None = None,
 ) -> Starlette:
+    """`compile_workers`: grammar compile workers shared with other apps in this process, which their owner closes
+    (default: the app's own, shared by its panes and closed after they drain)."""
+    workers = compile_workers if compile_workers is not None else CompileWorkers()
     split = any(entry.speculative for entry in lineup)
     mode_apps = {entry.name: _mode_app(mode_config(config, entry, split), entry.name) for entry in lineup}
     modes = {name: mode_state for name, (_, mode_state) in mode_apps.items()}
@@ -100,10 +105,12 @@ def create_compare_app(
         hub = EventHub(asyncio.get_running_loop(), time.monotonic(), time.monotonic)
         for target in (state, *modes.values()):
             target.events = hub
-        build = lambda: _build_runtimes(modes, config, loader)  # noqa: E731
+        build = lambda: _build_runtimes(modes, config, loader, workers)  # noqa: E731
         load_in_background([state, *modes.values()], freeze_heap, build, lambda built: built[0].start(), publish)
         yield
         await drain_all(state)
+        if compile_workers is None:
+            workers.close()
 
     app = Starlette(
         routes=[
@@ -120,14 +127,16 @@ def create_compare_app(
 
 
 def _build_runtimes(
-    modes: dict[str, ServerState], config: ServerConfig, loader: ModelLoader
+    modes: dict[str, ServerState], config: ServerConfig, loader: ModelLoader, workers: CompileWorkers
 ) -> tuple[FairShareLoop, dict[str, Runtime]]:
     """Load the model once; build one runner (one copy of the weights) and, per entry, its own engine and cache,
     behind one fair-share loop (not started)."""
     loaded = loader(config)
     with phase(logger, PREPARING, announce=False):
         runner = build_runner(config.runtime_options(), loaded)
-        models = {name: metered_model(mode_state.config, loaded, runner, name) for name, mode_state in modes.items()}
+        models = {
+            name: metered_model(mode_state.config, loaded, runner, name, workers) for name, mode_state in modes.items()
+        }
         fair = FairShareLoop([model.scheduler for model, _ in models.values()])
         runtimes = {
             mode: serving_runtime(
@@ -142,7 +151,7 @@ async def drain_all(state: ServerState) -> None:
     """Drain every mode at once (SIGTERM or the end of the lifespan); idempotent."""
     if state.phase is Phase.READY:
         state.phase = Phase.DRAINING
-    await asyncio.gather(*(drain(m, state.config.shutdown_grace_s) for m in state.modes.values()))
+    await asyncio.gather(*(drain(m, state.config.shutdown_grace_s, name) for name, m in state.modes.items()))
 
 
 async def health(request: Request) -> Response:

@@ -14,6 +14,7 @@ from api.endpoints.service import GenerationService
 from api.endpoints.state import Phase, Runtime, ServerState
 from api.runtime.build import ModelRuntime, build_model_runtime, load
 from api.runtime.heap import frozen_after_loading
+from api.structured.grammars import CompileWorkers
 from engine.model.model_runner import ModelRunner
 from engine.phases import phase
 from engine.weights.loader import LoadedModel
@@ -31,10 +32,15 @@ def default_loader(config: ServerConfig) -> LoadedModel:
 
 
 def metered_model(
-    config: ServerConfig, loaded: LoadedModel, runner: ModelRunner | None = None, label: str | None = None
+    config: ServerConfig,
+    loaded: LoadedModel,
+    runner: ModelRunner | None = None,
+    label: str | None = None,
+    compile_workers: CompileWorkers | None = None,
 ) -> tuple[ModelRuntime, ServerMetrics]:
     """The model's runtime (see `api.runtime.build`) and the metrics its steps feed; `runner`: one shared with
-    another mode's runtime (one copy of the weights); `label`: the metrics' `mode` label (default: the mode)."""
+    another mode's runtime (one copy of the weights); `label`: the metrics' `mode` label (default: the mode);
+    `compile_workers`: grammar compile workers shared with other runtimes of this process (default: its own)."""
     options = config.runtime_options()
     metrics = ServerMetrics(
         label or config.mode,
@@ -43,7 +49,12 @@ def metered_model(
         prefix_caching=config.enable_prefix_caching,
     )
     model = build_model_runtime(
-        options, loaded, on_step=metrics.observe_step, runner=runner, on_policy_fallback=metrics.observe_policy_fallback
+        options,
+        loaded,
+        on_step=metrics.observe_step,
+        runner=runner,
+        on_policy_fallback=metrics.observe_policy_fallback,
+        compile_workers=compile_workers,
     )
     metrics.expect_tool_parser(model.chat.parser.name)
     counts = model.scheduler.counts  # a snapshot published by the loop thread: safe to read from any thread
@@ -62,10 +73,10 @@ def serving_runtime(config: ServerConfig, model: ModelRuntime, metrics: ServerMe
     return Runtime.serving(model, service, metrics)
 
 
-def build_runtime(config: ServerConfig, loaded: LoadedModel) -> Runtime:
+def build_runtime(config: ServerConfig, loaded: LoadedModel, compile_workers: CompileWorkers | None = None) -> Runtime:
     """`serve`'s runtime: the model under its own scheduler loop, with the server's metrics and service."""
     with phase(logger, PREPARING, announce=False):
-        return serving_runtime(config, *metered_model(config, loaded))
+        return serving_runtime(config, *metered_model(config, loaded, compile_workers=compile_workers))
 
 
 def load_in_background(

@@ -19,6 +19,7 @@ from api.endpoints.middleware import EXCEPTION_HANDLERS, middleware_stack
 from api.endpoints.state import Phase, Runtime, ServerState
 from api.live import page, stream_routes, workload
 from api.process.drain import drain
+from api.structured.grammars import CompileWorkers
 from api.translation import messages_routes
 from api.translation.response_store import ResponseStore, StoreLimits
 from api.translation.responses import ResponsesRoutes
@@ -59,9 +60,15 @@ def openai_routes(config: ServerConfig) -> list[Route]:
     ]
 
 
-def create_app(config: ServerConfig, loader: ModelLoader = default_loader, freeze_heap: bool = False) -> Starlette:
+def create_app(
+    config: ServerConfig,
+    loader: ModelLoader = default_loader,
+    freeze_heap: bool = False,
+    compile_workers: CompileWorkers | None = None,
+) -> Starlette:
     """The server's app. `freeze_heap`: the app owns its process, whose heap is frozen after loading
-    (api.runtime.heap)."""
+    (api.runtime.heap). `compile_workers`: grammar compile workers shared with other apps in this process, which
+    their owner closes (default: the app's own)."""
     state = ServerState(config, event_modes=(config.mode,), mode_entries=(stream_routes.mode_entry(config, ""),))
 
     def publish(runtime: Runtime) -> None:
@@ -72,7 +79,7 @@ def create_app(config: ServerConfig, loader: ModelLoader = default_loader, freez
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         state.phase = Phase.LOADING
         state.events = EventHub(asyncio.get_running_loop(), time.monotonic(), time.monotonic)
-        build = lambda: build_runtime(config, loader(config))  # noqa: E731
+        build = lambda: build_runtime(config, loader(config), compile_workers)  # noqa: E731
         load_in_background([state], freeze_heap, build, lambda runtime: runtime.loop.start(), publish)
         yield
         await drain(state, config.shutdown_grace_s)  # at once if the server already drained on a signal

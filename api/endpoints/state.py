@@ -55,6 +55,7 @@ class ServerState:
     replica: str | None = None  # set by api.scale_out.ray_serve: the replica's name in every response's timings
     modes: dict[str, ServerState] = field(default_factory=dict)  # `batchserve compare`'s root: each mode's app
     workloads: int = 0  # `POST /v1/compare/workload` streams open now, on the event loop (api/live/workload.py)
+    cut_short: bool = False  # a second SIGTERM or Ctrl-C: the drain ends what still runs now (api/process/drain.py)
     started: int = field(default_factory=lambda: int(time.time()))  # Unix seconds: the model card's `created`
 
     @staticmethod

@@ -13,7 +13,7 @@ from transformers import PreTrainedTokenizerBase
 
 from api.config import RuntimeOptions
 from api.runtime.format_probe import load_auto
-from api.structured.grammars import build_grammars
+from api.structured.grammars import CompileWorkers, build_grammars
 from api.text.token_bytes import TokenBytes
 from api.text.tool_template import ChatSetup
 from engine.config import DEFAULT_MAX_QUANTIZED_ROWS
@@ -75,10 +75,12 @@ def build_model_runtime(
     on_step: Callable[[StepStats], None] | None = None,
     runner: ModelRunner | None = None,
     on_policy_fallback: Callable[[], None] | None = None,
+    compile_workers: CompileWorkers | None = None,
 ) -> ModelRuntime:
     """`on_step`: called on the loop thread after each step (the server's metrics); `on_policy_fallback`, each time
     the mode's built-in policy takes over from one that raised. `runner`: one shared with another engine
-    (`batchserve compare`: one copy of the weights, stepped by one thread); default: a new one."""
+    (`batchserve compare`: one copy of the weights, stepped by one thread); default: a new one. `compile_workers`:
+    grammar compile workers shared with other runtimes of this process; default: its own."""
     parameter = next(loaded.model.parameters())
     device = str(parameter.device)
     runner = runner if runner is not None else build_runner(options, loaded)
@@ -99,6 +101,8 @@ def build_model_runtime(
         loaded.source,
         engine.max_model_len,
         TokenBytes(loaded.tokenizer),
-        build_grammars(loaded.tokenizer, runner.vocab_size, loaded.eos_token_ids, options.grammar_limits),
+        build_grammars(
+            loaded.tokenizer, runner.vocab_size, loaded.eos_token_ids, options.grammar_limits, compile_workers
+        ),
         ChatSetup.for_model(loaded.tokenizer, options.tool_call_parser, options.chat_template),
     )

@@ -96,8 +96,9 @@ QUALITY_BAR_PERCENT = 1.0
 
 def candidates(dtype: str, quantization: str, gguf_int4: bool, stored_float32: bool) -> list[Pair]:
     """The (dtype, quantization) pairs `auto` may pick: measured quality within the bar, int4 only from a GGUF's
-    own Q4 blocks (anything else would mean requantising, whose quality is not measured), and bf16 not for a
-    checkpoint stored in float32 (`stored_float32`: its bf16 quality is not measured at load)."""
+    own Q4 blocks (anything else would mean requantising, whose quality is not measured; a Q4_K_M file's Q6_K
+    projections are, unmeasured: engine/weights/kquants.py), and bf16 not for a checkpoint stored in float32
+    (`stored_float32`: its bf16 quality is not measured at load)."""
     found = []
     for (d, q), cost in MEASURED_QUALITY.items():
         if cost > QUALITY_BAR_PERCENT or (q == "int4" and not gguf_int4) or (d == "bfloat16" and stored_float32):
@@ -280,8 +281,8 @@ def measured_format(
     with phase(logger, "measuring weight formats once for this CPU", what, steps=len(pairs)) as running:
         measured: list[Rounds] = []
 
-        def announce(number: int, planned: int) -> None:
-            running.step("the machine is busy: more rounds" if number > plan.rounds else "", planned)
+        def announce(number: int, planned: int) -> None:  # said as soon as the count grows past the plan
+            running.step("the machine is busy: more rounds" if planned > plan.rounds else "", planned)
 
         loaded = 0
         for group in groups or [pairs]:

@@ -8,6 +8,7 @@ a request that disconnects, or a server that shuts down, kills the compile it wa
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import logging
 import threading
@@ -18,6 +19,7 @@ from typing import TYPE_CHECKING
 from api.protocol.errors import APIError, bad_request
 from api.structured.budget import budget_problem
 from api.structured.compile_pool import (
+    Job,
     JobFailedError,
     JobTimeoutError,
     PoolBusyError,
@@ -39,22 +41,54 @@ INSTALL_HINT = "pip install --no-deps xgrammar apache-tvm-ffi"
 logger = logging.getLogger("batchserve.grammar")
 
 
-class Grammars:
-    """Compiles request grammars for one tokenizer; used from the event loop."""
+def _worker_pool(compiler: XGrammarCompiler, limits: GrammarLimits, setup: bytes) -> WorkerPool[_Grammar]:
+    return WorkerPool(
+        python_module_command("api.structured.compile_worker"),
+        setup,
+        compiler.load,
+        limits.compile_workers,
+        limits.compile_timeout_s,
+        limits.max_pending,
+    )
 
-    def __init__(self, compiler: XGrammarCompiler, limits: GrammarLimits) -> None:
+
+class CompileWorkers:
+    """Compile workers shared by the servers of one process: `compare`'s panes, a test session's servers. A worker
+    costs seconds of a core to start (it imports xgrammar and torch); servers with the same tokenizer and limits
+    share one pool, started lazily as ever. The owner closes it; a server's shutdown only ends its own compiles."""
+
+    def __init__(self) -> None:
+        self._pools: dict[tuple[bytes, int, float, int], WorkerPool[_Grammar]] = {}
+        self._lock = threading.Lock()
+
+    def pool(self, compiler: XGrammarCompiler, limits: GrammarLimits, setup: bytes) -> WorkerPool[_Grammar]:
+        key = (hashlib.sha256(setup).digest(), limits.compile_workers, limits.compile_timeout_s, limits.max_pending)
+        with self._lock:
+            if key not in self._pools:
+                self._pools[key] = _worker_pool(compiler, limits, setup)
+            return self._pools[key]
+
+    def close(self) -> None:
+        with self._lock:
+            pools = list(self._pools.values())
+        for pool in pools:
+            pool.close()
+
+
+class Grammars:
+    """Compiles request grammars for one tokenizer; used from the event loop. `shared`: compile in its workers
+    (else in a pool of this server's own)."""
+
+    def __init__(self, compiler: XGrammarCompiler, limits: GrammarLimits, shared: CompileWorkers | None = None) -> None:
         self.limits = limits
-        self._pool: WorkerPool[_Grammar] = WorkerPool(
-            python_module_command("api.structured.compile_worker"),
-            compiler.setup(),
-            compiler.load,
-            limits.compile_workers,
-            limits.compile_timeout_s,
-            limits.max_pending,
-        )
+        setup = compiler.setup()
+        self._owns_pool = shared is None
+        self._pool = _worker_pool(compiler, limits, setup) if shared is None else shared.pool(compiler, limits, setup)
+        self._jobs: set[Job[_Grammar]] = set()  # this server's compiles not answered yet (the pool may be shared)
+        self._closed = False
         self._cache: OrderedDict[tuple[GrammarKind, str], _Grammar] = OrderedDict()
         self._cache_bytes = 0
-        self._lock = threading.Lock()  # the cache: `compile` may be awaited from more than one event loop (compare)
+        self._lock = threading.Lock()  # the cache and jobs: `compile` may be awaited from more than one event loop
 
     async def compile(self, spec: GrammarSpec) -> Grammar:
         """The spec's grammar, or an APIError: 400 (over budget, does not compile, past the deadline), 429 (too
@@ -81,11 +115,21 @@ class Grammars:
         return self._pool.pids()
 
     def close(self) -> None:
-        """Kill the workers; compiles still waiting get a 503. Never waits for a compile."""
-        self._pool.close()
+        """Kill the workers (or, in a shared pool, this server's compiles); compiles still waiting get a 503. Never
+        waits for a compile."""
+        self._closed = True
+        if self._owns_pool:
+            self._pool.close()
+            return
+        with self._lock:
+            jobs = list(self._jobs)
+        for job in jobs:
+            job.abandon()  # a running one has its worker killed, a waiting one is cancelled: both get a 503 below
 
     async def _compiled(self, spec: GrammarSpec) -> _Grammar:
         payload = json.dumps({"kind": spec.kind.value, "text": spec.text, "param": spec.param}).encode()
+        if self._closed:
+            raise _shutting_down()
         try:
             job = self._pool.submit(payload)
         except PoolBusyError as exc:
@@ -97,19 +141,29 @@ class Grammars:
             ) from None
         except PoolClosedError:
             raise _shutting_down() from None
+        with self._lock:
+            self._jobs.add(job)
         try:
             return await asyncio.wrap_future(job.future)
         except asyncio.CancelledError:
             job.abandon()  # the client left: its compile stops now, whether it waits or runs
+            task = asyncio.current_task()
+            if self._closed and task is not None and not task.cancelling():  # close() cancelled the job, not a client
+                raise _shutting_down() from None
             raise
         except JobTimeoutError as exc:
             raise bad_request(
                 f"the {spec.noun} in {spec.param} {exc} ({flag('compile_timeout_s')}); simplify it", spec.param
             ) from None
         except JobFailedError as exc:
+            if self._closed:  # close() abandoned it
+                raise _shutting_down() from None
             raise compile_error(spec, str(exc)) from None
         except PoolClosedError:
             raise _shutting_down() from None
+        finally:
+            with self._lock:
+                self._jobs.discard(job)
 
     def _remember(self, key: tuple[GrammarKind, str], grammar: _Grammar) -> None:
         size = grammar.size_bytes
@@ -126,9 +180,14 @@ class Grammars:
 
 
 def build_grammars(
-    tokenizer: PreTrainedTokenizerBase, vocab_size: int, stop_token_ids: Sequence[int], limits: GrammarLimits
+    tokenizer: PreTrainedTokenizerBase,
+    vocab_size: int,
+    stop_token_ids: Sequence[int],
+    limits: GrammarLimits,
+    shared: CompileWorkers | None = None,
 ) -> Grammars | None:
-    """The server's grammars, or None where xgrammar is not installed (structured outputs are then a 400)."""
+    """The server's grammars, or None where xgrammar is not installed (structured outputs are then a 400);
+    `shared`: workers shared with other servers of this process (default: its own)."""
     try:
         from api.structured.xgrammar_backend import XGrammarCompiler
     except ImportError:
@@ -136,7 +195,7 @@ def build_grammars(
             "xgrammar is not installed: structured outputs and forced tool calls are refused (%s)", INSTALL_HINT
         )
         return None
-    return Grammars(XGrammarCompiler.for_tokenizer(tokenizer, vocab_size, stop_token_ids), limits)
+    return Grammars(XGrammarCompiler.for_tokenizer(tokenizer, vocab_size, stop_token_ids), limits, shared)
 
 
 def _shutting_down() -> APIError:

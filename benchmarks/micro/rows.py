@@ -12,8 +12,9 @@ from engine.sample.sampling_params import SamplingParams
 def add_row(
     engine: Engine, seq_id: int, prompt: Sequence[int], params: SamplingParams, tokens: int, too_small: str
 ) -> None:
-    """Seat `seq_id` with `prompt` and reserve cache for `tokens` positions; if the cache cannot hold them, the row
-    is removed again and ValueError(`too_small`) raised, so a failed measurement leaves the engine as it found it."""
+    """Place `seq_id` with `prompt` in a row and reserve cache for `tokens` positions; if the cache cannot hold them,
+    the row is removed again and ValueError(`too_small`) raised, so a failed measurement leaves the engine as it found
+    it."""
     engine.add(seq_id, prompt, params)
     if not engine.reserve(seq_id, tokens):
         engine.remove(seq_id)

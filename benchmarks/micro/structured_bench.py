@@ -141,7 +141,7 @@ def decode_pass(
 
 
 def decode_engine(loaded: LoadedModel, batch: int, steps: int, prompt_len: int) -> tuple[Engine, XGrammarCompiler]:
-    """An engine with a seat for each of `batch` rows of `prompt_len + steps` tokens, and a grammar compiler for
+    """An engine with a row for each of `batch` sequences of `prompt_len + steps` tokens, and a grammar compiler for
     its vocabulary: what decode_pass runs on."""
     runner = TransformersRunner(loaded.model, quantized=loaded.quantized)
     engine = Engine(

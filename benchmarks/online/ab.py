@@ -101,6 +101,8 @@ def run_target(
     try:
         if target.prepare:
             run_prepare(target.prepare, log_path)
+        # A first start takes minutes (conversion, kernels, format timing) and logs only to its file: say where.
+        print(f"{target.name}: starting its server; its progress: {log_path}", file=sys.stderr, flush=True)
         with server:
             model = asyncio.run(discover_model(server.base_url))
             main = asyncio.run(run_benchmark(specs, make_config(target, server.base_url, model, None)))

@@ -3,7 +3,7 @@
 // At batch 1 a step makes about ten calls a layer (norms, four projections, RoPE and the cache write, attention,
 // SiLU * up), each a few microseconds of Python and dispatcher around a kernel of tens. This runs the same
 // kernels, with the same arguments in the same order, straight from C++: the result is the per-op path's, bit
-// for bit (tests/engine/test_decode_layers.py), and the runner keeps the per-op path for every other step.
+// for bit (tests/engine/model/test_decode_layers.py), and the runner keeps the per-op path for every other step.
 //
 //   decode_layers: for each layer i, with its kLayerTensors tensors in `layers` (at the offsets below) and its
 //                  keys and values in cache[i] ([layers, 2, kv_heads, slots, dim]):
@@ -27,7 +27,7 @@ namespace {
 
 // Where each of a layer's tensors lies among its kLayerTensors: a norm is one tensor, a projection three (packed,
 // scales, zeros). The order is LAYER_TENSORS in engine/model/fused_decode.py, which builds the list; the names are its
-// fields', and tests/engine/test_decode_layers.py checks that the two agree.
+// fields', and tests/engine/model/test_decode_layers.py checks that the two agree.
 enum LayerTensor : int64_t {
   kInputNorm = 0,
   kQkvProj = 1,

@@ -86,7 +86,8 @@ class ElementwiseOps:
         if delta is not None:
             residual.add_(delta)
         if residual.dtype == torch.float32 and weight.dtype == torch.float32:
-            # One op; in float32 it gives bit for bit what LlamaRMSNorm's six ops give (tests/engine/test_fused_ops.py).
+            # One op; in float32 it gives bit for bit what LlamaRMSNorm's six ops give
+            # (tests/engine/model/test_fused_ops.py).
             return F.rms_norm(residual, (residual.shape[-1],), weight, eps)
         x = residual.float()
         x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)

@@ -37,8 +37,8 @@ class LayerWeights:
 
 # Each layer's tensors in the one order decode_layers.cpp reads them: (LayerWeights field, tensor count), a norm one
 # tensor and a projection three (its packed weights, scales, zeros). The C++ indexes them by the offsets of its
-# `LayerTensor` constants, named after these fields (kInputNorm, kQkvProj, ...); tests/engine/test_decode_layers.py
-# checks the two agree.
+# `LayerTensor` constants, named after these fields (kInputNorm, kQkvProj, ...);
+# tests/engine/model/test_decode_layers.py checks the two agree.
 LAYER_TENSORS: tuple[tuple[str, int], ...] = (
     ("input_norm", 1),
     ("qkv_proj", 3),

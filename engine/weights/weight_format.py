@@ -1,7 +1,7 @@
 """Resolve `--dtype` and `--quantization` (`auto` included) into what the loader and runner use.
 
 `auto` follows measurements on the default model (docs/quantization.md):
-- quantization: int4 for a GGUF whose projections are Q4_0/Q4_1 (its own blocks, no requantisation), none for a
+- quantization: int4 for a GGUF of a 4-bit type (Q4_0, Q4_1, Q4_K_M, Q4_K_S: its own blocks), none for a
   Hugging Face checkpoint, whose weights we would otherwise have to requantise;
 - dtype: bfloat16 activations and KV cache where the CPU has native bf16 dot products (AVX512-BF16 or AMX),
   float32 otherwise. torch's int4 and int8 kernels are fast only with bf16 activations (with float32 ones, exact
@@ -43,8 +43,8 @@ def cpu_has_native_bf16() -> bool:
 def resolve(
     config: LoadConfig, device: torch.device, gguf_has_int4: bool, checkpoint_dtype: torch.dtype | None
 ) -> WeightFormat:
-    """`gguf_has_int4`: the file is a GGUF with Q4_0/Q4_1 projections; `checkpoint_dtype`: an HF checkpoint's
-    stored dtype (None for a GGUF)."""
+    """`gguf_has_int4`: the file is a GGUF that loads as int4 (kquants.loads_as_int4); `checkpoint_dtype`: an HF
+    checkpoint's stored dtype (None for a GGUF)."""
     quantization = config.quantization
     if quantization == "auto":
         quantization = "int4" if gguf_has_int4 and device.type == "cpu" else "none"

@@ -1,9 +1,9 @@
 """A first start says what it is doing: `batchserve serve` on a GGUF with a fresh cache (a fresh HOME) logs each slow
 phase in order (the conversion, the kernels, the format measurement with its candidates counted), each with its time,
-where its result is cached and how to redo it (later starts reading those caches: tests/engine/test_loader.py and
-test_format_probe.py). The tiny model stands in for SmolLM2 (the same file layout, the same phases, in seconds);
-the kernel build is the one the session already made (compiling it afresh takes minutes): its line is the cached
-build's."""
+where its result is cached and how to redo it (later starts reading those caches:
+tests/engine/weights/test_loader.py and tests/api/runtime/test_format_probe.py). The tiny model stands in for
+SmolLM2 (the same file layout, the same phases, in seconds); the kernel build is the one the session already made
+(compiling it afresh takes minutes): its line is the cached build's."""
 
 from __future__ import annotations
 

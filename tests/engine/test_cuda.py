@@ -21,7 +21,7 @@ from engine.sample.sampling_params import SamplingParams
 from engine.spec.config import SpeculativeConfig
 from scheduler.request import Outcome
 from tests.conftest import TINY_VOCAB_SIZE, train_byte_level_tokenizer
-from tests.engine.test_engine import ARCHS, GREEDY, Driver, make_engine, random_prompt
+from tests.engine.helpers import ARCHS, GREEDY, Driver, make_engine, random_prompt
 
 pytestmark = [
     pytest.mark.cuda,

@@ -32,6 +32,7 @@ from tests.fakes import (
     assert_drained,
     build,
     expected_tokens,
+    step_until_done,
 )
 
 MODES = [Mode.DYNAMIC, Mode.CONTINUOUS]
@@ -693,11 +694,7 @@ def test_same_greedy_tokens_in_both_modes_and_equal_to_generate(tiny_llama: PreT
         for s in streams:
             params = SamplingParams(max_tokens=s.max_tokens, temperature=0.0)
             scheduler.submit(SequenceRequest(s.request_id, s.prompt, params, s))
-        for _ in range(500):
-            if all(s.done for s in streams):
-                break
-            scheduler.step()
-            clock.advance(1.0)
+        step_until_done(scheduler, clock, streams, max_steps=500)
         assert all(s.reason is Outcome.LENGTH for s in streams)
         assert engine.cache_usage == 0 and engine.num_free_rows == 3
         results[mode] = [s.tokens for s in streams]

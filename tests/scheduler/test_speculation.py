@@ -2,7 +2,7 @@
 n-gram drafts is identical to output without, with prefix caching, and under preemption in continuous mode; seeded
 sampled requests (temperature, top-p, top-k, penalties) get drafts too and keep their output token for token (the
 acceptance draws each position's token with the same (seed, output index) as a plain step); the step stats count
-drafts and acceptances; the cache is all returned."""
+drafts and acceptances, and each sequence its judged first and later drafts; the cache is all returned."""
 
 from __future__ import annotations
 
@@ -20,8 +20,8 @@ from scheduler.config import Mode, SchedulerConfig
 from scheduler.core import Scheduler
 from scheduler.request import SequenceRequest
 from scheduler.stats import StepStats
-from tests.engine.test_engine import random_prompt
-from tests.fakes import FakeClock, Stream
+from tests.engine.helpers import random_prompt
+from tests.fakes import FakeClock, Stream, step_until_done
 
 SPEC = SpeculativeConfig(num_speculative_tokens=4, prompt_lookup_min=1, prompt_lookup_max=3)
 
@@ -66,11 +66,7 @@ def serve(
     ]
     for request in requests:
         scheduler.submit(request)
-    for _ in range(2000):
-        if all(s.finish is not None for s in streams):
-            break
-        scheduler.step()
-        clock.advance(1.0)
+    step_until_done(scheduler, clock, streams, max_steps=2000)
     assert all(s.finish is not None for s in streams)
     assert engine.cache_usage == 0 and engine.num_free_rows == len(prompts)
     assert (sum(r.num_preemptions for r in requests) > 0) == (kv_cache_tokens < 100 and mode is Mode.CONTINUOUS)
@@ -139,6 +135,20 @@ def test_a_prediction_drafts_without_changing_the_output(
     assert requests[2].num_accepted_tokens == 0
     assert requests[3].num_accepted_tokens == requests[3].num_draft_tokens > 0
     assert len(steps) < len(plain_steps)  # accepted drafts save steps
+    # The draft-length rule's counts, from each verify step's accepted length: every judged draft of a right
+    # prediction was right; a wrong one's first drafts (if it drafted) were all wrong and no later draft was judged
+    for request in requests:
+        counts = request.acceptance
+        assert counts.first_right + counts.later_right == request.num_accepted_tokens
+        assert counts.first_judged + counts.later_judged <= request.num_draft_tokens
+    for request in (right, requests[3]):
+        counts = request.acceptance
+        assert counts.first_right == counts.first_judged > 0 and counts.later_right == counts.later_judged > 0
+    wrong = requests[2].acceptance
+    assert (wrong.first_right, wrong.later_judged) == (0, 0)
+    assert edited.acceptance.later_right < edited.acceptance.later_judged or (
+        edited.acceptance.first_right < edited.acceptance.first_judged
+    )
 
 
 @pytest.mark.parametrize(

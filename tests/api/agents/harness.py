@@ -20,7 +20,7 @@ import pytest
 
 from api.apps.serve import create_app
 from benchmarks.loadgen.server_proc import free_port
-from tests.server_harness import mode_config, real_loaded_model, serving_app
+from tests.server_harness import mode_config, real_loaded_model, serving_app, shared_compile_workers
 
 HERE = Path(__file__).resolve().parent
 # The libraries the programs import (module names); the test extra installs them (pyproject.toml).
@@ -77,7 +77,9 @@ def recorded_server(mode: str) -> Iterator[RecordedServer]:
     """The default model (SmolLM2-135M-Instruct) served in `mode` on a free port, every exchange recorded."""
     config = mode_config(mode, port=free_port())
     loaded = real_loaded_model()
-    recorder = StatusRecorder(create_app(config, loader=lambda _config: loaded))
+    recorder = StatusRecorder(
+        create_app(config, loader=lambda _config: loaded, compile_workers=shared_compile_workers())
+    )
     with serving_app(recorder, config) as (base_url, _server):
         model = str(httpx.get(f"{base_url}/v1/models", timeout=30).json()["data"][0]["id"])
         yield RecordedServer(base_url, model, recorder)

@@ -178,10 +178,16 @@ def assert_503(response: httpx.Response) -> None:
 
 
 def assert_clean_exit(server: ServerProcess) -> None:
-    assert server.process.wait(60) == 0
+    assert server.process.wait(60) == 0, server.output()
     output = server.output()
     assert "batchserve ready on" in output
-    assert "Traceback" not in output and CUT_OFF not in output, output
+    assert "batchserve stopped" in output
+    assert_no_traceback(output)
+
+
+def assert_no_traceback(output: str) -> None:
+    for noise in ("Traceback", "CancelledError", "KeyboardInterrupt", CUT_OFF):
+        assert noise not in output, output
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -268,13 +274,48 @@ def test_compare_at_the_grace_limit_ends_every_modes_streams_then_exits_cleanly(
         server.process.wait(30)
 
 
+@pytest.mark.parametrize("first, second", [(signal.SIGTERM, signal.SIGINT), (signal.SIGINT, signal.SIGINT)])
+def test_a_second_signal_ends_the_running_requests_now_then_exits_cleanly(
+    first: signal.Signals, second: signal.Signals, tiny_checkpoint: Path, tmp_path: Path
+) -> None:
+    # Ctrl-C twice, or SIGTERM then Ctrl-C: once exited at once, skipping the app's shutdown, with tracebacks.
+    with paced_server(tiny_checkpoint, tmp_path / "server.log", "continuous", seats=2, grace_s=600) as server:
+        endless = StreamClient(server.base_url, ENDLESS)
+        wait_until(lambda: endless.tokens > 0, "the stream's first tokens")
+        server.process.send_signal(first)
+        wait_until(lambda: "stopping: letting 1 running request(s) finish" in server.output(), "the drain to begin")
+        assert not endless.done.is_set()
+        server.process.send_signal(second)
+        chunks = endless.finish()
+        assert_shutdown_error(chunks[-1])  # ended, not left to run out the 600 s grace period
+        assert 0 < endless.tokens < ENDLESS
+        assert_clean_exit(server)
+        assert "stopping now: ending the requests still running (1)" in server.output()
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_while_starting_exits_zero_without_a_traceback(
+    sig: signal.Signals, tiny_checkpoint: Path, tmp_path: Path
+) -> None:
+    server = start_paced(tiny_checkpoint, tmp_path / "server.log", "serve", [])
+    try:  # sent while torch and transformers import (a Ctrl-C there was a KeyboardInterrupt traceback), or later
+        wait_until(lambda: "loading torch and transformers" in server.output(), "the process to start")
+        server.process.send_signal(sig)
+        assert server.process.wait(120) == 0, server.output()
+        assert_no_traceback(server.output())
+    finally:
+        if server.process.poll() is None:
+            server.process.kill()
+        server.process.wait(30)
+
+
 def test_sigterm_while_compare_loads_exits_cleanly(tiny_checkpoint: Path, tmp_path: Path) -> None:
     server = start_paced(tiny_checkpoint, tmp_path / "compare.log", "compare", ["--shutdown-grace-s", "2"])
     try:
         wait_until(lambda: "Uvicorn running" in server.output() or "CPU:" in server.output(), "the process to start")
         server.process.send_signal(signal.SIGTERM)  # the model is still loading (or just loaded)
         assert server.process.wait(120) == 0, server.output()
-        assert "Traceback" not in server.output() and CUT_OFF not in server.output(), server.output()
+        assert_no_traceback(server.output())
     finally:
         if server.process.poll() is None:
             server.process.kill()

@@ -6,6 +6,7 @@ probe runs on a fake machine whose clock advances only by the work timed on it (
 from __future__ import annotations
 
 import logging
+import re
 from pathlib import Path
 
 import pytest
@@ -208,6 +209,16 @@ def test_a_cached_choice_is_measured_again_where_the_machine_no_longer_matches(t
     assert len(measured) == 4
     probe(FakeMachine(speed=1.0), truth, tmp_path, measured=measured)  # slower, at every try
     assert len(measured) == 6
+
+
+def test_a_round_count_grown_past_the_plan_says_why(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A first start on a busy machine once logged "round 2 of 6" after "5 rounds" with no word of why: each line
+    whose count is past the plan's says the machine is busy."""
+    caplog.set_level(logging.INFO)
+    probe(FakeMachine(busy_share=0.3, slot_s=0.4, seed=0), ISSUE, tmp_path)  # bursts in some rounds
+    rounds = [(int(m[1]), m.string) for r in caplog.records if (m := re.search(r"round \d+ of (\d+)", r.getMessage()))]
+    grown = [line for planned, line in rounds if planned > 5]
+    assert rounds and grown and all("the machine is busy: more rounds" in line for line in grown), rounds
 
 
 def test_a_busy_later_start_keeps_the_cached_choice_rather_than_timing_the_contention(tmp_path: Path) -> None:

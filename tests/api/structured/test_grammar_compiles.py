@@ -20,7 +20,7 @@ pytest.importorskip("xgrammar")
 
 from api.protocol.errors import APIError
 from api.structured.budget import budget_problem
-from api.structured.grammars import build_grammars
+from api.structured.grammars import CompileWorkers, build_grammars
 from api.structured.limits import GrammarLimits
 from api.structured.spec import GrammarKind, GrammarSpec
 from tests.server_harness import RunningServer, mode_config, running_server, tiny_tokenizer, wait_until
@@ -207,3 +207,36 @@ def test_closing_fails_a_waiting_compile_at_once_and_kills_the_worker() -> None:
 
     error = asyncio.run(run())
     assert error.status == 503 and "shutting down" in error.message
+
+
+def test_servers_sharing_compile_workers_start_one_and_a_closing_one_ends_only_its_own_compile() -> None:
+    tokenizer = tiny_tokenizer()
+    limits = GrammarLimits(max_repeat=100_000, compile_timeout_s=600)
+    shared = CompileWorkers()
+    first, second = (
+        build_grammars(tokenizer, len(tokenizer), (int(tokenizer.eos_token_id),), limits, shared) for _ in range(2)
+    )
+    assert first is not None and second is not None
+
+    async def run() -> APIError:
+        await first.compile(GrammarSpec(GrammarKind.REGEX, "[ab]", "r"))
+        (started,) = first.worker_pids()
+        assert second.worker_pids() == [started]  # one pool: the second server starts no worker of its own
+        spec = GrammarSpec(GrammarKind.JSON_SCHEMA, json.dumps(slow_pattern("shared")), "guided_json")
+        hostile = asyncio.ensure_future(first.compile(spec))
+        await asyncio.sleep(0.5)  # compiling on the one worker (it would take tens of seconds)
+        first.close()  # the first server shuts down: its compile is ended, the pool goes on for the second
+        with pytest.raises(APIError) as refused:
+            await hostile
+        wait_until(lambda: not alive(started), "the ended compile's worker to be killed")
+        assert (await second.compile(GrammarSpec(GrammarKind.REGEX, "[cd]", "r"))) is not None  # on a new worker
+        with pytest.raises(APIError):
+            await first.compile(GrammarSpec(GrammarKind.REGEX, "[ef]", "r"))
+        return refused.value
+
+    try:
+        error = asyncio.run(run())
+    finally:
+        shared.close()
+    assert error.status == 503 and "shutting down" in error.message
+    assert first.worker_pids() == [] and second.worker_pids() == []  # the owner's close kills them

@@ -13,7 +13,7 @@ from benchmarks.online import ab
 from benchmarks.peers.targets import ServerSettings, Target, mode_targets
 from benchmarks.results_io.report import ABOutcome, columns_table, headline_table, result_document
 from scheduler.lineup import parse_lineup
-from tests.benchmarks.results_io.test_report import synthetic_run
+from tests.benchmarks.helpers import synthetic_run
 
 SPF = "scheduler.examples.shortest_prompt_first:ShortestPromptFirst"
 

@@ -353,7 +353,9 @@ def test_serve_bench_cli_prints_table_and_writes_json(tmp_path: Path, capsys: py
 
 
 @pytest.mark.slow
-def test_ab_driver_starts_measures_and_stops_a_server_process(tmp_path: Path) -> None:
+def test_ab_driver_starts_measures_and_stops_a_server_process(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     code = (
         f"import sys; sys.path.insert(0, {str(ROOT)!r}); from tests.benchmarks.online.test_e2e import serve_forever; "
     )
@@ -384,6 +386,8 @@ def test_ab_driver_starts_measures_and_stops_a_server_process(tmp_path: Path) ->
     assert outcome.main is not None and outcome.main.summary.completed == 3
     assert [r.request_rate for r in outcome.sweep] == [1000.0, float("inf")]
     assert str(ROOT) in outcome.command
+    log = tmp_path / "raw" / "dynamic.server.log"  # a start's minutes of progress go there: the console says so
+    assert f"dynamic: starting its server; its progress: {log}" in capsys.readouterr().err
     written = write_report(
         ABOutcome("cmd", {}, {"dynamic": outcome.command}, {}, {"dynamic": outcome.main}, {"dynamic": outcome.sweep}),
         tmp_path,

@@ -9,7 +9,6 @@ from pathlib import Path
 import pytest
 
 from benchmarks.loadgen.client import RequestRecord
-from benchmarks.loadgen.prom import ScrapedMetrics
 from benchmarks.loadgen.run import RunResult
 from benchmarks.loadgen.summaries import summarize
 from benchmarks.results_io.report import (
@@ -22,56 +21,9 @@ from benchmarks.results_io.report import (
     write_report,
 )
 from benchmarks.results_io.tables import format_run
+from tests.benchmarks.helpers import synthetic_record, synthetic_run
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
-
-
-def _record(i: int, send: float, ttft: float, decode: float, held: float, with_timings: bool) -> RequestRecord:
-    first = send + ttft
-    chunks = tuple(first + decode * k / 3 for k in range(4))
-    timings = {
-        "mode": "x",
-        "queue_time_ms": ttft * 400,
-        "time_to_first_token_ms": ttft * 1e3,
-        "decode_time_ms": decode * 1e3,
-        "held_time_ms": held * 1e3,
-        "e2e_time_ms": (ttft + decode + held) * 1e3,
-        "num_steps": 4,
-        "batch_id": i // 2,
-    }
-    return RequestRecord(
-        index=i,
-        kind="short",
-        max_tokens=4,
-        prompt_tokens_est=10,
-        scheduled_time=send,
-        send_time=send,
-        first_token_time=first,
-        chunk_times=chunks,
-        end_time=chunks[-1] + held,
-        output_tokens=4,
-        prompt_tokens=10,
-        usage_reported=True,
-        server_timings=timings if with_timings else None,
-        finish_reason="length",
-        text="abcd",
-        error=None,
-    )
-
-
-def synthetic_run(label: str, scale: float, held: float, rate: float = math.inf, timings: bool = True) -> RunResult:
-    records = tuple(_record(i, 0.05 * i, 0.1 * scale, 0.3 * scale, held, timings) for i in range(6))
-    duration = max(r.end_time for r in records)
-    metrics = ScrapedMetrics(
-        steps=40.0,
-        mean_batch_size=2.0 / scale,
-        held_seats=12.0 if held else 0.0,
-        prompt_tokens=60.0,
-        generation_tokens=24.0,
-        mean_ttft_ms=None,
-        mean_queue_ms=None,
-    )
-    return RunResult(label, rate, 1.0, summarize(records, duration), metrics if timings else None, records)
 
 
 @pytest.fixture
@@ -171,7 +123,7 @@ def _turn_run(label: str, later_ttft: float, cached: int) -> RunResult:
     records = []
     for i in range(6):
         kind, ttft = ("first-turn", 0.2) if i % 2 == 0 else ("later-turn", later_ttft)
-        base = _record(i, 0.05 * i, ttft, 0.3, 0.0, True)
+        base = synthetic_record(i, 0.05 * i, ttft, 0.3, 0.0, True)
         timings = {**(base.server_timings or {}), "cached_tokens": cached if kind == "later-turn" else 0}
         records.append(RequestRecord(**{**base.to_dict(), "kind": kind, "server_timings": timings}))
     duration = max(r.end_time for r in records)
@@ -198,7 +150,7 @@ def test_per_kind_ttft_percentiles_interpolate_as_the_summaries_do() -> None:
     headline table's method), not the nearest rank's 30 and 40."""
     records = []
     for i, ttft in enumerate((0.04, 0.01, 0.03, 0.02)):
-        base = _record(i, 0.1 * i, ttft, 0.3, 0.0, True)
+        base = synthetic_record(i, 0.1 * i, ttft, 0.3, 0.0, True)
         records.append(RequestRecord(**{**base.to_dict(), "kind": "later-turn"}))
     run = RunResult("c", math.inf, 1.0, summarize(tuple(records), 1.0), None, tuple(records))
     row = by_kind(run)["later-turn"]

@@ -15,7 +15,7 @@ from benchmarks.sim.cost.model import FittedCostModel
 from benchmarks.sim.run import SimSettings, simulate_trace
 from engine.config import EngineConfig
 from scheduler.config import Mode, SchedulerConfig
-from tests.benchmarks.sim.test_simulate import assert_same_decisions, requests, with_natural_stops, write_cost
+from tests.benchmarks.sim.helpers import assert_same_decisions, requests, with_natural_stops, write_cost
 
 STEP_S = 0.010  # every simulated step costs exactly this: times below are sums of steps and ticks
 FLAT = FittedCostModel(

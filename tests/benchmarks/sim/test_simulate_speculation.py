@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import random
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -14,7 +15,7 @@ import pytest
 from benchmarks.loadgen.trace import TraceRequest
 from benchmarks.sim import cli as simulate
 from benchmarks.sim.cost.model import FittedCostModel, StepShape
-from benchmarks.sim.cost.speculation import decode_shape
+from benchmarks.sim.cost.speculation import accepted_drafts, decode_shape
 from benchmarks.sim.engine import SimEngine, VirtualClock
 from benchmarks.sim.run import SimSettings, simulate_trace
 from engine.config import EngineConfig
@@ -22,6 +23,7 @@ from engine.outputs import FinishReason
 from engine.sample.sampling_params import SamplingParams
 from engine.spec.config import SpeculativeConfig
 from scheduler.config import Mode, SchedulerConfig
+from scheduler.draft_length import Acceptance, acceptance_rates
 
 # A CPU-like step: a fixed cost (reading the weights) and a cost per token, so a few drafts are nearly free.
 CPU = FittedCostModel(
@@ -157,6 +159,17 @@ def test_simulated_acceptance_is_the_same_for_a_seed_and_follows_the_rate() -> N
         rates.append(metrics.accepted_tokens / metrics.draft_tokens)
     assert rates[0] == pytest.approx(sum(0.3**j for j in range(1, 5)) / 4, abs=0.06)
     assert rates[1] == pytest.approx(sum(0.9**j for j in range(1, 5)) / 4, abs=0.1)  # finishes cut some short
+
+
+def test_the_rules_first_and_later_rates_both_read_the_synthetic_rate() -> None:
+    """The draft-length rule values a later draft by its rate given a right one before it; under the simulator's
+    independent acceptance that rate is R, as is the first draft's, so the rule's model meets the simulator's."""
+    for rate in (0.3, 0.8):
+        draw, counts = random.Random(5).random, Acceptance()
+        for _ in range(3000):
+            counts.record(4, accepted_drafts(draw, rate, 4))
+        first, later = acceptance_rates([counts])
+        assert (first[0], later[0]) == pytest.approx((rate, rate), abs=0.03)
 
 
 def test_alone_every_accepted_draft_saves_a_step() -> None:

@@ -22,7 +22,7 @@ from benchmarks.sim.cost.served import (
 )
 from benchmarks.sim.profiling.engine_replay import AloneReplay
 from benchmarks.sim.profiling.served_probe import ServedLoad
-from tests.benchmarks.sim.test_simulate import COST
+from tests.benchmarks.sim.helpers import COST
 
 
 def test_the_extra_splits_the_schedulers_time_per_step_and_the_servers_per_streamed_token() -> None:

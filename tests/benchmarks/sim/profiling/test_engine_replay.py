@@ -11,7 +11,7 @@ from benchmarks.sim.profiling.engine_replay import replay_alone
 from engine.outputs import StepOutput
 from scheduler.config import Mode, SchedulerConfig
 from tests.conftest import TINY_VOCAB_SIZE, build_tiny_causal_lm
-from tests.engine.test_engine import make_engine
+from tests.engine.helpers import make_engine
 
 
 @pytest.mark.parametrize("mode", [Mode.CONTINUOUS, Mode.DYNAMIC])

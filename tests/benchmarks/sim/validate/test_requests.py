@@ -22,7 +22,7 @@ from benchmarks.sim.validate.requests import (
     p50_neighbourhood,
     pair_requests,
 )
-from tests.benchmarks.sim.test_simulate import write_cost
+from tests.benchmarks.sim.helpers import write_cost
 
 
 def _record(

@@ -59,7 +59,7 @@ def chi_square(tokens: list[int], probs: torch.Tensor) -> tuple[float, int]:
     return float(((observed[support] - wanted) ** 2 / wanted).sum()), int(support.sum()) - 1
 
 
-def seated(n: int, seed0: int = 0, **params: object) -> SequenceRows:
+def placed(n: int, seed0: int = 0, **params: object) -> SequenceRows:
     state = SequenceRows(EngineConfig(max_rows=n, kv_cache_tokens=16 * n, block_size=4), 16, VOCAB)
     base = {"temperature": TEMPERATURE, "top_k": TOP_K, "max_tokens": 8, **params}
     for i in range(n):
@@ -76,7 +76,7 @@ def emitted_by_row(verified: Verified) -> list[list[int]]:
 
 
 def verify_many(n: int, one_at_a_time: bool) -> list[list[int]]:
-    state = seated(n)
+    state = placed(n)
     if not one_at_a_time:
         rows = torch.arange(n)
         return emitted_by_row(
@@ -115,7 +115,7 @@ def test_a_seeded_row_emits_what_plain_steps_emit_and_both_acceptances_agree() -
     n = 64
     params = {"presence_penalty": 0.7, "frequency_penalty": 0.3, "repetition_penalty": 1.3, "min_tokens": 1}
     params |= {"logprobs": 2, "top_p": 0.8, "max_tokens": 2}  # max_tokens 2: a row ends at its second position
-    plain = seated(n, 100, **params)
+    plain = placed(n, 100, **params)
     rows = torch.arange(n)
     expected_tokens: list[list[int]] = [[] for _ in range(n)]
     expected_logprobs: list[list[float | None]] = [[] for _ in range(n)]
@@ -124,7 +124,7 @@ def test_a_seeded_row_emits_what_plain_steps_emit_and_both_acceptances_agree() -
             expected_tokens[out.seq_id].append(out.token_id)
             expected_logprobs[out.seq_id].append(out.logprob)
     for accept in (accept_in_order, accept_at_once):
-        state = seated(n, 100, **params)
+        state = placed(n, 100, **params)
         # Every position has the same logits here, so a plain step's second token is drawn from the same row.
         verified = accept(state, rows, LOGITS[:1].repeat(3 * n, 1), list(range(n)), [DRAFTS] * n, EOS, kernels=None)
         by_row = emitted_by_row(verified)
@@ -144,7 +144,7 @@ def test_both_acceptances_agree_on_greedy_and_sampled_rows_with_one_or_two_draft
     n = 40
     states = []
     for _ in range(2):
-        state = seated(n, 7, max_tokens=3, frequency_penalty=0.4)
+        state = placed(n, 7, max_tokens=3, frequency_penalty=0.4)
         state.temperature[::2] = 0.0  # every other row greedy
         states.append(state)
     rows = torch.arange(n)
@@ -161,5 +161,5 @@ def test_both_acceptances_agree_on_greedy_and_sampled_rows_with_one_or_two_draft
 
 
 def test_no_sampling_rows_verify_nothing() -> None:
-    verified = verify_and_record(seated(1), torch.zeros(0, dtype=torch.long), LOGITS[:0], [], [], EOS, kernels=None)
+    verified = verify_and_record(placed(1), torch.zeros(0, dtype=torch.long), LOGITS[:0], [], [], EOS, kernels=None)
     assert verified.tokens == () and verified.accepted == [] and len(verified.emitted) == 0

@@ -26,7 +26,7 @@ from engine.sample.logits_processors import (
 )
 from engine.sample.sampler import RowSampling, sample
 from engine.sample.sampling_params import MAX_LOGIT_EDIT, SamplingParams
-from tests.engine.test_engine import Driver, hf_greedy, hf_log_softmax, make_engine, random_prompt, run_alone
+from tests.engine.helpers import Driver, hf_greedy, hf_log_softmax, make_engine, random_prompt, run_alone
 
 INF = float("inf")
 VOCAB = 12

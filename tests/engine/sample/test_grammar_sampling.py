@@ -8,7 +8,7 @@ without a grammar must get bit-identical tokens and logprobs whether or not cons
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import pytest
 import torch
@@ -16,53 +16,11 @@ from transformers import PreTrainedModel
 
 from engine.errors import InputField, SamplingParamsError
 from engine.outputs import FinishReason
-from engine.sample.grammar import BITS_PER_WORD, fill_bitmasks, unpack_bitmask, words_for
+from engine.sample.grammar import fill_bitmasks, unpack_bitmask, words_for
 from engine.sample.sampling_params import SamplingParams
-from tests.engine.test_engine import Driver, make_engine, random_prompt
+from tests.engine.helpers import Driver, SetGrammar, SetMatcher, make_engine, random_prompt
 
 GREEDY = {"temperature": 0.0}
-
-
-@dataclass
-class SetMatcher:
-    """Allows `allowed` at every step; after `length` tokens allows only `end`, whose acceptance terminates it."""
-
-    allowed: frozenset[int]
-    length: int | None = None
-    end: int = -1
-    accepted: list[int] = field(default_factory=list)
-
-    def _now(self) -> frozenset[int]:
-        return frozenset({self.end}) if self.length is not None and len(self.accepted) >= self.length else self.allowed
-
-    def fill_bitmask(self, bitmask: torch.Tensor, index: int) -> None:
-        words = [0] * bitmask.shape[1]
-        for token in self._now():
-            words[token // BITS_PER_WORD] |= 1 << (token % BITS_PER_WORD)
-        # int32 words: bit 31 set is a negative number
-        bitmask[index] = torch.tensor([w - (1 << 32) if w >= 1 << 31 else w for w in words], dtype=torch.int32)
-
-    def accept_token(self, token_id: int) -> bool:
-        if token_id not in self._now():
-            return False
-        self.accepted.append(token_id)
-        return True
-
-    def is_terminated(self) -> bool:
-        return bool(self.accepted) and self.accepted[-1] == self.end and self.length is not None
-
-
-@dataclass(frozen=True)
-class SetGrammar:
-    allowed: frozenset[int]
-    length: int | None = None
-    end: int = -1
-    made: list[SetMatcher] = field(default_factory=list, compare=False)
-
-    def matcher(self) -> SetMatcher:
-        made = SetMatcher(self.allowed, self.length, self.end)
-        self.made.append(made)
-        return made
 
 
 def _run(model: PreTrainedModel, requests: dict[int, tuple[list[int], SamplingParams]], **engine_kw) -> Driver:

@@ -12,7 +12,7 @@ from engine.config import EngineConfig
 from engine.engine import Engine
 from engine.model.model_runner import TransformersRunner
 from engine.sample.sampling_params import SamplingParams
-from tests.engine.test_engine import GREEDY, Driver, hf_greedy, make_engine, random_prompt
+from tests.engine.helpers import GREEDY, Driver, hf_greedy, make_engine, random_prompt
 from tests.reference_models import generate_exactly
 from tests.server_harness import real_loaded_model
 

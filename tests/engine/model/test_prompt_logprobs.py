@@ -27,7 +27,7 @@ from engine.sample.sampling_params import SamplingParams
 from scheduler.config import Mode, SchedulerConfig
 from scheduler.core import Scheduler
 from scheduler.request import Outcome, PromptLogprobsEvent, SequenceRequest, TokenEvent
-from tests.fakes import FakeClock, Stream, build, scripted_prompt_score
+from tests.fakes import FakeClock, Stream, build, scripted_prompt_score, step_until_done
 from tests.server_harness import real_loaded_model, tiny_loaded_model
 from tests.toolchain import CAN_BUILD_KERNELS, NO_TOOLCHAIN
 
@@ -86,25 +86,21 @@ def run_scheduler(
     kv_cache_tokens: int = 1024,
 ) -> list[Stream]:
     """The real scheduler and engine, stepped synchronously until every request is released."""
-    seats = len(prompts)
+    rows = len(prompts)  # an engine row, and a scheduler seat, for each prompt
     engine = Engine(
-        TransformersRunner(model), EngineConfig(max_rows=seats, kv_cache_tokens=kv_cache_tokens, block_size=4)
+        TransformersRunner(model), EngineConfig(max_rows=rows, kv_cache_tokens=kv_cache_tokens, block_size=4)
     )
     clock = FakeClock()
     config = SchedulerConfig(
-        mode=mode, max_batch_size=seats, max_num_seqs=seats, batch_timeout_ms=0, max_num_batched_tokens=budget
+        mode=mode, max_batch_size=rows, max_num_seqs=rows, batch_timeout_ms=0, max_num_batched_tokens=budget
     )
     scheduler = Scheduler(engine, config, clock=clock)
     streams = [Stream(str(i), p, q.max_tokens) for i, (p, q) in enumerate(zip(prompts, params, strict=True))]
     for stream, q in zip(streams, params, strict=True):
         scheduler.submit(SequenceRequest(stream.request_id, stream.prompt, q, stream))
-    for _ in range(1000):
-        if all(s.done for s in streams):
-            break
-        scheduler.step()
-        clock.advance(1.0)
+    step_until_done(scheduler, clock, streams, max_steps=1000)
     assert all(s.reason is Outcome.LENGTH for s in streams)
-    assert engine.cache_usage == 0 and engine.num_free_rows == seats
+    assert engine.cache_usage == 0 and engine.num_free_rows == rows
     return streams
 
 

@@ -94,6 +94,30 @@ def test_int4_kernels_at_a_128k_vocabulary_lm_head(kernels: native.Kernels, lm_h
         assert error <= 1.25 * (float_path - bf16_exact).norm() / bf16_exact.norm()
 
 
+@pytest.fixture(scope="module")
+def int8_lm_head_128k() -> Int8Weight:
+    return _int8(128_256, 2_048, seed=6)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_int8_gemv_at_a_128k_vocabulary_lm_head(
+    kernels: native.Kernels, int8_lm_head_128k: Int8Weight, dtype: torch.dtype
+) -> None:
+    """The LM head as bf16 serving holds it (int8 per row, engine/weights/loader.py) at Llama-3.2-1B's shape: a
+    sample of output columns over the whole vocabulary against float64 on the same weights."""
+    weight = int8_lm_head_128k
+    x = torch.randn(5, 2_048, generator=torch.Generator().manual_seed(6)).to(dtype)
+    got = kernels.ops.int8_gemv(x, weight.values, weight.scales.to(dtype))
+    assert got.dtype == dtype and got.shape == (5, 128_256)
+    sample = torch.arange(384) * 334 + 3
+    values, scales = weight.values[sample].double().t(), weight.scales[sample].to(dtype).double()
+    exact = (x.double() @ values) * scales
+    # Over 2,048 terms float32's summation error scales with the terms' magnitudes, not with their (cancelling) sum.
+    magnitude = (x.double().abs() @ values.abs()) * scales
+    tolerance = 1e-5 * magnitude + (2.0**-7 * exact.abs() if dtype == torch.bfloat16 else 0)
+    assert bool(((got[:, sample].double() - exact).abs() <= tolerance).all())
+
+
 def test_int4_linear_falls_back_to_torch_for_widths_the_kernel_does_not_tile(kernels: native.Kernels) -> None:
     weight = _int4(48, 64)  # 48 output rows: not a multiple of the 64-row tile
     x = torch.randn(2, 64)

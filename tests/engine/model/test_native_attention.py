@@ -69,12 +69,14 @@ def _decode_case(rows: int, heads: int, kv_heads: int, block_size: int, seed: in
 
 
 @pytest.mark.parametrize(
-    ("heads", "kv_heads", "block_size"),
-    [(4, 4, 4), (6, 2, 4), (9, 3, 16), (8, 1, 3), (32, 8, 16)],
+    ("heads", "kv_heads", "block_size", "dim"),
+    [(4, 4, 4, 16), (6, 2, 4, 16), (9, 3, 16, 16), (8, 1, 3, 16), (32, 8, 16, 64)],
     ids=["mha", "gqa", "smollm2-shape", "mqa-odd-block", "llama-3.2-1b-shape"],
 )
-def test_kernel_matches_the_torch_path(kernel: native.DecodeKernel, heads: int, kv_heads: int, block_size: int) -> None:
-    query, key_cache, value_cache, batch, num_blocks = _decode_case(7, heads, kv_heads, block_size, seed=heads)
+def test_kernel_matches_the_torch_path(
+    kernel: native.DecodeKernel, heads: int, kv_heads: int, block_size: int, dim: int
+) -> None:
+    query, key_cache, value_cache, batch, num_blocks = _decode_case(7, heads, kv_heads, block_size, heads, dim)
     torch_groups = prepare(batch.groups, kv_heads, num_blocks, block_size, native_decode=False)
     kernel_groups = prepare(batch.groups, kv_heads, num_blocks, block_size, native_decode=True)
     assert kernel_groups[0].block_index is None  # nothing is gathered for the kernel

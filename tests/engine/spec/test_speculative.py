@@ -4,78 +4,18 @@ for several sequences in one ragged batch, and every KV block comes back at the 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-
 import pytest
 import torch
 from transformers import PreTrainedModel
 
-from engine.engine import Engine
 from engine.outputs import FinishReason
 from engine.sample.sampling_params import SamplingParams
 from engine.spec.ngram_drafter import propose_ngram
-from tests.engine.test_engine import make_engine, random_prompt
-
-Drafter = Callable[[int, list[int]], list[int]]  # (seq id, its tokens so far) -> drafts
-
-
-def run(
-    engine: Engine,
-    prompts: Sequence[list[int]],
-    params: Sequence[SamplingParams],
-    drafter: Drafter | None = None,
-    chunk: int = 6,
-) -> tuple[dict[int, list[int]], dict[int, FinishReason | None], list[tuple[int, int]]]:
-    """Run every sequence to its end, prompts in chunks of `chunk`; returns outputs, finish reasons and each step's
-    (draft tokens, accepted tokens)."""
-    for seq_id, (prompt, p) in enumerate(zip(prompts, params, strict=True)):
-        engine.add(seq_id, prompt, p)
-    outputs: dict[int, list[int]] = {s: [] for s in range(len(prompts))}
-    finished: dict[int, FinishReason | None] = {}
-    stats: list[tuple[int, int]] = []
-    while len(finished) < len(prompts):
-        schedule, drafts = [], {}
-        for seq_id in outputs:
-            if seq_id in finished:
-                continue
-            count = min(engine.num_pending(seq_id), chunk)
-            extra: list[int] = []
-            if drafter is not None and count == engine.num_pending(seq_id):
-                extra = drafter(seq_id, prompts[seq_id] + outputs[seq_id])
-            assert engine.reserve(seq_id, engine.num_computed(seq_id) + count + len(extra))
-            schedule.append((seq_id, count))
-            if extra:
-                drafts[seq_id] = extra
-        out = engine.step(schedule, drafts)
-        stats.append((out.drafts.num_draft_tokens, out.drafts.num_accepted_tokens))
-        for token in out.tokens:
-            assert token.seq_id not in finished
-            outputs[token.seq_id].append(token.token_id)
-            if token.finish_reason is not None:
-                finished[token.seq_id] = token.finish_reason
-    for seq_id in outputs:
-        engine.remove(seq_id)
-    assert engine.blocks.pool.num_used == 0, "a KV block leaked"
-    return outputs, finished, stats
+from tests.engine.helpers import Drafter, SetGrammar, make_engine, oracle, random_prompt, run
 
 
 def ngram(k: int, n_min: int = 1, n_max: int = 3) -> Drafter:
     return lambda _, tokens: propose_ngram(torch.tensor(tokens), k, n_min, n_max)
-
-
-def oracle(
-    reference: dict[int, list[int]], prompts: Sequence[list[int]], k: int, wrong_at: int | None = None
-) -> Drafter:
-    """Drafts read from the reference output (right ones), optionally with the draft at `wrong_at` changed."""
-
-    def draft(seq_id: int, tokens: list[int]) -> list[int]:
-        done = len(tokens) - len(prompts[seq_id])
-        proposal = list(reference[seq_id][done : done + k])
-        if wrong_at is not None and wrong_at < len(proposal):
-            proposal[wrong_at] = (proposal[wrong_at] + 1) % 160
-        return proposal
-
-    return draft
 
 
 def prompts_for(vocab: int) -> list[list[int]]:
@@ -198,8 +138,6 @@ def test_logprobs_are_those_of_each_position(tiny_mistral: PreTrainedModel) -> N
 def test_grammar_rows_see_only_emitted_tokens(tiny_llama: PreTrainedModel) -> None:
     """A grammar's matcher is fed only the tokens emitted, never a rejected draft, and the grammar's end finishes the
     row mid-draft as without speculation."""
-    from tests.engine.test_grammar_sampling import SetGrammar
-
     vocab = tiny_llama.config.vocab_size
     prompts = prompts_for(vocab)
     allowed = frozenset(range(0, vocab, 2))

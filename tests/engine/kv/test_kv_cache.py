@@ -1,5 +1,5 @@
 """Tests for engine.kv.kv_cache: the cache's layout (its blocks' bookkeeping is
-tests/engine/test_block_manager.py's)."""
+tests/engine/kv/test_block_manager.py's)."""
 
 from __future__ import annotations
 

@@ -19,7 +19,7 @@ from engine.model.model_runner import TransformersRunner
 from engine.platform import native
 from engine.sample.sampling_params import SamplingParams
 from engine.weights.loader import load_model
-from tests.engine.test_speculative import oracle, run
+from tests.engine.helpers import oracle, run
 
 PROMPTS = [[5, 9, 2, 77, 31], [1, 2, 3], list(range(40, 57))]
 NEW_TOKENS = 12
