@@ -14,11 +14,14 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
 
+from benchmarks.results_io.report import write_json
 from benchmarks.scripts.quant_bench import REFERENCE_DIR
 from engine.model.linear import Int4DotLinear, Linear
 from engine.platform.native import load_kernels
@@ -159,16 +162,22 @@ def main() -> None:
     parser.add_argument("--error-layers", type=int, default=4, help="0: no error measurement")
     parser.add_argument("--greedy", type=int, default=0, help="prompts for the greedy agreement check (0: none)")
     parser.add_argument("--timings", action=argparse.BooleanOptionalAction, default=True)
+    parser.add_argument("--out", type=Path, help="result.json to write (with the machine that measured it)")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
     shapes = [(int(k), int(n)) for k, n in (s.split("x") for s in args.shapes.split(","))]
+    document: dict[str, object] = {"command": " ".join(sys.argv[1:])}
     if args.error_layers:
-        print(json.dumps({"relative_error_vs_float32": errors(args.error_layers, 256)}), flush=True)
+        document["relative_error_vs_float32"] = errors(args.error_layers, 256)
+        print(json.dumps({"relative_error_vs_float32": document["relative_error_vs_float32"]}), flush=True)
     if args.greedy:
-        print(json.dumps({"greedy": greedy(args.greedy, 256, 32)}), flush=True)
+        document["greedy"] = greedy(args.greedy, 256, 32)
+        print(json.dumps({"greedy": document["greedy"]}), flush=True)
     if args.timings:
-        timings(shapes, [int(r) for r in args.rows.split(",")], args.rounds, args.inner)
+        document["timings"] = timings(shapes, [int(r) for r in args.rows.split(",")], args.rounds, args.inner)
+    if args.out:
+        write_json(args.out, document)
 
 
 if __name__ == "__main__":
