@@ -64,6 +64,7 @@ from api.runtime.format_timing import (
     SystemClock,
     SystemLoad,
     default_calibration,
+    merged_rounds,
     recheck,
     time_rounds,
 )
@@ -207,17 +208,6 @@ def decode_steps(plan: RoundPlan) -> int:
     return (len(PROBE_ROWS) + 1) * (plan.rounds + plan.max_extra_rounds + 1)
 
 
-def _merged(
-    measured: Sequence[Rounds], plan: RoundPlan
-) -> tuple[dict[str, dict[int, float]], dict[str, dict[int, float]]]:
-    best: dict[str, dict[int, float]] = {}
-    spread: dict[str, dict[int, float]] = {}
-    for rounds in measured:
-        best |= rounds.best_ms()
-        spread |= rounds.spread(plan.rounds)
-    return best, spread
-
-
 def measured_format(
     source: Path,
     pairs: list[Pair],
@@ -295,7 +285,7 @@ def measured_format(
             running.stage("round", plan.rounds)
             measured.append(time_rounds(steppers, MEASURED_ROWS, clock, calibration, plan, announce))
             del steppers  # their engines and weight copies, before the next group loads
-        best, spread = _merged(measured, plan)
+        best, spread = merged_rounds(measured, plan)
         quiet = sum(len(rounds.quiet()) for rounds in measured)
         total = sum(len(rounds.samples) for rounds in measured)
         all_calibrations = [cal for rounds in measured for cal in rounds.calibrations]
@@ -320,7 +310,11 @@ def measured_format(
             )
             running.result = redo
         elif choice.provisional and (entry is None or pending is not None):
-            write_entry(cached, choice, str(source), machine())
+            kept = write_entry(cached, choice, str(source), machine(), keep_settled=True).choice
+            if not kept.provisional:  # another start (a concurrent `compare`, say) settled one while this measured
+                logger.info("weights: %s, settled by another start while this one measured (%s)", kept.summary(), redo)
+                running.result = redo
+                return kept
             logger.info(
                 "weights: %s, chosen by auto provisionally: its lead is inside the noise measured (%s; %s); kept as "
                 "provisional, measured again at the next start and cached once two measurements agree",

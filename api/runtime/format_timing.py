@@ -175,6 +175,18 @@ def time_rounds(
                 clock.sleep(plan.busy_wait_s)
 
 
+def merged_rounds(
+    measured: Sequence[Rounds], plan: RoundPlan
+) -> tuple[dict[str, dict[int, float]], dict[str, dict[int, float]]]:
+    """Each figure's best time and noise over the groups of candidates timed in turn."""
+    best: dict[str, dict[int, float]] = {}
+    spread: dict[str, dict[int, float]] = {}
+    for rounds in measured:
+        best |= rounds.best_ms()
+        spread |= rounds.spread(plan.rounds)
+    return best, spread
+
+
 def calibration_text(calibration_ms: Mapping[str, float]) -> str:
     return ", ".join(f"{name} {ms:.2f} ms" for name, ms in calibration_ms.items()) or "none"
 

@@ -5,6 +5,7 @@ probe runs on a fake machine whose clock advances only by the work timed on it (
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import re
 from pathlib import Path
@@ -12,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from api.runtime.format_choice import EVERY_STEP, FormatChoice, format_label, read_entry
+from api.runtime.format_choice import EVERY_STEP, FormatChoice, cache_file, format_label, read_entry, write_entry
 from api.runtime.format_probe import candidates, choose, load_auto, measured_format
 from api.runtime.format_steps import MEASURED_ROWS, resident_groups, time_steps
 from api.runtime.format_timing import Stepper
@@ -295,3 +296,28 @@ def test_a_lead_clear_of_the_runner_ups_noise_settles(lead: float, settles: bool
     choice = choose(step_ms, [("float32", "none"), ("float32", "int4")], spread)
     assert choice.label == "int4/float32" and choice.margin == pytest.approx(lead)
     assert choice.provisional is not settles and choice.noise == pytest.approx(0.12)
+
+
+def test_a_choice_another_start_settled_while_this_one_measured_survives_its_provisional_one(tmp_path: Path) -> None:
+    """Two starts at once (`compare` begun while a `serve` measures): the one that settles first writes between the
+    other's read and its provisional write; that write used to replace the settled entry (last writer wins)."""
+    close = {
+        "float32": _times(20.0, 40.0, 99),
+        "bfloat16": {rows: ms * 1.01 for rows, ms in _times(20.0, 40.0, 99).items()},
+    }
+    settled = dataclasses.replace(choose(close, ALL[:2]), dtype="bfloat16", provisional=False)
+    fake = FakeMachine(jitter=0.2, seed=3)
+
+    def prepare(dtype: str, quantization: str) -> Stepper:  # the other start's write lands while this one loads
+        path = cache_file(MODEL, ALL[:2], "cpu", tmp_path)
+        if read_entry(path) is None:
+            write_entry(path, settled, str(MODEL), "the other start")
+        return fake.stepper(close[format_label(dtype, quantization)])
+
+    choice = measured_format(
+        MODEL, ALL[:2], cache_dir=tmp_path, prepare=prepare, clock=fake, calibration=fake.calibration(), load=fake
+    )
+    (entry_file,) = tmp_path.rglob("*.json")
+    entry = read_entry(entry_file)
+    assert entry is not None and entry.machine == "the other start" and not entry.choice.provisional
+    assert choice.label == "bfloat16" and not choice.provisional  # served as the cache says: both starts agree
