@@ -7,6 +7,7 @@ baselines.
 
 Each server is started on a free port, waited on until /health is 200, measured, and stopped (SIGTERM, then
 SIGKILL after a grace period) before the next starts, so runs never share the machine.
+Every later batchserve server starts on the first one's weight format, as explicit flags (format_pin.py).
 """
 
 from __future__ import annotations
@@ -21,12 +22,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from api.runtime.format_choice import format_label
 from benchmarks.loadgen.client import discover_model
 from benchmarks.loadgen.flags import add_load_arguments, add_seats_argument, parse_rates, run_config, workload_config
 from benchmarks.loadgen.run import RunConfig, RunResult, rate_to_json, run_benchmark
 from benchmarks.loadgen.server_proc import LaunchConfig, ServerProcess, ServerStartError
 from benchmarks.loadgen.trace import export_runs
 from benchmarks.loadgen.workloads import RequestSpec, build_workload
+from benchmarks.online.format_pin import Pin, is_batchserve, pin_from, pinned, served_format
 from benchmarks.peers.targets import (
     BASELINES,
     ServerSettings,
@@ -229,20 +232,29 @@ def main(argv: Sequence[str] | None = None) -> int:
     for spec_settings, suffix in variants[1:]:
         targets += mode_targets(spec_settings, modes, suffix)
     names = [entry.name for entry in modes]
+    weights: dict[str, str] = {}  # each batchserve server's format, from its log
+    pin: Pin | None = None
     for item in [*targets, *baseline_targets(baselines, settings)]:
         if isinstance(item, Unavailable):
             skipped[item.name] = item.reason
             print(f"skipping {item.name}: {item.reason}", file=sys.stderr)
             continue
         is_mode = item.name in names
-        outcome = run_target(
-            item,
-            specs,
-            make_config,
-            sweep_rates if is_mode else (),
-            args.out / "raw" / f"{item.name}.server.log",
-            launch,
-        )
+        if pin is not None and is_batchserve(item):
+            item = pinned(item, pin)
+        log_path = args.out / "raw" / f"{item.name}.server.log"
+        outcome = run_target(item, specs, make_config, sweep_rates if is_mode else (), log_path, launch)
+        served = served_format(log_path) if is_batchserve(item) else None
+        if served is not None:
+            weights[item.name] = format_label(*served)
+            if pin is None and outcome.error is None:
+                pin = pin_from(served, item.name, args.dtype, args.quantization)
+                if pin is not None:
+                    print(
+                        f"weights: {weights[item.name]}, as {item.name} resolved auto: pinned for every later "
+                        f"batchserve server ({' '.join(pin.flags())})",
+                        file=sys.stderr,
+                    )
         servers[item.name], notes[item.name] = outcome.command, item.note
         if outcome.main is not None:
             runs[item.name] = outcome.main
@@ -270,6 +282,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "speculation": args.speculation or ("on" if args.speculative_config else "off"),
         "speculative_config": args.speculative_config,
         "goodput": args.goodput,
+        "weights": weights,
+        "weights_pinned_from": pin.source if pin is not None else None,
     }
     ab = ABOutcome(command, settings_doc, servers, notes, runs, sweep, skipped, modes=tuple(names))
     if len(runs) > 1:
