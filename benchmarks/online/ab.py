@@ -29,7 +29,7 @@ from benchmarks.loadgen.run import RunConfig, RunResult, rate_to_json, run_bench
 from benchmarks.loadgen.server_proc import LaunchConfig, ServerProcess, ServerStartError
 from benchmarks.loadgen.trace import export_runs
 from benchmarks.loadgen.workloads import RequestSpec, build_workload
-from benchmarks.online.format_pin import Pin, is_batchserve, pin_from, pinned, served_format
+from benchmarks.online.format_pin import Pin, is_batchserve, pin_from, pinned, provisional, served_format
 from benchmarks.peers.targets import (
     BASELINES,
     ServerSettings,
@@ -247,7 +247,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         served = served_format(log_path) if is_batchserve(item) else None
         if served is not None:
             weights[item.name] = format_label(*served)
-            if pin is None and outcome.error is None:
+            if pin is None and outcome.error is None and provisional(log_path):
                 pin = pin_from(served, item.name, args.dtype, args.quantization)
                 if pin is not None:
                     print(

@@ -1,7 +1,9 @@
 """One weight format across an A/B's batchserve servers: each resolves `auto` itself, and while the machine's choice
 is provisional (a busy machine, api/runtime/format_probe.py) two starts can pick different formats, which would turn
-a comparison of modes into one of formats. The first server's format, read from its log's `weights:` line, is passed
-explicitly (--dtype, --quantization) to every later one, for whatever the user left to `auto`."""
+a comparison of modes into one of formats. When the first server's choice is provisional, its format, read from its
+log's `weights:` line, is passed explicitly (--dtype, --quantization) to every later one, for whatever the user left
+to `auto`. A settled choice is not pinned: every later start reads the same cached entry, row switch included, which
+explicit flags would replace with the default switch."""
 
 from __future__ import annotations
 
@@ -30,6 +32,14 @@ class Pin:
 
 def is_batchserve(target: Target) -> bool:
     return tuple(target.argv[1:4]) == ("-m", "api", "serve")
+
+
+def provisional(log: Path) -> bool:
+    """Whether the server's `auto` choice was provisional (the probe's "chosen by auto provisionally" line)."""
+    try:
+        return "chosen by auto provisionally" in log.read_text(errors="replace")
+    except OSError:
+        return False
 
 
 def served_format(log: Path) -> tuple[str, str] | None:

@@ -88,3 +88,22 @@ def test_ab_pins_the_modes_to_one_format_and_records_it(
     settings = json.loads((tmp_path / "result.json").read_text())["settings"]
     assert settings["weights"] == {"dynamic": "int4/float32", "continuous": "int4/float32"}
     assert settings["weights_pinned_from"] == "dynamic"
+
+
+def test_a_settled_choice_is_not_pinned(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A settled choice is what every later start reads from the cache, row switch included: explicit flags would
+    replace its measured switch with the default, so the later servers start as the first did."""
+    commands: list[tuple[str, ...]] = []
+
+    def start(target: Target, specs: object, make: object, sweep: object, log: Path, launch: object) -> object:
+        commands.append(target.argv)
+        log.parent.mkdir(parents=True, exist_ok=True)
+        log.write_text("batchserve.loader: weights: int4/bfloat16, chosen by auto, measured here 2026-12-04\n")
+        return ab.TargetOutcome(target, " ".join(target.argv), None, (), None)
+
+    monkeypatch.setattr(ab, "run_target", start)
+    ab.main(["--out", str(tmp_path), "--modes", "dynamic,continuous", "--baselines", "none", "--num-prompts", "1"])
+    assert all("--dtype" not in command and "--quantization" not in command for command in commands)
+    settings = json.loads((tmp_path / "result.json").read_text())["settings"]
+    assert settings["weights"] == {"dynamic": "int4/bfloat16", "continuous": "int4/bfloat16"}
+    assert settings["weights_pinned_from"] is None
