@@ -77,6 +77,11 @@ def paged_attention(
     if len(groups) == 1 and groups[0].group.is_decode:
         # Pure decode step: the packed tokens are exactly the group's rows, in order.
         return decode(query, groups[0])
+    if len(groups) == 1 and groups[0].group.all_valid:
+        # Only prompt chunks, all of one length: the packed tokens are the rows' chunks in order, a view away.
+        chunks = query.view(*groups[0].group.query_index.shape, *query.shape[1:])
+        attended = _prefill(chunks, key_cache, value_cache, groups[0], scale)
+        return attended.reshape(query.shape)
     out = torch.empty_like(query)
     for prepared in groups:  # at most two: decode rows and prefill rows
         group = prepared.group
@@ -139,9 +144,18 @@ def _prefill(
     """q: [rows, max_q, heads, dim] (a chunk per row). Returns [rows, max_q, heads, dim]."""
     kv_heads = key_cache.shape[0]
     rows = q.shape[0]
-    keys = _gather(key_cache, prepared).view(kv_heads, rows, -1, q.shape[-1]).transpose(0, 1)
-    values = _gather(value_cache, prepared).view(kv_heads, rows, -1, q.shape[-1]).transpose(0, 1)
+    group = prepared.group
+    if group.first_block is not None:  # consecutive blocks: the context is a slice of the cache, no copy
+        first = group.first_block * prepared.block_size
+        context = slice(first, first + group.block_table.shape[1] * prepared.block_size)
+        keys, values = key_cache[None, :, context], value_cache[None, :, context]
+    else:
+        keys = _gather(key_cache, prepared).view(kv_heads, rows, -1, q.shape[-1]).transpose(0, 1)
+        values = _gather(value_cache, prepared).view(kv_heads, rows, -1, q.shape[-1]).transpose(0, 1)
+    # Chunks from position 0 attend causally: the kernel skips the blocks above the diagonal instead of masking them
+    # (masked scores weigh exactly 0 either way). Keys past a row's chunk are later positions, so they stay out.
+    mask = None if group.causal else group.mask
     attended = F.scaled_dot_product_attention(
-        q.transpose(1, 2), keys, values, attn_mask=prepared.group.mask, scale=scale, enable_gqa=True
+        q.transpose(1, 2), keys, values, attn_mask=mask, is_causal=group.causal, scale=scale, enable_gqa=True
     )  # [rows, heads, max_q, dim]
     return attended.transpose(1, 2)

@@ -23,6 +23,10 @@ class AttentionGroup:
     mask: torch.Tensor  # [rows, 1, max_q, context blocks * block_size] bool, True where the query may attend
     context_lens: torch.Tensor  # [rows] keys in each row's context once this step's tokens are written
     is_decode: bool
+    # Host-side facts that let a prompt chunk skip gathers and masks (engine/model/attention.py):
+    all_valid: bool = False  # no padding queries: every row computes max_q tokens
+    causal: bool = False  # every row starts at position 0, so `mask` is plain causal (top-left aligned)
+    first_block: int | None = None  # a lone row whose context blocks are consecutive, from this one
 
 
 @dataclass(frozen=True)
@@ -77,7 +81,14 @@ def _group(
     query_pos = torch.where(query_valid, start[:, None] + q_offsets[None, :], 0)
     key_pos = torch.arange(num_blocks * block_size)
     mask = (key_pos[None, None, :] <= query_pos[:, :, None]).unsqueeze(1)
-    return AttentionGroup(query_index, query_valid, block_table[:, :num_blocks], mask, context, is_decode)
+    table = block_table[:, :num_blocks]
+    if is_decode:  # one query a row: the flags below serve prompt chunks only
+        return AttentionGroup(query_index, query_valid, table, mask, context, is_decode)
+    first_block = None
+    if table.shape[0] == 1 and bool((table[0, 1:] - table[0, :-1] == 1).all()):
+        first_block = int(table[0, 0])
+    all_valid, causal = bool(query_valid.all()), not bool(start.any())
+    return AttentionGroup(query_index, query_valid, table, mask, context, is_decode, all_valid, causal, first_block)
 
 
 def _prompt_scoring(
@@ -190,13 +201,13 @@ def move_batch(batch: ForwardBatch, device: torch.device) -> ForwardBatch:
     if device.type == "cpu":
         return batch
     groups = tuple(
-        AttentionGroup(
-            g.query_index.to(device),
-            g.query_valid.to(device),
-            g.block_table.to(device),
-            g.mask.to(device),
-            g.context_lens.to(device),
-            g.is_decode,
+        replace(
+            g,
+            query_index=g.query_index.to(device),
+            query_valid=g.query_valid.to(device),
+            block_table=g.block_table.to(device),
+            mask=g.mask.to(device),
+            context_lens=g.context_lens.to(device),
         )
         for g in batch.groups
     )
