@@ -16,6 +16,6 @@ def layout_section() -> str:
 
 
 def test_the_layout_names_every_module() -> None:
-    named = set(re.findall(r"`([a-z_]+)", layout_section()))
+    named = set(re.findall(r"`([a-z0-9_]+)", layout_section()))
     modules = {path.stem for path in PACKAGE.rglob("*.py") if path.stem not in ("__init__", "__main__", "commands")}
     assert sorted(modules - named) == []
