@@ -123,17 +123,11 @@ bool int4_dot_available() {
 torch::Tensor int4_dot(const torch::Tensor& x, const torch::Tensor& packed, int64_t group, const torch::Tensor& scales,
                        const torch::Tensor& zeros) {
   TORCH_CHECK(int4_dot_available(), "int4_dot needs AVX2, or AVX-512 with VNNI");
-  TORCH_CHECK(x.device().is_cpu() && x.dim() == 2 && float_or_bf16(x), "x must be [rows, K] float32 or bfloat16");
-  TORCH_CHECK(packed.scalar_type() == torch::kByte && packed.dim() == 2, "packed must be [N, K / 2] uint8");
-  const int64_t rows = x.size(0), K = x.size(1), N = packed.size(0);
-  TORCH_CHECK(group >= 8 && group % 8 == 0 && K % group == 0 && packed.size(1) * 2 == K,
-              "K must match the packing and the group (a multiple of 8)");
-  TORCH_CHECK(N % 16 == 0, "int4_dot packs output rows in blocks of 16");
-  TORCH_CHECK(scales.scalar_type() == torch::kBFloat16 && zeros.scalar_type() == torch::kBFloat16 &&
-                  scales.numel() == N * (K / group) && zeros.numel() == N * (K / group),
-              "scales and zeros must be [N / 16, K / group, 16] bfloat16");
+  check_int4_operands("int4_dot", x, packed, group, scales, zeros);
+  const int64_t rows = x.size(0), N = packed.size(0);
   auto y = torch::empty({rows, N}, x.options());
 #if defined(BATCHSERVE_INT4_DOT)
+  const int64_t K = x.size(1);
   const auto xf = x.to(torch::kFloat).contiguous();
   const auto w = packed.contiguous();
   const auto s = scales.contiguous();

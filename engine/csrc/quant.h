@@ -41,5 +41,20 @@ inline bool float_or_bf16(const torch::Tensor& t) {
   return t.scalar_type() == torch::kFloat || t.scalar_type() == torch::kBFloat16;
 }
 
+// The operands int4_dot and int4_gemm share (int4_dot's layout): x [rows, K] float32 or bf16, packed [N, K / 2]
+// uint8 in blocks of 16 output rows, bf16 scales and zeros per block, group and 16 outputs. `op` names the caller.
+inline void check_int4_operands(const char* op, const torch::Tensor& x, const torch::Tensor& packed, int64_t group,
+                                const torch::Tensor& scales, const torch::Tensor& zeros) {
+  TORCH_CHECK(x.device().is_cpu() && x.dim() == 2 && float_or_bf16(x), op, ": x must be [rows, K] float32 or bfloat16");
+  TORCH_CHECK(packed.scalar_type() == torch::kByte && packed.dim() == 2, op, ": packed must be [N, K / 2] uint8");
+  const int64_t K = x.size(1), N = packed.size(0);
+  TORCH_CHECK(group >= 8 && group % 8 == 0 && K % group == 0 && packed.size(1) * 2 == K, op,
+              ": K must match the packing and the group (a multiple of 8)");
+  TORCH_CHECK(N % 16 == 0, op, " packs output rows in blocks of 16");
+  TORCH_CHECK(scales.scalar_type() == torch::kBFloat16 && zeros.scalar_type() == torch::kBFloat16 &&
+                  scales.numel() == N * (K / group) && zeros.numel() == N * (K / group),
+              op, ": scales and zeros must be [N / 16, K / group, 16] bfloat16");
+}
+
 }  // namespace
 }  // namespace BATCHSERVE_OPS
