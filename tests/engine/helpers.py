@@ -7,6 +7,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import pytest
 import torch
 from transformers import PreTrainedModel
 
@@ -14,8 +15,10 @@ from engine.config import EngineConfig
 from engine.engine import Engine
 from engine.model.model_runner import TransformersRunner
 from engine.outputs import FinishReason, StepOutput, TokenOutput
+from engine.platform import native
 from engine.sample.grammar import BITS_PER_WORD
 from engine.sample.sampling_params import SamplingParams
+from engine.weights.quantization import Int4Weight
 
 ARCHS = ("llama", "qwen2", "mistral")
 GREEDY: dict[str, Any] = dict(temperature=0.0)
@@ -241,3 +244,19 @@ class SetGrammar:
         made = SetMatcher(self.allowed, self.length, self.end)
         self.made.append(made)
         return made
+
+
+def int4_dot_kernels(kernels: native.Kernels) -> native.Kernels:
+    """The build, or a skip where it has no integer-dot kernels (int4_dot, and int4_gemm on its layout)."""
+    if not kernels.has_int4_dot:
+        pytest.skip(f"the {kernels.build.name} build has no integer dot product kernels (AVX2, or AVX-512 with VNNI)")
+    return kernels
+
+
+def random_int4(n: int, k: int, seed: int = 0, group: int = 32) -> Int4Weight:
+    """Random int4 codes with small positive scales and zeros around 0, seeded."""
+    gen = torch.Generator().manual_seed(seed)
+    values = torch.randint(0, 16, (n, k), generator=gen, dtype=torch.uint8)
+    scales = torch.rand(n, k // group, generator=gen) * 0.05 + 0.01
+    zeros = (torch.rand(n, k // group, generator=gen) - 0.5) * 0.1
+    return Int4Weight(values, scales, zeros, group)

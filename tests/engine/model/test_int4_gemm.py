@@ -17,22 +17,13 @@ from engine.platform import native
 from engine.sample.sampling_params import SamplingParams
 from engine.weights.loader import load_model
 from engine.weights.quantization import Int4Weight
+from tests.engine.helpers import int4_dot_kernels, random_int4
 
 GROUP = 32
 
 
-def _gemm_kernels(kernels: native.Kernels) -> native.Kernels:
-    if not kernels.has_int4_dot:
-        pytest.skip(f"the {kernels.build.name} build has no integer dot product kernels (AVX2, or AVX-512 with VNNI)")
-    return kernels
-
-
-def _int4(n: int, k: int, seed: int = 0) -> Int4Weight:
-    gen = torch.Generator().manual_seed(seed)
-    values = torch.randint(0, 16, (n, k), generator=gen, dtype=torch.uint8)
-    scales = torch.rand(n, k // GROUP, generator=gen) * 0.05 + 0.01
-    zeros = (torch.rand(n, k // GROUP, generator=gen) - 0.5) * 0.1
-    return Int4Weight(values, scales, zeros, GROUP)
+_gemm_kernels = int4_dot_kernels
+_int4 = random_int4
 
 
 def _reference(x: torch.Tensor, weight: Int4Weight) -> torch.Tensor:
