@@ -1,12 +1,14 @@
 // int4_gemm: x [rows, K] (float32 or bfloat16) times int4 weights W [N, K] for many rows (a prefill chunk); [rows, N]
 // in x's dtype. The weights are int4_dot's (int4_dot.cpp has the layout), so one copy serves both. The activations
 // are quantised once per row and group of the weights to one int8 digit (scale = max |x| / 127, llama.cpp's Q8
-// activations), where int4_dot writes two: half the integer work, at a quality docs/kernels.md states. Each block of
-// 16 output rows' weights (K * 8 bytes, in L1) is unpacked once per kGemmRows activation rows.
+// activations), where int4_dot writes two: half the integer work, at a quality docs/quantization.md states. Each
+// block of 16 output rows' weights is unpacked to bytes once (K * 16 bytes, a per-thread buffer in L1 or L2) and
+// read by every kGemmRows activation rows.
 //
 // One kernel per instruction set, each in its own header: int4_gemm_avx512_vnni.h (`vpdpbusd`) and
-// int4_gemm_avx2.h (`vpmaddubsw` + `vpmaddwd`); their integer sums are exact, so both give the same int32 dot
-// products. Builds without int4_dot have no int4_gemm either (int4_dot_available() says so).
+// int4_gemm_avx2.h (`vpmaddubsw` + `vpmaddwd`); their integer sums are exact and quantise_rows rounds the same way
+// in both, so both give the same int32 dot products. Builds without int4_dot have no int4_gemm either
+// (int4_dot_available() says so).
 
 #include <ATen/Parallel.h>
 #include <c10/util/BFloat16.h>
@@ -37,25 +39,38 @@ namespace {
 #if defined(BATCHSERVE_INT4_GEMM)
 namespace lanes = batchserve::lanes;
 
-// Per row and group: one int8 digit per value, the scale that maps it back, and the exact float sum (the zero term).
+// The 8 values at v times `inverse`, rounded to nearest-even (nearbyint's default) into 8 int8 digits.
+inline void round_eight(const float* v, __m256 inverse, int8_t* digits) {
+  const __m256i units = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(v), inverse));  // in [-127, 127]
+  const __m128i halves = _mm_packs_epi32(_mm256_castsi256_si128(units), _mm256_extracti128_si256(units, 1));
+  _mm_storel_epi64(reinterpret_cast<__m128i*>(digits), _mm_packs_epi16(halves, halves));
+}
+
+// Per row and group: one int8 digit per value, the scale that maps it back, and the float sum (the zero term).
 void quantise_rows(const float* x, int64_t rows, int64_t K, int64_t group, int8_t* xq, float* x_scales,
                    float* x_sums) {
   const int64_t groups = K / group;
+  const __m256 sign = _mm256_set1_ps(-0.0f);
   at::parallel_for(0, rows, 16, [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) {
       for (int64_t g = 0; g < groups; ++g) {
         const float* v = x + r * K + g * group;
-        float top = 0, sum = 0;
-        for (int64_t i = 0; i < group; ++i) {
-          top = std::max(top, std::fabs(v[i]));
-          sum += v[i];
+        __m256 top = _mm256_setzero_ps(), sum = _mm256_setzero_ps();
+        for (int64_t i = 0; i < group; i += 8) {
+          const __m256 values = _mm256_loadu_ps(v + i);
+          top = _mm256_max_ps(top, _mm256_andnot_ps(sign, values));
+          sum = _mm256_add_ps(sum, values);
         }
-        const float scale = top / 127.0f;
-        const float inverse = scale > 0 ? 1.0f / scale : 0.0f;
-        int8_t* digits = xq + r * K + g * group;
-        for (int64_t i = 0; i < group; ++i) digits[i] = static_cast<int8_t>(std::nearbyint(v[i] * inverse));
+        alignas(32) float tops[8], sums[8];
+        _mm256_store_ps(tops, top);
+        _mm256_store_ps(sums, sum);
+        const float scale = *std::max_element(tops, tops + 8) / 127.0f;
+        const __m256 inverse = _mm256_set1_ps(scale > 0 ? 1.0f / scale : 0.0f);
+        for (int64_t i = 0; i < group; i += 8) round_eight(v + i, inverse, xq + r * K + g * group + i);
         x_scales[r * groups + g] = scale;
-        x_sums[r * groups + g] = sum;
+        float total = 0;
+        for (const float part : sums) total += part;
+        x_sums[r * groups + g] = total;
       }
     }
   });
@@ -70,8 +85,10 @@ void int4_gemm_rows(const float* x, const uint8_t* packed, const c10::BFloat16* 
   quantise_rows(x, rows, K, group, xq.data(), x_scales.data(), x_sums.data());
   at::parallel_for(0, N / kDotBlock, 1, [&](int64_t begin, int64_t end) {
     alignas(64) float out[kGemmRows * kDotBlock];
+    std::vector<uint8_t> buffer(K * kUnpackedBytesPerInput + 64);
+    uint8_t* block_bytes = buffer.data() + (64 - reinterpret_cast<uintptr_t>(buffer.data()) % 64) % 64;
     for (int64_t block = begin; block < end; ++block) {
-      const uint8_t* block_bytes = packed + block * K * 8;
+      unpack_block(packed + block * K * 8, K, block_bytes);
       const c10::BFloat16* block_scales = scales + block * groups * kDotBlock;
       const c10::BFloat16* block_zeros = zeros + block * groups * kDotBlock;
       for (int64_t first = 0; first < rows; first += kGemmRows) {

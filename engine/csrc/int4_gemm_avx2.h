@@ -1,6 +1,7 @@
-// int4_gemm's kernel in the avx2 build: `vpmaddubsw` multiplies the 4-bit weights (unsigned, at most 15) by int8
-// activations into int16 pairs (at most 2 * 15 * 127, no saturation) and `vpmaddwd` by ones widens them into
-// each output row's int32 lane; the same integer sums as the VNNI build's `vpdpbusd`.
+// int4_gemm's kernel in the avx2 build, on the same unpacked block as the VNNI build's (unpack_block): `vpmaddubsw`
+// multiplies the 4-bit weights (unsigned, at most 15) by int8 activations into int16 pairs (at most 2 * 15 * 127 =
+// 3810, no saturation), eight of them (32 inputs) sum in int16 (at most 30480, no overflow), and `vpmaddwd` by ones
+// widens them into each output row's int32 lane: the same integer sums as the VNNI build's `vpdpbusd`.
 //
 // Everything here has internal linkage (an unnamed namespace inside the build's own namespace), as in quant.h.
 
@@ -9,6 +10,7 @@
 #include <c10/util/BFloat16.h>
 #include <immintrin.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 
@@ -18,54 +20,71 @@
 namespace BATCHSERVE_OPS {
 namespace {
 
-constexpr int kGemmRows = 4;  // activation rows per pass (16 registers: 8 int32 and 8 float accumulators)
+constexpr int kGemmRows = 4;  // activation rows per pass (8 int16 accumulators, their broadcasts, 16 registers)
+constexpr int64_t kUnpackedBytesPerInput = 16;  // one byte per weight of the block's 16 rows
+constexpr int64_t kInt16Inputs = 32;  // inputs summed in int16 before widening (8 x 3810 < 32768)
 
+// The block's packed bytes (K * 8) to K * 16: per run of 8 inputs, the low nibbles' 64 bytes, then the high ones'
+// (in each, rows 0-7's 4-input groups, then rows 8-15's).
+inline void unpack_block(const uint8_t* packed, int64_t K, uint8_t* unpacked) {
+  const __m256i low = _mm256_set1_epi8(0x0F);
+  for (int64_t run = 0; run < K / 8; ++run) {
+    for (int h = 0; h < 2; ++h) {
+      const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(packed + run * 64 + 32 * h));
+      _mm256_store_si256(reinterpret_cast<__m256i*>(unpacked + run * 128 + 32 * h), _mm256_and_si256(v, low));
+      _mm256_store_si256(reinterpret_cast<__m256i*>(unpacked + run * 128 + 64 + 32 * h),
+                         _mm256_and_si256(_mm256_srli_epi16(v, 4), low));
+    }
+  }
+}
+
+inline __m256i load32(const uint8_t* p) { return _mm256_load_si256(reinterpret_cast<const __m256i*>(p)); }
+
+// out[r] = sum_g s[g] x_scale[r, g] dot(q[g], digits[r, g]) + (z - 8 s)[g] x_sum[r, g] for R rows of one block;
+// the running sums stay in `out` (L1): AVX2's 16 registers hold the int16 sums and the broadcasts.
 template <int R>
-inline void int4_gemm_block(const uint8_t* packed, const c10::BFloat16* scales, const c10::BFloat16* zeros,
+inline void int4_gemm_block(const uint8_t* unpacked, const c10::BFloat16* scales, const c10::BFloat16* zeros,
                             const int8_t* xq, const float* x_scales, const float* x_sums, int64_t K, int64_t group,
                             float* out /* [R, 16] */) {
   using batchserve::lanes::load;
   const int64_t groups = K / group;
-  const __m256i low = _mm256_set1_epi8(0x0F);
   const __m256i ones = _mm256_set1_epi16(1);
-  __m256 total[R][2];
-  for (int r = 0; r < R; ++r) total[r][0] = total[r][1] = _mm256_setzero_ps();
+  for (int r = 0; r < R; ++r) std::memset(out + r * kDotBlock, 0, kDotBlock * sizeof(float));
   for (int64_t g = 0; g < groups; ++g) {
     __m256i acc[R][2];
     for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_si256();
-    const uint8_t* bytes = packed + g * group * 8;  // 64 bytes per 8 inputs: rows 0-7, then rows 8-15
-    for (int64_t k = 0; k < group; k += 8, bytes += 64) {
-      __m256i first[2], second[2];
-      for (int h = 0; h < 2; ++h) {
-        const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(bytes + 32 * h));
-        first[h] = _mm256_and_si256(v, low);
-        second[h] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
-      }
-      for (int r = 0; r < R; ++r) {
-        const int8_t* xs = xq + r * K + g * group + k;
-        int32_t a, b;
-        std::memcpy(&a, xs, 4);
-        std::memcpy(&b, xs + 4, 4);
-        const __m256i va = _mm256_set1_epi32(a), vb = _mm256_set1_epi32(b);
-        for (int h = 0; h < 2; ++h) {
-          const __m256i pairs =
-              _mm256_add_epi16(_mm256_maddubs_epi16(first[h], va), _mm256_maddubs_epi16(second[h], vb));
-          acc[r][h] = _mm256_add_epi32(acc[r][h], _mm256_madd_epi16(pairs, ones));
+    for (int64_t start = 0; start < group; start += kInt16Inputs) {
+      __m256i pairs[R][2];
+      for (int r = 0; r < R; ++r) pairs[r][0] = pairs[r][1] = _mm256_setzero_si256();
+      const int64_t stop = std::min(group, start + kInt16Inputs);
+      for (int64_t k = start; k < stop; k += 8) {
+        const uint8_t* bytes = unpacked + (g * group + k) * kUnpackedBytesPerInput;
+        for (int r = 0; r < R; ++r) {
+          const int8_t* xs = xq + r * K + g * group + k;
+          int32_t a, b;
+          std::memcpy(&a, xs, 4);
+          std::memcpy(&b, xs + 4, 4);
+          const __m256i va = _mm256_set1_epi32(a), vb = _mm256_set1_epi32(b);
+          for (int h = 0; h < 2; ++h) {
+            pairs[r][h] = _mm256_add_epi16(pairs[r][h], _mm256_maddubs_epi16(load32(bytes + 32 * h), va));
+            pairs[r][h] = _mm256_add_epi16(pairs[r][h], _mm256_maddubs_epi16(load32(bytes + 64 + 32 * h), vb));
+          }
         }
       }
+      for (int r = 0; r < R; ++r)
+        for (int h = 0; h < 2; ++h) acc[r][h] = _mm256_add_epi32(acc[r][h], _mm256_madd_epi16(pairs[r][h], ones));
     }
     for (int h = 0; h < 2; ++h) {
       const __m256 s = load(scales + g * kDotBlock + 8 * h);
       const __m256 z = _mm256_fnmadd_ps(_mm256_set1_ps(8.0f), s, load(zeros + g * kDotBlock + 8 * h));
       for (int r = 0; r < R; ++r) {
+        float* total = out + r * kDotBlock + 8 * h;
         const __m256 dots = _mm256_mul_ps(_mm256_cvtepi32_ps(acc[r][h]), _mm256_set1_ps(x_scales[r * groups + g]));
-        total[r][h] = _mm256_fmadd_ps(s, dots, total[r][h]);
-        total[r][h] = _mm256_fmadd_ps(z, _mm256_set1_ps(x_sums[r * groups + g]), total[r][h]);
+        const __m256 sum = _mm256_fmadd_ps(s, dots, _mm256_loadu_ps(total));
+        _mm256_storeu_ps(total, _mm256_fmadd_ps(z, _mm256_set1_ps(x_sums[r * groups + g]), sum));
       }
     }
   }
-  for (int r = 0; r < R; ++r)
-    for (int h = 0; h < 2; ++h) _mm256_storeu_ps(out + r * kDotBlock + 8 * h, total[r][h]);
 }
 
 }  // namespace

@@ -1,7 +1,8 @@
-// int4_gemm's kernel in the avx512_vnni build: per run of 8 inputs, one 64-byte load gives 16 output rows' 4-bit
-// weights (int4_dot.cpp's layout), and `vpdpbusd` sums each 4 of them times 4 int8 activations into a row's int32
-// lane. One digit per activation, so half int4_dot's dot products; kGemmRows activation rows share each unpacked
-// load.
+// int4_gemm's kernel in the avx512_vnni build. Each block of 16 output rows' 4-bit weights (int4_dot.cpp's layout)
+// is unpacked once into bytes (unpack_block: per run of 8 inputs, two 64-byte vectors of 4-input groups, 4 bits
+// more a weight but only while the block is worked, in L1), so the inner loop is two loads and, per activation
+// row, two `vpdpbusd` of 4 weights times 4 int8 activations into that row's int32 lanes. One digit per activation,
+// so half int4_dot's dot products; kGemmRows activation rows share each loaded weight vector.
 //
 // Everything here has internal linkage (an unnamed namespace inside the build's own namespace), as in quant.h.
 
@@ -20,24 +21,33 @@ namespace BATCHSERVE_OPS {
 namespace {
 
 constexpr int kGemmRows = 8;  // activation rows per pass over a block's weights (8 int32 + 8 float accumulators)
+constexpr int64_t kUnpackedBytesPerInput = 16;  // one byte per weight of the block's 16 rows
+
+// The block's packed bytes (K * 8) to K * 16: per run of 8 inputs, the low nibbles' 64 bytes, then the high ones'.
+inline void unpack_block(const uint8_t* packed, int64_t K, uint8_t* unpacked) {
+  const __m512i low = _mm512_set1_epi8(0x0F);
+  for (int64_t run = 0; run < K / 8; ++run) {
+    const __m512i v = _mm512_loadu_si512(packed + run * 64);
+    _mm512_store_si512(unpacked + run * 128, _mm512_and_si512(v, low));
+    _mm512_store_si512(unpacked + run * 128 + 64, _mm512_and_si512(_mm512_srli_epi16(v, 4), low));
+  }
+}
 
 template <int R>
-inline void int4_gemm_block(const uint8_t* packed, const c10::BFloat16* scales, const c10::BFloat16* zeros,
+inline void int4_gemm_block(const uint8_t* unpacked, const c10::BFloat16* scales, const c10::BFloat16* zeros,
                             const int8_t* xq, const float* x_scales, const float* x_sums, int64_t K, int64_t group,
                             float* out /* [R, 16] */) {
   using batchserve::lanes::load;
   const int64_t groups = K / group;
-  const __m512i low = _mm512_set1_epi8(0x0F);
   __m512 total[R];
   for (int r = 0; r < R; ++r) total[r] = _mm512_setzero_ps();
   for (int64_t g = 0; g < groups; ++g) {
     __m512i acc[R];
     for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_si512();
-    const uint8_t* bytes = packed + g * group * 8;  // 64 bytes per 8 inputs
-    for (int64_t k = 0; k < group; k += 8, bytes += 64) {
-      const __m512i v = _mm512_loadu_si512(bytes);
-      const __m512i first = _mm512_and_si512(v, low);
-      const __m512i second = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
+    const uint8_t* bytes = unpacked + g * group * kUnpackedBytesPerInput;  // 128 bytes per 8 inputs
+    for (int64_t k = 0; k < group; k += 8, bytes += 128) {
+      const __m512i first = _mm512_load_si512(bytes);
+      const __m512i second = _mm512_load_si512(bytes + 64);
       for (int r = 0; r < R; ++r) {
         const int8_t* xs = xq + r * K + g * group + k;
         int32_t a, b;

@@ -43,16 +43,22 @@ def _reference(x: torch.Tensor, weight: Int4Weight) -> torch.Tensor:
     return torch.einsum("rng,ng->rn", dots.double() * scale.double()[:, None, :], s) + sums @ z.t()
 
 
-@pytest.mark.parametrize("rows", [1, 3, 7, 8, 9, 17, 33])
-def test_int4_gemm_is_bit_exact_on_integer_activations(kernels: native.Kernels, rows: int) -> None:
+@pytest.mark.parametrize(
+    ("rows", "group"), [(1, 32), (3, 32), (7, 32), (8, 32), (9, 32), (17, 32), (33, 32), (5, 8), (13, 96)]
+)
+def test_int4_gemm_is_bit_exact_on_integer_activations(kernels: native.Kernels, rows: int, group: int) -> None:
     """Activations that one int8 digit holds exactly (scale 1), scales 1 and zeros 8: every float step is exact, so
-    the output is the int32 dot products themselves; 48 outputs (3 blocks of 16), rows that leave partial tiles."""
-    k = 96
+    the output is the int32 dot products themselves, in every build alike; 48 outputs (3 blocks of 16), rows that
+    leave partial tiles, and groups shorter and longer than the AVX2 build's 32 inputs summed in int16 (worst-case
+    digits: all weights 15 against 127 would overflow int16 past 32 inputs)."""
+    k = 192
     gen = torch.Generator().manual_seed(rows)
     values = torch.randint(0, 16, (48, k), generator=gen, dtype=torch.uint8)
-    weight = Int4Weight(values, torch.ones(48, k // GROUP), torch.full((48, k // GROUP), 8.0), GROUP)
+    values[0] = 15
+    weight = Int4Weight(values, torch.ones(48, k // group), torch.full((48, k // group), 8.0), group)
     x = torch.randint(-127, 128, (rows, k), generator=gen).float()
-    x[:, ::GROUP] = 127.0
+    x[:, ::group] = 127.0
+    x[0] = 127.0
     linear = Int4DotLinear.build(weight, None, _gemm_kernels(kernels))
     got = linear.gemm(x)
     exact = (x.to(torch.int64) @ values.to(torch.int64).t()).float()
