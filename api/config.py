@@ -43,6 +43,7 @@ class RuntimeOptions:
     # defaults are the measured choice, the others are for `python -m benchmarks quality` and experiments.
     max_quantized_rows: int | None = DEFAULT_MAX_QUANTIZED_ROWS
     int8_activations: bool = True
+    int4_gemm: bool = False  # large steps on int4_gemm, no dense copy (ServerConfig.int4_gemm's help)
     enable_prefix_caching: bool = True
     grammar_limits: GrammarLimits = field(default_factory=GrammarLimits)
     tool_call_parser: str | None = None  # None: the model's default (api/structured/tool_parsers/registry.py)
@@ -50,6 +51,7 @@ class RuntimeOptions:
 
     def __post_init__(self) -> None:
         LoadConfig(self.dtype, self.quantization)  # raises ValueError naming the bad value
+        check_int4_gemm(self.int4_gemm, self.quantization)
         for name, bounds in (
             ("max_model_len", MAX_MODEL_LEN),
             ("kv_cache_tokens", KV_CACHE_TOKENS),
@@ -80,6 +82,11 @@ class RuntimeOptions:
             device=device,
             enable_prefix_caching=self.enable_prefix_caching,
         )
+
+
+def check_int4_gemm(on: bool, quantization: str) -> None:
+    if on and quantization not in ("auto", "int4"):
+        raise ValueError(f"int4_gemm needs int4 weights (quantization int4 or auto); got quantization {quantization!r}")
 
 
 def _opt(default: Any, help: str, **extra: object) -> Any:
@@ -188,6 +195,12 @@ class ServerConfig:
         "the first start, none for other models; on a GPU: none (docs/quantization.md)",
         choices=QUANTIZATIONS,
     )
+    int4_gemm: bool = _opt(
+        False,
+        "CPU, int4 weights on AVX2 or AVX-512 VNNI: steps of more rows than the row switch run int4_gemm (one int8 "
+        "digit per activation, as llama.cpp's prefill) instead of a dense copy of the projections, and no dense "
+        "copy is kept: less memory, a small quality cost (docs/quantization.md)",
+    )
     max_body_bytes: int = _opt(
         1_000_000, "Largest request body accepted (413 beyond)", range=Range(1, 1 << 30, integer=True)
     )
@@ -287,6 +300,7 @@ class ServerConfig:
     def __post_init__(self) -> None:
         Mode(self.mode)  # raises ValueError naming the bad mode
         LoadConfig(self.dtype, self.quantization)  # likewise for a bad dtype or quantization
+        check_int4_gemm(self.int4_gemm, self.quantization)
         for f in dataclasses.fields(self):
             bounds = f.metadata.get("range")
             if bounds is not None and getattr(self, f.name) is not None:  # None: unset, the help says what then
@@ -346,6 +360,7 @@ class ServerConfig:
             served_model_name=self.served_model_name,
             dtype=self.dtype,
             quantization=self.quantization,
+            int4_gemm=self.int4_gemm,
             grammar_limits=self.grammar_limits(),
             tool_call_parser=self.tool_call_parser,
             chat_template=self.chat_template,

@@ -66,6 +66,7 @@ def build_runner(options: RuntimeOptions, loaded: LoadedModel) -> TransformersRu
         quantized=loaded.quantized,
         max_quantized_rows=measured if use_measured else options.max_quantized_rows,
         int8_activations=options.int8_activations,
+        int4_gemm=options.int4_gemm,
     )
 
 

@@ -110,7 +110,7 @@ def weight_matmuls(model: Any) -> list[torch.Tensor]:
 def input_dtype(linear: AnyLinear) -> torch.dtype:
     """The activations' dtype the matmul takes (its weights' or scales')."""
     if isinstance(linear, RowSwitchedLinear):
-        return linear.dense.weight.dtype
+        return input_dtype(linear.dense or linear.quantized)
     if isinstance(linear, Int4DotLinear):
         return torch.bfloat16
     if isinstance(linear, Int4Linear):

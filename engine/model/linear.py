@@ -211,29 +211,37 @@ QuantizedLinear = Int4Linear | Int4DotLinear | Int8Linear
 
 @dataclass(frozen=True)
 class RowSwitchedLinear:
-    """Quantised weights for small steps, a dense copy for large ones.
+    """Quantised weights for small steps, a dense copy (or int4_gemm) for large ones.
 
     A step of a few rows is bound by the bytes of weights it reads, where 4-bit weights win; a step of many rows
     (prefill, a large decode batch) is bound by arithmetic, where dequantising every weight for every group of
     rows costs far more than a dense bfloat16 matmul (4x at 64 rows, 8x at 512: docs/quantization.md). The
     dense copy holds the quantised weights' own dequantised values in the activations' dtype (built by
-    TransformersRunner), so both paths compute the same function."""
+    TransformersRunner), so both paths compute the same function. Without one (`dense` None, int4 weights with
+    integer dot products only), large steps run int4_gemm on the same int4 weights: one int8 digit per activation,
+    a quality change docs/quantization.md measures, and no second copy of the weights in memory."""
 
     quantized: QuantizedLinear
-    dense: Linear
+    dense: Linear | None
     max_quantized_rows: int
     min_gemm_rows: int | None = None  # steps of this many rows or more run int4_gemm where the weights allow
 
+    def __post_init__(self) -> None:
+        if self.dense is None and not isinstance(self.quantized, Int4DotLinear):
+            raise ValueError("only int4 weights with integer dot products run large steps without a dense copy")
+
     @property
     def in_features(self) -> int:
-        return self.dense.in_features
+        return self.quantized.in_features
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.shape[0]
         if rows <= self.max_quantized_rows:
             return self.quantized(x)
-        if self.min_gemm_rows is not None and rows >= self.min_gemm_rows and isinstance(self.quantized, Int4DotLinear):
+        gemm = self.dense is None or (self.min_gemm_rows is not None and rows >= self.min_gemm_rows)
+        if gemm and isinstance(self.quantized, Int4DotLinear):
             return self.quantized.gemm(x)
+        assert self.dense is not None  # __post_init__: only Int4DotLinear goes without
         return self.dense(x)
 
 

@@ -42,7 +42,7 @@ def option_help(help_text: str) -> dict[str, str]:
     blocks: dict[str, str] = {}
     current = None
     for line in section.splitlines():
-        match = re.match(r"^  (--[a-z-]+|-h, --help)", line)
+        match = re.match(r"^  (--[a-z0-9-]+|-h, --help)", line)
         if match:
             current = match.group(1)
             blocks[current] = line
@@ -78,7 +78,7 @@ def flags_doc_rows() -> dict[str, tuple[str, str, str]]:
     rows = {}
     for line in FLAGS_DOC.read_text().splitlines():
         cells = [cell.strip().replace("\\|", "|") for cell in re.split(r"(?<!\\)\|", line)[1:-1]]
-        flag = re.match(r"`(--[a-z-]+)`", cells[0]) if len(cells) == 4 else None
+        flag = re.match(r"`(--[a-z0-9-]+)`", cells[0]) if len(cells) == 4 else None
         if flag is not None:
             rows[flag.group(1)] = (cells[1], cells[2], cells[3])
     return rows

@@ -11,12 +11,12 @@ import torch
 
 from engine.config import EngineConfig
 from engine.engine import Engine
-from engine.model.linear import Int4DotLinear, Linear, RowSwitchedLinear
+from engine.model.linear import Int4DotLinear, Int8Linear, Linear, RowSwitchedLinear
 from engine.model.model_runner import TransformersRunner
 from engine.platform import native
 from engine.sample.sampling_params import SamplingParams
 from engine.weights.loader import load_model
-from engine.weights.quantization import Int4Weight
+from engine.weights.quantization import Int4Weight, Int8Weight
 from tests.engine.helpers import int4_dot_kernels, random_int4
 
 GROUP = 32
@@ -136,3 +136,16 @@ def test_the_runner_prefills_through_int4_gemm_only_when_asked(
         assert len(first) == 1 and engine.step([(0, 1)]).tokens
         # Every int4 projection of the 12-row step (each layer's), none of the decode step's.
         assert set(calls) == (set() if min_gemm_rows is None else {12}) and len(calls) % len(runner.layers) == 0
+
+
+def test_a_row_switch_without_a_dense_copy_takes_only_int4_dot_weights() -> None:
+    kernels = native.load_kernels()
+    if kernels is None or not kernels.has_int4_dot:
+        pytest.skip("no build with integer dot products here")
+    weight = _int4(64, 64)
+    switched = RowSwitchedLinear(Int4DotLinear.build(weight, None, kernels), None, max_quantized_rows=4)
+    many = torch.randn(5, 64)
+    assert switched.in_features == 64 and torch.equal(switched(many), switched.quantized.gemm(many))
+    int8 = Int8Linear.build(Int8Weight(torch.zeros(16, 64, dtype=torch.int8), torch.ones(16)), None, torch.float32)
+    with pytest.raises(ValueError, match="dense copy"):
+        RowSwitchedLinear(int8, None, max_quantized_rows=4)
