@@ -165,7 +165,7 @@ class Int4DotLinear:
 
     def gemm(self, x: torch.Tensor) -> torch.Tensor:
         """The same weights for many rows (a prefill chunk): one int8 digit per activation, half the integer work
-        of two (engine/csrc/int4_gemm.cpp; its error against float32 is in docs/kernels.md)."""
+        of two (engine/csrc/int4_gemm.cpp; its quality: docs/quantization.md, `--int4-gemm`)."""
         y = self.kernels.ops.int4_gemm(x, self.packed, self.group_size, self.scales, self.zeros)
         return y if self.bias is None else y + self.bias
 
