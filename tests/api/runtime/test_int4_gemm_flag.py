@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import httpx
 import pytest
 import torch
 
@@ -22,6 +23,7 @@ from engine.model.model_runner import TransformersRunner
 from engine.platform import native
 from engine.sample.sampling_params import SamplingParams
 from engine.weights.loader import load_model
+from tests.server_harness import mode_config, model_name, running_server
 
 
 def test_int4_gemm_serves_past_the_row_switch_with_no_dense_copy(
@@ -93,3 +95,26 @@ def test_the_serve_flag_sets_int4_gemm_and_a_bad_pairing_exits_with_one_line() -
         "batchserve: int4_gemm needs int4 weights (quantization int4 or auto); got quantization 'none'"
     )
     assert result.stderr.count("int4_gemm") == 1
+
+
+def test_a_server_with_int4_gemm_answers_a_long_prompt_from_int4_weights_alone(tiny_checkpoint: Path) -> None:
+    """The real app under uvicorn, `--int4-gemm` on a tiny int4 model: the runner it built holds no dense copy,
+    and a prompt longer than the row switch (a prefill step on int4_gemm) is answered."""
+    kernels = native.load_kernels()
+    if kernels is None or not kernels.has_int4_dot:
+        pytest.skip("no build with integer dot products here")
+    loaded = load_model(tiny_checkpoint, dtype="float32", quantization="int4")
+    config = mode_config("continuous", int4_gemm=True, dtype="float32", quantization="int4")
+    with running_server(config, loaded) as server:
+        runner = server.runtime.engine.runner
+        assert all(
+            linear.dense is None
+            for layer in runner.layers
+            for linear in TransformersRunner.layer_linears(layer)
+            if isinstance(linear, RowSwitchedLinear)
+        )
+        body = {"model": model_name(server), "prompt": list(range(1, 40)), "max_tokens": 4, "temperature": 0}
+        response = httpx.post(f"{server.base_url}/v1/completions", json=body, timeout=60)
+        assert response.status_code == 200, response.text
+        usage = response.json()["usage"]
+        assert (usage["prompt_tokens"], usage["completion_tokens"]) == (39, 4)
