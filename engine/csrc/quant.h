@@ -20,8 +20,8 @@ constexpr int64_t kPrefetchBytes = 1024;  // int4 bytes requested ahead of use (
 constexpr int64_t kBlockN = 64;  // output rows per block of int4_gemv's layout (int4_gemv.cpp)
 constexpr int64_t kDotBlock = 16;  // output rows per block of int4_dot's layout (int4_dot.cpp)
 
-// Calls f(std::integral_constant<int, R>{}) for R = count in 1..Max (Max <= 16): the kernels unroll over a
-// compile-time row count, and every caller picks it the same way.
+// Calls f(std::integral_constant<int, R>{}) for R = count in 1..Max: the kernels unroll over a compile-time
+// row count, and every caller picks it the same way.
 template <int Max, typename F>
 inline void with_row_count(int64_t count, F&& f) {
   switch (count) {
@@ -33,14 +33,6 @@ inline void with_row_count(int64_t count, F&& f) {
     case 6: if constexpr (Max >= 6) f(std::integral_constant<int, 6>{}); break;
     case 7: if constexpr (Max >= 7) f(std::integral_constant<int, 7>{}); break;
     case 8: if constexpr (Max >= 8) f(std::integral_constant<int, 8>{}); break;
-    case 9: if constexpr (Max >= 9) f(std::integral_constant<int, 9>{}); break;
-    case 10: if constexpr (Max >= 10) f(std::integral_constant<int, 10>{}); break;
-    case 11: if constexpr (Max >= 11) f(std::integral_constant<int, 11>{}); break;
-    case 12: if constexpr (Max >= 12) f(std::integral_constant<int, 12>{}); break;
-    case 13: if constexpr (Max >= 13) f(std::integral_constant<int, 13>{}); break;
-    case 14: if constexpr (Max >= 14) f(std::integral_constant<int, 14>{}); break;
-    case 15: if constexpr (Max >= 15) f(std::integral_constant<int, 15>{}); break;
-    case 16: if constexpr (Max >= 16) f(std::integral_constant<int, 16>{}); break;
     default: break;  // callers pass 1..Max
   }
 }
