@@ -8,14 +8,16 @@
 // keeps SDPA there.
 //
 // Work: blocks of 16 query positions of one row, for a pass of up to 4 query heads sharing one KV head. Blocks
-// cost their keys (the diagonal makes them unequal), so each thread takes a contiguous run of equal total cost
-// rather than an equal count. Before them, each (row, KV head)'s values are laid out once as pairs of keys per
+// cost their keys (the diagonal makes them unequal), and the threads take them from a shared counter, costliest
+// first: a fixed split (at::parallel_for's) left one thread waiting whenever the other was descheduled, which on
+// 2 cores shared with other work cost up to 4x a call (interleaved runs). Before them, each (row, KV head)'s values are laid out once as pairs of keys per
 // dimension (the kernel's second operand), and each row's key slots are looked up once.
 
 #include <ATen/Parallel.h>
 #include <torch/types.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <memory>
@@ -55,6 +57,7 @@ struct Rows {
 
 struct Block {
   int64_t row, kv_head, pass, first_query;  // first_query: the block's offset in the row's chunk
+  int64_t keys;                             // keys its last query sees: its cost
 };
 
 // values[h][pair][d] = (value[2 pair][d], value[2 pair + 1][d]) as 32 bits, the odd key past the end 0.
@@ -76,18 +79,17 @@ void lay_out_values(const uint16_t* cache, int64_t slots_per_head, int64_t dim, 
 }
 
 template <int D, int HP>
-void run_blocks(const std::vector<Block>& blocks, const std::vector<int64_t>& cost_end, const uint16_t* query,
-                const uint16_t* key_cache, const std::vector<int32_t>& slots, const uint32_t* values,
-                const Rows& rows, int64_t heads, int64_t kv_heads, int64_t slots_per_head, float c, uint16_t* out) {
-  const int64_t group = heads / kv_heads, threads = std::max<int64_t>(1, at::get_num_threads());
-  const int64_t total = cost_end.empty() ? 0 : cost_end.back();
-  at::parallel_for(0, threads, 1, [&](int64_t begin, int64_t end) {
+void run_blocks(const std::vector<Block>& blocks, const uint16_t* query, const uint16_t* key_cache,
+                const std::vector<int32_t>& slots, const uint32_t* values, const Rows& rows, int64_t heads,
+                int64_t kv_heads, int64_t slots_per_head, float c, uint16_t* out) {
+  const int64_t group = heads / kv_heads, count = static_cast<int64_t>(blocks.size());
+  const int64_t threads = std::min<int64_t>(std::max(1, at::get_num_threads()), count);
+  std::atomic<int64_t> next{0};
+  at::parallel_for(0, threads, 1, [&](int64_t, int64_t) {
     auto scratch = std::make_unique<pf::Scratch<D, HP>>();
     alignas(64) uint32_t qp[HP * (D / 2) * pf::kLanes];
-    // This thread's blocks: those whose cost ends in its share of the total.
-    const auto first = std::upper_bound(cost_end.begin(), cost_end.end(), total * begin / threads) - cost_end.begin();
-    const auto last = std::upper_bound(cost_end.begin(), cost_end.end(), total * end / threads) - cost_end.begin();
-    for (int64_t b = first; b < last; ++b) {
+    for (int64_t b = next.fetch_add(1, std::memory_order_relaxed); b < count;
+         b = next.fetch_add(1, std::memory_order_relaxed)) {
       const Block& blk = blocks[b];
       const int64_t count = rows.counts[blk.row], start = rows.context[blk.row] - count;
       const int64_t n = std::min<int64_t>(pf::kLanes, count - blk.first_query);
@@ -116,12 +118,11 @@ void run_blocks(const std::vector<Block>& blocks, const std::vector<int64_t>& co
 }
 
 template <int D>
-void dispatch_heads(int64_t per_pass, const std::vector<Block>& blocks, const std::vector<int64_t>& cost_end,
-                    const uint16_t* query, const uint16_t* key_cache, const std::vector<int32_t>& slots,
+void dispatch_heads(int64_t per_pass, const std::vector<Block>& blocks, const uint16_t* query, const uint16_t* key_cache, const std::vector<int32_t>& slots,
                     const uint32_t* values, const Rows& rows, int64_t heads, int64_t kv_heads, int64_t slots_per_head,
                     float c, uint16_t* out) {
 #define BATCHSERVE_RUN(HP) \
-  run_blocks<D, HP>(blocks, cost_end, query, key_cache, slots, values, rows, heads, kv_heads, slots_per_head, c, out)
+  run_blocks<D, HP>(blocks, query, key_cache, slots, values, rows, heads, kv_heads, slots_per_head, c, out)
   switch (per_pass) {
     case 4: BATCHSERVE_RUN(4); break;
     case 3: BATCHSERVE_RUN(3); break;
@@ -188,17 +189,15 @@ torch::Tensor paged_prefill_attention(
   const int64_t group = heads / kv_heads;
   const int64_t per_pass = group % 4 == 0 ? 4 : group % 3 == 0 ? 3 : group % 2 == 0 ? 2 : 1;
   std::vector<Block> blocks;
-  std::vector<int64_t> cost_end;
   for (int64_t r = 0; r < num_rows; ++r) {
     const int64_t start = rows.context[r] - rows.counts[r];
     for (int64_t h = 0; h < kv_heads; ++h)
       for (int64_t pass = 0; pass < group / per_pass; ++pass)
         for (int64_t first = 0; first < rows.counts[r]; first += batchserve::prefill::kLanes) {
-          blocks.push_back({r, h, pass, first});
-          const int64_t keys = start + std::min(rows.counts[r], first + batchserve::prefill::kLanes);
-          cost_end.push_back((cost_end.empty() ? 0 : cost_end.back()) + keys + 64);  // 64: the block's fixed work
+          blocks.push_back({r, h, pass, first, start + std::min(rows.counts[r], first + batchserve::prefill::kLanes)});
         }
   }
+  std::stable_sort(blocks.begin(), blocks.end(), [](const Block& a, const Block& b) { return a.keys > b.keys; });
   auto value_pairs = torch::empty({kv_heads * rows.value_pairs_total}, torch::dtype(torch::kInt));
   auto* values = reinterpret_cast<uint32_t*>(value_pairs.data_ptr<int32_t>());
   const auto* v_ptr = reinterpret_cast<const uint16_t*>(v.data_ptr<c10::BFloat16>());
@@ -209,10 +208,10 @@ torch::Tensor paged_prefill_attention(
   auto* out_ptr = reinterpret_cast<uint16_t*>(out.data_ptr<c10::BFloat16>());
   const float c = static_cast<float>(scale * M_LOG2E);
   if (dim == 64) {
-    dispatch_heads<64>(per_pass, blocks, cost_end, q_ptr, k_ptr, key_slots, values, rows, heads, kv_heads, slots, c,
+    dispatch_heads<64>(per_pass, blocks, q_ptr, k_ptr, key_slots, values, rows, heads, kv_heads, slots, c,
                        out_ptr);
   } else {
-    dispatch_heads<128>(per_pass, blocks, cost_end, q_ptr, k_ptr, key_slots, values, rows, heads, kv_heads, slots, c,
+    dispatch_heads<128>(per_pass, blocks, q_ptr, k_ptr, key_slots, values, rows, heads, kv_heads, slots, c,
                         out_ptr);
   }
   return out;

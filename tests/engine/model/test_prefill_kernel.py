@@ -111,8 +111,9 @@ NEW_TOKENS = 8
 
 
 def _greedy(runner: TransformersRunner) -> list[int]:
-    """Greedy tokens of two prompts, the first prefilled in two chunks (the second starting mid-prompt) beside the
-    second's whole prompt, then decoded together."""
+    """Greedy tokens of two prompts: the first prefilled in two chunks, beside the second's whole prompt and then
+    beside the second's first decode step (a chunk starting mid-prompt in a step with a decode row); then both
+    decoded together."""
     engine = Engine(runner, EngineConfig(max_rows=2, kv_cache_tokens=256, block_size=16), dtype=torch.bfloat16)
     params = SamplingParams(max_tokens=NEW_TOKENS, temperature=0.0, ignore_eos=True)
     for seq_id, prompt in enumerate(PROMPTS):
@@ -120,8 +121,8 @@ def _greedy(runner: TransformersRunner) -> list[int]:
         assert engine.reserve(seq_id, len(prompt) + NEW_TOKENS)
     first = 30
     tokens = [out.token_id for out in engine.step([(0, first), (1, len(PROMPTS[1]))]).tokens]
-    tokens += [out.token_id for out in engine.step([(0, len(PROMPTS[0]) - first)]).tokens]
-    for _ in range(NEW_TOKENS - 1):
+    tokens += [out.token_id for out in engine.step([(0, len(PROMPTS[0]) - first), (1, 1)]).tokens]
+    for _ in range(NEW_TOKENS - 2):
         tokens += [out.token_id for out in engine.step([(0, 1), (1, 1)]).tokens]
     return tokens
 
@@ -142,7 +143,7 @@ def test_bf16_greedy_through_the_engine_matches_the_sdpa_path(kernels: native.Ke
 
     native_runner.prefill_kernel = counted
     got = _greedy(native_runner)
-    assert calls == [2, 2, 1, 1]  # both layers of both prefill steps ran the kernel
+    assert calls == [2, 2, 1, 1]  # both layers of both prefill steps ran the kernel (the second's one chunk)
     assert got == _greedy(sdpa_runner)
 
 
