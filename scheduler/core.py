@@ -170,6 +170,7 @@ class Scheduler:
                 by_seq[seq_id].num_draft_tokens += num_drafts
                 by_seq[seq_id].num_accepted_tokens += num_accepted
                 by_seq[seq_id].acceptance.record(num_drafts, num_accepted)
+                self.draft_length.pooled.record(num_drafts, num_accepted)
             generated, num_tokens = self._deliver(output.tokens, output.prompt_logprobs), output.num_tokens
         stats = StepStats(
             self.mode, now, self.clock() - now, len(plan), num_tokens, prefill, generated, self.lifecycle.held_seats,

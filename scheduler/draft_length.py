@@ -13,6 +13,11 @@ that grows slowly in tokens (small batches on a CPU that is bound by reading the
 grows with every token (a big batch), none do. docs/speculative.md compares this with a fixed k and vLLM's table by
 batch size.
 
+A new sequence starts from what its predecessors showed, not from nothing: the rule keeps the server's acceptance
+over recent judged drafts (`PooledAcceptance`, a decaying count), and each sequence's rates start there with the
+weight of two drafts, so on a workload whose drafts are mostly right the first steps of every request already
+verify long drafts (with a prior of 1/2 each request spent its first ten steps learning what the last one knew).
+
 The cost is measured, not assumed: every step's (rows, tokens, seconds) feeds a running mean per (rows, tokens),
 read at the step's row count by linear interpolation between the token counts seen and a least-squares line beyond
 them. At a row count not yet measured, the first step verifies every draft and the next runs plain; and
@@ -30,6 +35,7 @@ import numpy as np
 
 PROBE_EVERY = 32  # steps between probes: rows at 0 or 1 drafts verify one more
 COST_MEMORY = 0.1  # weight of a new measurement in a token count's running mean
+POOL_MEMORY = 0.995  # per verify step, the weight the server's pooled acceptance keeps of its past (~200 steps)
 
 
 @dataclass
@@ -87,17 +93,49 @@ class Acceptance:
         self.later_right += max(accepted - 1, 0)
 
 
-def acceptance_rates(counts: Sequence[Acceptance]) -> tuple[np.ndarray, np.ndarray]:
+@dataclass
+class PooledAcceptance:
+    """The server's acceptance over recent verify steps, every sequence's judged drafts together, each count decayed
+    by POOL_MEMORY a step: where a new sequence's rates start."""
+
+    first_judged: float = 0.0
+    first_right: float = 0.0
+    later_judged: float = 0.0
+    later_right: float = 0.0
+
+    def record(self, drafts: int, accepted: int) -> None:
+        """As `Acceptance.record`, for any sequence's verify step."""
+        if drafts <= 0:
+            return
+        self.first_judged = POOL_MEMORY * self.first_judged + 1.0
+        self.first_right = POOL_MEMORY * self.first_right + (accepted > 0)
+        self.later_judged = POOL_MEMORY * self.later_judged + min(accepted, drafts - 1)
+        self.later_right = POOL_MEMORY * self.later_right + max(accepted - 1, 0)
+
+    def prior(self) -> tuple[float, float | None]:
+        """(a0, c0): the pooled first-draft rate and later rate, each with one right and one wrong draft assumed
+        (1/2 with nothing seen); c0 None until a later draft was judged (a sequence then centres c on its own a)."""
+        first = (self.first_right + 1.0) / (self.first_judged + 2.0)
+        later = (self.later_right + 1.0) / (self.later_judged + 2.0) if self.later_judged > 0 else None
+        return first, later
+
+
+def acceptance_rates(
+    counts: Sequence[Acceptance], prior: tuple[float, float | None] = (0.5, None)
+) -> tuple[np.ndarray, np.ndarray]:
     """Each sequence's (a, c): the chance its first draft of a step is right, and that a later draft is right given
-    the one before it was. a is its right first drafts over its judged ones with one right and one wrong assumed (so
-    it starts at 1/2 and is never exactly 0 or 1); c the same with its two assumed drafts right at rate a, so that
-    without later drafts judged (a row held at one draft) c is a, the independent model, not a pessimistic 1/2,
-    and c < 1, so c**j falls with j."""
+    the one before it was. a is its right first drafts over its judged ones with two drafts assumed right at the
+    prior's rate a0 (the server's pooled rate, `PooledAcceptance`; 1/2 on a fresh server), so it is never exactly 0
+    or 1; c the same with its two assumed drafts right at the prior's c0, or where the server has judged no later
+    draft yet at rate a, so that without later drafts judged (a row held at one draft) c is a, the independent
+    model, not a pessimistic 1/2; and c < 1, so c**j falls with j."""
     table = np.array(
         [(n.first_right, n.first_judged, n.later_right, n.later_judged) for n in counts], dtype=np.float64
     ).reshape(-1, 4)
-    first = (table[:, 0] + 1.0) / (table[:, 1] + 2.0)
-    return first, (table[:, 2] + 2.0 * first) / (table[:, 3] + 2.0)
+    first_prior, later_prior = prior
+    first = (table[:, 0] + 2.0 * first_prior) / (table[:, 1] + 2.0)
+    centre = first if later_prior is None else np.full_like(first, later_prior)
+    return first, (table[:, 2] + 2.0 * centre) / (table[:, 3] + 2.0)
 
 
 @dataclass
@@ -105,6 +143,7 @@ class DraftLengthRule:
     """Per-step draft lengths from the measured step cost (`observe` each step) and the rows' acceptance."""
 
     costs: StepCosts = field(default_factory=StepCosts)
+    pooled: PooledAcceptance = field(default_factory=PooledAcceptance)
     steps: int = 0
 
     def observe(self, rows: int, tokens: int, seconds: float) -> None:

@@ -60,7 +60,7 @@ def propose_drafts(
             if proposal:
                 rows.append((request, proposal))
     if rule is not None and rows and (spec is None or spec.draft_length == "auto"):
-        first, later = acceptance_rates([request.acceptance for request, _ in rows])
+        first, later = acceptance_rates([request.acceptance for request, _ in rows], rule.pooled.prior())
         caps = np.array([len(proposal) for _, proposal in rows])
         lengths = rule.choose(first, later, caps, len(plan), step_tokens, len(sampling)).tolist()
         rows = [(request, proposal[:length]) for (request, proposal), length in zip(rows, lengths, strict=True)]

@@ -1,18 +1,25 @@
 """The time of one prompt chunk (a lone prompt prefilled in one step) on the default model, or its operator profile.
 
-python -m benchmarks.scripts.prefill_chunk [--lengths 512,1024] [--repeats 5] [--profile]
+python -m benchmarks.scripts.prefill_chunk [--lengths 512,1024] [--repeats 5] [--profile] [--compare-sdpa] [--out F]
+
+`--compare-sdpa` runs every chunk twice in turn, once through the compiled prefill attention (where the build has
+it: bf16 on AVX512-BF16) and once with it switched off (torch's SDPA, the path before it), and prints both; then
+as many chunks again under the profiler, for the attention op's time a layer.
 """
 
 from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 import time
+from pathlib import Path
 
 import torch
 
 from benchmarks.micro.model_flags import add_model_arguments, load_from_args
 from benchmarks.micro.rows import add_row
+from benchmarks.results_io.report import write_json
 from engine.config import EngineConfig
 from engine.engine import Engine
 from engine.model.model_runner import TransformersRunner
@@ -30,12 +37,27 @@ def prefill_seconds(engine: Engine, prompt: list[int]) -> float:
     return seconds
 
 
+ATTENTION_OPS = ("paged_prefill_attention", "scaled_dot_product_flash_attention")  # the kernel's, SDPA's
+
+
+def attention_ms_per_layer(engine: Engine, prompt: list[int], layers: int) -> float:
+    """One chunk under the profiler: its attention op's CPU time, per layer."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        prefill_seconds(engine, prompt)
+    events = [e for e in prof.key_averages() if any(op in e.key for op in ATTENTION_OPS)]
+    return sum(e.self_cpu_time_total for e in events) / 1000 / layers
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     add_model_arguments(parser)
     parser.add_argument("--lengths", default="512,1024")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--profile", action="store_true", help="print the operator profile of one chunk per length")
+    parser.add_argument(
+        "--compare-sdpa", action="store_true", help="interleave each chunk with one on torch's SDPA attention"
+    )
+    parser.add_argument("--out", type=Path, help="result.json to write (with the machine that measured it)")
     args = parser.parse_args()
     lengths = [int(n) for n in args.lengths.split(",")]
     loaded = load_from_args(args)
@@ -44,16 +66,46 @@ def main() -> None:
     config = EngineConfig(max_rows=1, kv_cache_tokens=longest, max_model_len=longest, enable_prefix_caching=False)
     engine = Engine(runner, config, loaded.eos_token_ids, loaded.max_model_len, dtype=runner.dtype)
     generator = torch.Generator().manual_seed(0)
+    kernel = runner.prefill_kernel
+    if args.compare_sdpa and kernel is None:
+        parser.error("this model, format or kernel build has no prefill kernel to compare with SDPA")
+    paths = {"kernel": kernel, "sdpa": None} if args.compare_sdpa else {"default": kernel}
+    results: dict[str, dict[str, object]] = {}
     for length in lengths:
         prompt = torch.randint(0, runner.vocab_size, (length,), generator=generator).tolist()
-        prefill_seconds(engine, prompt)  # warm-up
+        for path in paths.values():
+            runner.prefill_kernel = path
+            prefill_seconds(engine, prompt)  # warm-up
         if args.profile:
-            with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
-                prefill_seconds(engine, prompt)
-            print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=18))
+            for name, path in paths.items():
+                runner.prefill_kernel = path
+                with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+                    prefill_seconds(engine, prompt)
+                print(f"prefill {length} ({name})")
+                print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=18))
             continue
-        times = [prefill_seconds(engine, prompt) for _ in range(args.repeats)]
-        print(f"prefill {length}: median {statistics.median(times) * 1000:.1f} ms", flush=True)
+        times: dict[str, list[float]] = {name: [] for name in paths}
+        attention: dict[str, list[float]] = {name: [] for name in paths}
+        for samples, measure in ((times, prefill_seconds), (attention, None)):
+            for _ in range(args.repeats):
+                for name, path in paths.items():  # interleaved, so that load drifts hit both paths alike
+                    runner.prefill_kernel = path
+                    if measure is None:
+                        samples[name].append(attention_ms_per_layer(engine, prompt, len(runner.layers)))
+                    else:
+                        samples[name].append(measure(engine, prompt) * 1000)
+        medians = {name: statistics.median(values) for name, values in times.items()}
+        layer = {name: statistics.median(values) for name, values in attention.items()}
+        shown = ", ".join(f"{name} {medians[name]:.1f} ms (attention {layer[name]:.2f} ms a layer)" for name in paths)
+        print(f"prefill {length}: median {shown}", flush=True)
+        results[str(length)] = {"chunk_ms": times, "attention_ms_per_layer": attention, "median_chunk_ms": medians}
+        if args.compare_sdpa:
+            ratios = {"chunk": medians["kernel"] / medians["sdpa"], "attention": layer["kernel"] / layer["sdpa"]}
+            print(f"  kernel / sdpa: chunk {ratios['chunk']:.2f}x, attention {ratios['attention']:.2f}x", flush=True)
+            results[str(length)]["kernel_over_sdpa"] = ratios
+    runner.prefill_kernel = kernel
+    if args.out:
+        write_json(args.out, {"command": " ".join(sys.argv[1:]), "lengths": results})
 
 
 if __name__ == "__main__":

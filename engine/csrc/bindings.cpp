@@ -10,6 +10,10 @@ TORCH_LIBRARY(BATCHSERVE_OPS, m) {
   m.def(
       "paged_decode_attention(Tensor query, Tensor key_cache, Tensor value_cache, Tensor block_table, "
       "Tensor context_lens, int block_size, float scale) -> Tensor");
+  m.def(
+      "paged_prefill_attention(Tensor query, Tensor key_cache, Tensor value_cache, Tensor block_table, "
+      "Tensor token_start, Tensor counts, Tensor context_lens, int block_size, float scale) -> Tensor");
+  m.def("prefill_attention_available() -> bool", &BATCHSERVE_OPS::prefill_attention_available);
   m.def("add_rms_norm(Tensor(a!) residual, Tensor? delta, Tensor weight, float eps) -> Tensor");
   m.def("silu_mul(Tensor gate_up) -> Tensor");
   m.def(
@@ -31,6 +35,7 @@ TORCH_LIBRARY(BATCHSERVE_OPS, m) {
 
 TORCH_LIBRARY_IMPL(BATCHSERVE_OPS, CPU, m) {
   m.impl("paged_decode_attention", &BATCHSERVE_OPS::paged_decode_attention);
+  m.impl("paged_prefill_attention", &BATCHSERVE_OPS::paged_prefill_attention);
   m.impl("add_rms_norm", &BATCHSERVE_OPS::add_rms_norm);
   m.impl("silu_mul", &BATCHSERVE_OPS::silu_mul);
   m.impl("rope_write_cache", &BATCHSERVE_OPS::rope_write_cache);

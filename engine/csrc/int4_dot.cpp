@@ -23,6 +23,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "ops.h"
@@ -43,24 +44,27 @@ namespace BATCHSERVE_OPS {
 namespace {
 
 // Per row and group: two int8 digits per value, the scale that maps them back, and the exact float sum (for the
-// zero term); each build's int4_dot_block reads this layout.
-[[maybe_unused]] void quantise_activations(const float* x, int64_t rows, int64_t K, int64_t group, int8_t* xq,
+// zero term); each build's int4_dot_block reads this layout. x is read in its own dtype (bfloat16 widens exactly),
+// so a decode step makes no float32 copy of each projection's input (four dispatched copies a layer).
+template <typename T>
+[[maybe_unused]] void quantise_activations(const T* x, int64_t rows, int64_t K, int64_t group, int8_t* xq,
                                            float* x_scales, float* x_sums) {
   const int64_t groups = K / group;
   for (int64_t r = 0; r < rows; ++r) {
     for (int64_t g = 0; g < groups; ++g) {
-      const float* v = x + r * K + g * group;
+      const T* v = x + r * K + g * group;
       float top = 0, sum = 0;
       for (int64_t i = 0; i < group; ++i) {
-        top = std::max(top, std::fabs(v[i]));
-        sum += v[i];
+        const float value = static_cast<float>(v[i]);
+        top = std::max(top, std::fabs(value));
+        sum += value;
       }
       const float scale = top / 127.0f;
       const float inverse = scale > 0 ? 1.0f / scale : 0.0f;
       int8_t* digits = xq + 2 * (r * K + g * group);
       for (int64_t i = 0; i < group; i += 8) {
         for (int64_t j = 0; j < 8; ++j) {
-          const float units = v[i + j] * inverse;  // in [-127, 127]
+          const float units = static_cast<float>(v[i + j]) * inverse;  // in [-127, 127]
           const float leading = std::nearbyint(units);
           digits[2 * i + j] = static_cast<int8_t>(leading);
           // The rounding error, |units - leading| <= 0.5, in 127ths: within [-64, 64].
@@ -83,12 +87,12 @@ inline void store_row16(T* y, const float* out) {
 }
 
 template <typename T>
-void int4_dot_rows(const float* x, const uint8_t* packed, const c10::BFloat16* scales, const c10::BFloat16* zeros,
-                   T* y, int64_t rows, int64_t K, int64_t N, int64_t group) {
+void int4_dot_rows(const T* x, const uint8_t* packed, const c10::BFloat16* scales, const c10::BFloat16* zeros, T* y,
+                   int64_t rows, int64_t K, int64_t N, int64_t group) {
   const int64_t groups = K / group;
-  std::vector<int8_t> xq(2 * rows * K);
+  const std::unique_ptr<int8_t[]> xq(new int8_t[2 * rows * K]);  // every digit is written: no zeroing
   std::vector<float> x_scales(rows * groups), x_sums(rows * groups);
-  quantise_activations(x, rows, K, group, xq.data(), x_scales.data(), x_sums.data());
+  quantise_activations(x, rows, K, group, xq.get(), x_scales.data(), x_sums.data());
   at::parallel_for(0, N / kDotBlock, 4, [&](int64_t begin, int64_t end) {
     alignas(64) float out[kDotRows * kDotBlock];
     for (int64_t block = begin; block < end; ++block) {
@@ -97,7 +101,7 @@ void int4_dot_rows(const float* x, const uint8_t* packed, const c10::BFloat16* s
       const c10::BFloat16* block_zeros = zeros + block * groups * kDotBlock;
       for (int64_t first = 0; first < rows; first += kDotRows) {
         const int64_t count = std::min<int64_t>(kDotRows, rows - first);
-        const int8_t* xs = xq.data() + 2 * first * K;
+        const int8_t* xs = xq.get() + 2 * first * K;
         const float* sc = x_scales.data() + first * groups;
         const float* sm = x_sums.data() + first * groups;
         with_row_count<kDotRows>(count, [&](auto R) {
@@ -128,15 +132,15 @@ torch::Tensor int4_dot(const torch::Tensor& x, const torch::Tensor& packed, int6
   auto y = torch::empty({rows, N}, x.options());
 #if defined(BATCHSERVE_INT4_DOT)
   const int64_t K = x.size(1);
-  const auto xf = x.to(torch::kFloat).contiguous();
+  const auto xc = x.contiguous();
   const auto w = packed.contiguous();
   const auto s = scales.contiguous();
   const auto z = zeros.contiguous();
   if (x.scalar_type() == torch::kBFloat16) {
-    int4_dot_rows<c10::BFloat16>(xf.data_ptr<float>(), w.data_ptr<uint8_t>(), s.data_ptr<c10::BFloat16>(),
+    int4_dot_rows<c10::BFloat16>(xc.data_ptr<c10::BFloat16>(), w.data_ptr<uint8_t>(), s.data_ptr<c10::BFloat16>(),
                                  z.data_ptr<c10::BFloat16>(), y.data_ptr<c10::BFloat16>(), rows, K, N, group);
   } else {
-    int4_dot_rows<float>(xf.data_ptr<float>(), w.data_ptr<uint8_t>(), s.data_ptr<c10::BFloat16>(),
+    int4_dot_rows<float>(xc.data_ptr<float>(), w.data_ptr<uint8_t>(), s.data_ptr<c10::BFloat16>(),
                          z.data_ptr<c10::BFloat16>(), y.data_ptr<float>(), rows, K, N, group);
   }
 #endif

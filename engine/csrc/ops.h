@@ -24,6 +24,13 @@ torch::Tensor paged_decode_attention(const torch::Tensor& query, const torch::Te
                                      const torch::Tensor& value_cache, const torch::Tensor& block_table,
                                      const torch::Tensor& context_lens, int64_t block_size, double scale);
 
+// paged_prefill_attention.cpp (the kernel only in the avx512_bf16 build: prefill_attention_available)
+torch::Tensor paged_prefill_attention(const torch::Tensor& query, const torch::Tensor& key_cache,
+                                      const torch::Tensor& value_cache, const torch::Tensor& block_table,
+                                      const torch::Tensor& token_start, const torch::Tensor& counts,
+                                      const torch::Tensor& context_lens, int64_t block_size, double scale);
+bool prefill_attention_available();
+
 // fused_ops.cpp
 torch::Tensor add_rms_norm(torch::Tensor residual, const std::optional<torch::Tensor>& delta,
                            const torch::Tensor& weight, double eps);

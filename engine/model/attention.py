@@ -2,9 +2,10 @@
 
 The cache of one layer is [kv_heads, slots, head_dim] with slots grouped in blocks, so the keys of one head in
 one block are a contiguous run of block_size * head_dim values. Decode rows use the native kernel where it
-is built (engine/platform/native.py): it reads each row's blocks in place. Otherwise, and for prompt chunks, attention
-gathers whole blocks with a single index_select into a [kv_heads * rows, context, head_dim] layout that
-batched matmuls and SDPA use without another copy.
+is built (engine/platform/native.py): it reads each row's blocks in place; so do prompt chunks over a bfloat16
+cache where the build has the prefill kernel (AVX512-BF16). Otherwise attention gathers whole blocks with a single
+index_select into a [kv_heads * rows, context, head_dim] layout that batched matmuls and SDPA use without another
+copy (prompt chunks from position 0 in one consecutive run of blocks need no gather).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from engine.model.forward_batch import AttentionGroup
-from engine.platform.native import DecodeKernel
+from engine.platform.native import DecodeKernel, PrefillKernel
 
 
 @dataclass(frozen=True)
@@ -26,16 +27,29 @@ class PreparedGroup:
     block_index: torch.Tensor | None  # [kv_heads * rows * context blocks] into the cache as [heads*blocks, ...]
     mask_bias: torch.Tensor | None  # [kv_heads * rows, 1, context] 0 or -inf; torch-path decode groups only
     block_size: int
+    # (token_start, counts) [rows] each: where each row's chunk lies in the packed queries; prompt chunks the
+    # native prefill kernel reads only
+    chunks: tuple[torch.Tensor, torch.Tensor] | None = None
 
 
 def prepare(
-    groups: tuple[AttentionGroup, ...], kv_heads: int, num_blocks: int, block_size: int, native_decode: bool
+    groups: tuple[AttentionGroup, ...],
+    kv_heads: int,
+    num_blocks: int,
+    block_size: int,
+    native_decode: bool,
+    native_prefill: bool = False,
 ) -> tuple[PreparedGroup, ...]:
-    """Per-step attention metadata shared by every layer; nothing to gather for decode rows the kernel reads."""
+    """Per-step attention metadata shared by every layer; nothing to gather for rows a kernel reads in place."""
     prepared = []
     for group in groups:
         if group.is_decode and native_decode:
             prepared.append(PreparedGroup(group, None, None, block_size))
+            continue
+        if not group.is_decode and native_prefill:
+            # Padding queries repeat their row's first token, so column 0 is each row's first token.
+            chunks = (group.query_index[:, 0].contiguous(), group.query_valid.sum(1))
+            prepared.append(PreparedGroup(group, None, None, block_size, chunks))
             continue
         heads = torch.arange(kv_heads, device=group.block_table.device)
         # Ordered (kv_head, row, block): the gathered blocks line up as [kv_heads, rows, context, head_dim].
@@ -58,11 +72,12 @@ def paged_attention(
     scale: float,
     scratch: tuple[torch.Tensor, torch.Tensor] | None = None,
     decode_kernel: DecodeKernel | None = None,
+    prefill_kernel: PrefillKernel | None = None,
 ) -> torch.Tensor:
     """query: [tokens, heads, head_dim]; caches: [kv_heads, slots, head_dim]. Returns [tokens, heads, head_dim].
 
-    The current step's keys and values must already be written to the cache. `decode_kernel`, when given,
-    must match how `groups` were prepared (`native_decode`).
+    The current step's keys and values must already be written to the cache. `decode_kernel` and
+    `prefill_kernel`, when given, must match how `groups` were prepared (`native_decode`, `native_prefill`).
     """
 
     def decode(q: torch.Tensor, prepared: PreparedGroup) -> torch.Tensor:
@@ -77,6 +92,28 @@ def paged_attention(
     if len(groups) == 1 and groups[0].group.is_decode:
         # Pure decode step: the packed tokens are exactly the group's rows, in order.
         return decode(query, groups[0])
+    native = next((prepared for prepared in groups if prepared.chunks is not None), None)
+    if native is not None:
+        # The kernel writes its rows' tokens of a packed output; decode rows, if any, fill in the rest.
+        assert prefill_kernel is not None and native.chunks is not None, "groups were prepared for the prefill kernel"
+        group = native.group
+        token_start, counts = native.chunks
+        out = prefill_kernel(
+            query,
+            key_cache,
+            value_cache,
+            group.block_table,
+            token_start,
+            counts,
+            group.context_lens,
+            native.block_size,
+            scale,
+        )
+        for prepared in groups:
+            if prepared.group.is_decode:
+                rows = prepared.group.query_index[:, 0]
+                out[rows] = decode(query[rows], prepared)
+        return out
     if len(groups) == 1 and groups[0].group.all_valid:
         # Only prompt chunks, all of one length: the packed tokens are the rows' chunks in order, a view away.
         chunks = query.view(*groups[0].group.query_index.shape, *query.shape[1:])

@@ -94,6 +94,7 @@ class TransformersRunner:
         int4_gemm: bool = False,
         kernel_build: KernelBuild | None = None,
         fused_decode: bool = True,
+        native_prefill: bool = True,
     ) -> None:
         """`prepack_weights`: run the projections through oneDNN on reordered weight copies (CPU, float32).
         `native_attention`: decode attention and prompt scoring through the compiled CPU kernels where they build
@@ -117,6 +118,8 @@ class TransformersRunner:
         CPU allows under BATCHSERVE_CPU_ISA.
         `fused_decode`: pure decode steps run every layer in one call where the layers allow it
         (engine/model/fused_decode.py; the same result as the per-op path, bit for bit).
+        `native_prefill`: with `native_attention`, prompt chunks over a bfloat16 cache through the compiled prefill
+        kernel where the build has it (AVX512-BF16, head size 64 or 128); else, and for float32, torch's SDPA.
         """
         config = model.config
         inner = getattr(model, "model", None)
@@ -153,6 +156,8 @@ class TransformersRunner:
         self._scratch: tuple[torch.Tensor, torch.Tensor] | None = None
         self.decode_kernel = self.kernels.decode_attention if self.kernels else None
         self.score_kernel = self.kernels.prompt_scores if self.kernels else None
+        use_prefill = native_prefill and self.dtype == torch.bfloat16 and self.head_dim in (64, 128)
+        self.prefill_kernel = self.kernels.prefill_attention if self.kernels and use_prefill else None
         self.ops = ElementwiseOps.build(self.kernels if fused_ops else None)
         use_fused = fused_decode and self.decode_kernel is not None
         self.fused_decode = FusedDecode.build(self.layers, self.ops, self.act) if use_fused else None
@@ -234,7 +239,9 @@ class TransformersRunner:
         rotary = RotaryTables.build(cos[0], sin[0])
         native = self.decode_kernel is not None
         # Shared by every layer.
-        groups = prepare(batch.groups, self.num_kv_heads, cache.shape.num_blocks, cache.shape.block_size, native)
+        native_prefill = self.prefill_kernel is not None and cache.data.dtype == torch.bfloat16
+        shape = cache.shape
+        groups = prepare(batch.groups, self.num_kv_heads, shape.num_blocks, shape.block_size, native, native_prefill)
         fused = self.fused_decode
         if fused is not None and fused.accepts(groups, batch.num_tokens) and cache.data.dtype == x.dtype:
             fused(
@@ -278,7 +285,9 @@ class TransformersRunner:
             qkv = layer.qkv_proj(h)  # [tokens, (heads + 2 kv_heads) * dim]
             key_cache, value_cache = cache.layer(index)
             query = ops.rope_write_cache(qkv, rotary, key_cache, value_cache, batch.slot_mapping, heads, kv_heads)
-            attended = paged_attention(query, key_cache, value_cache, groups, self.scale, scratch, self.decode_kernel)
+            attended = paged_attention(
+                query, key_cache, value_cache, groups, self.scale, scratch, self.decode_kernel, self.prefill_kernel
+            )
             h = ops.add_rms_norm(x, layer.o_proj(attended.reshape(tokens, heads * dim)), layer.post_norm, self.eps)
             mlp_out = layer.down_proj(ops.gated_activation(layer.gate_up_proj(h), self.act))
         if mlp_out is not None:

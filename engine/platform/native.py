@@ -1,11 +1,12 @@
 """The engine's C++ CPU kernels (engine/csrc), one build per instruction set, chosen at run time.
 
 The same sources compile once per instruction-set level into their own extension, each registering its ops under
-its own namespace (`torch.ops.batchserve_avx2.int4_gemv`, ...): AVX-512 with VNNI, AVX-512, AVX2 + FMA, and a
-scalar (SSE2) build that runs anywhere. The engine loads the best build that `cpu_features()` allows (so
-`BATCHSERVE_CPU_ISA=avx2` runs the AVX2 build on any machine), and tests load every build the machine can execute
-and compare each with torch. Separate builds rather than one library of target-attributed functions: every
-build is then a whole program for one instruction set, and code the CPU cannot execute is never loaded.
+its own namespace (`torch.ops.batchserve_avx2.int4_gemv`, ...): AVX-512 with VNNI and BF16, AVX-512 with VNNI,
+AVX-512, AVX2 + FMA, and a scalar (SSE2) build that runs anywhere. The engine loads the best build that
+`cpu_features()` allows (so `BATCHSERVE_CPU_ISA=avx2` runs the AVX2 build on any machine), and tests load every
+build the machine can execute and compare each with torch. Separate builds rather than one library of
+target-attributed functions: every build is then a whole program for one instruction set, and code the CPU
+cannot execute is never loaded.
 
 torch's extension builder compiles a build once (a minute or so on 2 cores, needs a C++ compiler and ninja) into
 its cache (`$TORCH_EXTENSIONS_DIR`, default ~/.cache/torch_extensions); later processes only load it. A first start
@@ -41,6 +42,7 @@ _SOURCES = tuple(
     for name in (
         "bindings.cpp",  # every op's registration
         "paged_decode_attention.cpp",
+        "paged_prefill_attention.cpp",
         "fused_ops.cpp",  # add_rms_norm, silu_mul, rope_write_cache
         "sampling.cpp",  # argmax_rows, prompt_scores
         "int4_gemv.cpp",
@@ -65,12 +67,19 @@ _HEADERS = tuple(
         "int4_dot_avx2.h",
         "int4_gemm_avx512_vnni.h",
         "int4_gemm_avx2.h",
+        "paged_prefill_attention_avx512_bf16.h",
     )
 )  # not compiled on their own, but a change must rebuild
 _STALE_LOCK_S = 300.0  # a build takes ~10-30 s; a lock this old was left by a build that was killed
 
 DecodeKernel = Callable[
     [torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, int, float], torch.Tensor
+]
+# (query [tokens, heads, dim], key_cache, value_cache, block_table, token_start, counts, context_lens, block_size,
+# scale) -> [tokens, heads, dim]: prompt chunks' attention (bf16), engine/csrc/paged_prefill_attention.cpp
+PrefillKernel = Callable[
+    [torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, int, float],
+    torch.Tensor,
 ]
 # (logits [rows, vocab], target [rows], k) -> (logprobs [rows], ranks [rows], top ids [rows, k], top logprobs)
 ScoreKernel = Callable[[torch.Tensor, torch.Tensor, int], tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]]
@@ -91,6 +100,7 @@ class KernelBuild:
 
 # Best first. GCC's x86-64-v3 is AVX2 + FMA + F16C + BMI; v4 adds AVX-512 F/BW/CD/DQ/VL.
 X86_BUILDS = (
+    KernelBuild("avx512_bf16", "avx512_bf16", ("-march=x86-64-v4", "-mavx512vnni", "-mavx512bf16", "-mtune=generic")),
     KernelBuild("avx512_vnni", "avx512_vnni", ("-march=x86-64-v4", "-mavx512vnni", "-mtune=generic")),
     KernelBuild("avx512", "avx512", ("-march=x86-64-v4", "-mtune=generic")),
     KernelBuild("avx2", "avx2", ("-march=x86-64-v3", "-mtune=generic")),
@@ -125,6 +135,13 @@ class Kernels:
     @property
     def decode_attention(self) -> DecodeKernel:
         return self.ops.paged_decode_attention  # type: ignore[no-any-return]
+
+    @property
+    def prefill_attention(self) -> PrefillKernel | None:
+        """Prompt chunks' attention over a bf16 paged cache, where the build has it (AVX512-BF16); else None."""
+        if not self.ops.prefill_attention_available():
+            return None
+        return self.ops.paged_prefill_attention  # type: ignore[no-any-return]
 
     @property
     def prompt_scores(self) -> ScoreKernel:

@@ -10,7 +10,14 @@ import numpy as np
 import pytest
 
 from engine.spec.config import SpeculativeConfig
-from scheduler.draft_length import PROBE_EVERY, Acceptance, DraftLengthRule, StepCosts, acceptance_rates
+from scheduler.draft_length import (
+    PROBE_EVERY,
+    Acceptance,
+    DraftLengthRule,
+    PooledAcceptance,
+    StepCosts,
+    acceptance_rates,
+)
 
 
 def rule_with(rows: int, cost: dict[int, float]) -> DraftLengthRule:
@@ -90,6 +97,41 @@ def test_acceptance_rates_start_at_one_half_and_a_later_rate_without_history_is_
     first, later = acceptance_rates([thirds])
     assert (first[0], later[0]) == pytest.approx((11 / 12, (10 + 22 / 12) / 22))
     assert [r.shape for r in acceptance_rates([])] == [(0,), (0,)]
+
+
+def test_a_new_sequence_starts_from_the_servers_pooled_acceptance() -> None:
+    """A fresh server's prior is 1/2 (and no later rate: c follows a); after verify steps whose drafts were mostly
+    right, a sequence with no history of its own starts at the pooled rates, and its own drafts weigh as before."""
+    pooled = PooledAcceptance()
+    assert pooled.prior() == (0.5, None)
+    for _ in range(100):
+        pooled.record(4, 4)
+    a0, c0 = pooled.prior()
+    assert a0 > 0.95 and c0 is not None and c0 > 0.98
+    fresh, missing = Acceptance(), Acceptance()
+    for _ in range(10):
+        missing.record(4, 0)
+    first, later = acceptance_rates([fresh, missing], (a0, c0))
+    assert (first[0], later[0]) == pytest.approx((a0, c0))
+    assert first[1] == pytest.approx(2 * a0 / 12) and later[1] == pytest.approx(c0)
+    pooled.record(0, 0)  # a step without drafts judges nothing
+    assert pooled.prior() == (a0, c0)
+
+
+def test_the_pooled_prior_forgets_and_gives_a_new_sequence_its_drafts_at_once() -> None:
+    """Where a draft costs 25 % of a plain step, a first-step sequence on a fresh server (a = c = 1/2) verifies
+    fewer than all 4 drafts; after other sequences' drafts were right it verifies all 4 at its first step; after a
+    long run of wrong drafts the prior has moved down again (a decaying count, not the whole history)."""
+    rule = rule_with(1, {t: 0.010 * (1 + 0.25 * (t - 1)) for t in range(1, 6)})
+    first, later = acceptance_rates([Acceptance()], rule.pooled.prior())
+    assert rule.choose(first, later, np.array([4]), 1, 1, 1).tolist()[0] < 4
+    for _ in range(50):
+        rule.pooled.record(4, 4)
+    first, later = acceptance_rates([Acceptance()], rule.pooled.prior())
+    assert rule.choose(first, later, np.array([4]), 1, 1, 1).tolist() == [4]
+    for _ in range(1000):
+        rule.pooled.record(4, 0)
+    assert rule.pooled.prior()[0] < 0.05
 
 
 def test_drafts_that_come_in_runs_get_longer_drafts_than_independent_acceptance_gives() -> None:

@@ -32,7 +32,8 @@ AVX512_XEON = AVX2_EPYC | {"avx512f", "avx512bw", "avx512vl", "avx512dq", "avx51
     ("flags", "cap", "expected"),
     [
         (AVX2_EPYC, None, ["avx2", "scalar"]),
-        (AVX512_XEON, None, ["avx512_vnni", "avx512", "avx2", "scalar"]),
+        (AVX512_XEON, None, ["avx512_bf16", "avx512_vnni", "avx512", "avx2", "scalar"]),
+        (AVX512_XEON, "avx512_vnni", ["avx512_vnni", "avx512", "avx2", "scalar"]),
         (AVX512_XEON, "avx2", ["avx2", "scalar"]),
         (AVX512_XEON, "avx512", ["avx512", "avx2", "scalar"]),
         (AVX512_XEON, "scalar", ["scalar"]),
