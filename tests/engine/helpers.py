@@ -13,6 +13,7 @@ from transformers import PreTrainedModel
 
 from engine.config import EngineConfig
 from engine.engine import Engine
+from engine.model.linear import Int4DotLinear
 from engine.model.model_runner import TransformersRunner
 from engine.outputs import FinishReason, StepOutput, TokenOutput
 from engine.platform import native
@@ -251,6 +252,23 @@ def int4_dot_kernels(kernels: native.Kernels) -> native.Kernels:
     if not kernels.has_int4_dot:
         pytest.skip(f"the {kernels.build.name} build has no integer dot product kernels (AVX2, or AVX-512 with VNNI)")
     return kernels
+
+
+def count_int4_gemm_calls(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The rows of every `Int4DotLinear.gemm` call from now on (a skip where no build here has integer-dot kernels):
+    which steps ran the one-digit GEMM."""
+    loaded = native.load_kernels()
+    if loaded is None or not loaded.has_int4_dot:
+        pytest.skip("no build with integer dot products here")
+    calls: list[int] = []
+    gemm = Int4DotLinear.gemm
+
+    def counted(self: Int4DotLinear, x: torch.Tensor) -> torch.Tensor:
+        calls.append(int(x.shape[0]))
+        return gemm(self, x)
+
+    monkeypatch.setattr(Int4DotLinear, "gemm", counted)
+    return calls
 
 
 def random_int4(n: int, k: int, seed: int = 0, group: int = 32) -> Int4Weight:

@@ -18,11 +18,12 @@ from api.flags import config_from_args
 from api.runtime.build import build_runner
 from engine.config import EngineConfig
 from engine.engine import Engine
-from engine.model.linear import Int4DotLinear, RowSwitchedLinear
+from engine.model.linear import RowSwitchedLinear
 from engine.model.model_runner import TransformersRunner
 from engine.platform import native
 from engine.sample.sampling_params import SamplingParams
 from engine.weights.loader import load_model
+from tests.engine.helpers import count_int4_gemm_calls
 from tests.server_harness import mode_config, model_name, running_server
 
 
@@ -32,17 +33,7 @@ def test_int4_gemm_serves_past_the_row_switch_with_no_dense_copy(
     """RuntimeOptions(int4_gemm=True) through build_runner, as `serve --int4-gemm` builds it: every int4 projection
     keeps no dense copy, a 12-row prefill (past the switch of 2) runs int4_gemm in every layer, decode steps run
     int4_dot, and the greedy tokens match a runner that prefills through int4_gemm with its dense copy kept."""
-    kernels = native.load_kernels()
-    if kernels is None or not kernels.has_int4_dot:
-        pytest.skip("no build with integer dot products here")
-    calls: list[int] = []
-    gemm = Int4DotLinear.gemm
-
-    def counted(self: Int4DotLinear, x: torch.Tensor) -> torch.Tensor:
-        calls.append(int(x.shape[0]))
-        return gemm(self, x)
-
-    monkeypatch.setattr(Int4DotLinear, "gemm", counted)
+    calls = count_int4_gemm_calls(monkeypatch)
     loaded = load_model(tiny_checkpoint, dtype="float32", quantization="int4")
     options = RuntimeOptions(quantization="int4", dtype="float32", max_quantized_rows=2, int4_gemm=True)
     runners = {

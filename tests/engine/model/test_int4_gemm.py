@@ -17,7 +17,7 @@ from engine.platform import native
 from engine.sample.sampling_params import SamplingParams
 from engine.weights.loader import load_model
 from engine.weights.quantization import Int4Weight, Int8Weight
-from tests.engine.helpers import int4_dot_kernels, random_int4
+from tests.engine.helpers import count_int4_gemm_calls, int4_dot_kernels, random_int4
 
 GROUP = 32
 
@@ -112,17 +112,7 @@ def test_the_runner_prefills_through_int4_gemm_only_when_asked(
 ) -> None:
     """A 12-token prompt is a 12-row step: past the row switch of 2, it runs int4_gemm with min_gemm_rows=8 and the
     dense copy without; the 1-row decode steps run int4_dot either way."""
-    kernels = native.load_kernels()
-    if kernels is None or not kernels.has_int4_dot:
-        pytest.skip("no build with integer dot products here")
-    calls: list[int] = []
-    gemm = Int4DotLinear.gemm
-
-    def counted(self: Int4DotLinear, x: torch.Tensor) -> torch.Tensor:
-        calls.append(int(x.shape[0]))
-        return gemm(self, x)
-
-    monkeypatch.setattr(Int4DotLinear, "gemm", counted)
+    calls = count_int4_gemm_calls(monkeypatch)
     loaded = load_model(tiny_checkpoint, dtype="float32", quantization="int4")
     for min_gemm_rows in (None, 8):
         calls.clear()
