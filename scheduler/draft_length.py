@@ -29,7 +29,7 @@ learnt only from them).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import astuple, dataclass, field
 
 import numpy as np
 
@@ -70,6 +70,16 @@ class StepCosts:
         return np.where(tokens > counts[-1], above, np.interp(tokens, counts, times))
 
 
+def judged_drafts(drafts: int, accepted: int) -> tuple[int, int, int, int]:
+    """(first judged, first right, later judged, later right) of a verify step of `drafts` drafts whose first
+    `accepted` were right. The first draft is always judged; draft j > 1 only if the j - 1 before it were right
+    (j <= accepted + 1), so min(accepted, drafts - 1) later drafts were judged, and accepted - 1 of them right. A
+    step without drafts judged nothing."""
+    if drafts <= 0:
+        return 0, 0, 0, 0
+    return 1, int(accepted > 0), min(accepted, drafts - 1), max(accepted - 1, 0)
+
+
 @dataclass
 class Acceptance:
     """One sequence's judged drafts, by kind: the first draft of a verify step, and a later draft whose previous one
@@ -82,15 +92,11 @@ class Acceptance:
     later_right: int = 0
 
     def record(self, drafts: int, accepted: int) -> None:
-        """A verify step of `drafts` drafts whose first `accepted` were right. The first draft is always judged;
-        draft j > 1 only if the j - 1 before it were right (j <= accepted + 1), so min(accepted, drafts - 1) later
-        drafts were judged, and accepted - 1 of them right."""
-        if drafts <= 0:
-            return
-        self.first_judged += 1
-        self.first_right += accepted > 0
-        self.later_judged += min(accepted, drafts - 1)
-        self.later_right += max(accepted - 1, 0)
+        """A verify step of `drafts` drafts whose first `accepted` were right (`judged_drafts`)."""
+        step = judged_drafts(drafts, accepted)
+        self.first_judged, self.first_right, self.later_judged, self.later_right = (
+            count + new for count, new in zip(astuple(self), step, strict=True)
+        )
 
 
 @dataclass
@@ -104,13 +110,13 @@ class PooledAcceptance:
     later_right: float = 0.0
 
     def record(self, drafts: int, accepted: int) -> None:
-        """As `Acceptance.record`, for any sequence's verify step."""
+        """As `Acceptance.record`, for any sequence's verify step; the past decays by POOL_MEMORY a verify step."""
         if drafts <= 0:
             return
-        self.first_judged = POOL_MEMORY * self.first_judged + 1.0
-        self.first_right = POOL_MEMORY * self.first_right + (accepted > 0)
-        self.later_judged = POOL_MEMORY * self.later_judged + min(accepted, drafts - 1)
-        self.later_right = POOL_MEMORY * self.later_right + max(accepted - 1, 0)
+        step = judged_drafts(drafts, accepted)
+        self.first_judged, self.first_right, self.later_judged, self.later_right = (
+            POOL_MEMORY * count + new for count, new in zip(astuple(self), step, strict=True)
+        )
 
     def prior(self) -> tuple[float, float | None]:
         """(a0, c0): the pooled first-draft rate and later rate, each with one right and one wrong draft assumed
