@@ -93,39 +93,27 @@ def paged_attention(
         # Pure decode step: the packed tokens are exactly the group's rows, in order.
         return decode(query, groups[0])
     native = next((prepared for prepared in groups if prepared.chunks is not None), None)
-    if native is not None:
-        # The kernel writes its rows' tokens of a packed output; decode rows, if any, fill in the rest.
-        assert prefill_kernel is not None and native.chunks is not None, "groups were prepared for the prefill kernel"
-        group = native.group
-        token_start, counts = native.chunks
-        out = prefill_kernel(
-            query,
-            key_cache,
-            value_cache,
-            group.block_table,
-            token_start,
-            counts,
-            group.context_lens,
-            native.block_size,
-            scale,
-        )
-        for prepared in groups:
-            if prepared.group.is_decode:
-                rows = prepared.group.query_index[:, 0]
-                out[rows] = decode(query[rows], prepared)
-        return out
-    if len(groups) == 1 and groups[0].group.all_valid:
+    if native is None and len(groups) == 1 and groups[0].group.all_valid:
         # Only prompt chunks, all of one length: the packed tokens are the rows' chunks in order, a view away.
         chunks = query.view(*groups[0].group.query_index.shape, *query.shape[1:])
         attended = _prefill(chunks, key_cache, value_cache, groups[0], scale)
         return attended.reshape(query.shape)
-    out = torch.empty_like(query)
+    if native is None:
+        out = torch.empty_like(query)
+    else:  # the kernel writes its rows' tokens of a packed output; decode rows, if any, fill in the rest below
+        assert prefill_kernel is not None and native.chunks is not None, "groups were prepared for the prefill kernel"
+        token_start, counts = native.chunks
+        group = native.group
+        out = prefill_kernel(
+            query, key_cache, value_cache, group.block_table, token_start, counts, group.context_lens,
+            native.block_size, scale,
+        )  # fmt: skip
     for prepared in groups:  # at most two: decode rows and prefill rows
         group = prepared.group
         if group.is_decode:
             rows = group.query_index[:, 0]
             out[rows] = decode(query[rows], prepared)
-        else:
+        elif prepared.chunks is None:
             attended = _prefill(query[group.query_index], key_cache, value_cache, prepared, scale)
             out[group.query_index[group.query_valid]] = attended[group.query_valid]
     return out
