@@ -195,26 +195,47 @@ class Generation:
         self._open.add(sub_id)
 
     async def deltas(self) -> AsyncIterator[ChoiceDelta]:
+        """The choices' deltas as their events arrive. Events already queued when the loop gets to them (a
+        speculative step's several tokens, or steps that ran while a slow client was written to) go out as one
+        delta per choice, as vLLM's output collector merges them: one chunk, one socket write, instead of one per
+        token. Each token still passes the detokenizer and stop strings on its own; a choice's end stays a delta
+        of its own, after its text."""
         service = self.service
         try:
             async with asyncio.timeout(service.request_timeout_s):
                 while self._open:
-                    index, event = await self._events.get()
-                    choice = self.choices[index]
-                    if isinstance(event, TokenEvent):
-                        delta = service._on_token(choice, event)
-                    elif isinstance(event, FinishEvent):
-                        self._open.discard(choice.request_id)
-                        delta = service._on_finish(choice, event)
-                    else:
-                        service._on_prompt_scores(choice, event)
-                        continue
-                    if delta is not None:
+                    events = [await self._events.get()]
+                    while not self._events.empty():
+                        events.append(self._events.get_nowait())
+                    pending: dict[int, ChoiceDelta] = {}  # by choice: its deltas so far in this batch, merged
+                    for index, event in events:
+                        delta = self._delta(index, event)
+                        if delta is None:
+                            continue
+                        earlier = pending.pop(index, None)
+                        if earlier is not None and earlier.extends(delta):
+                            delta = earlier.then(delta)
+                        elif earlier is not None:
+                            yield earlier
+                        pending[index] = delta
+                    for delta in pending.values():
                         yield delta
         except TimeoutError:
             raise outcomes.error(outcomes.REQUEST_TIMEOUT, service.request_timeout_s) from None
         finally:
             self.close()
+
+    def _delta(self, index: int, event: RequestEvent) -> ChoiceDelta | None:
+        """What one event adds to its choice's output (None: nothing to send yet)."""
+        service = self.service
+        choice = self.choices[index]
+        if isinstance(event, TokenEvent):
+            return service._on_token(choice, event)
+        if isinstance(event, FinishEvent):
+            self._open.discard(choice.request_id)
+            return service._on_finish(choice, event)
+        service._on_prompt_scores(choice, event)
+        return None
 
     def close(self) -> None:
         """Abort the choices still running (client gone, timeout, error); their seats free within a step."""

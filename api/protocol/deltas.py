@@ -3,6 +3,7 @@ response formatters need neither the service nor the scheduler loop behind it.""
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from api.protocol.errors import APIError
@@ -57,3 +58,18 @@ class ChoiceDelta:
     num_prompt_tokens: int = 0
     num_output_tokens: int = 0
     error: APIError | None = None  # the choice failed: what to answer instead (see api.endpoints.outcomes)
+
+    def extends(self, later: ChoiceDelta) -> bool:
+        """Whether `later` continues this delta's text in one chunk: the same choice, and neither ends it."""
+        open_ended = self.finish_reason is None and self.error is None
+        return open_ended and later.index == self.index and later.finish_reason is None and later.error is None
+
+    def then(self, later: ChoiceDelta) -> ChoiceDelta:
+        """This delta and `later` (which it `extends`) as one: their text and token logprobs in order."""
+        return dataclasses.replace(
+            self,
+            text=self.text + later.text,
+            logprobs=self.logprobs + later.logprobs,
+            prompt_logprobs=self.prompt_logprobs + later.prompt_logprobs,
+            num_output_tokens=later.num_output_tokens,
+        )
