@@ -213,7 +213,8 @@ class Scheduler:
             if not self._emit(request, PromptLogprobsEvent(scores, now)):
                 self._finish(request, Outcome.ABORTED)
         delivered = 0
-        for token in tokens:
+        last = {token.seq_id: index for index, token in enumerate(tokens)}  # each request's last token this step
+        for index, token in enumerate(tokens):
             request = by_seq.get(token.seq_id)
             if request is None or request.status is not RequestStatus.RUNNING:
                 continue
@@ -223,7 +224,7 @@ class Scheduler:
             request.last_token = now
             request.output_token_ids.append(token.token_id)
             delivered += 1
-            if not self._emit(request, TokenEvent(token, now)):
+            if not self._emit(request, TokenEvent(token, now, more=index != last[token.seq_id])):
                 self._finish(request, Outcome.ABORTED)
             elif token.finish_reason is not None:
                 self._finish(request, Outcome.from_engine(token.finish_reason))

@@ -58,6 +58,9 @@ class RequestTimings:
 class TokenEvent:
     token: TokenOutput
     time: float
+    # Another token of this request follows in the same step (a verify step's accepted drafts): a consumer that
+    # wakes a reader per event may wait for it, so that the step's tokens reach the reader together.
+    more: bool = False
 
 
 class Outcome(enum.Enum):

@@ -179,8 +179,17 @@ class Generation:
         )
         self.choices.append(_Choice(index, sub_id, detokenizer, item.prompt_token_ids, options))
 
+        held: list[tuple[int, RequestEvent]] = []  # this choice's events of the step so far (the loop thread's)
+
         def sink(event: RequestEvent) -> None:
-            self._aio_loop.call_soon_threadsafe(self._events.put_nowait, (index, event))
+            # One wake-up per step, not per token: each wake-up's write releases the GIL, and the stream would
+            # take the step's tokens one by one, a chunk and a socket write each.
+            held.append((index, event))
+            if isinstance(event, TokenEvent) and event.more:
+                return
+            events = held.copy()
+            held.clear()
+            self._aio_loop.call_soon_threadsafe(self._receive, events)
 
         request = SequenceRequest(
             sub_id,
@@ -193,6 +202,10 @@ class Generation:
         )
         self.service._submit(request, self.arrival)
         self._open.add(sub_id)
+
+    def _receive(self, events: list[tuple[int, RequestEvent]]) -> None:
+        for item in events:
+            self._events.put_nowait(item)
 
     async def deltas(self) -> AsyncIterator[ChoiceDelta]:
         """The choices' deltas as their events arrive. Events already queued when the loop gets to them (a

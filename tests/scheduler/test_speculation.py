@@ -2,7 +2,8 @@
 n-gram drafts is identical to output without, with prefix caching, and under preemption in continuous mode; seeded
 sampled requests (temperature, top-p, top-k, penalties) get drafts too and keep their output token for token (the
 acceptance draws each position's token with the same (seed, output index) as a plain step); the step stats count
-drafts and acceptances, and each sequence its judged first and later drafts; the cache is all returned."""
+drafts and acceptances, and each sequence its judged first and later drafts; a verify step's tokens reach the
+consumer flagged as one step's; the cache is all returned."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from engine.sample.sampling_params import SamplingParams
 from engine.spec.config import SpeculativeConfig
 from scheduler.config import Mode, SchedulerConfig
 from scheduler.core import Scheduler
-from scheduler.request import SequenceRequest
+from scheduler.request import SequenceRequest, TokenEvent
 from scheduler.stats import StepStats
 from tests.engine.helpers import random_prompt
 from tests.fakes import FakeClock, Stream, step_until_done
@@ -141,6 +142,13 @@ def test_a_prediction_drafts_without_changing_the_output(
         counts = request.acceptance
         assert counts.first_right + counts.later_right == request.num_accepted_tokens
         assert counts.first_judged + counts.later_judged <= request.num_draft_tokens
+    # A step's tokens are flagged as such: all but a request's last token of the step say `more` follow, so each
+    # verify step closes one run, and a request's runs are its tokens less its accepted drafts.
+    for request in requests:
+        tokens = [event for event in request.sink.events if isinstance(event, TokenEvent)]  # type: ignore[attr-defined]
+        assert not tokens[-1].more
+        assert sum(not event.more for event in tokens) == len(tokens) - request.num_accepted_tokens
+    assert any(event.more for event in right.sink.events if isinstance(event, TokenEvent))  # type: ignore[attr-defined]
     for request in (right, requests[3]):
         counts = request.acceptance
         assert counts.first_right == counts.first_judged > 0 and counts.later_right == counts.later_judged > 0
