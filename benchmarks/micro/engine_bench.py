@@ -32,7 +32,15 @@ from benchmarks.micro.rows import add_row
 from benchmarks.results_io.report import write_json
 from engine.config import EngineConfig
 from engine.engine import Engine
-from engine.model.linear import AnyLinear, Int4DotLinear, Int4Linear, Int8Linear, Linear, RowSwitchedLinear
+from engine.model.linear import (
+    AnyLinear,
+    Int4DotLinear,
+    Int4Linear,
+    Int8DotLinear,
+    Int8Linear,
+    Linear,
+    RowSwitchedLinear,
+)
 from engine.model.model_runner import TransformersRunner
 from engine.sample.sampling_params import SamplingParams
 from engine.weights.loader import LoadedModel
@@ -117,6 +125,8 @@ def input_dtype(linear: AnyLinear) -> torch.dtype:
         return linear.scales_and_zeros.dtype
     if isinstance(linear, Int8Linear):
         return linear.scales.dtype
+    if isinstance(linear, Int8DotLinear):
+        return linear.dtype
     return linear.weight.dtype
 
 
@@ -130,6 +140,8 @@ def linear_bytes(linear: AnyLinear) -> int:
         tensors = [linear.packed, linear.scales_and_zeros]
     elif isinstance(linear, Int8Linear):
         tensors = [linear.values, linear.scales]
+    elif isinstance(linear, Int8DotLinear):
+        tensors = [linear.packed, linear.scales]
     else:
         tensors = [linear.weight]
     return sum(t.numel() * t.element_size() for t in tensors)

@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 
 from benchmarks.results_io.report import write_json
-from engine.model.linear import Int4DotLinear, Int4Linear, Int8Linear
+from engine.model.linear import Int4DotLinear, Int4Linear, Int8DotLinear, Int8Linear
 from engine.platform import native
 from engine.platform.cpu_features import cpu_features
 from engine.weights.quantization import int4_from_dense, int8_from_dense
@@ -91,6 +91,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                 times[f"int4_dot bf16 {rows} rows"] = median_us(functools.partial(dot, x16))
             int8_linear = Int8Linear.build(int8, None, torch.float32, kernels)
             times[f"int8_gemv f32 {rows} rows"] = median_us(functools.partial(int8_linear, x32))
+            if kernels.has_int8_dot and Int8DotLinear.supports(int8):
+                int8_dot = Int8DotLinear.build(int8, None, torch.bfloat16, kernels)
+                times[f"int8_dot bf16 {rows} rows"] = median_us(functools.partial(int8_dot, x16))
             gate_up = torch.randn(rows, 2 * OUT_FEATURES)
             times[f"silu_mul f32 {rows} rows"] = median_us(functools.partial(kernels.ops.silu_mul, gate_up))
             gate_up16 = gate_up.bfloat16()

@@ -57,6 +57,10 @@ torch::Tensor int4_dot(const torch::Tensor& x, const torch::Tensor& packed, int6
                        const torch::Tensor& zeros);
 bool int4_dot_available();
 
+// int8_dot.cpp (the int8 LM head by integer dot products)
+torch::Tensor int8_dot(const torch::Tensor& x, const torch::Tensor& packed, int64_t group, const torch::Tensor& scales);
+bool int8_dot_available();
+
 // int4_gemm.cpp (int4_dot's weights, many rows, one int8 digit per activation)
 torch::Tensor int4_gemm(const torch::Tensor& x, const torch::Tensor& packed, int64_t group, const torch::Tensor& scales,
                         const torch::Tensor& zeros);

@@ -60,6 +60,7 @@ class Linear:
 
 
 INT4_BLOCK_ROWS = 64  # output rows per block of the kernels' int4_gemv layout
+INT8_DOT_BLOCK_ROWS = 16  # output rows per block of int8_dot's layout
 
 
 def pack_int4_blocks(values: torch.Tensor) -> torch.Tensor:
@@ -206,7 +207,47 @@ class Int8Linear:
         return y if self.bias is None else y + self.bias
 
 
-QuantizedLinear = Int4Linear | Int4DotLinear | Int8Linear
+@dataclass(frozen=True)
+class Int8DotLinear:
+    """Int8Linear's function by integer dot products (engine/csrc/int8_dot.cpp, VNNI builds), for int8 weights where
+    activations may be quantised: each row's as two int8 digits per group of inputs, as Int4DotLinear's. Two
+    `vpdpbusd` cover 64 weights of a row where float FMAs cover 16 each, so the LM head's extra rows (a verify
+    step's drafts, a batch) cost a fraction of what they did; one row reads the same bytes."""
+
+    packed: torch.Tensor  # [out, in] uint8: w + 128, in blocks of 16 output rows (int8_dot.cpp has the layout)
+    scales: torch.Tensor  # [out] float32
+    group_size: int  # inputs per activation scale
+    bias: torch.Tensor | None
+    kernels: Kernels
+    dtype: torch.dtype  # the activations'
+
+    @staticmethod
+    def supports(weight: Int8Weight) -> bool:
+        out, inputs = weight.values.shape
+        return out % INT8_DOT_BLOCK_ROWS == 0 and inputs % 32 == 0
+
+    @classmethod
+    def build(
+        cls, weight: Int8Weight, bias: torch.Tensor | None, dtype: torch.dtype, kernels: Kernels
+    ) -> Int8DotLinear:
+        out, inputs = weight.values.shape
+        # w + 128 is w's byte with its top bit flipped: no wider copy of the weights on the way.
+        unsigned = weight.values.contiguous().view(torch.uint8).bitwise_xor(128)
+        blocks = unsigned.view(out // INT8_DOT_BLOCK_ROWS, INT8_DOT_BLOCK_ROWS, inputs // 4, 4).transpose(1, 2)
+        packed = blocks.contiguous().view(out, inputs)
+        group = 64 if inputs % 64 == 0 else 32
+        return cls(packed, weight.scales.float().contiguous(), group, bias, kernels, dtype)
+
+    @property
+    def in_features(self) -> int:
+        return int(self.packed.shape[1])
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.kernels.ops.int8_dot(x, self.packed, self.group_size, self.scales)
+        return y if self.bias is None else y + self.bias
+
+
+QuantizedLinear = Int4Linear | Int4DotLinear | Int8Linear | Int8DotLinear
 
 
 @dataclass(frozen=True)
@@ -245,7 +286,7 @@ class RowSwitchedLinear:
         return self.dense(x)
 
 
-AnyLinear = Linear | Int4Linear | Int4DotLinear | Int8Linear | RowSwitchedLinear
+AnyLinear = Linear | QuantizedLinear | RowSwitchedLinear
 
 
 def build_linear(
@@ -257,12 +298,14 @@ def build_linear(
     int8_activations: bool = False,
 ) -> Linear | QuantizedLinear:
     """The matmul for a dense weight (in `dtype`, oneDNN-prepacked if asked and possible) or a quantised one
-    (`kernels`: through that loaded build of the compiled kernels; `int8_activations`: int4 weights through
-    integer dot products where the build has them, see Int4DotLinear)."""
+    (`kernels`: through that loaded build of the compiled kernels; `int8_activations`: int4 and int8 weights through
+    integer dot products where the build has them, see Int4DotLinear and Int8DotLinear)."""
     if isinstance(weight, Int4Weight):
         if kernels and int8_activations and kernels.has_int4_dot and Int4DotLinear.supports(weight, dtype):
             return Int4DotLinear.build(weight, bias, kernels)
         return Int4Linear.build(weight, bias, dtype, kernels)
     if isinstance(weight, Int8Weight):
+        if kernels and int8_activations and kernels.has_int8_dot and Int8DotLinear.supports(weight):
+            return Int8DotLinear.build(weight, bias, dtype, kernels)
         return Int8Linear.build(weight, bias, dtype, kernels)
     return Linear.build(weight, bias, prepack)

@@ -28,6 +28,7 @@ from engine.model.linear import (
     AnyLinear,
     Int4DotLinear,
     Int4Linear,
+    Int8DotLinear,
     Int8Linear,
     Linear,
     RowSwitchedLinear,
@@ -108,7 +109,7 @@ class TransformersRunner:
         None: every step runs the quantised ones.
         `int8_activations`: int4 matmuls quantise the activations to int8 digits for integer dot products where the
         kernel build has them: AVX2, or AVX-512 with VNNI (linear.Int4DotLinear; a quality change measured in
-        docs/quantization.md).
+        docs/quantization.md), and so do int8 ones (the LM head) with VNNI (linear.Int8DotLinear).
         `min_gemm_rows`: with int8 activations, steps of at least this many rows (past `max_quantized_rows`) run the
         int4 weights through the many-row kernel (one int8 digit per activation, linear.Int4DotLinear.gemm) instead
         of the dense copy; None: never.
@@ -172,7 +173,7 @@ class TransformersRunner:
         weights = concat_rows([self.quantized[name] for name in names])
         kernels = self.kernels if self.native_matmuls else None
         quantized = build_linear(weights, bias, self.dtype, False, kernels, self.int8_activations)
-        assert isinstance(quantized, Int4Linear | Int4DotLinear | Int8Linear)
+        assert isinstance(quantized, Int4Linear | Int4DotLinear | Int8Linear | Int8DotLinear)
         if self.max_quantized_rows is None:
             return quantized
         if self.int4_gemm and isinstance(quantized, Int4DotLinear):

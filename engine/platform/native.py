@@ -48,6 +48,7 @@ _SOURCES = tuple(
         "int4_gemv.cpp",
         "int8_gemv.cpp",
         "int4_dot.cpp",
+        "int8_dot.cpp",  # the int8 LM head by integer dot products (VNNI builds)
         "int4_gemm.cpp",
         "decode_layers.cpp",
     )
@@ -60,11 +61,13 @@ _HEADERS = tuple(
         "vector_lanes.h",
         "vector_exp.h",
         "quant.h",
+        "activation_digits.h",
         "int4_gemv_avx512.h",
         "int4_gemv_avx2.h",
         "int4_gemv_scalar.h",
         "int4_dot_avx512_vnni.h",
         "int4_dot_avx2.h",
+        "int8_dot_avx512_vnni.h",
         "int4_gemm_avx512_vnni.h",
         "int4_gemm_avx2.h",
         "paged_prefill_attention_avx512_bf16.h",
@@ -151,6 +154,11 @@ class Kernels:
     def has_int4_dot(self) -> bool:
         """Integer dot products for int4 weights (engine.model.linear.Int4DotLinear): AVX2, or AVX-512 with VNNI."""
         return bool(self.ops.int4_dot_available())
+
+    @property
+    def has_int8_dot(self) -> bool:
+        """Integer dot products for int8 weights (engine.model.linear.Int8DotLinear): AVX-512 with VNNI."""
+        return bool(self.ops.int8_dot_available())
 
     @property
     def silu_matches_torch(self) -> bool:

@@ -1,0 +1,108 @@
+// int8_dot: x [rows, K] (float32 or bfloat16) times int8 weights W [N, K] with one scale per output row, by integer
+// dot products: the int8 LM head's kernel where the build has `vpdpbusd` (int8_gemv, float FMAs over the widened
+// weights, elsewhere). The weights are packed once at load (engine.model.linear.Int8Linear): blocks of 16 output
+// rows, each storing for every 4 inputs k..k+3 64 bytes, 4 per output row, each byte w + 128 (unsigned, as
+// `vpdpbusd` takes it). The activations are two int8 digits per value per group of inputs, as int4_dot's
+// (activation_digits.h); the +128 comes back off exactly, as 128 times the digits' integer sum. Per row, 2 integer
+// dot products cover 64 weights where float FMAs cover 16 per instruction: a verify step's 5 rows or a batch's 16
+// cost the LM head far fewer instructions, and one row reads the same bytes.
+
+#include <ATen/Parallel.h>
+#include <c10/util/BFloat16.h>
+#include <torch/types.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "activation_digits.h"
+#include "ops.h"
+#include "quant.h"
+#include "vector_lanes.h"
+
+#if defined(__AVX512F__) && defined(__AVX512VNNI__) && defined(__AVX512BW__)
+#include "int8_dot_avx512_vnni.h"
+#define BATCHSERVE_INT8_DOT 1
+#endif
+
+namespace BATCHSERVE_OPS {
+namespace {
+
+#if defined(BATCHSERVE_INT8_DOT)
+namespace lanes = batchserve::lanes;
+
+template <typename T>
+void int8_dot_rows(const T* x, const uint8_t* packed, const float* scales, T* y, int64_t rows, int64_t K, int64_t N,
+                   int64_t group) {
+  const int64_t groups = K / group;
+  const std::unique_ptr<int8_t[]> xq(new int8_t[2 * rows * K]);  // every digit is written: no zeroing
+  std::vector<float> x_scales(rows * groups), x_sums(rows * groups);
+  quantise_activations(x, rows, K, group, xq.get(), x_scales.data(), x_sums.data());
+  // Each group's integer sum of 127 * leading + residual: what the weights' +128 adds to its dot products.
+  std::vector<int32_t> digit_sums(rows * groups, 0);
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t g = 0; g < groups; ++g) {
+      const int8_t* digits = xq.get() + 2 * (r * K + g * group);
+      int32_t sum = 0;
+      for (int64_t i = 0; i < 2 * group; i += 16)
+        for (int64_t j = 0; j < 8; ++j) sum += 127 * digits[i + j] + digits[i + 8 + j];
+      digit_sums[r * groups + g] = sum;
+    }
+  at::parallel_for(0, N / kDotBlock, 4, [&](int64_t begin, int64_t end) {
+    alignas(64) float out[kInt8DotRows * kDotBlock];
+    for (int64_t block = begin; block < end; ++block) {
+      const uint8_t* block_bytes = packed + block * K * kDotBlock;
+      const lanes::Vec row_scales = lanes::load(scales + block * kDotBlock);
+      for (int64_t first = 0; first < rows; first += kInt8DotRows) {
+        const int64_t count = std::min<int64_t>(kInt8DotRows, rows - first);
+        with_row_count<kInt8DotRows>(count, [&](auto R) {
+          int8_dot_block<decltype(R)::value>(block_bytes, xq.get() + 2 * first * K, x_scales.data() + first * groups,
+                                             digit_sums.data() + first * groups, K, group, out);
+        });
+        for (int64_t r = 0; r < count; ++r)
+          lanes::store(y + (first + r) * N + block * kDotBlock, lanes::mul(lanes::load(out + r * kDotBlock), row_scales));
+      }
+    }
+  });
+}
+#endif
+
+}  // namespace
+
+bool int8_dot_available() {
+#if defined(BATCHSERVE_INT8_DOT)
+  return true;
+#else
+  return false;
+#endif
+}
+
+torch::Tensor int8_dot(const torch::Tensor& x, const torch::Tensor& packed, int64_t group,
+                       const torch::Tensor& scales) {
+  TORCH_CHECK(int8_dot_available(), "int8_dot needs AVX-512 with VNNI");
+  TORCH_CHECK(x.device().is_cpu() && x.dim() == 2 && float_or_bf16(x), "int8_dot: x must be [rows, K] float32 or bfloat16");
+  TORCH_CHECK(packed.scalar_type() == torch::kByte && packed.dim() == 2 && packed.size(1) == x.size(1),
+              "int8_dot: packed must be [N, K] uint8");
+  const int64_t rows = x.size(0), K = x.size(1), N = packed.size(0);
+  TORCH_CHECK(group >= 8 && group % 8 == 0 && K % group == 0, "int8_dot: K must be a multiple of the group (of 8)");
+  TORCH_CHECK(N % kDotBlock == 0, "int8_dot packs output rows in blocks of 16");
+  TORCH_CHECK(scales.scalar_type() == torch::kFloat && scales.dim() == 1 && scales.size(0) == N,
+              "int8_dot: scales must be [N] float32");
+  auto y = torch::empty({rows, N}, x.options());
+#if defined(BATCHSERVE_INT8_DOT)
+  const auto xc = x.contiguous();
+  const auto w = packed.contiguous();
+  const auto s = scales.contiguous();
+  if (x.scalar_type() == torch::kBFloat16) {
+    int8_dot_rows<c10::BFloat16>(xc.data_ptr<c10::BFloat16>(), w.data_ptr<uint8_t>(), s.data_ptr<float>(),
+                                 y.data_ptr<c10::BFloat16>(), rows, K, N, group);
+  } else {
+    int8_dot_rows<float>(xc.data_ptr<float>(), w.data_ptr<uint8_t>(), s.data_ptr<float>(), y.data_ptr<float>(), rows,
+                         K, N, group);
+  }
+#endif
+  return y;
+}
+
+}  // namespace BATCHSERVE_OPS

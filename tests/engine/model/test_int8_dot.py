@@ -1,0 +1,109 @@
+"""int8_dot (engine/csrc/int8_dot.cpp), the int8 LM head by integer dot products, once per build of the kernels this
+CPU can execute: exact where the activations' digits are, as close as the float path on real activations, each row
+the same alone as in a batch (a verify step's rows must give what plain steps give), its layout, its choice by
+build_linear, and what it refuses."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from engine.model.linear import Int8DotLinear, Int8Linear, build_linear
+from engine.platform import native
+from engine.weights.quantization import Int8Weight
+
+
+def _int8(n: int, k: int, seed: int = 0) -> Int8Weight:
+    gen = torch.Generator().manual_seed(seed)
+    values = torch.randint(-128, 128, (n, k), generator=gen, dtype=torch.int8)  # -128 too: the top bit's flip
+    return Int8Weight(values, torch.rand(n, generator=gen) * 0.01 + 0.001)
+
+
+def _dot(kernels: native.Kernels) -> native.Kernels:
+    if not kernels.has_int8_dot:
+        pytest.skip(f"the {kernels.build.name} build has no int8 dot products (AVX-512 with VNNI)")
+    return kernels
+
+
+def _exact(x: torch.Tensor, weight: Int8Weight) -> torch.Tensor:
+    return x.double() @ (weight.values.double() * weight.scales.double()[:, None]).t()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(("rows", "inputs"), [(1, 64), (3, 96), (5, 576), (8, 128), (9, 64), (17, 2048)])
+def test_int8_dot_is_exact_where_the_activations_quantise_exactly(
+    kernels: native.Kernels, dtype: torch.dtype, rows: int, inputs: int
+) -> None:
+    """Integers with 127 in every group quantise exactly (leading digit, residual 0): only float rounding is left,
+    so this pins the layout, the +128 taken back off and the passes of 8 rows."""
+    weight = _int8(96, inputs, seed=rows)
+    linear = Int8DotLinear.build(weight, None, dtype, _dot(kernels))
+    x = torch.randint(-127, 128, (rows, inputs), generator=torch.Generator().manual_seed(inputs)).float()
+    x[:, :: linear.group_size] = 127.0
+    x = x.to(dtype)
+    got = linear(x)
+    exact = _exact(x, weight)
+    assert got.dtype == dtype and got.shape == (rows, 96)
+    relative = 1e-5 if dtype == torch.float32 else 2.0**-7
+    assert bool(((got.double() - exact).abs() <= relative * exact.abs() + 1e-3).all())
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_int8_dot_on_real_activations_is_as_close_as_the_float_path(
+    kernels: native.Kernels, dtype: torch.dtype
+) -> None:
+    """Two digits resolve an activation to 1/16129 of its group's largest: on bfloat16 that is within the output's
+    own rounding (no worse than the float kernel, int8_gemv), on float32 a relative error below 1e-4."""
+    weight = _int8(512, 576)
+    x = torch.randn(5, 576, generator=torch.Generator().manual_seed(3)).to(dtype)
+    exact = _exact(x, weight)
+
+    def relative(y: torch.Tensor) -> float:
+        return ((y.double() - exact).norm() / exact.norm()).item()
+
+    dot = relative(Int8DotLinear.build(weight, None, dtype, _dot(kernels))(x))
+    if dtype == torch.bfloat16:
+        assert dot <= 1.25 * relative(Int8Linear.build(weight, None, dtype, kernels)(x))
+    else:
+        assert dot < 1e-4
+
+
+def test_a_row_gives_the_same_bits_alone_as_in_a_batch(kernels: native.Kernels) -> None:
+    """Each row's digits and sums are its own: a verify step's rows and a plain step's row get the same logits."""
+    weight = _int8(256, 576)
+    linear = Int8DotLinear.build(weight, None, torch.bfloat16, _dot(kernels))
+    x = torch.randn(11, 576, generator=torch.Generator().manual_seed(5)).bfloat16()
+    batched = linear(x)
+    for row in range(11):
+        assert torch.equal(linear(x[row : row + 1])[0], batched[row])
+
+
+def test_the_layout_is_blocks_of_16_rows_4_inputs_at_a_time(kernels: native.Kernels) -> None:
+    weight = _int8(32, 64)
+    packed = Int8DotLinear.build(weight, None, torch.bfloat16, _dot(kernels)).packed.view(-1)
+    values = weight.values.to(torch.int32) + 128
+    for row, column in ((0, 0), (5, 3), (15, 63), (16, 0), (31, 62)):
+        block, lane = divmod(row, 16)
+        index = block * 16 * 64 + (column // 4) * 64 + lane * 4 + column % 4
+        assert int(packed[index]) == int(values[row, column])
+
+
+def test_build_linear_chooses_it_with_int8_activations_where_the_build_has_it(kernels: native.Kernels) -> None:
+    weight = _int8(48, 64)
+    assert Int8DotLinear.supports(weight)
+    assert not Int8DotLinear.supports(_int8(40, 64)) and not Int8DotLinear.supports(_int8(48, 48))
+    plain = build_linear(weight, None, torch.bfloat16, prepack=False, kernels=kernels, int8_activations=False)
+    assert isinstance(plain, Int8Linear)
+    chosen = build_linear(weight, None, torch.bfloat16, prepack=False, kernels=kernels, int8_activations=True)
+    assert isinstance(chosen, Int8DotLinear if kernels.has_int8_dot else Int8Linear)
+    assert kernels.has_int8_dot == (kernels.build.name in ("avx512_bf16", "avx512_vnni"))
+
+
+def test_int8_dot_names_a_bad_operand(kernels: native.Kernels) -> None:
+    linear = Int8DotLinear.build(_int8(32, 64), None, torch.float32, _dot(kernels))
+    with pytest.raises(RuntimeError, match="packed must be"):
+        linear(torch.randn(1, 32))
+    with pytest.raises(RuntimeError, match="multiple of the group"):
+        kernels.ops.int8_dot(torch.randn(1, 64), linear.packed, 48, linear.scales)
+    with pytest.raises(RuntimeError, match="scales must be"):
+        kernels.ops.int8_dot(torch.randn(1, 64), linear.packed, 32, linear.scales.bfloat16())
