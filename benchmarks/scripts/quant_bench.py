@@ -14,6 +14,7 @@ import torch.nn.functional as F
 
 from benchmarks.results_io.report import write_json
 from engine.model.linear import AnyLinear, build_linear
+from engine.platform.native import load_kernels
 from engine.weights.loader import LoadedModel, default_model_path, load_model
 from engine.weights.quantization import (
     QuantizedWeight,
@@ -79,18 +80,29 @@ def step_ms(linears: Sequence[AnyLinear], batch: int, dtype: torch.dtype, repeat
     return 1000 * _median_seconds(run, repeats)
 
 
-def head_candidates(head: torch.Tensor) -> dict[str, tuple[torch.Tensor | QuantizedWeight, torch.dtype, bool]]:
-    """name -> (weight, activation dtype, prepack) for each way to hold the LM head."""
+def head_candidates(head: torch.Tensor) -> dict[str, AnyLinear]:
+    """name -> the LM head held each way: torch's kernels, and the compiled ones (`int8-gemv`: float FMAs over the
+    int8 weights, the head without VNNI; `int8-dot`: integer dot products on two-digit activations, with it)."""
     int8, int4 = int8_from_dense(head), int4_from_dense(head)
-    return {
-        "f32-onednn": (head, torch.float32, True),
-        "bf16-onednn": (head.bfloat16(), torch.bfloat16, True),
-        "bf16-linear": (head.bfloat16(), torch.bfloat16, False),
-        "int8-f32": (int8, torch.float32, False),
-        "int8-bf16": (int8, torch.bfloat16, False),
-        "int4-f32": (int4, torch.float32, False),
-        "int4-bf16": (int4, torch.bfloat16, False),
+    candidates: dict[str, AnyLinear] = {
+        "f32-onednn": build_linear(head, None, torch.float32, True),
+        "bf16-onednn": build_linear(head.bfloat16(), None, torch.bfloat16, True),
+        "bf16-linear": build_linear(head.bfloat16(), None, torch.bfloat16, False),
+        "int8-f32": build_linear(int8, None, torch.float32, False),
+        "int8-bf16": build_linear(int8, None, torch.bfloat16, False),
+        "int4-f32": build_linear(int4, None, torch.float32, False),
+        "int4-bf16": build_linear(int4, None, torch.bfloat16, False),
     }
+    kernels = load_kernels()
+    if kernels is not None:
+        candidates["int8-gemv-bf16"] = build_linear(int8, None, torch.bfloat16, False, kernels, int8_activations=False)
+        if kernels.has_int8_dot:
+            candidates["int8-dot-bf16"] = build_linear(int8, None, torch.bfloat16, False, kernels, True)
+    return candidates
+
+
+def activation_dtype(name: str) -> torch.dtype:
+    return torch.float32 if "f32" in name else torch.bfloat16
 
 
 @torch.inference_mode()
@@ -159,10 +171,10 @@ def run(
     dense_head = dense["lm_head"]
     hidden, targets = reference_hidden(loaded, quality_tokens)
     print(f"LM head ({tuple(dense_head.shape)}), ms per step, and quality over {len(targets)} positions:")
-    for name, (weight, dtype, prepack) in head_candidates(dense_head).items():
+    for name, head in head_candidates(dense_head).items():
         if only and name not in only:
             continue
-        head = build_linear(weight, None, dtype, prepack)
+        dtype = activation_dtype(name)
         times = {batch: step_ms([head], batch, dtype, repeats) for batch in batch_sizes}
         quality = head_quality(head, dtype, dense_head, hidden, targets)
         result["head_ms"][name] = times
