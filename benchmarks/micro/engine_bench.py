@@ -32,15 +32,8 @@ from benchmarks.micro.rows import add_row
 from benchmarks.results_io.report import write_json
 from engine.config import EngineConfig
 from engine.engine import Engine
-from engine.model.linear import (
-    AnyLinear,
-    Int4DotLinear,
-    Int4Linear,
-    Int8DotLinear,
-    Int8Linear,
-    Linear,
-    RowSwitchedLinear,
-)
+from engine.model import linear as matmuls
+from engine.model.linear import AnyLinear, Linear
 from engine.model.model_runner import TransformersRunner
 from engine.sample.sampling_params import SamplingParams
 from engine.weights.loader import LoadedModel
@@ -117,30 +110,30 @@ def weight_matmuls(model: Any) -> list[torch.Tensor]:
 
 def input_dtype(linear: AnyLinear) -> torch.dtype:
     """The activations' dtype the matmul takes (its weights' or scales')."""
-    if isinstance(linear, RowSwitchedLinear):
+    if isinstance(linear, matmuls.RowSwitchedLinear):
         return input_dtype(linear.dense or linear.quantized)
-    if isinstance(linear, Int4DotLinear):
+    if isinstance(linear, matmuls.Int4DotLinear):
         return torch.bfloat16
-    if isinstance(linear, Int4Linear):
+    if isinstance(linear, matmuls.Int4Linear):
         return linear.scales_and_zeros.dtype
-    if isinstance(linear, Int8Linear):
+    if isinstance(linear, matmuls.Int8Linear):
         return linear.scales.dtype
-    if isinstance(linear, Int8DotLinear):
+    if isinstance(linear, matmuls.Int8DotLinear):
         return linear.dtype
     return linear.weight.dtype
 
 
 def linear_bytes(linear: AnyLinear) -> int:
     """Bytes of weights (and scales) one call of a few rows reads."""
-    if isinstance(linear, RowSwitchedLinear):
+    if isinstance(linear, matmuls.RowSwitchedLinear):
         return linear_bytes(linear.quantized)
-    if isinstance(linear, Int4DotLinear):
+    if isinstance(linear, matmuls.Int4DotLinear):
         tensors = [linear.packed, linear.scales, linear.zeros]
-    elif isinstance(linear, Int4Linear):
+    elif isinstance(linear, matmuls.Int4Linear):
         tensors = [linear.packed, linear.scales_and_zeros]
-    elif isinstance(linear, Int8Linear):
+    elif isinstance(linear, matmuls.Int8Linear):
         tensors = [linear.values, linear.scales]
-    elif isinstance(linear, Int8DotLinear):
+    elif isinstance(linear, matmuls.Int8DotLinear):
         tensors = [linear.packed, linear.scales]
     else:
         tensors = [linear.weight]

@@ -9,8 +9,8 @@
 #include <immintrin.h>
 
 #include <cstdint>
-#include <cstring>
 
+#include "digit_dot_avx512_vnni.h"
 #include "quant.h"
 #include "vector_lanes.h"
 
@@ -27,43 +27,27 @@ inline void int4_dot_block(const uint8_t* packed, const c10::BFloat16* scales, c
                            float* out /* [R, 16] */) {
   const int64_t groups = K / group;
   const __m512i low = _mm512_set1_epi8(0x0F);
-  __m512 total[R];
-  for (int r = 0; r < R; ++r) total[r] = _mm512_setzero_ps();
-  for (int64_t g = 0; g < groups; ++g) {
-    __m512i acc[R], residual[R];
-    for (int r = 0; r < R; ++r) acc[r] = residual[r] = _mm512_setzero_si512();
-    const uint8_t* bytes = packed + g * group * 8;  // 64 bytes per 8 inputs
-    for (int64_t k = 0; k < group; k += 8, bytes += 64) {
-      _mm_prefetch(reinterpret_cast<const char*>(bytes) + kPrefetchBytes, _MM_HINT_T0);
-      const __m512i v = _mm512_loadu_si512(bytes);
-      const __m512i first = _mm512_and_si512(v, low);
-      const __m512i second = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
-      for (int r = 0; r < R; ++r) {
-        const int8_t* xs = xq + 2 * (r * K + g * group + k);  // 8 leading digits, then 8 residual digits
-        int32_t a, b, c, d;
-        std::memcpy(&a, xs, 4);
-        std::memcpy(&b, xs + 4, 4);
-        std::memcpy(&c, xs + 8, 4);
-        std::memcpy(&d, xs + 12, 4);
-        acc[r] = _mm512_dpbusd_epi32(acc[r], first, _mm512_set1_epi32(a));
-        acc[r] = _mm512_dpbusd_epi32(acc[r], second, _mm512_set1_epi32(b));
-        residual[r] = _mm512_dpbusd_epi32(residual[r], first, _mm512_set1_epi32(c));
-        residual[r] = _mm512_dpbusd_epi32(residual[r], second, _mm512_set1_epi32(d));
-      }
-    }
+  auto load_weights = [&](int64_t input, __m512i& first, __m512i& second) {
+    const uint8_t* bytes = packed + input * 8;  // 64 bytes per 8 inputs
+    _mm_prefetch(reinterpret_cast<const char*>(bytes) + kPrefetchBytes, _MM_HINT_T0);
+    const __m512i v = _mm512_loadu_si512(bytes);
+    first = _mm512_and_si512(v, low);
+    second = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
+  };
+  auto finish = [&](int64_t g, const __m512i(&leading)[R], const __m512i(&residual)[R], __m512(&total)[R]) {
     const __m512 s = load(scales + g * kDotBlock);
     // sum_k ((q - 8) s + z) x = s sum_k q x + (z - 8 s) sum_k x
     const __m512 z = _mm512_fnmadd_ps(_mm512_set1_ps(8.0f), s, load(zeros + g * kDotBlock));
     for (int r = 0; r < R; ++r) {
       // x = scale * (leading + residual / 127): 127 * the leading dot plus the residual one, in int32 (at most
       // 32 * 15 * 127 * 128, far from overflow).
-      const __m512i digits = _mm512_add_epi32(_mm512_mullo_epi32(acc[r], _mm512_set1_epi32(127)), residual[r]);
+      const __m512i digits = _mm512_add_epi32(_mm512_mullo_epi32(leading[r], _mm512_set1_epi32(127)), residual[r]);
       const __m512 dots = _mm512_mul_ps(_mm512_cvtepi32_ps(digits), _mm512_set1_ps(x_scales[r * groups + g]));
       total[r] = _mm512_fmadd_ps(s, dots, total[r]);
       total[r] = _mm512_fmadd_ps(z, _mm512_set1_ps(x_sums[r * groups + g]), total[r]);
     }
-  }
-  for (int r = 0; r < R; ++r) _mm512_storeu_ps(out + r * kDotBlock, total[r]);
+  };
+  digit_dot_block<R>(K, group, xq, load_weights, finish, out);
 }
 
 }  // namespace

@@ -68,6 +68,7 @@ _HEADERS = tuple(
         "int4_dot_avx512_vnni.h",
         "int4_dot_avx2.h",
         "int8_dot_avx512_vnni.h",
+        "digit_dot_avx512_vnni.h",
         "int4_gemm_avx512_vnni.h",
         "int4_gemm_avx2.h",
         "paged_prefill_attention_avx512_bf16.h",
