@@ -86,3 +86,22 @@ def test_a_prediction_without_speculative_config_is_judged(one_torch_thread: Non
         # the first step at a row count verifies every draft, whatever the rule has measured
         assert details is not None
         assert (details.accepted_prediction_tokens or 0) + (details.rejected_prediction_tokens or 0) > 0
+
+
+def test_a_verify_steps_tokens_stream_as_one_chunk_with_every_logprob(one_torch_thread: None) -> None:
+    """The accepted drafts of a step reach the client together (the scheduler flags a step's tokens, the stream
+    merges them): fewer chunks than tokens, and every token's logprob and text still there, in order."""
+    with running_server(mode_config("continuous", speculative_config=FIXED_LENGTH)) as server:
+        client = openai_client(server)
+        plain = client.completions.create(model="tiny-llama", prompt=PROMPT, max_tokens=24, temperature=0, logprobs=1)
+        answer, logprobs = plain.choices[0].text, plain.choices[0].logprobs
+        assert logprobs is not None and logprobs.tokens is not None
+        stream = client.completions.create(
+            model="tiny-llama", prompt=PROMPT, max_tokens=24, temperature=0, logprobs=1, stream=True,
+            stream_options={"include_usage": True},
+            extra_body={"prediction": {"type": "content", "content": answer}},
+        )  # fmt: skip
+        chunks = [c for c in stream if c.choices and c.choices[0].logprobs and c.choices[0].logprobs.tokens]
+        tokens = [token for c in chunks for token in (c.choices[0].logprobs.tokens or [])]  # type: ignore[union-attr]
+        assert tokens == logprobs.tokens and "".join(c.choices[0].text for c in chunks) == answer
+        assert len(chunks) < len(tokens)  # drafts were accepted, several tokens a chunk
