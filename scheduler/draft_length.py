@@ -65,9 +65,12 @@ class StepCosts:
         table = self.seconds[rows]
         counts = np.array(sorted(table), dtype=np.float64)
         times = np.array([table[int(c)] for c in counts])
+        within = np.interp(tokens, counts, times)
+        if tokens.max(initial=0) <= counts[-1]:
+            return within  # the line is for beyond them only: a least-squares solve a step, saved
         slope, intercept = np.polyfit(counts, times, 1)
         above = np.maximum(intercept + max(slope, 0.0) * tokens, times[-1])
-        return np.where(tokens > counts[-1], above, np.interp(tokens, counts, times))
+        return np.where(tokens > counts[-1], above, within)
 
 
 def judged_drafts(drafts: int, accepted: int) -> tuple[int, int, int, int]:

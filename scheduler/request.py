@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 from engine.outputs import FinishReason, PromptLogprobs, TokenOutput
 from engine.sample.sampling_params import SamplingParams
+from engine.spec.ngram_drafter import NgramIndex
 from scheduler.draft_length import Acceptance
 
 
@@ -145,6 +146,7 @@ class SequenceRequest:
     acceptance: Acceptance = field(default_factory=Acceptance)  # its judged drafts, for the draft-length rule
     prediction: Sequence[int] = ()  # Predicted Outputs: the answer the client expects, tokenised (a draft source)
     prediction_offset: int = 0  # the answer's token i stands for the prediction's i + offset (prediction_drafter)
+    ngram_index: NgramIndex | None = None  # n-gram speculation: its tokens' n-grams, built at its first draft
 
     @property
     def max_total_tokens(self) -> int:

@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from engine.spec.config import SpeculativeConfig
-from engine.spec.ngram_drafter import propose_ngram
+from engine.spec.ngram_drafter import NgramIndex
 from engine.spec.prediction_drafter import propose_from_prediction
 from scheduler.config import SchedulerConfig
 from scheduler.draft_length import DraftLengthRule, acceptance_rates
@@ -83,6 +83,9 @@ def draft_from_tokens(request: SequenceRequest, k: int, spec: SpeculativeConfig 
         proposal, request.prediction_offset = propose_from_prediction(prediction, output, k, request.prediction_offset)
         return proposal
     assert spec is not None
-    n_min, n_max = spec.lookup
-    tokens = torch.tensor([*request.prompt_token_ids, *request.output_token_ids], dtype=torch.long)
-    return propose_ngram(tokens, k, n_min, n_max)
+    index = request.ngram_index
+    if index is None:
+        index = request.ngram_index = NgramIndex(*spec.lookup)
+        index.extend(request.prompt_token_ids)
+    index.extend(request.output_token_ids[len(index.tokens) - len(request.prompt_token_ids) :])
+    return index.propose(k)

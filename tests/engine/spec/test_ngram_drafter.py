@@ -1,12 +1,11 @@
-"""engine.spec.ngram_drafter: the latest earlier occurrence of the longest suffix, checked against a plain loop."""
+"""engine.spec.ngram_drafter: the latest earlier occurrence of the longest suffix, checked against a plain loop, and the
+index a growing sequence keeps giving the same drafts as a search of all its tokens."""
 
 from __future__ import annotations
 
 import random
 
-import torch
-
-from engine.spec.ngram_drafter import propose_ngram
+from engine.spec.ngram_drafter import NgramIndex, propose_ngram
 
 
 def reference(tokens: list[int], k: int, n_min: int, n_max: int) -> list[int]:
@@ -19,7 +18,7 @@ def reference(tokens: list[int], k: int, n_min: int, n_max: int) -> list[int]:
 
 
 def propose(tokens: list[int], k: int, n_min: int = 1, n_max: int = 3) -> list[int]:
-    return propose_ngram(torch.tensor(tokens, dtype=torch.long), k, n_min, n_max)
+    return propose_ngram(tokens, k, n_min, n_max)
 
 
 def test_the_tokens_after_the_latest_occurrence() -> None:
@@ -48,3 +47,22 @@ def test_matches_the_reference_on_random_sequences() -> None:
         k, n_min = rng.randrange(1, 6), rng.randrange(1, 4)
         n_max = n_min + rng.randrange(0, 3)
         assert propose(tokens, k, n_min, n_max) == reference(tokens, k, n_min, n_max), (tokens, k, n_min, n_max)
+
+
+def test_a_growing_index_drafts_as_a_search_of_all_its_tokens() -> None:
+    # Tokens arrive one or several at a time (a verify step emits up to k + 1): after each arrival the index must
+    # propose exactly what the plain loop finds over everything so far, prompt and output alike.
+    rng = random.Random(1)
+    for _ in range(100):
+        n_min = rng.randrange(1, 4)
+        n_max = n_min + rng.randrange(0, 3)
+        tokens = [rng.randrange(5) for _ in range(rng.randrange(0, 12))]
+        index = NgramIndex(n_min, n_max)
+        index.extend(tokens)
+        for _ in range(20):
+            k = rng.randrange(1, 6)
+            assert index.propose(k) == reference(tokens, k, n_min, n_max), (tokens, k, n_min, n_max)
+            new = [rng.randrange(5) for _ in range(rng.randrange(1, 5))]
+            tokens += new
+            index.extend(new)
+        assert index.tokens == tokens

@@ -5,7 +5,6 @@ for several sequences in one ragged batch, and every KV block comes back at the 
 from __future__ import annotations
 
 import pytest
-import torch
 from transformers import PreTrainedModel
 
 from engine.outputs import FinishReason
@@ -15,7 +14,7 @@ from tests.engine.helpers import Drafter, SetGrammar, make_engine, oracle, rando
 
 
 def ngram(k: int, n_min: int = 1, n_max: int = 3) -> Drafter:
-    return lambda _, tokens: propose_ngram(torch.tensor(tokens), k, n_min, n_max)
+    return lambda _, tokens: propose_ngram(tokens, k, n_min, n_max)
 
 
 def prompts_for(vocab: int) -> list[list[int]]:
