@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -100,3 +100,55 @@ async def _warm_up(config: RunConfig) -> None:
     failed = [r.error for r in load.records if r.error is not None]
     if failed:
         raise RuntimeError(f"warm-up request failed: {failed[0]}")
+
+
+def merge_rounds(results: Sequence[RunResult], slo: SLO | None = None) -> RunResult:
+    """One target's runs over interleaved rounds (`ab --rounds`) as one: every record, summarised over the rounds'
+    summed durations, and the server's counters summed (its means weighted by steps or requests)."""
+    if len(results) == 1:
+        return results[0]
+    first = results[0]
+    records = tuple(record for result in results for record in result.records)
+    duration = sum(result.summary.duration_s for result in results)
+    return dataclasses.replace(
+        first,
+        summary=summarize(records, duration, slo),
+        server_metrics=_merge_metrics(
+            [(r.server_metrics, len(r.records)) for r in results if r.server_metrics is not None]
+        ),
+        records=records,
+    )
+
+
+def _merge_metrics(parts: Sequence[tuple[ScrapedMetrics, int]]) -> ScrapedMetrics | None:
+    if not parts:
+        return None
+
+    def total(name: str) -> float | None:
+        values = [getattr(metrics, name) for metrics, _ in parts]
+        return None if any(v is None for v in values) else float(sum(values))
+
+    def weighted(name: str, weight: Callable[[ScrapedMetrics, int], float | None]) -> float | None:
+        pairs = [(getattr(metrics, name), weight(metrics, count)) for metrics, count in parts]
+        if any(v is None or w is None for v, w in pairs):
+            return None
+        weights = sum(w for _, w in pairs if w is not None)
+        return sum(v * w for v, w in pairs if v is not None and w is not None) / weights if weights else None
+
+    def by_steps(metrics: ScrapedMetrics, _: int) -> float | None:
+        return metrics.steps
+
+    def by_requests(_: ScrapedMetrics, count: int) -> float:
+        return float(count)
+
+    return ScrapedMetrics(
+        steps=total("steps"),
+        mean_batch_size=weighted("mean_batch_size", by_steps),
+        held_seats=total("held_seats"),
+        prompt_tokens=total("prompt_tokens"),
+        generation_tokens=total("generation_tokens"),
+        mean_ttft_ms=weighted("mean_ttft_ms", by_requests),
+        mean_queue_ms=weighted("mean_queue_ms", by_requests),
+        draft_tokens=total("draft_tokens"),
+        accepted_tokens=total("accepted_tokens"),
+    )

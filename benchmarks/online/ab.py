@@ -25,7 +25,7 @@ from pathlib import Path
 from api.runtime.format_choice import format_label
 from benchmarks.loadgen.client import discover_model
 from benchmarks.loadgen.flags import add_load_arguments, add_seats_argument, parse_rates, run_config, workload_config
-from benchmarks.loadgen.run import RunConfig, RunResult, rate_to_json, run_benchmark
+from benchmarks.loadgen.run import RunConfig, RunResult, merge_rounds, rate_to_json, run_benchmark
 from benchmarks.loadgen.server_proc import LaunchConfig, ServerProcess, ServerStartError
 from benchmarks.loadgen.trace import export_runs
 from benchmarks.loadgen.workloads import RequestSpec, build_workload
@@ -157,7 +157,14 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"on with --speculative-config (the default when it is given); both: each mode also runs with it, as "
         f"<mode>{SPEC_SUFFIX}",
     )
-    g.add_argument("--sweep-rates", default=None, help="e.g. 0.5,1,2,inf: rerun every mode at each rate")
+    g.add_argument("--sweep-rates", default=None, help="e.g. 0.5,1,2,inf: rerun every mode at each rate (round 1)")
+    g.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="run every target this many times, interleaved (a round starts each server once, in order); the report "
+        "gives each round's ratios to the first target and their median, and the headline pools the rounds",
+    )
     g.add_argument(
         "--export-workload",
         action="store_true",
@@ -215,7 +222,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         launch = LaunchConfig(
             argv=("set per target",), health_timeout_s=args.health_timeout, stop_grace_s=args.stop_grace
         )
-        run_config(args, "http://127.0.0.1:1", "check", None)  # validate load flags before starting servers
+        slo = run_config(args, "http://127.0.0.1:1", "check", None).slo  # validates the load flags before any server
+        if args.rounds < 1:
+            raise ValueError(f"--rounds must be at least 1, got {args.rounds}")
     except (ValueError, OSError) as exc:
         parser.error(str(exc))
     command = shlex.join([sys.executable, "-m", "benchmarks", "ab", *argv])
@@ -223,7 +232,6 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     servers: dict[str, str] = {}
     notes: dict[str, str] = {}
-    runs: dict[str, RunResult] = {}
     sweep: dict[str, list[RunResult]] = {}
     skipped: dict[str, str] = {}
     targets = mode_targets(settings, modes)
@@ -234,35 +242,44 @@ def main(argv: Sequence[str] | None = None) -> int:
     names = [entry.name for entry in modes]
     weights: dict[str, str] = {}  # each batchserve server's format, from its log
     pin: Pin | None = None
-    for item in [*targets, *baseline_targets(baselines, settings)]:
-        if isinstance(item, Unavailable):
-            skipped[item.name] = item.reason
-            print(f"skipping {item.name}: {item.reason}", file=sys.stderr)
-            continue
-        is_mode = item.name in names
-        if pin is not None and is_batchserve(item):
-            item = pinned(item, pin)
-        log_path = args.out / "raw" / f"{item.name}.server.log"
-        outcome = run_target(item, specs, make_config, sweep_rates if is_mode else (), log_path, launch)
-        served = served_format(log_path) if is_batchserve(item) else None
-        if served is not None:
-            weights[item.name] = format_label(*served)
-            if pin is None and outcome.error is None and provisional(log_path):
-                pin = pin_from(served, item.name, args.dtype, args.quantization)
-                if pin is not None:
-                    print(
-                        f"weights: {weights[item.name]}, as {item.name} resolved auto: pinned for every later "
-                        f"batchserve server ({' '.join(pin.flags())})",
-                        file=sys.stderr,
-                    )
-        servers[item.name], notes[item.name] = outcome.command, item.note
-        if outcome.main is not None:
-            runs[item.name] = outcome.main
-        if outcome.sweep:
-            sweep[item.name] = list(outcome.sweep)
-        if outcome.error is not None:
-            skipped[item.name] = f"failed: {outcome.error.splitlines()[0]} (log: raw/{item.name}.server.log)"
-            print(f"{item.name} failed: {outcome.error}", file=sys.stderr)
+    rounds: dict[str, list[RunResult]] = {}
+    items = [*targets, *baseline_targets(baselines, settings)]
+    for round_index in range(args.rounds):
+        for item in items:
+            if isinstance(item, Unavailable):
+                if round_index == 0:
+                    skipped[item.name] = item.reason
+                    print(f"skipping {item.name}: {item.reason}", file=sys.stderr)
+                continue
+            if item.name in skipped:
+                continue  # failed in an earlier round
+            is_mode = item.name in names
+            if pin is not None and is_batchserve(item):
+                item = pinned(item, pin)
+            log_name = item.name if round_index == 0 else f"{item.name}.round{round_index + 1}"
+            log_path = args.out / "raw" / f"{log_name}.server.log"
+            rates = sweep_rates if is_mode and round_index == 0 else ()
+            outcome = run_target(item, specs, make_config, rates, log_path, launch)
+            served = served_format(log_path) if is_batchserve(item) else None
+            if served is not None:
+                weights[item.name] = format_label(*served)
+                if pin is None and outcome.error is None and provisional(log_path):
+                    pin = pin_from(served, item.name, args.dtype, args.quantization)
+                    if pin is not None:
+                        print(
+                            f"weights: {weights[item.name]}, as {item.name} resolved auto: pinned for every later "
+                            f"batchserve server ({' '.join(pin.flags())})",
+                            file=sys.stderr,
+                        )
+            servers[item.name], notes[item.name] = outcome.command, item.note
+            if outcome.main is not None:
+                rounds.setdefault(item.name, []).append(outcome.main)
+            if outcome.sweep:
+                sweep[item.name] = list(outcome.sweep)
+            if outcome.error is not None:
+                skipped[item.name] = f"failed: {outcome.error.splitlines()[0]} (log: raw/{log_name}.server.log)"
+                print(f"{item.name} failed: {outcome.error}", file=sys.stderr)
+    runs = {name: merge_rounds(results, slo) for name, results in rounds.items()}
 
     settings_doc = {
         "workload": args.workload,
@@ -278,6 +295,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "model": args.model,
         "device": args.device,
         "sweep_rates": [str(r) for r in sweep_rates],
+        "rounds": args.rounds,
         "prefix_caching": args.prefix_caching,
         "speculation": args.speculation or ("on" if args.speculative_config else "off"),
         "speculative_config": args.speculative_config,
@@ -285,7 +303,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         "weights": weights,
         "weights_pinned_from": pin.source if pin is not None else None,
     }
-    ab = ABOutcome(command, settings_doc, servers, notes, runs, sweep, skipped, modes=tuple(names))
+    ab = ABOutcome(
+        command, settings_doc, servers, notes, runs, sweep, skipped, modes=tuple(names),
+        rounds=rounds if args.rounds > 1 else {},
+    )  # fmt: skip
     if len(runs) > 1:
         print(columns_table(runs))
     written = write_report(ab, args.out)

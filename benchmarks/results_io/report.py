@@ -12,6 +12,7 @@ from typing import Any
 from benchmarks.loadgen.run import RunResult, rate_to_json
 from benchmarks.loadgen.summaries import percentile
 from benchmarks.results_io.machine import machine_facts
+from benchmarks.results_io.rounds import round_figures, rounds_table
 
 _SWEEP_PREFIX = "sweep-"  # raw/<prefix><run name>-<rate>.json; main runs are raw/<run name>.json
 
@@ -28,6 +29,7 @@ class ABOutcome:
     sweep: Mapping[str, Sequence[RunResult]] = field(default_factory=dict)  # mode -> one run per rate
     skipped: Mapping[str, str] = field(default_factory=dict)  # target name -> why it did not run
     modes: Sequence[str] = (BASE, CANDIDATE)  # the policies compared (the rest are baselines), in their order
+    rounds: Mapping[str, Sequence[RunResult]] = field(default_factory=dict)  # `--rounds` > 1: each round's run
 
 
 @dataclass(frozen=True)
@@ -226,6 +228,9 @@ def render_markdown(outcome: ABOutcome, plots: Mapping[str, Path]) -> str:
         parts += ["", "## By request kind", "", kind_table(outcome.runs)]
     if caching_ratios(outcome.runs):
         parts += ["", "## Prefix caching on against off (same run)", "", caching_table(outcome.runs)]
+    if outcome.rounds:
+        parts += ["", "## Rounds, interleaved (each round ran every target once, in this order)", ""]
+        parts += [rounds_table(outcome.rounds)]
     if outcome.skipped:
         parts += ["", "## Not run", ""]
         parts += [f"- **{name}**: {reason}" for name, reason in outcome.skipped.items()]
@@ -259,6 +264,7 @@ def result_document(outcome: ABOutcome) -> dict[str, Any]:
         "by_kind": {name: by_kind(run) for name, run in outcome.runs.items()},
         "prefix_caching_ratios": caching_ratios(outcome.runs),
         "sweep": {name: [run.to_dict(include_records=False) for run in runs] for name, runs in outcome.sweep.items()},
+        "rounds": round_figures(outcome.rounds) if outcome.rounds else None,
     }
 
 

@@ -148,3 +148,40 @@ def test_ab_refuses_a_malformed_config_before_starting_a_server(capsys: pytest.C
     with pytest.raises(SystemExit):
         ab.main(["--speculation", "both", "--speculative-config", "{", "--out", "unused"])
     assert "--speculative-config is not valid JSON" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_rounds_interleave_the_servers_and_pool_their_runs(
+    tiny_checkpoint: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "ab"
+    argv = [
+        "--modes", "dynamic,continuous", "--model", str(tiny_checkpoint), "--dtype", "float32",
+        "--quantization", "none", "--seats", "2", "--baselines", "none", "--workload", "uniform",
+        "--num-prompts", "3", "--input-len", "4", "--output-len", "3", "--warmup", "0", "--no-progress",
+        "--rounds", "2", "--out", str(out),
+    ]  # fmt: skip
+    assert ab.main(argv) == 0
+    starts = [line.split(":")[0] for line in capsys.readouterr().err.splitlines() if "starting its server" in line]
+    assert starts == ["dynamic", "continuous", "dynamic", "continuous"]  # round by round, not target by target
+    assert (out / "raw" / "continuous.server.log").exists() and (out / "raw" / "continuous.round2.server.log").exists()
+    document = json.loads((out / "result.json").read_text())
+    for name in ("dynamic", "continuous"):
+        summary = document["runs"][name]["summary"]
+        assert summary["completed"] == 6 and summary["output_tokens"] == 18, name  # both rounds' requests
+        assert len(json.loads((out / "raw" / f"{name}.json").read_text())["records"]) == 6
+    rounds = document["rounds"]
+    assert rounds["base"] == "dynamic"
+    continuous = rounds["targets"]["continuous"]
+    assert len(continuous["output_tok_s"]) == 2 and all(v > 0 for v in continuous["output_tok_s"])
+    ratios = continuous["output_tok_s_over_base"]
+    dynamic = rounds["targets"]["dynamic"]["output_tok_s"]
+    assert ratios == pytest.approx([c / d for c, d in zip(continuous["output_tok_s"], dynamic, strict=True)])
+    assert continuous["median_output_tok_s_over_base"] == pytest.approx(sum(ratios) / 2)
+    assert "## Rounds, interleaved" in (out / "report.md").read_text()
+
+
+def test_rounds_below_one_are_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        ab.main(["--rounds", "0", "--baselines", "none", "--out", "unused"])
+    assert "--rounds must be at least 1, got 0" in capsys.readouterr().err

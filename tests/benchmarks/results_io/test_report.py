@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from benchmarks.loadgen.client import RequestRecord
-from benchmarks.loadgen.run import RunResult
+from benchmarks.loadgen.prom import ScrapedMetrics
+from benchmarks.loadgen.run import RunResult, merge_rounds
 from benchmarks.loadgen.summaries import summarize
 from benchmarks.results_io.report import (
     ABOutcome,
@@ -20,6 +21,7 @@ from benchmarks.results_io.report import (
     read_raw_runs,
     write_report,
 )
+from benchmarks.results_io.rounds import decode_ms_per_token
 from benchmarks.results_io.tables import format_run
 from tests.benchmarks.helpers import synthetic_record, synthetic_run
 
@@ -156,3 +158,22 @@ def test_per_kind_ttft_percentiles_interpolate_as_the_summaries_do() -> None:
     row = by_kind(run)["later-turn"]
     assert row["ttft_p50_ms"] == pytest.approx(25.0) and row["ttft_p99_ms"] == pytest.approx(39.7)
     assert row["ttft_p50_ms"] == pytest.approx(run.summary.ttft_ms.p50)  # the same as the run's own TTFT p50
+
+
+def test_rounds_merge_into_one_run_with_counters_summed_and_means_weighted() -> None:
+    def run(requests: int, duration: float, steps: float, batch: float, ttft_ms: float) -> RunResult:
+        records = tuple(synthetic_record(i, 0.05 * i, 0.1, 0.3, 0.0, True) for i in range(requests))
+        metrics = ScrapedMetrics(steps, batch, 0.0, 10.0, 20.0, ttft_ms, 1.0, 4.0, 3.0)
+        return RunResult("c", math.inf, 1.0, summarize(records, duration), metrics, records)
+
+    first, second = run(2, 1.0, 10.0, 2.0, 100.0), run(6, 3.0, 30.0, 4.0, 200.0)
+    merged = merge_rounds([first, second])
+    assert merged.summary.completed == 8 and merged.summary.duration_s == 4.0
+    assert merged.summary.output_throughput == pytest.approx(8 * first.records[0].output_tokens / 4.0)
+    assert merged.server_metrics is not None
+    assert merged.server_metrics.steps == 40 and merged.server_metrics.accepted_tokens == 6.0
+    assert merged.server_metrics.mean_batch_size == pytest.approx((10 * 2.0 + 30 * 4.0) / 40)  # by steps
+    assert merged.server_metrics.mean_ttft_ms == pytest.approx((2 * 100.0 + 6 * 200.0) / 8)  # by requests
+    assert merge_rounds([first]) is first
+    # Decode time over decode tokens: each request decodes its tokens after the first in 0.3 s.
+    assert decode_ms_per_token(merged) == pytest.approx(300.0 / (first.records[0].output_tokens - 1))
