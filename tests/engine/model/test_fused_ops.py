@@ -110,7 +110,8 @@ def _rope_case(dtype: torch.dtype, tokens: int, heads: int, kv_heads: int, dim: 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize(
-    ("tokens", "heads", "kv_heads", "dim"), [(1, 9, 3, 64), (13, 4, 4, 6), (40, 6, 2, 16), (5, 3, 1, 2)]
+    ("tokens", "heads", "kv_heads", "dim"),
+    [(1, 9, 3, 64), (13, 4, 4, 6), (40, 6, 2, 16), (5, 3, 1, 2), (7, 4, 2, 128), (3, 2, 1, 32)],
 )
 def test_rope_and_cache_write_match_transformers(
     fused: ElementwiseOps, dtype: torch.dtype, tokens: int, heads: int, kv_heads: int, dim: int
