@@ -79,18 +79,22 @@ def test_every_mode_is_divided_by_dynamic_and_printed_in_its_own_column() -> Non
                                         pytest.approx(float(cells[2]))]  # fmt: skip
 
 
+def tiny_run(checkpoint: Path, out: Path, *flags: str) -> list[str]:
+    """`ab` flags for a quick run on the tiny checkpoint: float32, 2 seats, short uniform requests, no baselines."""
+    return [
+        "--model", str(checkpoint), "--dtype", "float32", "--quantization", "none", "--seats", "2",
+        "--baselines", "none", "--workload", "uniform", "--input-len", "4", "--output-len", "3", "--warmup", "0",
+        "--no-progress", "--out", str(out), *flags,
+    ]  # fmt: skip
+
+
 @pytest.mark.slow
 def test_ab_runs_static_dynamic_continuous_and_a_plug_in_against_real_servers(
     tiny_checkpoint: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     out = tmp_path / "ab"
-    argv = [
-        "--modes", "static,dynamic,continuous", "--policy", SPF, "--model", str(tiny_checkpoint),
-        "--dtype", "float32", "--quantization", "none", "--seats", "2", "--batch-window-ms", "30",
-        "--baselines", "none", "--workload", "uniform", "--num-prompts", "5", "--input-len", "4",
-        "--output-len", "3", "--warmup", "0", "--no-progress", "--out", str(out),
-    ]  # fmt: skip
-    assert ab.main(argv) == 0
+    argv = tiny_run(tiny_checkpoint, out, "--modes", "static,dynamic,continuous", "--policy", SPF, "--num-prompts", "5")
+    assert ab.main([*argv, "--batch-window-ms", "30"]) == 0
     document = json.loads((out / "result.json").read_text())
     names = ["static", "dynamic", "continuous", "shortest-prompt-first"]
     assert list(document["runs"]) == names
@@ -155,13 +159,8 @@ def test_rounds_interleave_the_servers_and_pool_their_runs(
     tiny_checkpoint: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     out = tmp_path / "ab"
-    argv = [
-        "--modes", "dynamic,continuous", "--model", str(tiny_checkpoint), "--dtype", "float32",
-        "--quantization", "none", "--seats", "2", "--baselines", "none", "--workload", "uniform",
-        "--num-prompts", "3", "--input-len", "4", "--output-len", "3", "--warmup", "0", "--no-progress",
-        "--rounds", "2", "--out", str(out),
-    ]  # fmt: skip
-    assert ab.main(argv) == 0
+    flags = ("--modes", "dynamic,continuous", "--num-prompts", "3", "--rounds", "2")
+    assert ab.main(tiny_run(tiny_checkpoint, out, *flags)) == 0
     starts = [line.split(":")[0] for line in capsys.readouterr().err.splitlines() if "starting its server" in line]
     assert starts == ["dynamic", "continuous", "dynamic", "continuous"]  # round by round, not target by target
     assert (out / "raw" / "continuous.server.log").exists() and (out / "raw" / "continuous.round2.server.log").exists()
