@@ -32,15 +32,14 @@ def _ratio(value: float | None, base: float | None) -> float | None:
 def round_figures(rounds: Mapping[str, Sequence[RunResult]]) -> dict[str, Any]:
     """Per target: each round's output tok/s and decode ms a token, its ratios to the first target's in the same
     round, and the medians of those ratios."""
-    names = list(rounds)
-    base = rounds[names[0]]
+    throughputs = {name: [run.summary.output_throughput for run in runs] for name, runs in rounds.items()}
+    decodes = {name: [decode_ms_per_token(run) for run in runs] for name, runs in rounds.items()}
+    base = next(iter(rounds))
     document: dict[str, Any] = {}
-    for name, runs in rounds.items():
-        throughput = [run.summary.output_throughput for run in runs]
-        decode = [decode_ms_per_token(run) for run in runs]
-        pairs = list(zip(runs, base, strict=False))
-        throughput_ratio = [_ratio(r.summary.output_throughput, b.summary.output_throughput) for r, b in pairs]
-        decode_ratio = [_ratio(decode_ms_per_token(r), decode_ms_per_token(b)) for r, b in pairs]
+    for name in rounds:
+        throughput, decode = throughputs[name], decodes[name]
+        throughput_ratio = [_ratio(r, b) for r, b in zip(throughput, throughputs[base], strict=False)]
+        decode_ratio = [_ratio(r, b) for r, b in zip(decode, decodes[base], strict=False)]
         document[name] = {
             "output_tok_s": throughput,
             "decode_ms_per_token": decode,
@@ -49,7 +48,7 @@ def round_figures(rounds: Mapping[str, Sequence[RunResult]]) -> dict[str, Any]:
             "median_output_tok_s_over_base": _median(throughput_ratio),
             "median_decode_ms_per_token_over_base": _median(decode_ratio),
         }
-    return {"base": names[0], "targets": document}
+    return {"base": base, "targets": document}
 
 
 def _median(values: Sequence[float | None]) -> float | None:
