@@ -38,10 +38,3 @@ class NgramIndex:
             if start is not None:
                 return self.tokens[start + n : start + n + k]
         return []
-
-
-def propose_ngram(tokens: Sequence[int], k: int, n_min: int, n_max: int) -> list[int]:
-    """`NgramIndex.propose` for a sequence seen once (tests, and callers without a sequence to keep an index on)."""
-    index = NgramIndex(n_min, n_max)
-    index.extend(tokens)
-    return index.propose(k)

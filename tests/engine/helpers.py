@@ -19,6 +19,7 @@ from engine.outputs import FinishReason, StepOutput, TokenOutput
 from engine.platform import native
 from engine.sample.grammar import BITS_PER_WORD
 from engine.sample.sampling_params import SamplingParams
+from engine.spec.ngram_drafter import NgramIndex
 from engine.weights.quantization import Int4Weight
 
 ARCHS = ("llama", "qwen2", "mistral")
@@ -33,6 +34,13 @@ def make_engine(
     settings.update(config)
     runner = TransformersRunner(model, prepack_weights=cpu_kernels, native_attention=cpu_kernels)
     return Engine(runner, EngineConfig(**settings), eos_token_ids=eos_token_ids)
+
+
+def propose_ngram(tokens: Sequence[int], k: int, n_min: int, n_max: int) -> list[int]:
+    """The n-gram drafts for a sequence seen once: a fresh `NgramIndex` over all of it."""
+    index = NgramIndex(n_min, n_max)
+    index.extend(tokens)
+    return index.propose(k)
 
 
 def random_prompt(length: int, seed: int, vocab_size: int) -> list[int]:

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import random
 
-from engine.spec.ngram_drafter import NgramIndex, propose_ngram
+from engine.spec.ngram_drafter import NgramIndex
+from tests.engine.helpers import propose_ngram
 
 
 def reference(tokens: list[int], k: int, n_min: int, n_max: int) -> list[int]:

@@ -9,8 +9,7 @@ from transformers import PreTrainedModel
 
 from engine.outputs import FinishReason
 from engine.sample.sampling_params import SamplingParams
-from engine.spec.ngram_drafter import propose_ngram
-from tests.engine.helpers import Drafter, SetGrammar, make_engine, oracle, random_prompt, run
+from tests.engine.helpers import Drafter, SetGrammar, make_engine, oracle, propose_ngram, random_prompt, run
 
 
 def ngram(k: int, n_min: int = 1, n_max: int = 3) -> Drafter:
