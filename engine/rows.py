@@ -55,10 +55,16 @@ class SequenceRows:
 
         self._free = list(range(rows - 1, -1, -1))  # popped from the end: low rows first
         self._row_of: dict[int, int] = {}
+        self._featured: set[int] = set()  # sequences that are not plain greedy (SamplingParams.plain_greedy)
 
     @property
     def num_free(self) -> int:
         return len(self._free)
+
+    @property
+    def all_plain_greedy(self) -> bool:
+        """Every sequence held is plain greedy: a step's sampling is the argmax of its logits."""
+        return not self._featured
 
     def __contains__(self, seq_id: int) -> bool:
         return seq_id in self._row_of
@@ -83,6 +89,8 @@ class SequenceRows:
         allowed = None if params.allowed_token_ids is None else torch.tensor(params.allowed_token_ids, dtype=torch.long)
         row = self._free.pop()
         self._row_of[seq_id] = row
+        if not params.plain_greedy:
+            self._featured.add(seq_id)
         n = len(prompt_token_ids)
         self.token_buffer[row, :n] = prompt
         self.num_computed[row] = 0
@@ -130,6 +138,7 @@ class SequenceRows:
     def release(self, seq_id: int) -> int | None:
         """Free the sequence's row; returns it, or None for an unknown id."""
         row = self._row_of.pop(seq_id, None)
+        self._featured.discard(seq_id)
         if row is not None:
             self._free.append(row)
         return row

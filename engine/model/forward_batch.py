@@ -145,6 +145,9 @@ def build_forward_batch(
     """
     start = num_computed[rows]
     total = int(num_tokens.sum())
+    scoring_args = (prompt_len, prompt_top_k, prompt_scored)
+    if total == len(rows) and num_drafts is None:
+        return _decode_batch(rows, start, seq_len, token_buffer, block_table, block_size, scoring_args)
     token_start = torch.cumsum(num_tokens, 0) - num_tokens
     row_of_token = torch.repeat_interleave(rows, num_tokens, output_size=total)
     offset = torch.arange(total) - torch.repeat_interleave(token_start, num_tokens, output_size=total)
@@ -187,12 +190,46 @@ def build_forward_batch(
         groups.append(
             _group(token_start[chunk], start[chunk], num_tokens[chunk], block_table[rows[chunk]], block_size, False)
         )
-    scoring = None
-    if prompt_len is not None and prompt_top_k is not None and prompt_scored is not None:
-        scoring = _prompt_scoring(
-            rows, start, num_tokens, token_start, token_buffer, prompt_len, prompt_top_k, prompt_scored
-        )
+    scoring = _scoring(rows, start, num_tokens, token_start, token_buffer, scoring_args)
     batch = ForwardBatch(input_ids, positions, slot_mapping, tuple(groups), sample_index, scoring)
+    return batch, samples
+
+
+_ScoringArgs = tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]
+
+
+def _scoring(
+    rows: torch.Tensor,
+    start: torch.Tensor,
+    num_tokens: torch.Tensor,
+    token_start: torch.Tensor,
+    token_buffer: torch.Tensor,
+    scoring_args: _ScoringArgs,
+) -> PromptScoring | None:
+    prompt_len, prompt_top_k, prompt_scored = scoring_args
+    if prompt_len is None or prompt_top_k is None or prompt_scored is None:
+        return None
+    return _prompt_scoring(rows, start, num_tokens, token_start, token_buffer, prompt_len, prompt_top_k, prompt_scored)
+
+
+def _decode_batch(
+    rows: torch.Tensor,
+    start: torch.Tensor,
+    seq_len: torch.Tensor,
+    token_buffer: torch.Tensor,
+    block_table: torch.Tensor,
+    block_size: int,
+    scoring_args: _ScoringArgs,
+) -> tuple[ForwardBatch, torch.Tensor]:
+    """`build_forward_batch` where every row computes one token and none verifies drafts (each decode step): the
+    same tensors without the packing's repeats and the split into groups, a dozen ops fewer (~0.1 ms at batch 1)."""
+    index = torch.arange(len(rows))  # each row is one token, packed in order
+    tables = block_table[rows]
+    slot_mapping = _slots(tables, start[:, None], block_size)[:, 0]
+    samples = (start + 1) == seq_len[rows]
+    group = _group(index, start, torch.ones_like(index), tables, block_size, True)
+    scoring = _scoring(rows, start, torch.ones_like(index), index, token_buffer, scoring_args)
+    batch = ForwardBatch(token_buffer[rows, start], start, slot_mapping, (group,), index[samples], scoring)
     return batch, samples
 
 

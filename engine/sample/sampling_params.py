@@ -122,3 +122,19 @@ class SamplingParams:
     def greedy(self) -> bool:
         """Whether the engine decodes this sequence greedily (it stores temperature 0 for such rows)."""
         return self.temperature < MIN_SAMPLING_TEMPERATURE
+
+    @property
+    def plain_greedy(self) -> bool:
+        """Greedy with nothing that edits the logits, asks for scores or follows a grammar: its token is the logits'
+        argmax, which the sampler's fast path takes without building the general step (sampling_step.py)."""
+        return (
+            self.greedy
+            and self.logprobs is None
+            and self.min_tokens == 0
+            and self.repetition_penalty == 1.0
+            and self.presence_penalty == 0.0
+            and self.frequency_penalty == 0.0
+            and not self.logit_bias
+            and self.allowed_token_ids is None
+            and self.grammar is None
+        )
