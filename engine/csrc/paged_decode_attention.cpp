@@ -200,6 +200,34 @@ inline void with_head_vectors(int64_t dim, F&& f) {
   f(std::integral_constant<int, 0>{});
 }
 
+// A (row, kv_head) pair's keys and values, requested into L2 while the pair before it is computed. A sequence's
+// blocks lie wherever the pool had room (rows decoding together take turns at it), so each block is a short stream
+// the hardware prefetcher meets cold: on AMD EPYC Zen 4, 32 rows of 160 keys in interleaved blocks took 1.5x and in
+// shuffled ones 2x their time in consecutive blocks. Prefetching blocks ahead inside the pass did not help; the next
+// pair a pass ahead takes 20-30 % off interleaved blocks and 35-40 % off shuffled ones (8 to 32 rows, 160 to 1,000
+// keys), and needs inlining as `attend_pair` does. At most kPrefetchBytes, so a long context cannot evict the pair
+// in use.
+constexpr int64_t kPrefetchBytes = 256 * 1024;
+
+template <typename C>
+__attribute__((always_inline)) inline void prefetch_pair(const C* k_ptr, const C* v_ptr, const int64_t* table_ptr, const int64_t* lens_ptr,
+                          int64_t pair, int64_t kv_heads, int64_t slots, int64_t dim, int64_t max_blocks,
+                          int64_t block_size) {
+  const int64_t r = pair / kv_heads, h = pair % kv_heads;
+  const int64_t block_bytes = block_size * dim * static_cast<int64_t>(sizeof(C));
+  const int64_t count = std::min((lens_ptr[r] + block_size - 1) / block_size, kPrefetchBytes / (2 * block_bytes));
+  const int64_t* blocks = table_ptr + r * max_blocks;
+  for (int64_t b = 0; b < count; ++b) {
+    const int64_t offset = (h * slots + blocks[b] * block_size) * dim;
+    const char* key = reinterpret_cast<const char*>(k_ptr + offset);
+    const char* value = reinterpret_cast<const char*>(v_ptr + offset);
+    for (int64_t byte = 0; byte < block_bytes; byte += 64) {
+      __builtin_prefetch(key + byte, 0, 2);
+      __builtin_prefetch(value + byte, 0, 2);
+    }
+  }
+}
+
 // Q: the query's (and output's) element type; C: the cache's.
 template <typename Q, typename C>
 void decode_pairs(const Q* q_ptr, const C* k_ptr, const C* v_ptr, Q* out_ptr, const int64_t* table_ptr,
@@ -216,6 +244,8 @@ void decode_pairs(const Q* q_ptr, const C* k_ptr, const C* v_ptr, Q* out_ptr, co
       const C* values = v_ptr + h * slots * dim;
       const int64_t first = (r * heads + h * group) * dim;  // this pair's query heads are adjacent
       for (int64_t i = 0; i < group * dim; ++i) query[i] = widen(q_ptr[first + i]);
+      if (pair + 1 < end) prefetch_pair(k_ptr, v_ptr, table_ptr, lens_ptr, pair + 1, kv_heads, slots, dim, max_blocks,
+                                        block_size);
       scores.resize(group * context);
       with_head_vectors(dim, [&](auto NV) {
         attend_pair<decltype(NV)::value>(query.data(), keys, values, blocks, context, block_size, group, dim, scale,
