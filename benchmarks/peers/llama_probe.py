@@ -62,6 +62,7 @@ from benchmarks.results_io.report import write_json
 FORMATS = ("f32", "q4_0", "q4_k_m", "q4_1")
 SERVERS = (
     "batchserve",
+    "batchserve-int4-gemm",  # the default model with --int4-gemm: int8 activations past the row switch, as llama.cpp's
     *(f"batchserve-{f}" for f in FORMATS),
     *(f"llama-{f}" for f in FORMATS),
     "llama-server",
@@ -222,6 +223,8 @@ def probe_targets(names: Sequence[str], batch: int, model: str | None = None) ->
     for name in names:
         if name == "batchserve":
             found.append(batchserve_target("batchserve", "continuous", settings))
+        elif name == "batchserve-int4-gemm":
+            found.append(batchserve_target(name, "continuous", dataclasses.replace(settings, int4_gemm=True)))
         elif name.startswith("batchserve-"):
             gguf = format_gguf(name.removeprefix("batchserve-").upper(), model)
             if gguf.is_file():

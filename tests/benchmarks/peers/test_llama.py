@@ -267,3 +267,10 @@ def test_peak_memory_reads_this_process() -> None:
     peak = llama_probe.peak_rss_mib(os.getpid())
     assert peak is not None and peak > 10  # an interpreter with torch imported holds more than 10 MiB
     assert llama_probe.peak_rss_mib(2**22 + 7) is None  # no such process
+
+
+def test_the_int4_gemm_server_is_the_default_model_with_the_flag() -> None:
+    plain, gemm = llama_probe.probe_targets(["batchserve", "batchserve-int4-gemm"], batch=4)
+    assert isinstance(plain, Target) and isinstance(gemm, Target)
+    assert "--int4-gemm" in gemm.argv and "--int4-gemm" not in plain.argv
+    assert [a for a in gemm.argv if a != "--int4-gemm"] == list(plain.argv)
