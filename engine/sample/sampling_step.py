@@ -46,14 +46,8 @@ def sample_and_record(
     which the sampler runs too (None: torch)."""
     if not seq_ids:
         return ()
-    if state.all_plain_greedy:
-        # What `_sample` gives such rows (no edits, no scores), without its ~30 small ops: a tenth of a batch-1 step.
-        tokens = argmax_rows(logits.to("cpu") if logits.device.type != "cpu" else logits, kernels)
-        state.token_buffer[rows, state.seq_len[rows]] = tokens
-        state.seq_len[rows] += 1
-        finish = finish_codes(state, rows, state.seq_len[rows], tokens, eos_token_ids)
-        return package(seq_ids, [-1] * len(seq_ids), tokens, finish, SampleResult(tokens, None, None, None))
-    constrained = state.constrained[rows].nonzero()[:, 0].tolist()  # positions in `rows`
+    plain = state.all_plain_greedy  # then no row has a grammar or wants logprobs
+    constrained = [] if plain else state.constrained[rows].nonzero()[:, 0].tolist()  # positions in `rows`
     row_matchers = [matchers[seq_ids[i]] for i in constrained] if matchers else []
     result, dead_ends = _sample(
         state, rows, state.seq_len[rows], logits, eos_token_ids, row_matchers, constrained, kernels
@@ -68,7 +62,8 @@ def sample_and_record(
         finish[ended] = _STOPPED
         finish[refused] = _DEAD_END
         finish[dead_ends] = _DEAD_END
-    return package(seq_ids, state.logprobs[rows].tolist(), tokens, finish, result)
+    wanted = [-1] * len(seq_ids) if plain else state.logprobs[rows].tolist()
+    return package(seq_ids, wanted, tokens, finish, result)
 
 
 def sample_at(
@@ -100,6 +95,10 @@ def _sample(
 ) -> tuple[SampleResult, torch.Tensor]:
     """Edit and sample `logits` for rows holding `lengths` tokens; also the positions whose grammar allows nothing."""
     logits = logits.to("cpu") if logits.device.type != "cpu" else logits
+    if state.all_plain_greedy:
+        # What the general path gives such rows (no edits, no scores) without its ~30 small ops: at batch 1 they
+        # were 0.34 of 5.4 ms a step, this takes 0.16.
+        return SampleResult(argmax_rows(logits, kernels), None, None, None), torch.zeros(0, dtype=torch.long)
     counter = lengths - state.prompt_len[rows]  # index of the output token being sampled
     num_logprobs = int(state.logprobs[rows].max())
     min_p = state.min_p[rows]

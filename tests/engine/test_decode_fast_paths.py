@@ -12,7 +12,7 @@ from engine.config import EngineConfig
 from engine.model.forward_batch import ForwardBatch, build_forward_batch
 from engine.rows import SequenceRows
 from engine.sample.sampling_params import SamplingParams
-from engine.sample.sampling_step import sample_and_record
+from engine.sample.sampling_step import sample_and_record, sample_at
 
 VOCAB = 64
 
@@ -102,6 +102,13 @@ def test_plain_greedy_rows_sample_as_the_general_path_does(featured: SamplingPar
     assert plain.all_plain_greedy and not general.all_plain_greedy
 
     seq_ids = list(range(len(params)))
+    # Speculation's verify step samples positions without recording them.
+    lengths = plain.seq_len[plain_rows] + torch.tensor([0, 1, 2, 0, 1])
+    fast_at, fast_finish = sample_at(plain, plain_rows, lengths, logits, eos, kernels=None)
+    slow_at, slow_finish = sample_at(general, general_rows, lengths, logits, eos, kernels=None)
+    assert torch.equal(fast_at.tokens, slow_at.tokens) and torch.equal(fast_finish, slow_finish)
+    assert fast_at.logprobs is None and slow_at.logprobs is None
+
     fast = sample_and_record(plain, plain_rows, logits, seq_ids, eos, kernels=None)
     slow = sample_and_record(general, general_rows, logits, seq_ids, eos, kernels=None)
     assert fast == slow
