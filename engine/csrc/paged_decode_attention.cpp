@@ -210,9 +210,10 @@ inline void with_head_vectors(int64_t dim, F&& f) {
 constexpr int64_t kPrefetchBytes = 256 * 1024;
 
 template <typename C>
-__attribute__((always_inline)) inline void prefetch_pair(const C* k_ptr, const C* v_ptr, const int64_t* table_ptr, const int64_t* lens_ptr,
-                          int64_t pair, int64_t kv_heads, int64_t slots, int64_t dim, int64_t max_blocks,
-                          int64_t block_size) {
+__attribute__((always_inline)) inline void prefetch_pair(const C* k_ptr, const C* v_ptr, const int64_t* table_ptr,
+                                                         const int64_t* lens_ptr, int64_t pair, int64_t kv_heads,
+                                                         int64_t slots, int64_t dim, int64_t max_blocks,
+                                                         int64_t block_size) {
   const int64_t r = pair / kv_heads, h = pair % kv_heads;
   const int64_t block_bytes = block_size * dim * static_cast<int64_t>(sizeof(C));
   const int64_t count = std::min((lens_ptr[r] + block_size - 1) / block_size, kPrefetchBytes / (2 * block_bytes));

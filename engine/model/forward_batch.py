@@ -227,8 +227,9 @@ def _decode_batch(
     tables = block_table[rows]
     slot_mapping = _slots(tables, start[:, None], block_size)[:, 0]
     samples = (start + 1) == seq_len[rows]
-    group = _group(index, start, torch.ones_like(index), tables, block_size, True)
-    scoring = _scoring(rows, start, torch.ones_like(index), index, token_buffer, scoring_args)
+    ones = torch.ones_like(index)  # tokens each row computes
+    group = _group(index, start, ones, tables, block_size, True)
+    scoring = _scoring(rows, start, ones, index, token_buffer, scoring_args)
     batch = ForwardBatch(token_buffer[rows, start], start, slot_mapping, (group,), index[samples], scoring)
     return batch, samples
 
