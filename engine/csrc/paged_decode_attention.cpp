@@ -18,6 +18,9 @@
 
 #include "ops.h"
 #include "scalar.h"
+#if defined(__AVX512BF16__)
+#include "paged_decode_attention_avx512_bf16.h"
+#endif
 #include "vector_exp.h"
 #include "vector_lanes.h"
 
@@ -235,6 +238,28 @@ void decode_pairs(const Q* q_ptr, const C* k_ptr, const C* v_ptr, Q* out_ptr, co
                   const int64_t* lens_ptr, int64_t rows, int64_t heads, int64_t kv_heads, int64_t dim, int64_t slots,
                   int64_t max_blocks, int64_t block_size, float scale) {
   const int64_t group = heads / kv_heads;
+#if defined(__AVX512BF16__)
+  if constexpr (std::is_same_v<Q, c10::BFloat16> && std::is_same_v<C, c10::BFloat16>) {
+    if (batchserve::decode_bf16::fits(dim, block_size)) {
+      namespace bf16 = batchserve::decode_bf16;
+      at::parallel_for(0, rows * kv_heads, 1, [&](int64_t begin, int64_t end) {
+        bf16::Scratch scratch;
+        for (int64_t pair = begin; pair < end; ++pair) {
+          const int64_t r = pair / kv_heads, h = pair % kv_heads;
+          const int64_t first = (r * heads + h * group) * dim;
+          if (pair + 1 < end) prefetch_pair(k_ptr, v_ptr, table_ptr, lens_ptr, pair + 1, kv_heads, slots, dim,
+                                            max_blocks, block_size);
+          bf16::with_head_words(dim, [&](auto NW) {
+            bf16::attend_pair<decltype(NW)::value>(q_ptr + first, k_ptr + h * slots * dim, v_ptr + h * slots * dim,
+                                                   table_ptr + r * max_blocks, lens_ptr[r], block_size, group, scale,
+                                                   scratch, out_ptr + first);
+          });
+        }
+      });
+      return;
+    }
+  }
+#endif
   at::parallel_for(0, rows * kv_heads, 1, [&](int64_t begin, int64_t end) {
     std::vector<float> scores, query(group * dim), acc(group * dim);
     for (int64_t pair = begin; pair < end; ++pair) {

@@ -72,6 +72,7 @@ _HEADERS = tuple(
         "int4_gemm_avx512_vnni.h",
         "int4_gemm_avx2.h",
         "paged_prefill_attention_avx512_bf16.h",
+        "paged_decode_attention_avx512_bf16.h",
     )
 )  # not compiled on their own, but a change must rebuild
 _STALE_LOCK_S = 300.0  # a build takes ~10-30 s; a lock this old was left by a build that was killed
