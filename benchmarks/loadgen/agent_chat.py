@@ -14,8 +14,12 @@ from benchmarks.loadgen.workloads import ChatTurn, RequestSpec
 
 
 def chat_payload(turn: ChatTurn, max_tokens: int) -> dict[str, Any]:
-    """What an agent sends: the history, the tools, and no tool_choice (OpenAI's default with tools is auto)."""
-    return {"messages": list(turn.messages), "tools": list(turn.tools), "max_tokens": max_tokens}
+    """What an agent sends: the history, the tools, and no tool_choice (OpenAI's default with tools is auto); a chat
+    without tools sends none."""
+    payload: dict[str, Any] = {"messages": list(turn.messages), "max_tokens": max_tokens}
+    if turn.tools:
+        payload["tools"] = list(turn.tools)
+    return payload
 
 
 def next_turn(

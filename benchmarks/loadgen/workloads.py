@@ -14,7 +14,11 @@ from typing import Any
 
 import numpy as np
 
-WORKLOADS = ("mixed", "uniform", "long-prompt", "multi-turn", "shared-prefix", "agent", "grounded", "jsonl")
+from benchmarks.loadgen.passages import function, passage
+
+WORKLOADS = (
+    "mixed", "uniform", "long-prompt", "multi-turn", "shared-prefix", "agent", "grounded", "grounded-chat", "jsonl",
+)  # fmt: skip
 
 _WORD_TEXT = (
     "the of and to in is was for on that with as by at from his her it an were are which this be or has had "
@@ -156,6 +160,8 @@ def build_workload(config: WorkloadConfig) -> list[RequestSpec]:
         return _agent(config, rng)
     if config.name == "grounded":
         return _grounded(config, rng)
+    if config.name == "grounded-chat":
+        return _grounded_chat(config, rng)
     return _from_jsonl(config)
 
 
@@ -213,6 +219,42 @@ def _grounded(config: WorkloadConfig, rng: np.random.Generator) -> list[RequestS
             )
         prompt = f"Passage: {passage}\n\n{task}\n{lead}"
         specs.append(RequestSpec(i, prompt, max_tokens, len(prompt.split()), kind))
+    return specs
+
+
+GROUNDED_CHAT_KINDS = ("quote", "edit", "summary", "code")
+_EDIT_WORDS = ("harbour", "village", "tower", "garden", "meadow", "orchard", "workshop", "lantern")
+
+
+def _grounded_chat(config: WorkloadConfig, rng: np.random.Generator) -> list[RequestSpec]:
+    """What `grounded` asks, of plain-English passages (benchmarks/loadgen/passages.py) and short Python functions,
+    as chat requests that end where the model ends them: a quote, an edit and a summary of a passage, and a
+    function renamed. `max_tokens` only caps a runaway answer (twice the passage, a summary half of it)."""
+    specs = []
+    for i in range(config.num_prompts):
+        kind = GROUNDED_CHAT_KINDS[i % len(GROUNDED_CHAT_KINDS)]
+        if kind == "code":
+            code, name = function(rng)
+            new_name = f"{name}_{_WORDS[int(rng.integers(len(_WORDS)))]}"
+            task = f"Rename the function {name} to {new_name} in the code below. Return the whole code."
+            text = f"{task}\n\n```python\n{code}```"
+            max_tokens = 2 * len(code.split()) + 64
+        else:
+            words = passage(rng, config.grounded_words_min, config.grounded_words_max)
+            if kind == "quote":
+                task, max_tokens = "Repeat the passage below exactly, word for word.", 2 * len(words.split())
+            elif kind == "edit":
+                old = next(w for w in words.split() if len(w) > 4 and w.isalpha())
+                new = _EDIT_WORDS[int(rng.integers(len(_EDIT_WORDS)))]
+                task, max_tokens = (
+                    f"Rewrite the passage below with every '{old}' replaced by '{new}'.",
+                    2 * len(words.split()),
+                )
+            else:
+                task, max_tokens = "Summarise the passage below, quoting its key phrases.", len(words.split()) // 2
+            text = f"{task}\n\n{words}"
+        chat = ChatTurn(tools=(), messages=({"role": "user", "content": text},))
+        specs.append(RequestSpec(i, text, max_tokens, len(text.split()), kind, chat=chat))
     return specs
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import json
 from pathlib import Path
 
@@ -46,6 +47,28 @@ def test_grounded_prompts_hold_the_passage_their_answer_repeats() -> None:
             assert f"every '{passage.split()[0]}' replaced by" in spec.prompt
     with pytest.raises(ValueError, match="grounded_words"):
         WorkloadConfig(name="grounded", grounded_words_min=10, grounded_words_max=5)
+
+
+def test_grounded_chat_asks_about_prose_and_code_it_sends() -> None:
+    specs = build_workload(WorkloadConfig(name="grounded-chat", num_prompts=16, seed=5))
+    assert [s.kind for s in specs[:4]] == ["quote", "edit", "summary", "code"]
+    for spec in specs:
+        assert spec.chat is not None and spec.chat.tools == ()
+        (message,) = spec.chat.messages
+        assert message == {"role": "user", "content": spec.prompt}
+        task, body = spec.prompt.split("\n\n", 1)
+        if spec.kind == "code":
+            code = body.removeprefix("```python\n").removesuffix("```")
+            tree = ast.parse(code)  # well-formed Python
+            (definition,) = tree.body
+            assert isinstance(definition, ast.FunctionDef) and f"the function {definition.name} to" in task
+        else:
+            sentences = body.split(". ")
+            assert len(body.split()) >= 64 and all(s[0].isupper() for s in sentences)
+            words = len(body.split())
+            assert spec.max_tokens == (words // 2 if spec.kind == "summary" else 2 * words)
+            if spec.kind == "edit":
+                assert task.split("'")[1] in body.split()
 
 
 def test_uniform_has_equal_lengths() -> None:
