@@ -180,6 +180,8 @@ def fit_cost_model(
 def _fit_switched(shapes: Sequence[StepShape], seconds: Sequence[float], source: str, switch_tokens: int) -> FitReport:
     small = [i for i, s in enumerate(shapes) if s.num_tokens <= switch_tokens]
     large = [i for i, s in enumerate(shapes) if s.num_tokens > switch_tokens]
+    if not small or not large:  # the switch lies outside every measured step (under an AVX2 cap, the largest int:
+        return fit_cost_model(shapes, seconds, source)  # int4 serves every row count): one regime
     fits = []
     for side in (small, large):
         if len(side) < len(FEATURES):

@@ -118,10 +118,20 @@ def test_switched_model_round_trips_through_cost_json(tmp_path: Path) -> None:
     assert all(loaded.step_time(s) == pytest.approx(report.model.step_time(s)) for s in shapes)
 
 
-def test_switched_fit_needs_points_on_both_sides() -> None:
-    shapes = [s for s in profile_grid() if s.num_tokens <= 10]
+def test_switched_fit_needs_enough_points_on_each_side_it_has() -> None:
+    grid = profile_grid()
+    shapes = [s for s in grid if s.num_tokens <= 10] + [s for s in grid if s.num_tokens > 10][:2]
     with pytest.raises(ValueError, match="each side"):
-        fit_cost_model(shapes, [SWITCHED.step_time(s) for s in shapes], "one side", switch_tokens=10)
+        fit_cost_model(shapes, [SWITCHED.step_time(s) for s in shapes], "two past the switch", switch_tokens=10)
+
+
+def test_a_switch_past_every_measured_step_fits_one_regime() -> None:
+    # The AVX2 cap keeps the quantised weights at every row count: its switch is the largest int.
+    shapes = [s for s in profile_grid() if s.num_tokens <= 10]
+    times = [SWITCHED.step_time(s) for s in shapes]
+    report = fit_cost_model(shapes, times, "one regime", switch_tokens=2**31 - 1)
+    assert isinstance(report.model, FittedCostModel)
+    assert report.model == fit_cost_model(shapes, times, "one regime").model
 
 
 def test_fitted_model_rejects_negative_coefficients() -> None:
