@@ -87,20 +87,25 @@ def test_kernel_matches_the_torch_path(
 
 
 # The vector builds run head sizes of 4, 8 or 16 whole vectors through their own loops (64 and 128 in the AVX2
-# build; 64, 128 and 256 in the AVX-512 ones) and every other size through the portable ones: both, per build.
-@pytest.mark.parametrize("dim", [24, 64, 128, 256])
+# build; 64, 128 and 256 in the AVX-512 ones) and every other size through the portable ones: both, per build. The
+# avx512_bf16 build runs a bf16 query and cache through `vdpbf16ps` for head sizes of whole 32-value vectors and
+# blocks of whole 16-key tiles (1 to 8 vectors; 96 and 32 take its odd and single-vector loops), else the float path:
+# 16- and 32-key blocks, contexts ending inside a tile and on its edge, odd and even (value pairs).
+@pytest.mark.parametrize("dim", [24, 32, 64, 96, 128, 256])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("block_size", [16, 32])
 def test_kernel_matches_the_torch_path_at_each_head_size(
-    kernel: native.DecodeKernel, dim: int, dtype: torch.dtype
+    kernel: native.DecodeKernel, dim: int, dtype: torch.dtype, block_size: int
 ) -> None:
-    query, key_cache, value_cache, batch, num_blocks = _decode_case(5, 9, 3, 16, seed=dim, dim=dim)
+    query, key_cache, value_cache, batch, num_blocks = _decode_case(7, 9, 3, block_size, seed=dim, dim=dim)
     query, key_cache, value_cache = query.to(dtype), key_cache.to(dtype), value_cache.to(dtype)
-    torch_groups = prepare(batch.groups, 3, num_blocks, 16, native_decode=False)
-    kernel_groups = prepare(batch.groups, 3, num_blocks, 16, native_decode=True)
+    torch_groups = prepare(batch.groups, 3, num_blocks, block_size, native_decode=False)
+    kernel_groups = prepare(batch.groups, 3, num_blocks, block_size, native_decode=True)
     expected = paged_attention(query.float(), key_cache.float(), value_cache.float(), torch_groups, dim**-0.5)
     got = paged_attention(query, key_cache, value_cache, kernel_groups, dim**-0.5, decode_kernel=kernel)
     assert got.dtype == dtype
-    # float32 arithmetic inside either way; a bfloat16 output is rounded once (half an ulp: 2**-9 relative).
+    # A bfloat16 output is rounded once (half an ulp: 2**-9 relative); the vdpbf16ps path also weighs the values
+    # by bf16-rounded softmax weights, an error of the same order over a context's sum.
     tolerance = 1e-5 if dtype == torch.float32 else 4e-3
     torch.testing.assert_close(got.float(), expected, rtol=tolerance, atol=tolerance)
 
