@@ -14,7 +14,14 @@ from typing import Any
 from api.structured.limits import RANGES as GRAMMAR_RANGES
 from api.structured.limits import GrammarLimits
 from api.structured.tool_parsers.registry import PARSERS
-from engine.config import DEFAULT_MAX_QUANTIZED_ROWS, DTYPES, QUANTIZATIONS, EngineConfig, LoadConfig
+from engine.config import (
+    DEFAULT_MAX_QUANTIZED_ROWS,
+    DTYPES,
+    INT4_GEMM_SCOPES,
+    QUANTIZATIONS,
+    EngineConfig,
+    LoadConfig,
+)
 from engine.spec.config import SpeculativeConfig
 from scheduler.config import RANGES, SCHEDULING_POLICIES, Mode, SchedulerConfig
 from scheduler.policies import load_policy
@@ -43,7 +50,7 @@ class RuntimeOptions:
     # defaults are the measured choice, the others are for `python -m benchmarks quality` and experiments.
     max_quantized_rows: int | None = DEFAULT_MAX_QUANTIZED_ROWS
     int8_activations: bool = True
-    int4_gemm: bool = False  # large steps on int4_gemm, no dense copy (ServerConfig.int4_gemm's help)
+    int4_gemm: str = "off"  # which projections run large steps on int4_gemm (ServerConfig.int4_gemm's help)
     enable_prefix_caching: bool = True
     grammar_limits: GrammarLimits = field(default_factory=GrammarLimits)
     tool_call_parser: str | None = None  # None: the model's default (api/structured/tool_parsers/registry.py)
@@ -84,8 +91,10 @@ class RuntimeOptions:
         )
 
 
-def check_int4_gemm(on: bool, quantization: str) -> None:
-    if on and quantization not in ("auto", "int4"):
+def check_int4_gemm(scope: str, quantization: str) -> None:
+    if scope not in INT4_GEMM_SCOPES:
+        raise ValueError(f"int4_gemm must be one of {', '.join(INT4_GEMM_SCOPES)}; got {scope!r}")
+    if scope != "off" and quantization not in ("auto", "int4"):
         raise ValueError(f"int4_gemm needs int4 weights (quantization int4 or auto); got quantization {quantization!r}")
 
 
@@ -195,11 +204,13 @@ class ServerConfig:
         "the first start, none for other models; on a GPU: none (docs/quantization.md)",
         choices=QUANTIZATIONS,
     )
-    int4_gemm: bool = _opt(
-        False,
-        "CPU, int4 weights on AVX2 or AVX-512 VNNI: steps of more rows than the row switch run int4_gemm (one int8 "
-        "digit per activation, as llama.cpp's prefill) instead of a dense copy of the projections, and no dense "
-        "copy is kept: less memory, a small quality cost (docs/quantization.md)",
+    int4_gemm: str = _opt(
+        "off",
+        "CPU, int4 weights on AVX2 or AVX-512 VNNI: which projections run steps of more rows than the row switch "
+        "on int4_gemm (one int8 digit per activation, as llama.cpp's CPU kernels) instead of a dense copy, keeping "
+        "no dense copy: off, except-qkv (all but the attention's q/k/v: faster large batches and prompts at a small "
+        "quality cost) or all (less memory, a larger cost); figures in docs/quantization.md",
+        choices=INT4_GEMM_SCOPES,
     )
     max_body_bytes: int = _opt(
         1_000_000, "Largest request body accepted (413 beyond)", range=Range(1, 1 << 30, integer=True)

@@ -39,7 +39,8 @@ STEPS = {
     "switched": {},  # the server's default: quantised up to 10 rows a step, the dense copy past that
     "quantized": {"max_quantized_rows": None},  # every step quantised, int8 activations where the CPU has VNNI
     "quantized-float": {"max_quantized_rows": None, "int8_activations": False},  # ... and float activations
-    "gemm": {"int4_gemm": True},  # int4: past the row switch int4_gemm (one int8 digit), no dense copy
+    "gemm": {"int4_gemm": "all"},  # int4: past the row switch int4_gemm (one int8 digit), no dense copy
+    "gemm-except-qkv": {"int4_gemm": "except-qkv"},  # ... for every projection but the attention's q/k/v
 }
 
 

@@ -62,7 +62,8 @@ from benchmarks.results_io.report import write_json
 FORMATS = ("f32", "q4_0", "q4_k_m", "q4_1")
 SERVERS = (
     "batchserve",
-    "batchserve-int4-gemm",  # the default model with --int4-gemm: int8 activations past the row switch, as llama.cpp's
+    "batchserve-int4-gemm",  # the default model, --int4-gemm all: int8 activations past the row switch, as llama.cpp's
+    "batchserve-int4-gemm-except-qkv",  # ... with --int4-gemm except-qkv: all but the attention's q/k/v
     *(f"batchserve-{f}" for f in FORMATS),
     *(f"llama-{f}" for f in FORMATS),
     "llama-server",
@@ -223,8 +224,9 @@ def probe_targets(names: Sequence[str], batch: int, model: str | None = None) ->
     for name in names:
         if name == "batchserve":
             found.append(batchserve_target("batchserve", "continuous", settings))
-        elif name == "batchserve-int4-gemm":
-            found.append(batchserve_target(name, "continuous", dataclasses.replace(settings, int4_gemm=True)))
+        elif name.startswith("batchserve-int4-gemm"):
+            scope = name.removeprefix("batchserve-int4-gemm").removeprefix("-") or "all"
+            found.append(batchserve_target(name, "continuous", dataclasses.replace(settings, int4_gemm=scope)))
         elif name.startswith("batchserve-"):
             gguf = format_gguf(name.removeprefix("batchserve-").upper(), model)
             if gguf.is_file():

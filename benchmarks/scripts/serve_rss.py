@@ -2,7 +2,7 @@
 it answers /health, and again after one prompt long enough to be a step past the row switch; then SIGTERM.
 
     python -m benchmarks.scripts.serve_rss [--serve-args "--dtype bfloat16 --quantization int4"]
-                                           [--variants ",--int4-gemm"] [--out result.json]
+                                           [--variants ",--int4-gemm all"] [--out result.json]
 """
 
 from __future__ import annotations
@@ -74,7 +74,7 @@ def measure(serve_args: list[str], prompt_words: int) -> dict[str, Any]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--serve-args", default="--dtype bfloat16 --quantization int4")
-    parser.add_argument("--variants", default=",--int4-gemm", help="comma-separated extra flags, one server each")
+    parser.add_argument("--variants", default=",--int4-gemm all", help="comma-separated extra flags, one server each")
     parser.add_argument("--prompt-words", type=int, default=200)
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()

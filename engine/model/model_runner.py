@@ -33,6 +33,7 @@ from engine.model.linear import (
     Linear,
     RowSwitchedLinear,
     build_linear,
+    gemm_without_dense_copy,
 )
 from engine.model.prompt_scoring import DEFAULT_SLICE, PromptScores, score_positions
 from engine.platform.native import KernelBuild, Kernels, load_kernels
@@ -92,7 +93,7 @@ class TransformersRunner:
         max_quantized_rows: int | None = DEFAULT_MAX_QUANTIZED_ROWS,
         int8_activations: bool = True,
         min_gemm_rows: int | None = None,
-        int4_gemm: bool = False,
+        int4_gemm: str = "off",
         kernel_build: KernelBuild | None = None,
         fused_decode: bool = True,
         native_prefill: bool = True,
@@ -113,8 +114,9 @@ class TransformersRunner:
         `min_gemm_rows`: with int8 activations, steps of at least this many rows (past `max_quantized_rows`) run the
         int4 weights through the many-row kernel (one int8 digit per activation, linear.Int4DotLinear.gemm) instead
         of the dense copy; None: never.
-        `int4_gemm`: with int8 activations, int4 weights keep no dense copy: steps past `max_quantized_rows` run
-        int4_gemm (the serve flag --int4-gemm; its quality and speed are in docs/quantization.md).
+        `int4_gemm`: with int8 activations, which int4 weights keep no dense copy and run steps past
+        `max_quantized_rows` on int4_gemm: "off", "except-qkv" (all but the fused q/k/v projection) or "all" (the
+        serve flag --int4-gemm; engine.config.INT4_GEMM_SCOPES; quality and speed in docs/quantization.md).
         `kernel_build`: which build of the compiled kernels to run (engine/platform/native.py); default the best this
         CPU allows under BATCHSERVE_CPU_ISA.
         `fused_decode`: pure decode steps run every layer in one call where the layers allow it
@@ -148,6 +150,7 @@ class TransformersRunner:
         self.native_matmuls = self.kernels is not None and bool(self.quantized)
         self.int8_activations = int8_activations and self.kernels is not None and self.kernels.has_int4_dot
         self.min_gemm_rows = min_gemm_rows
+        gemm_without_dense_copy(int4_gemm, [])  # raises ValueError naming a bad scope before any weight is built
         self.int4_gemm = int4_gemm
         self.lm_head = self._linear(model.lm_head, "lm_head")
         self.layers = [self._prepare_layer(layer, f"model.layers.{i}") for i, layer in enumerate(inner.layers)]
@@ -176,7 +179,7 @@ class TransformersRunner:
         assert isinstance(quantized, Int4Linear | Int4DotLinear | Int8Linear | Int8DotLinear)
         if self.max_quantized_rows is None:
             return quantized
-        if self.int4_gemm and isinstance(quantized, Int4DotLinear):
+        if gemm_without_dense_copy(self.int4_gemm, names) and isinstance(quantized, Int4DotLinear):
             return RowSwitchedLinear(quantized, None, self.max_quantized_rows)
         # The dense copy holds the quantised weights' own values (as the kernels read them), not the checkpoint's:
         # large and small steps compute the same function.

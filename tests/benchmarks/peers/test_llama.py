@@ -269,8 +269,13 @@ def test_peak_memory_reads_this_process() -> None:
     assert llama_probe.peak_rss_mib(2**22 + 7) is None  # no such process
 
 
-def test_the_int4_gemm_server_is_the_default_model_with_the_flag() -> None:
-    plain, gemm = llama_probe.probe_targets(["batchserve", "batchserve-int4-gemm"], batch=4)
+@pytest.mark.parametrize(
+    ("server", "scope"), [("batchserve-int4-gemm", "all"), ("batchserve-int4-gemm-except-qkv", "except-qkv")]
+)
+def test_the_int4_gemm_servers_are_the_default_model_with_the_flag(server: str, scope: str) -> None:
+    plain, gemm = llama_probe.probe_targets(["batchserve", server], batch=4)
     assert isinstance(plain, Target) and isinstance(gemm, Target)
-    assert "--int4-gemm" in gemm.argv and "--int4-gemm" not in plain.argv
-    assert [a for a in gemm.argv if a != "--int4-gemm"] == list(plain.argv)
+    assert "--int4-gemm" not in plain.argv
+    flag = gemm.argv.index("--int4-gemm")
+    assert gemm.argv[flag + 1] == scope
+    assert gemm.argv[:flag] + gemm.argv[flag + 2 :] == plain.argv
