@@ -24,7 +24,7 @@ TORCH_LIBRARY(BATCHSERVE_OPS, m) {
   m.def("int4_gemv(Tensor x, Tensor packed, int group, Tensor scales_and_zeros) -> Tensor");
   m.def("int8_gemv(Tensor x, Tensor values, Tensor scales) -> Tensor");
   m.def("int4_dot(Tensor x, Tensor packed, int group, Tensor scales, Tensor zeros) -> Tensor");
-  m.def("int8_dot(Tensor x, Tensor packed, int group, Tensor scales) -> Tensor");
+  m.def("int8_dot(Tensor x, Tensor packed, int group, Tensor scales, bool one_digit=False) -> Tensor");
   m.def("int4_gemm(Tensor x, Tensor packed, int group, Tensor scales, Tensor zeros) -> Tensor");
   // No tensor arguments, so no dispatch key: registered with its function (a CPU kernel would never be chosen).
   m.def("int4_dot_available() -> bool", &BATCHSERVE_OPS::int4_dot_available);

@@ -22,12 +22,13 @@ inline __m512i broadcast4(const int8_t* digits) {
   return _mm512_set1_epi32(four);
 }
 
-// out[r, 0..15] = the totals `finish` builds, group by group, from each row's leading and residual dot products.
+// out[r, 0..15] = the totals `finish` builds, group by group, from each row's leading and residual dot products
+// (with kResidual false the residual digits are not read and their dot products stay zero: one digit, half the work).
 // `load_weights(input, first, second)`: the block's unsigned weight bytes for inputs input..input+3 (first) and
 // input+4..input+7 (second), 4 bytes per output row. `finish(g, leading, residual, total)`: folds group g's
 // int32 dot products into the R float totals. The digits of row r, input i are at xq[2 * (r * K + i)] on, 8
 // leading then 8 residual per 8 inputs.
-template <int R, typename LoadWeights, typename Finish>
+template <int R, bool kResidual, typename LoadWeights, typename Finish>
 inline void digit_dot_block(int64_t K, int64_t group, const int8_t* xq, LoadWeights&& load_weights, Finish&& finish,
                             float* out /* [R, 16] */) {
   const int64_t groups = K / group;
@@ -43,8 +44,10 @@ inline void digit_dot_block(int64_t K, int64_t group, const int8_t* xq, LoadWeig
         const int8_t* xs = xq + 2 * (r * K + g * group + k);
         leading[r] = _mm512_dpbusd_epi32(leading[r], first, broadcast4(xs));
         leading[r] = _mm512_dpbusd_epi32(leading[r], second, broadcast4(xs + 4));
-        residual[r] = _mm512_dpbusd_epi32(residual[r], first, broadcast4(xs + 8));
-        residual[r] = _mm512_dpbusd_epi32(residual[r], second, broadcast4(xs + 12));
+        if constexpr (kResidual) {
+          residual[r] = _mm512_dpbusd_epi32(residual[r], first, broadcast4(xs + 8));
+          residual[r] = _mm512_dpbusd_epi32(residual[r], second, broadcast4(xs + 12));
+        }
       }
     }
     finish(g, leading, residual, total);

@@ -47,7 +47,7 @@ inline void int4_dot_block(const uint8_t* packed, const c10::BFloat16* scales, c
       total[r] = _mm512_fmadd_ps(z, _mm512_set1_ps(x_sums[r * groups + g]), total[r]);
     }
   };
-  digit_dot_block<R>(K, group, xq, load_weights, finish, out);
+  digit_dot_block<R, true>(K, group, xq, load_weights, finish, out);
 }
 
 }  // namespace

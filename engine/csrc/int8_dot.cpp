@@ -34,19 +34,21 @@ namespace lanes = batchserve::lanes;
 
 template <typename T>
 void int8_dot_rows(const T* x, const uint8_t* packed, const float* scales, T* y, int64_t rows, int64_t K, int64_t N,
-                   int64_t group) {
+                   int64_t group, bool one_digit) {
   const int64_t groups = K / group;
   const std::unique_ptr<int8_t[]> xq(new int8_t[2 * rows * K]);  // every digit is written: no zeroing
   std::vector<float> x_scales(rows * groups), x_sums(rows * groups);
   quantise_activations(x, rows, K, group, xq.get(), x_scales.data(), x_sums.data());
-  // Each group's integer sum of 127 * leading + residual: what the weights' +128 adds to its dot products.
+  // Each group's integer sum of 127 * leading + residual (leading alone with one digit): what the weights' +128 adds
+  // to its dot products.
+  const int32_t residual_weight = one_digit ? 0 : 1;
   std::vector<int32_t> digit_sums(rows * groups, 0);
   for (int64_t r = 0; r < rows; ++r)
     for (int64_t g = 0; g < groups; ++g) {
       const int8_t* digits = xq.get() + 2 * (r * K + g * group);
       int32_t sum = 0;
       for (int64_t i = 0; i < 2 * group; i += 16)
-        for (int64_t j = 0; j < 8; ++j) sum += 127 * digits[i + j] + digits[i + 8 + j];
+        for (int64_t j = 0; j < 8; ++j) sum += 127 * digits[i + j] + residual_weight * digits[i + 8 + j];
       digit_sums[r * groups + g] = sum;
     }
   at::parallel_for(0, N / kDotBlock, 4, [&](int64_t begin, int64_t end) {
@@ -57,8 +59,13 @@ void int8_dot_rows(const T* x, const uint8_t* packed, const float* scales, T* y,
       for (int64_t first = 0; first < rows; first += kInt8DotRows) {
         const int64_t count = std::min<int64_t>(kInt8DotRows, rows - first);
         with_row_count<kInt8DotRows>(count, [&](auto R) {
-          int8_dot_block<decltype(R)::value>(block_bytes, xq.get() + 2 * first * K, x_scales.data() + first * groups,
-                                             digit_sums.data() + first * groups, K, group, out);
+          const int8_t* xs = xq.get() + 2 * first * K;
+          const float* sc = x_scales.data() + first * groups;
+          const int32_t* sums = digit_sums.data() + first * groups;
+          if (one_digit)
+            int8_dot_block<decltype(R)::value, false>(block_bytes, xs, sc, sums, K, group, out);
+          else
+            int8_dot_block<decltype(R)::value, true>(block_bytes, xs, sc, sums, K, group, out);
         });
         for (int64_t r = 0; r < count; ++r)
           lanes::store(y + (first + r) * N + block * kDotBlock, lanes::mul(lanes::load(out + r * kDotBlock), row_scales));
@@ -78,8 +85,8 @@ bool int8_dot_available() {
 #endif
 }
 
-torch::Tensor int8_dot(const torch::Tensor& x, const torch::Tensor& packed, int64_t group,
-                       const torch::Tensor& scales) {
+torch::Tensor int8_dot(const torch::Tensor& x, const torch::Tensor& packed, int64_t group, const torch::Tensor& scales,
+                       bool one_digit) {
   TORCH_CHECK(int8_dot_available(), "int8_dot needs AVX-512 with VNNI");
   TORCH_CHECK(x.device().is_cpu() && x.dim() == 2 && float_or_bf16(x), "int8_dot: x must be [rows, K] float32 or bfloat16");
   TORCH_CHECK(packed.scalar_type() == torch::kByte && packed.dim() == 2 && packed.size(1) == x.size(1),
@@ -96,10 +103,10 @@ torch::Tensor int8_dot(const torch::Tensor& x, const torch::Tensor& packed, int6
   const auto s = scales.contiguous();
   if (x.scalar_type() == torch::kBFloat16) {
     int8_dot_rows<c10::BFloat16>(xc.data_ptr<c10::BFloat16>(), w.data_ptr<uint8_t>(), s.data_ptr<float>(),
-                                 y.data_ptr<c10::BFloat16>(), rows, K, N, group);
+                                 y.data_ptr<c10::BFloat16>(), rows, K, N, group, one_digit);
   } else {
     int8_dot_rows<float>(xc.data_ptr<float>(), w.data_ptr<uint8_t>(), s.data_ptr<float>(), y.data_ptr<float>(), rows,
-                         K, N, group);
+                         K, N, group, one_digit);
   }
 #endif
   return y;

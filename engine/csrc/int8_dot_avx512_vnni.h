@@ -19,8 +19,9 @@ namespace {
 constexpr int kInt8DotRows = 8;  // activation rows per pass over a block of weights
 
 // One block of 16 output rows for R activation rows: out[r, 0..15] = sum over groups of x_scale[r, g] times
-// (127 * leading dot + residual dot - 128 * the digits' sum), before the weights' own scales.
-template <int R>
+// (127 * leading dot + residual dot - 128 * the digits' sum), before the weights' own scales; without kResidual the
+// residual digits are left out (digit_sums must leave them out too).
+template <int R, bool kResidual>
 inline void int8_dot_block(const uint8_t* block, const int8_t* xq, const float* x_scales, const int32_t* digit_sums,
                            int64_t K, int64_t group, float* out /* [R, 16] */) {
   const int64_t groups = K / group;
@@ -41,7 +42,7 @@ inline void int8_dot_block(const uint8_t* block, const int8_t* xq, const float* 
       total[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(digits), _mm512_set1_ps(x_scales[r * groups + g]), total[r]);
     }
   };
-  digit_dot_block<R>(K, group, xq, load_weights, finish, out);
+  digit_dot_block<R, kResidual>(K, group, xq, load_weights, finish, out);
 }
 
 }  // namespace

@@ -58,7 +58,9 @@ torch::Tensor int4_dot(const torch::Tensor& x, const torch::Tensor& packed, int6
 bool int4_dot_available();
 
 // int8_dot.cpp (the int8 LM head by integer dot products)
-torch::Tensor int8_dot(const torch::Tensor& x, const torch::Tensor& packed, int64_t group, const torch::Tensor& scales);
+// one_digit: the activations' leading int8 digit alone (half the integer work; docs/quantization.md has its cost).
+torch::Tensor int8_dot(const torch::Tensor& x, const torch::Tensor& packed, int64_t group, const torch::Tensor& scales,
+                       bool one_digit);
 bool int8_dot_available();
 
 // int4_gemm.cpp (int4_dot's weights, many rows, one int8 digit per activation)

@@ -62,6 +62,7 @@ class Linear:
 
 INT4_BLOCK_ROWS = 64  # output rows per block of the kernels' int4_gemv layout
 INT8_DOT_BLOCK_ROWS = 16  # output rows per block of int8_dot's layout
+ONE_DIGIT_GROUP = 32  # inputs per activation scale with one int8 digit (int4_gemm's, llama.cpp's Q8_0 blocks)
 
 
 def pack_int4_blocks(values: torch.Tensor) -> torch.Tensor:
@@ -247,21 +248,27 @@ class Int8DotLinear:
         y = self.kernels.ops.int8_dot(x, self.packed, self.group_size, self.scales)
         return y if self.bias is None else y + self.bias
 
+    def gemm(self, x: torch.Tensor) -> torch.Tensor:
+        """The same weights for many rows: one int8 digit per activation in groups of 32 (as int4_gemm's), half
+        the integer work of two (`--int4-gemm`'s LM head; its quality: docs/quantization.md)."""
+        y = self.kernels.ops.int8_dot(x, self.packed, ONE_DIGIT_GROUP, self.scales, True)
+        return y if self.bias is None else y + self.bias
+
 
 QuantizedLinear = Int4Linear | Int4DotLinear | Int8Linear | Int8DotLinear
 
 
 @dataclass(frozen=True)
 class RowSwitchedLinear:
-    """Quantised weights for small steps, a dense copy (or int4_gemm) for large ones.
+    """Quantised weights for small steps, a dense copy (or one-digit integer dot products) for large ones.
 
     A step of a few rows is bound by the bytes of weights it reads, where 4-bit weights win; a step of many rows
     (prefill, a large decode batch) is bound by arithmetic, where dequantising every weight for every group of
     rows costs far more than a dense bfloat16 matmul (4x at 64 rows, 8x at 512: docs/quantization.md). The
     dense copy holds the quantised weights' own dequantised values in the activations' dtype (built by
-    TransformersRunner), so both paths compute the same function. Without one (`dense` None, int4 weights with
-    integer dot products only), large steps run int4_gemm on the same int4 weights: one int8 digit per activation,
-    a quality change docs/quantization.md measures, and no second copy of the weights in memory."""
+    TransformersRunner), so both paths compute the same function. Without one (`dense` None, weights with integer
+    dot products only), large steps run int4_gemm (int8: int8_dot's one digit) on the same weights: one int8 digit
+    per activation, a quality change docs/quantization.md measures, and no second copy of the weights in memory."""
 
     quantized: QuantizedLinear
     dense: Linear | None
@@ -269,8 +276,8 @@ class RowSwitchedLinear:
     min_gemm_rows: int | None = None  # steps of this many rows or more run int4_gemm where the weights allow
 
     def __post_init__(self) -> None:
-        if self.dense is None and not isinstance(self.quantized, Int4DotLinear):
-            raise ValueError("only int4 weights with integer dot products run large steps without a dense copy")
+        if self.dense is None and not isinstance(self.quantized, Int4DotLinear | Int8DotLinear):
+            raise ValueError("only weights with integer dot products run large steps without a dense copy")
 
     @property
     def in_features(self) -> int:
@@ -281,9 +288,9 @@ class RowSwitchedLinear:
         if rows <= self.max_quantized_rows:
             return self.quantized(x)
         gemm = self.dense is None or (self.min_gemm_rows is not None and rows >= self.min_gemm_rows)
-        if gemm and isinstance(self.quantized, Int4DotLinear):
+        if gemm and isinstance(self.quantized, Int4DotLinear | Int8DotLinear):
             return self.quantized.gemm(x)
-        assert self.dense is not None  # __post_init__: only Int4DotLinear goes without
+        assert self.dense is not None  # __post_init__: only the integer-dot linears go without
         return self.dense(x)
 
 

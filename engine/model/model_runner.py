@@ -179,7 +179,7 @@ class TransformersRunner:
         assert isinstance(quantized, Int4Linear | Int4DotLinear | Int8Linear | Int8DotLinear)
         if self.max_quantized_rows is None:
             return quantized
-        if gemm_without_dense_copy(self.int4_gemm, names) and isinstance(quantized, Int4DotLinear):
+        if gemm_without_dense_copy(self.int4_gemm, names) and isinstance(quantized, Int4DotLinear | Int8DotLinear):
             return RowSwitchedLinear(quantized, None, self.max_quantized_rows)
         # The dense copy holds the quantised weights' own values (as the kernels read them), not the checkpoint's:
         # large and small steps compute the same function.

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.model.linear import Int8DotLinear, Int8Linear, build_linear
+from engine.model.linear import Int8DotLinear, Int8Linear, RowSwitchedLinear, build_linear
 from engine.platform import native
 from engine.weights.quantization import Int8Weight
 
@@ -66,6 +66,40 @@ def test_int8_dot_on_real_activations_is_as_close_as_the_float_path(
         assert dot <= 1.25 * relative(Int8Linear.build(weight, None, dtype, kernels)(x))
     else:
         assert dot < 1e-4
+
+
+def _one_digit(x: torch.Tensor, group: int) -> torch.Tensor:
+    """x with each value rounded to its group's int8 grid (127ths of the group's largest), as one digit keeps it."""
+    v = x.float().view(x.shape[0], -1, group)
+    scale = v.abs().amax(-1, keepdim=True) / 127
+    inverse = torch.where(scale > 0, 1 / scale, torch.zeros_like(scale))
+    return (torch.round(v * inverse).double() * scale.double()).view(x.shape)
+
+
+@pytest.mark.parametrize(("rows", "inputs"), [(1, 64), (9, 576), (32, 576), (17, 2048)])
+def test_one_digit_is_the_product_of_the_activations_on_their_int8_grid(
+    kernels: native.Kernels, rows: int, inputs: int
+) -> None:
+    """`gemm` (int8_dot's one_digit, groups of 32) multiplies each activation rounded to one int8 digit: exactly
+    that product up to float rounding, and a visibly coarser one than two digits' (so the residual really is off)."""
+    weight = _int8(96, inputs, seed=rows)
+    linear = Int8DotLinear.build(weight, None, torch.float32, _dot(kernels))
+    x = torch.randn(rows, inputs, generator=torch.Generator().manual_seed(inputs + rows))
+    got = linear.gemm(x).double()
+    on_grid = _exact(_one_digit(x, 32), weight)
+    assert bool(((got - on_grid).abs() <= 1e-5 * on_grid.abs() + 1e-4).all())
+    exact = _exact(x, weight)
+    assert (got - exact).norm() > 10 * (linear(x).double() - exact).norm()
+
+
+def test_without_a_dense_copy_steps_past_the_switch_take_one_digit(kernels: native.Kernels) -> None:
+    """`--int4-gemm`'s LM head: a RowSwitchedLinear with no dense copy runs two digits up to its row switch and one
+    digit past it."""
+    linear = Int8DotLinear.build(_int8(64, 576), None, torch.bfloat16, _dot(kernels))
+    switched = RowSwitchedLinear(linear, None, max_quantized_rows=4)
+    x = torch.randn(8, 576, generator=torch.Generator().manual_seed(8)).bfloat16()
+    assert torch.equal(switched(x[:4]), linear(x[:4]))
+    assert torch.equal(switched(x), linear.gemm(x)) and not torch.equal(switched(x), linear(x))
 
 
 def test_a_row_gives_the_same_bits_alone_as_in_a_batch(kernels: native.Kernels) -> None:
