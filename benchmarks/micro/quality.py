@@ -3,6 +3,8 @@
 For each `dtype/quantization` setting the script loads the served model through the offline API and measures:
 - perplexity on the reference texts (`../shared/reference/*.txt` by default), scored through prompt logprobs in
   chunks of `--chunk` tokens, exactly as a client's `prompt_logprobs` would see them;
+- the RMS of each scored token's log-probability change from float32's: a rounding's size, token by token, where
+  perplexity nets ups against downs (a setting's changes add up in its square, one source at a time);
 - greedy agreement with the float32 run over `--max-tokens` tokens for `--prompts` prompts: where the first
   differing token falls, and how close float32's top two candidates were there (a gap near zero means the
   float32 choice was itself a coin toss, so a rounding change flips it).
@@ -78,6 +80,7 @@ class SettingResult:
     setting: str
     perplexity: float
     perplexity_ratio: float  # over the baseline's
+    logprob_rms: float  # RMS of each scored token's log-probability change from the baseline's
     scored_tokens: int
     identical_prompts: int
     divergences: tuple[Divergence, ...]
@@ -106,10 +109,18 @@ def greedy_prompts(chunks: Sequence[Sequence[int]], count: int, length: int = 24
     return [flat[i * stride : i * stride + length] for i in range(count)]
 
 
-def perplexity(llm: LLM, chunks: Sequence[list[int]]) -> tuple[float, int]:
+def scored_logprobs(llm: LLM, chunks: Sequence[list[int]]) -> list[float]:
+    """Each chunk's tokens after its first, scored: their log-probabilities in order."""
     outputs = llm.generate(list(chunks), SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=0))
-    logprobs = [lp for out in outputs if out.prompt_logprobs is not None for lp in out.prompt_logprobs.logprobs]
-    return math.exp(-sum(logprobs) / len(logprobs)), len(logprobs)
+    return [lp for out in outputs if out.prompt_logprobs is not None for lp in out.prompt_logprobs.logprobs]
+
+
+def perplexity(logprobs: Sequence[float]) -> float:
+    return math.exp(-sum(logprobs) / len(logprobs))
+
+
+def rms_change(logprobs: Sequence[float], baseline: Sequence[float]) -> float:
+    return math.sqrt(sum((a - b) ** 2 for a, b in zip(logprobs, baseline, strict=True)) / len(baseline))
 
 
 def greedy(llm: LLM, prompts: Sequence[list[int]], max_tokens: int) -> list[list[int]]:
@@ -153,7 +164,7 @@ def load_llm(model: str | None, setting: Setting) -> LLM:
 def run(model: str | None, settings: Sequence[Setting], texts: Path, prompts: int, max_tokens: int, chunk: int) -> dict:
     ordered = [Setting.parse(BASELINE), *(s for s in settings if s.name != BASELINE)]
     results: list[SettingResult] = []
-    base_ppl = 0.0
+    base_logprobs: list[float] = []
     base_outputs: list[list[int]] = []
     gaps: list[list[float]] = []
     greedy_set: list[list[int]] = []
@@ -162,18 +173,19 @@ def run(model: str | None, settings: Sequence[Setting], texts: Path, prompts: in
             chunks = reference_chunks(llm, texts, chunk)
             if not greedy_set:
                 greedy_set = greedy_prompts(chunks, prompts)
-            ppl, count = perplexity(llm, chunks)
+            logprobs = scored_logprobs(llm, chunks)
             outputs = greedy(llm, greedy_set, max_tokens)
             if setting.name == BASELINE:
-                base_ppl, base_outputs = ppl, outputs
+                base_logprobs, base_outputs = logprobs, outputs
                 gaps = top2_gaps(llm, greedy_set, outputs)
         divergences = compare(base_outputs, outputs, gaps)
         results.append(
             SettingResult(
                 setting.name,
-                ppl,
-                ppl / base_ppl,
-                count,
+                perplexity(logprobs),
+                perplexity(logprobs) / perplexity(base_logprobs),
+                rms_change(logprobs, base_logprobs),
+                len(logprobs),
                 sum(d.first_difference is None for d in divergences),
                 tuple(divergences),
             )
@@ -196,6 +208,7 @@ def format_row(result: SettingResult, prompts: int) -> str:
     verdict = "ok" if result.perplexity_ratio <= 1 + PPL_TOLERANCE else "OVER 1%"
     return (
         f"{result.setting:<18} ppl {result.perplexity:8.3f} ({(result.perplexity_ratio - 1) * 100:+.2f}%, {verdict})"
+        f"  log-prob change RMS {result.logprob_rms:.4f}"
         f"  identical {result.identical_prompts}/{prompts}"
         f"  first difference at {[d.first_difference for d in diverged]}"
         f"  float32 top-2 gap there {[round(g, 3) for g in gaps]}"

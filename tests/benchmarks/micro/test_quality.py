@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.micro.quality import Divergence, Setting, compare, run
+from benchmarks.micro.quality import Divergence, Setting, compare, perplexity, rms_change, run
 
 TEXT = "the quick brown fox jumps over the lazy dog while the cat sleeps by the warm fire. " * 6
 
@@ -17,6 +17,13 @@ def test_setting_parses_dtype_and_quantization() -> None:
     assert Setting.parse("bfloat16/int4") == Setting("bfloat16", "int4")
     with pytest.raises(Exception, match="DTYPE/QUANTIZATION"):
         Setting.parse("bfloat16")
+
+
+def test_the_rms_change_is_token_by_token_where_perplexity_nets_out() -> None:
+    baseline = [-1.0, -2.0, -3.0, -4.0]
+    shifted = [-0.5, -2.5, -2.5, -4.5]  # the same sum: the same perplexity, every token moved by 0.5
+    assert perplexity(shifted) == pytest.approx(perplexity(baseline))
+    assert rms_change(shifted, baseline) == pytest.approx(0.5) and rms_change(baseline, baseline) == 0.0
 
 
 def test_compare_finds_the_first_difference_and_its_float32_margin() -> None:
@@ -30,6 +37,7 @@ def test_float32_baseline_is_itself_and_bfloat16_is_measured_against_it(tiny_che
     baseline, bf16 = report["results"]
     assert baseline["setting"] == "float32/none" and bf16["setting"] == "bfloat16/none"
     assert baseline["perplexity_ratio"] == 1.0 and baseline["identical_prompts"] == 4
+    assert baseline["logprob_rms"] == 0.0 and bf16["logprob_rms"] > 0.0
     assert baseline["scored_tokens"] == bf16["scored_tokens"] > 32  # every chunk's positions but its first
     assert math.isfinite(bf16["perplexity"]) and bf16["perplexity"] > 1.0
     assert len(bf16["divergences"]) == 4
