@@ -1,6 +1,6 @@
 // int8_dot: x [rows, K] (float32 or bfloat16) times int8 weights W [N, K] with one scale per output row, by integer
-// dot products: the int8 LM head's kernel where the build has `vpdpbusd` (int8_gemv, float FMAs over the widened
-// weights, elsewhere). The weights are packed once at load (engine.model.linear.Int8Linear): blocks of 16 output
+// dot products: the int8 LM head's kernel where the build has `vpdpbusd`, or AVX2's `vpmaddubsw` (int8_gemv, float
+// FMAs over the widened weights, in the avx512 and scalar builds). The weights are packed once at load (engine.model.linear.Int8Linear): blocks of 16 output
 // rows, each storing for every 4 inputs k..k+3 64 bytes, 4 per output row, each byte w + 128 (unsigned, as
 // `vpdpbusd` takes it). The activations are two int8 digits per value per group of inputs, as int4_dot's
 // (activation_digits.h); the +128 comes back off exactly, as 128 times the digits' integer sum. Per row, 2 integer
@@ -21,8 +21,13 @@
 #include "quant.h"
 #include "vector_lanes.h"
 
-#if defined(__AVX512F__) && defined(__AVX512VNNI__) && defined(__AVX512BW__)
+#if defined(__AVX512F__)
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
 #include "int8_dot_avx512_vnni.h"
+#define BATCHSERVE_INT8_DOT 1
+#endif
+#elif defined(__AVX2__)
+#include "int8_dot_avx2.h"
 #define BATCHSERVE_INT8_DOT 1
 #endif
 
@@ -55,7 +60,7 @@ void int8_dot_rows(const T* x, const uint8_t* packed, const float* scales, T* y,
     alignas(64) float out[kInt8DotRows * kDotBlock];
     for (int64_t block = begin; block < end; ++block) {
       const uint8_t* block_bytes = packed + block * K * kDotBlock;
-      const lanes::Vec row_scales = lanes::load(scales + block * kDotBlock);
+      const float* row_scales = scales + block * kDotBlock;  // a block's 16 rows: one vector, or two of AVX2's 8
       for (int64_t first = 0; first < rows; first += kInt8DotRows) {
         const int64_t count = std::min<int64_t>(kInt8DotRows, rows - first);
         with_row_count<kInt8DotRows>(count, [&](auto R) {
@@ -68,7 +73,9 @@ void int8_dot_rows(const T* x, const uint8_t* packed, const float* scales, T* y,
             int8_dot_block<decltype(R)::value, true>(block_bytes, xs, sc, sums, K, group, out);
         });
         for (int64_t r = 0; r < count; ++r)
-          lanes::store(y + (first + r) * N + block * kDotBlock, lanes::mul(lanes::load(out + r * kDotBlock), row_scales));
+          for (int64_t i = 0; i < kDotBlock; i += lanes::kWidth)
+            lanes::store(y + (first + r) * N + block * kDotBlock + i,
+                         lanes::mul(lanes::load(out + r * kDotBlock + i), lanes::load(row_scales + i)));
       }
     }
   });
@@ -87,7 +94,7 @@ bool int8_dot_available() {
 
 torch::Tensor int8_dot(const torch::Tensor& x, const torch::Tensor& packed, int64_t group, const torch::Tensor& scales,
                        bool one_digit) {
-  TORCH_CHECK(int8_dot_available(), "int8_dot needs AVX-512 with VNNI");
+  TORCH_CHECK(int8_dot_available(), "int8_dot needs AVX2, or AVX-512 with VNNI");
   TORCH_CHECK(x.device().is_cpu() && x.dim() == 2 && float_or_bf16(x), "int8_dot: x must be [rows, K] float32 or bfloat16");
   TORCH_CHECK(packed.scalar_type() == torch::kByte && packed.dim() == 2 && packed.size(1) == x.size(1),
               "int8_dot: packed must be [N, K] uint8");

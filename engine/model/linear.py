@@ -211,7 +211,7 @@ class Int8Linear:
 
 @dataclass(frozen=True)
 class Int8DotLinear:
-    """Int8Linear's function by integer dot products (engine/csrc/int8_dot.cpp, VNNI builds), for int8 weights where
+    """Int8Linear's function by integer dot products (engine/csrc/int8_dot.cpp: AVX2, VNNI), for int8 weights where
     activations may be quantised: each row's as two int8 digits per group of inputs, as Int4DotLinear's. Two
     `vpdpbusd` cover 64 weights of a row where float FMAs cover 16 each, so the LM head's extra rows (a verify
     step's drafts, a batch) cost a fraction of what they did; one row reads the same bytes."""
@@ -222,6 +222,7 @@ class Int8DotLinear:
     bias: torch.Tensor | None
     kernels: Kernels
     dtype: torch.dtype  # the activations'
+    wide: Int8Linear | None = None  # steps of more rows than the build's int8_dot_max_rows run it (AVX2)
 
     @staticmethod
     def supports(weight: Int8Weight) -> bool:
@@ -238,13 +239,17 @@ class Int8DotLinear:
         blocks = unsigned.view(out // INT8_DOT_BLOCK_ROWS, INT8_DOT_BLOCK_ROWS, inputs // 4, 4).transpose(1, 2)
         packed = blocks.contiguous().view(out, inputs)
         group = 64 if inputs % 64 == 0 else 32
-        return cls(packed, weight.scales.float().contiguous(), group, bias, kernels, dtype)
+        wide = None if kernels.int8_dot_max_rows is None else Int8Linear.build(weight, bias, dtype, kernels)
+        return cls(packed, weight.scales.float().contiguous(), group, bias, kernels, dtype, wide)
 
     @property
     def in_features(self) -> int:
         return int(self.packed.shape[1])
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        limit = self.kernels.int8_dot_max_rows
+        if self.wide is not None and limit is not None and x.shape[0] > limit:
+            return self.wide(x)
         y = self.kernels.ops.int8_dot(x, self.packed, self.group_size, self.scales)
         return y if self.bias is None else y + self.bias
 

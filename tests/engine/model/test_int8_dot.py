@@ -10,6 +10,7 @@ import torch
 
 from engine.model.linear import Int8DotLinear, Int8Linear, RowSwitchedLinear, build_linear
 from engine.platform import native
+from engine.platform.cpu_features import cpu_features
 from engine.weights.quantization import Int8Weight
 
 
@@ -21,7 +22,7 @@ def _int8(n: int, k: int, seed: int = 0) -> Int8Weight:
 
 def _dot(kernels: native.Kernels) -> native.Kernels:
     if not kernels.has_int8_dot:
-        pytest.skip(f"the {kernels.build.name} build has no int8 dot products (AVX-512 with VNNI)")
+        pytest.skip(f"the {kernels.build.name} build has no int8 dot products (AVX2, or AVX-512 with VNNI)")
     return kernels
 
 
@@ -106,10 +107,44 @@ def test_a_row_gives_the_same_bits_alone_as_in_a_batch(kernels: native.Kernels) 
     """Each row's digits and sums are its own: a verify step's rows and a plain step's row get the same logits."""
     weight = _int8(256, 576)
     linear = Int8DotLinear.build(weight, None, torch.bfloat16, _dot(kernels))
-    x = torch.randn(11, 576, generator=torch.Generator().manual_seed(5)).bfloat16()
+    rows = min(11, kernels.int8_dot_max_rows or 11)  # past AVX2's limit the float kernel runs
+    x = torch.randn(rows, 576, generator=torch.Generator().manual_seed(5)).bfloat16()
     batched = linear(x)
-    for row in range(11):
+    for row in range(rows):
         assert torch.equal(linear(x[row : row + 1])[0], batched[row])
+
+
+def test_every_build_gives_the_same_bits(kernels: native.Kernels) -> None:
+    """The int32 dot products are exact in each build (AVX2 multiplies |w| by the digit with w's sign, VNNI w + 128
+    and takes 128 times the digits back off) and folded into floats the same way: the same logits everywhere,
+    against the first build with int8 dot products that this CPU runs."""
+    weight = _int8(64, 576)
+    x = torch.randn(2, 576, generator=torch.Generator().manual_seed(6)).bfloat16()
+    first = next(
+        (k for k in map(native.load_kernels, native.builds_for(cpu_features())) if k is not None and k.has_int8_dot),
+        None,
+    )
+    assert first is not None
+    linear = Int8DotLinear.build(weight, None, torch.bfloat16, _dot(kernels))
+    reference = Int8DotLinear.build(weight, None, torch.bfloat16, first)
+    assert torch.equal(linear(x), reference(x)) and torch.equal(linear.gemm(x), reference.gemm(x))
+
+
+def test_past_its_rows_the_avx2_build_runs_the_float_kernel(kernels: native.Kernels) -> None:
+    """AVX2's two-digit route costs a row twice the float kernel's work: up to int8_dot_max_rows rows it runs,
+    past them int8_gemv on the same int8 weights (a copy kept for it); VNNI builds run int8_dot at every count."""
+    weight = _int8(64, 576)
+    linear = Int8DotLinear.build(weight, None, torch.bfloat16, _dot(kernels))
+    limit = kernels.int8_dot_max_rows
+    assert (limit is None) == (linear.wide is None) == (kernels.build.name != "avx2")
+    x = torch.randn(12, 576, generator=torch.Generator().manual_seed(7)).bfloat16()
+    dot = kernels.ops.int8_dot(x, linear.packed, linear.group_size, linear.scales)
+    if linear.wide is None:
+        assert torch.equal(linear(x), dot)
+    else:
+        assert limit is not None and limit < 12
+        assert torch.equal(linear(x), linear.wide(x)) and not torch.equal(linear(x), dot)
+        assert torch.equal(linear(x[:limit]), dot[:limit])
 
 
 def test_the_layout_is_blocks_of_16_rows_4_inputs_at_a_time(kernels: native.Kernels) -> None:
@@ -130,7 +165,7 @@ def test_build_linear_chooses_it_with_int8_activations_where_the_build_has_it(ke
     assert isinstance(plain, Int8Linear)
     chosen = build_linear(weight, None, torch.bfloat16, prepack=False, kernels=kernels, int8_activations=True)
     assert isinstance(chosen, Int8DotLinear if kernels.has_int8_dot else Int8Linear)
-    assert kernels.has_int8_dot == (kernels.build.name in ("avx512_bf16", "avx512_vnni"))
+    assert kernels.has_int8_dot == (kernels.build.name in ("avx512_bf16", "avx512_vnni", "avx2"))
 
 
 def test_int8_dot_names_a_bad_operand(kernels: native.Kernels) -> None:
