@@ -167,10 +167,10 @@ class Kernels:
     def int8_dot_max_rows(self) -> int | None:
         """Rows up to which int8_dot runs rather than int8_gemv on the same weights; None: every count. With VNNI
         each `vpdpbusd` covers 64 weights; AVX2's `vpmaddubsw` route costs a row twice the float kernel's work (two
-        digits), which a few rows' saved conversions pay for (LM head, 2 cores: 0.70 against 1.14 ms at 1 row, 2.60
-        against 2.48 at 5, 7.6 against 6.2 at 16). 8 keeps a batch-1 verify step's rows on the kernel a plain step
-        runs, so they get the same logits."""
-        return 8 if self.build.name == "avx2" else None
+        digits), which a few rows' saved conversions pay for: the LM head on Zen 4 capped to AVX2, 0.67 against
+        1.10 ms at 1 row, 2.88 against 2.84 at 5, 4.67 against 3.20 at 8 (docs/quantization.md). 5 keeps a batch-1
+        verify step of 4 drafts on the kernel a plain step runs, so its rows get the same logits."""
+        return 5 if self.build.name == "avx2" else None
 
     @property
     def silu_matches_torch(self) -> bool:
