@@ -11,6 +11,7 @@
 #include <c10/util/BFloat16.h>
 #include <immintrin.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 
@@ -23,6 +24,14 @@ namespace {
 using batchserve::lanes::load;
 
 constexpr int kDotRows = 4;  // activation rows per pass over the weights
+constexpr int kInt16Rows = 2;  // passes of up to this many rows add pair sums in int16 (int4_dot_block)
+constexpr int64_t kInt16Inputs = 32;  // inputs whose pair sums int16 holds: 4 runs of 8
+
+inline __m256i broadcast4(const int8_t* digits) {
+  int32_t four;
+  std::memcpy(&four, digits, 4);
+  return _mm256_set1_epi32(four);
+}
 
 template <int R>
 inline void int4_dot_block(const uint8_t* packed, const c10::BFloat16* scales, const c10::BFloat16* zeros,
@@ -37,30 +46,61 @@ inline void int4_dot_block(const uint8_t* packed, const c10::BFloat16* scales, c
     __m256i acc[R][2];
     for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_si256();
     const uint8_t* bytes = packed + g * group * 8;  // 64 bytes per 8 inputs: rows 0-7, then rows 8-15
-    for (int64_t k = 0; k < group; k += 8, bytes += 64) {
+    // Each 8 inputs' unsigned weights in two 32-byte halves (rows 0-7, 8-15), low nibbles then high.
+    auto unpack = [&](__m256i(&first)[2], __m256i(&second)[2]) {
       _mm_prefetch(reinterpret_cast<const char*>(bytes) + kPrefetchBytes, _MM_HINT_T0);
-      __m256i first[2], second[2];
       for (int h = 0; h < 2; ++h) {
         const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(bytes + 32 * h));
         first[h] = _mm256_and_si256(v, low);
         second[h] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
       }
-      for (int r = 0; r < R; ++r) {
-        const int8_t* xs = xq + 2 * (r * K + g * group + k);  // 8 leading digits, then 8 residual digits
-        int32_t a, b, c, d;
-        std::memcpy(&a, xs, 4);
-        std::memcpy(&b, xs + 4, 4);
-        std::memcpy(&c, xs + 8, 4);
-        std::memcpy(&d, xs + 12, 4);
-        const __m256i va = _mm256_set1_epi32(a), vb = _mm256_set1_epi32(b);
-        const __m256i vc = _mm256_set1_epi32(c), vd = _mm256_set1_epi32(d);
-        for (int h = 0; h < 2; ++h) {
-          const __m256i leading =
-              _mm256_add_epi16(_mm256_maddubs_epi16(first[h], va), _mm256_maddubs_epi16(second[h], vb));
-          const __m256i residual =
-              _mm256_add_epi16(_mm256_maddubs_epi16(first[h], vc), _mm256_maddubs_epi16(second[h], vd));
-          acc[r][h] = _mm256_add_epi32(acc[r][h], _mm256_add_epi32(_mm256_madd_epi16(leading, leading_weight),
-                                                                    _mm256_madd_epi16(residual, ones)));
+      bytes += 64;
+    };
+    if constexpr (R <= kInt16Rows) {
+      // Few rows are bound by instructions: the int16 pair sums of up to 32 inputs are added as int16 (at most
+      // 8 * 2 * 15 * 127 = 30480 for the leading digits), and only then widened by `vpmaddwd`: a quarter of its
+      // multiplies. More rows would need more registers than AVX2 has.
+      for (int64_t k0 = 0; k0 < group; k0 += kInt16Inputs) {
+        __m256i leading[R][2], residual[R][2];
+        for (int r = 0; r < R; ++r)
+          for (int h = 0; h < 2; ++h) leading[r][h] = residual[r][h] = _mm256_setzero_si256();
+        for (int64_t k = k0; k < std::min<int64_t>(group, k0 + kInt16Inputs); k += 8) {
+          __m256i first[2], second[2];
+          unpack(first, second);
+          for (int r = 0; r < R; ++r) {
+            const int8_t* xs = xq + 2 * (r * K + g * group + k);  // 8 leading digits, then 8 residual digits
+            const __m256i va = broadcast4(xs), vb = broadcast4(xs + 4), vc = broadcast4(xs + 8),
+                          vd = broadcast4(xs + 12);
+            for (int h = 0; h < 2; ++h) {
+              leading[r][h] = _mm256_add_epi16(
+                  leading[r][h],
+                  _mm256_add_epi16(_mm256_maddubs_epi16(first[h], va), _mm256_maddubs_epi16(second[h], vb)));
+              residual[r][h] = _mm256_add_epi16(
+                  residual[r][h],
+                  _mm256_add_epi16(_mm256_maddubs_epi16(first[h], vc), _mm256_maddubs_epi16(second[h], vd)));
+            }
+          }
+        }
+        for (int r = 0; r < R; ++r)
+          for (int h = 0; h < 2; ++h)
+            acc[r][h] = _mm256_add_epi32(acc[r][h], _mm256_add_epi32(_mm256_madd_epi16(leading[r][h], leading_weight),
+                                                                    _mm256_madd_epi16(residual[r][h], ones)));
+      }
+    } else {
+      for (int64_t k = 0; k < group; k += 8) {
+        __m256i first[2], second[2];
+        unpack(first, second);
+        for (int r = 0; r < R; ++r) {
+          const int8_t* xs = xq + 2 * (r * K + g * group + k);
+          const __m256i va = broadcast4(xs), vb = broadcast4(xs + 4), vc = broadcast4(xs + 8), vd = broadcast4(xs + 12);
+          for (int h = 0; h < 2; ++h) {
+            const __m256i leading =
+                _mm256_add_epi16(_mm256_maddubs_epi16(first[h], va), _mm256_maddubs_epi16(second[h], vb));
+            const __m256i residual =
+                _mm256_add_epi16(_mm256_maddubs_epi16(first[h], vc), _mm256_maddubs_epi16(second[h], vd));
+            acc[r][h] = _mm256_add_epi32(acc[r][h], _mm256_add_epi32(_mm256_madd_epi16(leading, leading_weight),
+                                                                      _mm256_madd_epi16(residual, ones)));
+          }
         }
       }
     }

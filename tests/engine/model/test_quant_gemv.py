@@ -20,6 +20,7 @@ from engine.model.linear import (
 )
 from engine.platform import native
 from engine.platform.compute_thread import run_on_passing_thread
+from engine.platform.cpu_features import cpu_features
 from engine.weights.quantization import Int4Weight, Int8Weight
 from tests.engine.helpers import int4_dot_kernels, random_int4
 
@@ -179,6 +180,20 @@ def test_int4_dot_is_exact_where_the_activations_quantise_exactly(
     exact = x.double() @ weight.dequantize(torch.bfloat16).double().t()  # the kernel's scales are bf16
     assert got.dtype == dtype and got.shape == (rows, 128)
     assert bool(((got.double() - exact).abs() <= _tolerance(dtype, exact)).all())
+
+
+@pytest.mark.parametrize("group", [16, 32, 64])
+def test_int4_dot_gives_every_build_the_same_bits(kernels: native.Kernels, group: int) -> None:
+    """The int32 dot products are exact in each build (AVX2 adds up to 32 inputs' pair sums in int16 for one or two
+    rows, 16 for a group of 16, two runs for 64) and folded into floats alike: the same outputs as the first
+    build with integer dot products that this CPU runs, at every row count."""
+    first = next(k for k in map(native.load_kernels, native.builds_for(cpu_features())) if k and k.has_int4_dot)
+    weight = random_int4(64, 576, seed=group, group=group)
+    linear = Int4DotLinear.build(weight, None, _dot_kernels(kernels))
+    reference = Int4DotLinear.build(weight, None, first)
+    x = torch.randn(5, 576, generator=torch.Generator().manual_seed(group)).bfloat16()
+    for rows in (1, 2, 3, 5):
+        assert torch.equal(linear(x[:rows]), reference(x[:rows]))
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
