@@ -280,3 +280,14 @@ def test_probe_without_a_build_says_how_to_build(
     monkeypatch.setattr(openvino_probe, "default_model_path", lambda: model)
     assert openvino_probe.main(["--rounds", "1"]) == 1
     assert "run `python -m benchmarks openvino-build build`" in capsys.readouterr().err
+
+
+def test_probe_takes_an_int4_gemm_scope_and_refuses_an_unknown_one(
+    model: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`--int4-gemm except-qkv` puts batchserve on OpenVINO's own trade (int8 activations past the row switch)."""
+    monkeypatch.setattr(openvino_probe, "default_model_path", lambda: model)
+    assert openvino_probe.main(["--int4-gemm", "except-qkv", "--rounds", "1"]) == 1  # parsed; then: not built
+    with pytest.raises(SystemExit):
+        openvino_probe.main(["--int4-gemm", "qkv"])
+    assert "invalid choice: 'qkv'" in capsys.readouterr().err
