@@ -29,12 +29,6 @@ constexpr int kDotRows = 4;  // activation rows per pass over the weights
 constexpr int kInt16Rows = 2;  // passes of up to this many rows add pair sums in int16 (int4_dot_block)
 constexpr int64_t kInt16Inputs = 32;  // inputs whose pair sums int16 holds: 4 runs of 8
 
-inline __m256i broadcast4(const int8_t* digits) {
-  int32_t four;
-  std::memcpy(&four, digits, 4);
-  return _mm256_set1_epi32(four);
-}
-
 template <int R>
 inline void int4_dot_block(const uint8_t* packed, const c10::BFloat16* scales, const c10::BFloat16* zeros,
                            const int8_t* xq, const float* x_scales, const float* x_sums, int64_t K, int64_t group,
@@ -71,8 +65,8 @@ inline void int4_dot_block(const uint8_t* packed, const c10::BFloat16* scales, c
           unpack(first, second);
           for (int r = 0; r < R; ++r) {
             const int8_t* xs = xq + 2 * (r * K + g * group + k);  // 8 leading digits, then 8 residual digits
-            const __m256i va = broadcast4(xs), vb = broadcast4(xs + 4), vc = broadcast4(xs + 8),
-                          vd = broadcast4(xs + 12);
+            const __m256i va = broadcast4_ymm(xs), vb = broadcast4_ymm(xs + 4), vc = broadcast4_ymm(xs + 8),
+                          vd = broadcast4_ymm(xs + 12);
             for (int h = 0; h < 2; ++h) {
               leading[r][h] = _mm256_add_epi16(
                   leading[r][h],
@@ -94,7 +88,8 @@ inline void int4_dot_block(const uint8_t* packed, const c10::BFloat16* scales, c
         unpack(first, second);
         for (int r = 0; r < R; ++r) {
           const int8_t* xs = xq + 2 * (r * K + g * group + k);
-          const __m256i va = broadcast4(xs), vb = broadcast4(xs + 4), vc = broadcast4(xs + 8), vd = broadcast4(xs + 12);
+          const __m256i va = broadcast4_ymm(xs), vb = broadcast4_ymm(xs + 4), vc = broadcast4_ymm(xs + 8),
+                        vd = broadcast4_ymm(xs + 12);
           for (int h = 0; h < 2; ++h) {
             const __m256i leading =
                 _mm256_add_epi16(_mm256_maddubs_epi16(first[h], va), _mm256_maddubs_epi16(second[h], vb));

@@ -12,7 +12,6 @@
 #include <immintrin.h>
 
 #include <cstdint>
-#include <cstring>
 
 #include "quant.h"
 
@@ -20,12 +19,6 @@ namespace BATCHSERVE_OPS {
 namespace {
 
 constexpr int kInt8DotRows = 2;  // activation rows per pass over a block (16 int32 accumulators of 16 registers)
-
-inline __m256i broadcast4_avx2(const int8_t* digits) {
-  int32_t four;
-  std::memcpy(&four, digits, 4);
-  return _mm256_set1_epi32(four);
-}
 
 // One block of 16 output rows for R activation rows: out[r, 0..15] = sum over groups of x_scale[r, g] times
 // (127 * leading dot + residual dot), before the weights' own scales; without kResidual the residual digits are
@@ -55,13 +48,13 @@ inline void int8_dot_block(const uint8_t* block, const int8_t* xq, const float* 
       for (int r = 0; r < R; ++r) {
         const int8_t* xs = xq + 2 * (r * K + g * group + k);  // 8 leading digits, then 8 residual digits
         for (int q = 0; q < 2; ++q) {
-          const __m256i lead = broadcast4_avx2(xs + 4 * q);
+          const __m256i lead = broadcast4_ymm(xs + 4 * q);
           for (int h = 0; h < 2; ++h) {
             const __m256i pairs = _mm256_maddubs_epi16(magnitude[q][h], _mm256_sign_epi8(lead, weights[q][h]));
             leading[r][h] = _mm256_add_epi32(leading[r][h], _mm256_madd_epi16(pairs, ones));
           }
           if constexpr (kResidual) {
-            const __m256i rest = broadcast4_avx2(xs + 8 + 4 * q);
+            const __m256i rest = broadcast4_ymm(xs + 8 + 4 * q);
             for (int h = 0; h < 2; ++h) {
               const __m256i pairs = _mm256_maddubs_epi16(magnitude[q][h], _mm256_sign_epi8(rest, weights[q][h]));
               residual[r][h] = _mm256_add_epi32(residual[r][h], _mm256_madd_epi16(pairs, ones));

@@ -9,7 +9,12 @@
 #include <torch/types.h>
 
 #include <cstdint>
+#include <cstring>
 #include <type_traits>
+
+#if defined(__AVX2__)
+#include <immintrin.h>
+#endif
 
 #include "ops.h"  // BATCHSERVE_OPS
 
@@ -19,6 +24,16 @@ namespace {
 constexpr int64_t kPrefetchBytes = 1024;  // int4 bytes requested ahead of use (the next groups)
 constexpr int64_t kBlockN = 64;  // output rows per block of int4_gemv's layout (int4_gemv.cpp)
 constexpr int64_t kDotBlock = 16;  // output rows per block of int4_dot's layout (int4_dot.cpp)
+
+#if defined(__AVX2__)
+// Four int8 activation digits, repeated across a 256-bit register: one 32-bit lane per output row (the AVX2
+// integer-dot kernels, int4_dot_avx2.h and int8_dot_avx2.h).
+inline __m256i broadcast4_ymm(const int8_t* digits) {
+  int32_t four;
+  std::memcpy(&four, digits, 4);
+  return _mm256_set1_epi32(four);
+}
+#endif
 
 // Calls f(std::integral_constant<int, R>{}) for R = count in 1..Max: the kernels unroll over a compile-time
 // row count, and every caller picks it the same way.
