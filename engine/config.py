@@ -47,9 +47,9 @@ class EngineConfig:
 
 DTYPES = ("auto", "float32", "bfloat16")
 QUANTIZATIONS = ("auto", "none", "int8", "int4")
-# Which int4 projections run steps past the row switch on int4_gemm (one int8 digit per activation) and keep no
-# dense copy: none, all but the attention's q/k/v projection (its inputs carry the outlier channels that make
-# one digit costly: docs/quantization.md), or all.
+# Which quantised projections (int4, and an int8 LM head on int8_dot) run steps past the row switch on one int8
+# digit per activation and keep no dense copy: none, all but the attention's q/k/v projection (one digit there
+# costs four times the MLP's per weight: docs/quantization.md), or all.
 INT4_GEMM_SCOPES = ("off", "except-qkv", "all")
 
 

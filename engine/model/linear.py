@@ -278,7 +278,7 @@ class RowSwitchedLinear:
     quantized: QuantizedLinear
     dense: Linear | None
     max_quantized_rows: int
-    min_gemm_rows: int | None = None  # steps of this many rows or more run int4_gemm where the weights allow
+    min_gemm_rows: int | None = None  # steps of this many rows or more run one digit (`gemm`) where the weights allow
 
     def __post_init__(self) -> None:
         if self.dense is None and not isinstance(self.quantized, Int4DotLinear | Int8DotLinear):
@@ -305,7 +305,7 @@ QKV_PROJECTIONS = ("q_proj", "k_proj", "v_proj")
 
 
 def gemm_without_dense_copy(scope: str, names: list[str]) -> bool:
-    """Whether the (fused) projection of modules `names` runs its large steps on int4_gemm with no dense copy, under
+    """Whether the (fused) projection of modules `names` runs its large steps on one digit with no dense copy, under
     an engine.config.INT4_GEMM_SCOPES scope. "except-qkv" keeps the attention's input projection on its dense copy:
     one digit there cost four times what it cost the MLP's, per weight (docs/quantization.md)."""
     if scope not in INT4_GEMM_SCOPES:
