@@ -21,6 +21,7 @@ from engine.config import (
     QUANTIZATIONS,
     EngineConfig,
     LoadConfig,
+    check_int4_gemm_scope,
 )
 from engine.spec.config import SpeculativeConfig
 from scheduler.config import RANGES, SCHEDULING_POLICIES, Mode, SchedulerConfig
@@ -92,8 +93,7 @@ class RuntimeOptions:
 
 
 def check_int4_gemm(scope: str, quantization: str) -> None:
-    if scope not in INT4_GEMM_SCOPES:
-        raise ValueError(f"int4_gemm must be one of {', '.join(INT4_GEMM_SCOPES)}; got {scope!r}")
+    check_int4_gemm_scope(scope)
     if scope != "off" and quantization not in ("auto", "int4"):
         raise ValueError(f"int4_gemm needs int4 weights (quantization int4 or auto); got quantization {quantization!r}")
 

@@ -53,6 +53,12 @@ QUANTIZATIONS = ("auto", "none", "int8", "int4")
 INT4_GEMM_SCOPES = ("off", "except-qkv", "all")
 
 
+def check_int4_gemm_scope(scope: str) -> None:
+    """Raises ValueError naming the choices where `scope` is not one of INT4_GEMM_SCOPES."""
+    if scope not in INT4_GEMM_SCOPES:
+        raise ValueError(f"int4_gemm must be one of {', '.join(INT4_GEMM_SCOPES)}; got {scope!r}")
+
+
 @dataclass(frozen=True)
 class LoadConfig:
     """How the weights are held and computed, named as vLLM's `--dtype` and `--quantization`.

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from engine.config import INT4_GEMM_SCOPES
+from engine.config import check_int4_gemm_scope
 from engine.platform.cpu_features import cpu_features
 from engine.platform.native import Kernels
 from engine.weights.quantization import Int4Weight, Int8Weight, QuantizedWeight
@@ -308,8 +308,7 @@ def gemm_without_dense_copy(scope: str, names: list[str]) -> bool:
     """Whether the (fused) projection of modules `names` runs its large steps on one digit with no dense copy, under
     an engine.config.INT4_GEMM_SCOPES scope. "except-qkv" keeps the attention's input projection on its dense copy:
     one digit there cost four times what it cost the MLP's, per weight (docs/quantization.md)."""
-    if scope not in INT4_GEMM_SCOPES:
-        raise ValueError(f"int4_gemm must be one of {', '.join(INT4_GEMM_SCOPES)}; got {scope!r}")
+    check_int4_gemm_scope(scope)
     if scope == "except-qkv":
         return not any(name.rsplit(".", 1)[-1] in QKV_PROJECTIONS for name in names)
     return scope == "all"

@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from engine.config import DEFAULT_MAX_QUANTIZED_ROWS
+from engine.config import DEFAULT_MAX_QUANTIZED_ROWS, check_int4_gemm_scope
 from engine.kv.kv_cache import KVCacheShape, PagedKVCache
 from engine.model.attention import PreparedGroup, paged_attention, prepare
 from engine.model.elementwise import ElementwiseOps, RotaryTables
@@ -150,7 +150,7 @@ class TransformersRunner:
         self.native_matmuls = self.kernels is not None and bool(self.quantized)
         self.int8_activations = int8_activations and self.kernels is not None and self.kernels.has_int4_dot
         self.min_gemm_rows = min_gemm_rows
-        gemm_without_dense_copy(int4_gemm, [])  # raises ValueError naming a bad scope before any weight is built
+        check_int4_gemm_scope(int4_gemm)  # before any weight is built
         self.int4_gemm = int4_gemm
         self.lm_head = self._linear(model.lm_head, "lm_head")
         self.layers = [self._prepare_layer(layer, f"model.layers.{i}") for i, layer in enumerate(inner.layers)]
