@@ -26,7 +26,7 @@ namespace {
 using batchserve::lanes::load;
 
 constexpr int kDotRows = 4;  // activation rows per pass over the weights
-constexpr int kInt16Rows = 2;  // passes of up to this many rows add pair sums in int16 (int4_dot_block)
+constexpr int kInt16Rows = 2;  // passes of up to this many rows add 32 inputs' pair sums in int16 (int4_dot_block)
 constexpr int64_t kInt16Inputs = 32;  // inputs whose pair sums int16 holds: 4 runs of 8
 
 template <int R>
@@ -42,64 +42,41 @@ inline void int4_dot_block(const uint8_t* packed, const c10::BFloat16* scales, c
     __m256i acc[R][2];
     for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_si256();
     const uint8_t* bytes = packed + g * group * 8;  // 64 bytes per 8 inputs: rows 0-7, then rows 8-15
-    // Each 8 inputs' unsigned weights in two 32-byte halves (rows 0-7, 8-15), low nibbles then high.
-    auto unpack = [&](__m256i(&first)[2], __m256i(&second)[2]) {
-      _mm_prefetch(reinterpret_cast<const char*>(bytes) + kPrefetchBytes, _MM_HINT_T0);
-      for (int h = 0; h < 2; ++h) {
-        const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(bytes + 32 * h));
-        first[h] = _mm256_and_si256(v, low);
-        second[h] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
-      }
-      bytes += 64;
-    };
-    if constexpr (R <= kInt16Rows) {
-      // Few rows are bound by instructions: the int16 pair sums of up to 32 inputs are added as int16 (at most
-      // 8 * 2 * 15 * 127 = 30480 for the leading digits), and only then widened by `vpmaddwd`: a quarter of its
-      // multiplies. More rows would need more registers than AVX2 has.
-      for (int64_t k0 = 0; k0 < group; k0 += kInt16Inputs) {
-        __m256i leading[R][2], residual[R][2];
-        for (int r = 0; r < R; ++r)
-          for (int h = 0; h < 2; ++h) leading[r][h] = residual[r][h] = _mm256_setzero_si256();
-        for (int64_t k = k0; k < std::min<int64_t>(group, k0 + kInt16Inputs); k += 8) {
-          __m256i first[2], second[2];
-          unpack(first, second);
-          for (int r = 0; r < R; ++r) {
-            const int8_t* xs = xq + 2 * (r * K + g * group + k);  // 8 leading digits, then 8 residual digits
-            const __m256i va = broadcast4_ymm(xs), vb = broadcast4_ymm(xs + 4), vc = broadcast4_ymm(xs + 8),
-                          vd = broadcast4_ymm(xs + 12);
-            for (int h = 0; h < 2; ++h) {
-              leading[r][h] = _mm256_add_epi16(
-                  leading[r][h],
-                  _mm256_add_epi16(_mm256_maddubs_epi16(first[h], va), _mm256_maddubs_epi16(second[h], vb)));
-              residual[r][h] = _mm256_add_epi16(
-                  residual[r][h],
-                  _mm256_add_epi16(_mm256_maddubs_epi16(first[h], vc), _mm256_maddubs_epi16(second[h], vd)));
-            }
-          }
+    // The int16 pair sums of a run of inputs are added as int16 (at most 8 * 2 * 15 * 127 = 30480 for the leading
+    // digits over 32 inputs) and only then widened by `vpmaddwd`. One or two rows are bound by instructions and
+    // take runs of 32: a quarter of the widening multiplies. More rows would need more registers than AVX2 has
+    // for runs longer than 8.
+    constexpr int64_t run = R <= kInt16Rows ? kInt16Inputs : 8;
+    for (int64_t k0 = 0; k0 < group; k0 += run) {
+      __m256i leading[R][2], residual[R][2];
+      for (int r = 0; r < R; ++r)
+        for (int h = 0; h < 2; ++h) leading[r][h] = residual[r][h] = _mm256_setzero_si256();
+      for (int64_t k = k0; k < std::min<int64_t>(group, k0 + run); k += 8, bytes += 64) {
+        _mm_prefetch(reinterpret_cast<const char*>(bytes) + kPrefetchBytes, _MM_HINT_T0);
+        __m256i first[2], second[2];  // the unsigned weights of rows 0-7 and 8-15: low nibbles, then high
+        for (int h = 0; h < 2; ++h) {
+          const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(bytes + 32 * h));
+          first[h] = _mm256_and_si256(v, low);
+          second[h] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
         }
-        for (int r = 0; r < R; ++r)
-          for (int h = 0; h < 2; ++h)
-            acc[r][h] = _mm256_add_epi32(acc[r][h], _mm256_add_epi32(_mm256_madd_epi16(leading[r][h], leading_weight),
-                                                                    _mm256_madd_epi16(residual[r][h], ones)));
-      }
-    } else {
-      for (int64_t k = 0; k < group; k += 8) {
-        __m256i first[2], second[2];
-        unpack(first, second);
         for (int r = 0; r < R; ++r) {
-          const int8_t* xs = xq + 2 * (r * K + g * group + k);
+          const int8_t* xs = xq + 2 * (r * K + g * group + k);  // 8 leading digits, then 8 residual digits
           const __m256i va = broadcast4_ymm(xs), vb = broadcast4_ymm(xs + 4), vc = broadcast4_ymm(xs + 8),
                         vd = broadcast4_ymm(xs + 12);
           for (int h = 0; h < 2; ++h) {
-            const __m256i leading =
-                _mm256_add_epi16(_mm256_maddubs_epi16(first[h], va), _mm256_maddubs_epi16(second[h], vb));
-            const __m256i residual =
-                _mm256_add_epi16(_mm256_maddubs_epi16(first[h], vc), _mm256_maddubs_epi16(second[h], vd));
-            acc[r][h] = _mm256_add_epi32(acc[r][h], _mm256_add_epi32(_mm256_madd_epi16(leading, leading_weight),
-                                                                      _mm256_madd_epi16(residual, ones)));
+            leading[r][h] = _mm256_add_epi16(
+                leading[r][h],
+                _mm256_add_epi16(_mm256_maddubs_epi16(first[h], va), _mm256_maddubs_epi16(second[h], vb)));
+            residual[r][h] = _mm256_add_epi16(
+                residual[r][h],
+                _mm256_add_epi16(_mm256_maddubs_epi16(first[h], vc), _mm256_maddubs_epi16(second[h], vd)));
           }
         }
       }
+      for (int r = 0; r < R; ++r)
+        for (int h = 0; h < 2; ++h)
+          acc[r][h] = _mm256_add_epi32(acc[r][h], _mm256_add_epi32(_mm256_madd_epi16(leading[r][h], leading_weight),
+                                                                  _mm256_madd_epi16(residual[r][h], ones)));
     }
     for (int h = 0; h < 2; ++h) {
       const __m256 s = load(scales + g * kDotBlock + 8 * h);
