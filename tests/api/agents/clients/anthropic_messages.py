@@ -102,8 +102,15 @@ def _as_params(message: Message) -> list[Any]:
 
 
 def _tool_request(target: Target) -> dict[str, Any]:
-    # No temperature: this SDK's create() no longer takes one, and the loop must not depend on the answer.
-    return {"model": target.model, "system": INSTRUCTIONS, "max_tokens": MAX_TOKENS, "tools": [TOOL]}
+    # Greedy, as the other clients' loops: at the API's default temperature (1.0) a 135M model's forced call can
+    # sample a city name that runs to max_tokens. This SDK's create() no longer takes temperature; the API does.
+    return {
+        "model": target.model,
+        "system": INSTRUCTIONS,
+        "max_tokens": MAX_TOKENS,
+        "tools": [TOOL],
+        "extra_body": {"temperature": 0},
+    }
 
 
 def tool_loop(target: Target) -> Outcome:
