@@ -19,12 +19,13 @@ fails with a warning and the engine runs its pure-torch attention, prompt scorin
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import functools
 import hashlib
 import logging
 import platform
-import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -76,7 +77,6 @@ _HEADERS = tuple(
         "paged_decode_attention_avx512_bf16.h",
     )
 )  # not compiled on their own, but a change must rebuild
-_STALE_LOCK_S = 300.0  # a build takes ~10-30 s; a lock this old was left by a build that was killed
 
 DecodeKernel = Callable[
     [torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, int, float], torch.Tensor
@@ -233,11 +233,10 @@ def _compile(build: KernelBuild) -> bool:
 
         name = extension_name(build)
         directory = build_directory(build)
-        _clear_stale_lock(directory / "lock")
         built = (directory / f"{name}.so").is_file()  # then ninja only checks it (unless a path or flag changed)
         title = f"{'loading' if built else 'building'} the C++ kernels ({build.name})"
         once = f"once per CPU kind and torch version (a minute or so on 2 cores), into {directory}"
-        with phase(logger, title, once, announce=not built) as running:
+        with phase(logger, title, once, announce=not built) as running, builder_lock(directory):
             cpp_extension.load(
                 name=name,
                 sources=[str(source) for source in _copied_sources(directory)],
@@ -268,11 +267,18 @@ def _copied_sources(directory: Path) -> list[Path]:
     return [copies / source.name for source in _SOURCES]
 
 
-def _clear_stale_lock(lock: Path) -> None:
-    """torch waits forever on a build lock whose builder was killed; such a lock would hang every start."""
-    try:
-        if time.time() - lock.stat().st_mtime > _STALE_LOCK_S:
-            lock.unlink(missing_ok=True)
-            logger.warning("removed a stale extension build lock: %s", lock)
-    except FileNotFoundError:
-        pass
+@contextlib.contextmanager
+def builder_lock(directory: Path) -> Iterator[None]:
+    """One builder at a time in `directory`, by `flock`, which the kernel releases when its holder dies. torch's own
+    lock is a file whose waiters poll forever, so a build killed midway would hang every later start; every
+    builder holds this lock around torch's, so a torch lock found while holding it was left by a killed build."""
+    with open(directory / "batchserve-builder.lock", "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)  # waits while another process builds (the phase logs the wait)
+        try:
+            left = directory / "lock"
+            if left.exists():
+                left.unlink(missing_ok=True)
+                logger.warning("removed the build lock a killed build left: %s", left)
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)

@@ -4,6 +4,7 @@ builds' choice by CPU features, and the fallback when they cannot build."""
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 
 import pytest
 import torch
@@ -144,19 +145,34 @@ def test_extension_name_changes_with_the_cpu_only_for_a_native_build(monkeypatch
     assert len({native.extension_name(build) for build in native.X86_BUILDS}) == len(native.X86_BUILDS)
 
 
-def test_a_stale_build_lock_is_removed_and_a_fresh_one_kept(tmp_path) -> None:
-    import os
-    import time
+def test_a_build_killed_midway_does_not_hang_the_next_start(tmp_path) -> None:
+    """A builder killed while it holds the builder lock and torch's lock file: the kernel drops the flock with the
+    process, so the next builder gets it at once and removes torch's lock, on which torch would wait forever."""
+    import fcntl
+    import subprocess
+    import sys
 
-    stale, fresh = tmp_path / "stale.lock", tmp_path / "fresh.lock"
-    stale.write_text("")
-    fresh.write_text("")
-    old = time.time() - 2 * native._STALE_LOCK_S
-    os.utime(stale, (old, old))
-    native._clear_stale_lock(stale)
-    native._clear_stale_lock(fresh)
-    native._clear_stale_lock(tmp_path / "missing.lock")
-    assert not stale.exists() and fresh.exists()
+    script = (
+        "import pathlib, sys, time\n"
+        "from engine.platform.native import builder_lock\n"
+        "directory = pathlib.Path(sys.argv[1])\n"
+        "with builder_lock(directory):\n"
+        "    (directory / 'lock').write_text('')\n"
+        "    print('holding', flush=True)\n"
+        "    time.sleep(600)\n"
+    )
+    root = Path(__file__).resolve().parents[3]
+    child = subprocess.Popen([sys.executable, "-c", script, str(tmp_path)], cwd=root, stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout is not None and child.stdout.readline().strip() == "holding"
+        with open(tmp_path / "batchserve-builder.lock") as handle, pytest.raises(BlockingIOError):
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)  # held while its builder lives
+    finally:
+        child.kill()
+        child.wait()
+    assert (tmp_path / "lock").exists()  # torch's lock, left by the killed build
+    with native.builder_lock(tmp_path):
+        assert not (tmp_path / "lock").exists()
 
 
 def test_every_checkout_compiles_the_same_copied_sources(tmp_path) -> None:
