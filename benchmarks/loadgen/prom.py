@@ -21,6 +21,7 @@ TTFT = "vllm:time_to_first_token_seconds"
 QUEUE = "vllm:request_queue_time_seconds"
 DRAFT_TOKENS = "vllm:spec_decode_num_draft_tokens_total"
 ACCEPTED_TOKENS = "vllm:spec_decode_num_accepted_tokens_total"
+DRAFTS = "vllm:spec_decode_num_drafts_total"
 
 
 def parse_metrics(text: str) -> dict[str, float]:
@@ -57,8 +58,9 @@ class ScrapedMetrics:
     generation_tokens: float | None
     mean_ttft_ms: float | None
     mean_queue_ms: float | None
-    draft_tokens: float | None = None  # speculation: drafts verified (None: the server exports no such counter)
+    draft_tokens: float | None = None  # speculation: draft tokens verified (None: the server exports no such counter)
     accepted_tokens: float | None = None
+    drafts: float | None = None  # rows that verified drafts, one per sequence and step
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -94,4 +96,5 @@ def metrics_delta(before: dict[str, float], after: dict[str, float]) -> ScrapedM
         mean_queue_ms=mean(QUEUE, 1e3),
         draft_tokens=delta(DRAFT_TOKENS),
         accepted_tokens=delta(ACCEPTED_TOKENS),
+        drafts=delta(DRAFTS),
     )

@@ -151,4 +151,5 @@ def _merge_metrics(parts: Sequence[tuple[ScrapedMetrics, int]]) -> ScrapedMetric
         mean_queue_ms=weighted("mean_queue_ms", by_requests),
         draft_tokens=total("draft_tokens"),
         accepted_tokens=total("accepted_tokens"),
+        drafts=total("drafts"),
     )

@@ -38,7 +38,7 @@ from benchmarks.sim.cost.files import BusyArrival, load_busy_arrival, load_fitte
 from benchmarks.sim.cost.model import CostModel
 from benchmarks.sim.cost.roofline import GPUS, RooflineCostModel, load_model_shape
 from benchmarks.sim.cost.served import load_served_extras, served_load_modes, with_served_extra
-from benchmarks.sim.engine import DEFAULT_ACCEPTANCE_RATE
+from benchmarks.sim.engine import DEFAULT_ACCEPTANCE_RATE, DEFAULT_DRAFT_RATE
 from benchmarks.sim.report import write_sim_report
 from benchmarks.sim.run import SimSettings, simulate_trace
 from benchmarks.sim.validate.headline import validation_table
@@ -98,6 +98,13 @@ def build_parser() -> argparse.ArgumentParser:
         default=DEFAULT_ACCEPTANCE_RATE,
         help="the workload's chance that a draft is right, each independently up to the first wrong one (vLLM's "
         f"synthetic acceptance; default {DEFAULT_ACCEPTANCE_RATE})",
+    )
+    g.add_argument(
+        "--draft-rate",
+        type=float,
+        default=DEFAULT_DRAFT_RATE,
+        help="the chance that a row has drafts at a step where it samples (n-gram lookup finds a match); a spec "
+        f"run's drafts over its generated less accepted tokens (default {DEFAULT_DRAFT_RATE}: every row drafts)",
     )
     g = parser.add_argument_group("cost model (one of)")
     g.add_argument("--cost-model", type=Path, default=None, help="cost.json from `python -m benchmarks fit-cost`")
@@ -313,6 +320,7 @@ def simulation_settings(args: argparse.Namespace) -> tuple[CostModel, dict[str, 
             request_overhead_s=overhead,
             busy_arrival=busy,
             acceptance_rate=args.acceptance_rate,
+            draft_rate=args.draft_rate,
             seed=args.seed,
         )
         for caching, suffix in prefix_caching_runs(args.prefix_caching)
@@ -469,5 +477,6 @@ def _settings_doc(args: argparse.Namespace, cost: CostModel, settings: dict[str,
         "speculation": args.speculation or ("on" if args.speculative_config else "off"),
         "speculative_config": args.speculative_config,
         "acceptance_rate": args.acceptance_rate,
+        "draft_rate": args.draft_rate,
         "sweep_rates": [str(r) for r in (parse_rates(args.sweep_rates) if args.sweep_rates else ())],
     }

@@ -13,10 +13,11 @@ step computes (and is charged for) only the uncached tokens. The ids a sequence 
 of its prompt (`answer_ids`): equal prompts get equal answers, as with greedy decoding, so a conversation's next
 turn, whose prompt holds the previous answer, finds it cached.
 
-Speculation (`SchedulerConfig.speculative`): the real scheduler proposes drafts through `synthetic_drafts` (every row
-that may draft has k; the draft-length rule picks how many it verifies, from the step costs it measures on the
-virtual clock), and a row verifying k drafts accepts each with probability `acceptance_rate`, independently, up to
-the first wrong one (vLLM's synthetic acceptance), then emits the bonus token. The step is charged as the engine
+Speculation (`SchedulerConfig.speculative`): the real scheduler proposes drafts through a `SyntheticDrafter` (a row
+that may draft has k with probability `draft_rate`, else none, as n-gram lookup finds a match or not; the draft-length
+rule picks how many it verifies, from the step costs it measures on the virtual clock), and a row verifying k drafts
+accepts each with probability `acceptance_rate`, independently, up to the first wrong one (vLLM's synthetic
+acceptance), then emits the bonus token. The step is charged as the engine
 runs it: a decode row and its drafts as k + 1 decode rows. The cache rolls back by the accepted length: the row's
 computed tokens grow by what it emitted less one, and only full blocks of accepted tokens are registered.
 """
@@ -41,6 +42,7 @@ from scheduler.request import SequenceRequest
 
 SIM_TOKEN_ID = 0  # every simulated token; nothing downstream of the scheduler reads it
 DEFAULT_ACCEPTANCE_RATE = 0.5  # a draft's chance to be right where no rate is given (docs/simulator.md)
+DEFAULT_DRAFT_RATE = 1.0  # a row's chance to have drafts at a step where no rate is given: every row drafts
 
 
 class VirtualClock:
@@ -74,10 +76,21 @@ class _Sequence:
     reads: bool = True
 
 
-def synthetic_drafts(request: SequenceRequest, k: int, spec: SpeculativeConfig | None) -> list[int]:
-    """The simulator's drafter (`Scheduler(drafter=...)`): every row that may draft has k drafts, since simulated
-    tokens carry no text to look up; whether they are right is `SimEngine`'s draw."""
-    return [SIM_TOKEN_ID] * k
+class SyntheticDrafter:
+    """The simulator's drafter (`Scheduler(drafter=...)`): simulated tokens carry no text to look up, so a row that may
+    draft gets k drafts with probability `draft_rate` (its own seeded draw; at 1.0 every row, with no draw) and none
+    otherwise. Whether the drafts are right is `SimEngine`'s draw."""
+
+    def __init__(self, draft_rate: float = 1.0, seed: int = 0) -> None:
+        if not 0.0 <= draft_rate <= 1.0:
+            raise ValueError(f"draft_rate must be in [0, 1], got {draft_rate}")
+        self.draft_rate = draft_rate
+        self._rng = random.Random(seed)
+
+    def __call__(self, request: SequenceRequest, k: int, spec: SpeculativeConfig | None) -> list[int]:
+        if self.draft_rate < 1.0 and self._rng.random() >= self.draft_rate:
+            return []
+        return [SIM_TOKEN_ID] * k
 
 
 class SimEngine(CacheQueries):

@@ -16,7 +16,13 @@ from benchmarks.loadgen.trace import TraceRequest
 from benchmarks.sim.cluster import Arrival, Replica, RequestTrace, StepTally, make_router, replay
 from benchmarks.sim.cost.files import BusyArrival
 from benchmarks.sim.cost.model import CostModel
-from benchmarks.sim.engine import DEFAULT_ACCEPTANCE_RATE, SimEngine, VirtualClock, synthetic_drafts
+from benchmarks.sim.engine import (
+    DEFAULT_ACCEPTANCE_RATE,
+    DEFAULT_DRAFT_RATE,
+    SimEngine,
+    SyntheticDrafter,
+    VirtualClock,
+)
 from benchmarks.sim.prompts import PromptIds
 from engine.config import EngineConfig
 from engine.sample.sampling_params import SamplingParams
@@ -35,7 +41,8 @@ class SimSettings:
     request_overhead_s: float = 0.0  # time outside the steps (HTTP, tokenising, SSE): cost.json's served probe
     busy_arrival: BusyArrival = field(default_factory=BusyArrival)  # arriving mid-step: the served probe
     acceptance_rate: float = DEFAULT_ACCEPTANCE_RATE  # with speculation: each draft right with this chance
-    seed: int = 0  # the acceptance draws' (replica i draws from seed + i)
+    draft_rate: float = DEFAULT_DRAFT_RATE  # with speculation: a sampling row has drafts with this chance
+    seed: int = 0  # the acceptance and draft draws' (replica i draws from seed + i)
 
     def __post_init__(self) -> None:
         if self.replicas < 1:
@@ -43,8 +50,9 @@ class SimSettings:
         if not math.isfinite(self.request_overhead_s) or self.request_overhead_s < 0:
             raise ValueError(f"request_overhead_s must be finite and >= 0, got {self.request_overhead_s}")
         make_router(self.router)  # validates the name
-        if not 0.0 <= self.acceptance_rate <= 1.0:
-            raise ValueError(f"acceptance_rate must be in [0, 1], got {self.acceptance_rate}")
+        for name, rate in (("acceptance_rate", self.acceptance_rate), ("draft_rate", self.draft_rate)):
+            if not 0.0 <= rate <= 1.0:
+                raise ValueError(f"{name} must be in [0, 1], got {rate}")
 
 
 def build_replica(settings: SimSettings, index: int = 0) -> Replica:
@@ -53,7 +61,8 @@ def build_replica(settings: SimSettings, index: int = 0) -> Replica:
         settings.engine, settings.cost, clock, acceptance_rate=settings.acceptance_rate, seed=settings.seed + index
     )
     tally = StepTally()
-    scheduler = Scheduler(engine, settings.scheduler, clock=clock, on_step=tally.on_step, drafter=synthetic_drafts)
+    drafter = SyntheticDrafter(settings.draft_rate, seed=settings.seed + index)
+    scheduler = Scheduler(engine, settings.scheduler, clock=clock, on_step=tally.on_step, drafter=drafter)
     return Replica(scheduler, clock, tally, engine.expect_output, settings.busy_arrival.stall_s)
 
 

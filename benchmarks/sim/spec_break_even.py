@@ -24,6 +24,12 @@ def main(argv: Sequence[str] | None = None) -> None:
         default=None,
         help="R: each draft right with this chance (needed without --check)",
     )
+    parser.add_argument(
+        "--draft-rate",
+        type=float,
+        default=None,
+        help="D: a row has drafts at a step with this chance (default 1, or with --check the runs' counters)",
+    )
     parser.add_argument("--k", type=int, default=4, help="drafts per row (num_speculative_tokens)")
     parser.add_argument("--context", type=int, default=512, help="tokens cached per row")
     parser.add_argument("--batches", default="1,2,3,4,6,8,12,16,24,32", help="comma-separated batch sizes")
@@ -38,9 +44,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if args.acceptance_rate is not None and not 0.0 <= args.acceptance_rate < 1.0:
         parser.error("--acceptance-rate must be in [0, 1)")
+    if args.draft_rate is not None and not 0.0 <= args.draft_rate <= 1.0:
+        parser.error("--draft-rate must be in [0, 1]")
     if args.check is not None:
         try:
-            print(check(args.cost_model, args.check, args.acceptance_rate))
+            print(check(args.cost_model, args.check, args.acceptance_rate, args.draft_rate))
         except (ValueError, OSError) as exc:
             parser.error(str(exc))
         return
@@ -55,7 +63,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     if not batches or batches[0] < 1:
         parser.error("--batches must be positive")
     model = load_fitted(args.cost_model)
-    ratios = speedups(model, args.acceptance_rate, args.k, args.context, batches)
+    draft_rate = 1.0 if args.draft_rate is None else args.draft_rate
+    ratios = speedups(model, args.acceptance_rate, args.k, args.context, batches, draft_rate)
     rows = [{"batch": b, "speedup": round(float(r), 3)} for b, r in zip(batches, ratios, strict=True)]
     losing = [b for b, r in zip(batches, ratios, strict=True) if r <= 1.0]
     between = crossing(batches, ratios.tolist())

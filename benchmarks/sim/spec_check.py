@@ -7,8 +7,10 @@ concurrency (min of --seats and --max-concurrency: a closed loop of c clients ke
 server) with the folder's --speculative-config, replaying the folder's exported traces when it has them
 (`--export-workload`), else the workload its settings name. The acceptance rate R is --acceptance-rate, else the
 spec run's counters (accepted / drafted = (R + ... + R**k) / k under synthetic acceptance with k drafts a row,
-solved for R). The cost model's own prediction (`spec_break_even.speedups` at the runs' mean context) sits beside.
-Each break-even is where the speedup crosses 1 over the folders' concurrencies (`crossing`).
+solved for R) and the draft rate D is --draft-rate, else the spec run's rows that verified drafts over its sampling
+row-steps (generated tokens less accepted ones; runs that predate the drafts counter: draft tokens / k, each draft
+taken as k tokens long). The cost model's own prediction (`spec_break_even.speedups` at the runs' mean context) sits
+beside. Each break-even is where the speedup crosses 1 over the folders' concurrencies (`crossing`).
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ class Point:
     mode: str
     concurrency: int
     rate: float
+    draft_rate: float
     measured: float
     simulated: float
     predicted: float
@@ -71,9 +74,25 @@ def _rate(folder: Path, spec_run: dict[str, Any], k: int, given: float | None) -
     return rate_from_counters(float(drafted), float(accepted), k)
 
 
-def _simulated(cost_model: Path, folder: Path, settings: dict[str, Any], mode: str, seats: int, rate: float) -> float:
+def _draft_rate(folder: Path, spec_run: dict[str, Any], k: int, given: float | None) -> float:
+    if given is not None:
+        return given
+    metrics = spec_run.get("server_metrics") or {}
+    generated, accepted = metrics.get("generation_tokens"), metrics.get("accepted_tokens")
+    drafts = metrics.get("drafts")
+    if drafts is None and metrics.get("draft_tokens") is not None:
+        drafts = metrics["draft_tokens"] / k
+    if not generated or accepted is None or drafts is None or generated <= accepted:
+        raise ValueError(f"{folder}: the spec run recorded no draft or token counters; give --draft-rate")
+    return min(1.0, float(drafts) / (float(generated) - float(accepted)))
+
+
+def _simulated(
+    cost_model: Path, folder: Path, settings: dict[str, Any], mode: str, seats: int, rate: float, draft_rate: float
+) -> float:
     """Simulated spec / plain output tokens per second for `mode` at `seats`, as the folder's runs were made."""
     argv = ["--cost-model", str(cost_model), "--mode", mode, "--seats", str(seats), "--acceptance-rate", str(rate)]
+    argv += ["--draft-rate", str(draft_rate)]
     argv += ["--speculative-config", settings["speculative_config"], "--speculation", "both"]
     argv += ["--request-rate", str(settings.get("request_rate", "inf")), "--seed", str(settings.get("seed", 0))]
     if (folder / "workload").is_dir():
@@ -91,7 +110,9 @@ def _simulated(cost_model: Path, folder: Path, settings: dict[str, Any], mode: s
     return spec / plain if plain else math.nan
 
 
-def points(cost_model: Path, folders: Sequence[Path], acceptance_rate: float | None) -> list[Point]:
+def points(
+    cost_model: Path, folders: Sequence[Path], acceptance_rate: float | None, draft_rate: float | None = None
+) -> list[Point]:
     model = load_fitted(cost_model)
     out = []
     for folder in folders:
@@ -107,6 +128,7 @@ def points(cost_model: Path, folders: Sequence[Path], acceptance_rate: float | N
         for mode in pairs:
             plain, spec = runs[mode], runs[mode + SPEC_SUFFIX]
             rate = _rate(folder, spec, k, acceptance_rate)
+            drafting = _draft_rate(folder, spec, k, draft_rate)
             summary = spec["summary"]
             done = max(int(summary["completed"]), 1)
             context = round(summary["input_tokens"] / done + summary["output_tokens"] / (2 * done))
@@ -116,9 +138,10 @@ def points(cost_model: Path, folders: Sequence[Path], acceptance_rate: float | N
                     mode,
                     concurrency,
                     rate,
+                    drafting,
                     _throughput(spec) / _throughput(plain),
-                    _simulated(cost_model, folder, settings, mode, concurrency, rate),
-                    float(speedups(model, rate, k, context, [concurrency])[0]),
+                    _simulated(cost_model, folder, settings, mode, concurrency, rate, drafting),
+                    float(speedups(model, rate, k, context, [concurrency], drafting)[0]),
                 )
             )
     return out
@@ -130,12 +153,12 @@ def _fmt(value: float | None) -> str:
 
 def table(found: Sequence[Point]) -> str:
     lines = [
-        "| folder | mode | concurrency | acceptance R | measured on/off | simulated | cost model |",
-        "|---|---|---|---|---|---|---|",
+        "| folder | mode | concurrency | acceptance R | draft rate D | measured on/off | simulated | cost model |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for p in sorted(found, key=lambda p: (p.mode, p.concurrency)):
         lines.append(
-            f"| {p.folder.name} | {p.mode} | {p.concurrency} | {p.rate:.2f} | {p.measured:.3f}x | "
+            f"| {p.folder.name} | {p.mode} | {p.concurrency} | {p.rate:.2f} | {p.draft_rate:.2f} | {p.measured:.3f}x | "
             f"{p.simulated:.3f}x | {p.predicted:.3f}x |"
         )
     for mode in sorted({p.mode for p in found}):
@@ -154,5 +177,7 @@ def table(found: Sequence[Point]) -> str:
     return "\n".join(lines)
 
 
-def check(cost_model: Path, folders: Sequence[Path], acceptance_rate: float | None) -> str:
-    return table(points(cost_model, folders, acceptance_rate))
+def check(
+    cost_model: Path, folders: Sequence[Path], acceptance_rate: float | None, draft_rate: float | None = None
+) -> str:
+    return table(points(cost_model, folders, acceptance_rate, draft_rate))

@@ -7,10 +7,15 @@ tokens for its cost; with speculation every row verifies k+1 positions and emits
 the simulator charges them (`benchmarks.sim.engine.SimEngine.step`): k + 1 decode rows sharing the row's context.
 Speculation pays at batch b while its tokens per second beat plain decode's; the break-even batch is the first b
 where they do not (`crossing` interpolates where the speedup passes 1).
+
+n-gram lookup drafts only where it finds a match: each sampling row has drafts with probability D (the draft rate),
+independently, so a step of b rows has j drafting rows with the binomial chance C(b, j) D**j (1 - D)**(b - j); the
+speculating step's cost is the expectation over j and a row emits 1 + D (E - 1) tokens on average, E as above.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 
 import numpy as np
@@ -32,20 +37,34 @@ def accepted_drafts(draw: Callable[[], float], rate: float, k: int) -> int:
     return accepted
 
 
-def decode_shape(rows: int, drafts: int, context: int) -> StepShape:
-    """A decode step of `rows` rows after `context` cached tokens each, every row verifying `drafts` drafts: as the
-    simulator charges it, a row and its drafts are drafts + 1 decode rows, each sampled, each reading its context."""
-    pairs = rows * chunk_attention_pairs(context, drafts + 1)
-    width = rows * (drafts + 1)
+def decode_shape(rows: int, drafts: int, context: int, drafting: int | None = None) -> StepShape:
+    """A decode step of `rows` rows after `context` cached tokens each, `drafting` of them (all by default) verifying
+    `drafts` drafts: as the simulator charges it, a row and its drafts are drafts + 1 decode rows, each sampled, each
+    reading its context."""
+    verifying = rows if drafting is None else drafting
+    pairs = verifying * chunk_attention_pairs(context, drafts + 1) + (rows - verifying) * (context + 1)
+    width = rows + verifying * drafts
     return StepShape(num_seqs=width, num_tokens=width, num_sampled=width, attention_pairs=pairs, kv_tokens=pairs)
 
 
-def speedups(model: CostModel, rate: float, k: int, context: int, batches: Sequence[int]) -> np.ndarray:
-    """Speculation's tokens per second over plain decode's, at each batch size."""
-    gain = expected_emitted(rate, k)
+def speedups(
+    model: CostModel, rate: float, k: int, context: int, batches: Sequence[int], draft_rate: float = 1.0
+) -> np.ndarray:
+    """Speculation's tokens per second over plain decode's, at each batch size: each row drafts with probability
+    `draft_rate` (the step's expected cost over how many do)."""
+    gain = 1.0 + draft_rate * (expected_emitted(rate, k) - 1.0)
     plain = np.array([model.step_time(decode_shape(b, 0, context)) for b in batches])
-    spec = np.array([model.step_time(decode_shape(b, k, context)) for b in batches])
+    spec = np.array([_expected_step_time(model, b, k, context, draft_rate) for b in batches])
     return gain * plain / spec
+
+
+def _expected_step_time(model: CostModel, rows: int, k: int, context: int, draft_rate: float) -> float:
+    drafting = np.arange(rows + 1)
+    chances = (
+        np.array([math.comb(rows, j) for j in drafting]) * draft_rate**drafting * (1 - draft_rate) ** (rows - drafting)
+    )
+    times = np.array([model.step_time(decode_shape(rows, k, context, int(j))) for j in drafting])
+    return float(chances @ times)
 
 
 def crossing(batches: Sequence[float], ratios: Sequence[float]) -> float | None:

@@ -12,9 +12,10 @@ import pytest
 from benchmarks.loadgen.trace import TraceRequest
 from benchmarks.sim.cost.model import FittedCostModel
 from benchmarks.sim.cost.speculation import accepted_drafts, break_even, crossing, expected_emitted, speedups
+from benchmarks.sim.engine import SyntheticDrafter
 from benchmarks.sim.run import SimSettings, simulate_trace
 from benchmarks.sim.spec_break_even import main
-from benchmarks.sim.spec_check import rate_from_counters
+from benchmarks.sim.spec_check import points, rate_from_counters
 from engine.config import EngineConfig
 from engine.spec.config import SpeculativeConfig
 from scheduler.config import Mode, SchedulerConfig
@@ -53,6 +54,30 @@ def test_break_even_is_where_verifying_costs_more_than_it_emits() -> None:
     assert better is not None and better > 4
 
 
+def test_rows_that_draft_only_sometimes_are_charged_the_expected_step() -> None:
+    # Linear cost: the expectation is the cost of the mean step. b=1, D=0.5, R=0.5, k=4: a row emits
+    # 1 + 0.5 * 0.9375 tokens a step, and the step costs 10 + 1 + 0.5 * 4 ms against 11 plain.
+    assert speedups(CPU, 0.5, 4, 0, [1], draft_rate=0.5)[0] == pytest.approx(1.46875 * 11 / 13)
+    # Past a knee the binomial weighting matters: two rows, each drafting with chance 0.5, make steps of 2, 6 or
+    # 10 tokens with chances 1/4, 1/2, 1/4: 12, 20 and 32 ms (10 ms + 1 ms a token + 2 ms a token past 4).
+    kneed = FittedCostModel(0.010, 0.001, 0.002, 4, 0.0, 0.0)
+    assert speedups(kneed, 0.5, 4, 0, [2], draft_rate=0.5)[0] == pytest.approx(1.46875 * 12 / 21)
+    batches = [1, 2, 4, 8, 16]
+    assert np.allclose(speedups(CPU, 0.5, 4, 64, batches, draft_rate=1.0), speedups(CPU, 0.5, 4, 64, batches))
+    assert np.allclose(speedups(kneed, 0.5, 4, 64, batches, draft_rate=0.0), 1.0)
+
+
+def test_the_synthetic_drafter_drafts_at_its_rate() -> None:
+    drafter = SyntheticDrafter(0.3, seed=1)
+    drafted = [drafter(None, 4, None) for _ in range(20_000)]  # type: ignore[arg-type]
+    assert {len(d) for d in drafted} == {0, 4}
+    assert np.mean([bool(d) for d in drafted]) == pytest.approx(0.3, abs=0.015)
+    always = SyntheticDrafter()
+    assert all(always(None, 3, None) == [0, 0, 0] for _ in range(100))  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="draft_rate"):
+        SyntheticDrafter(1.5)
+
+
 def test_command_prints_the_break_even_batch(tmp_path, capsys) -> None:
     path = tmp_path / "cost.json"
     path.write_text(json.dumps({"model": {f: getattr(CPU, f) for f in CPU.__dataclass_fields__}}))
@@ -78,45 +103,51 @@ def test_the_break_even_grows_with_acceptance_and_the_speedup_falls_with_the_bat
     assert break_even(CPU, 0.0, 4, 256, batches) == 1 and speedups(CPU, 0.99, 4, 0, [1])[0] > 3
 
 
-def _simulated_speedup(batch: int, rate: float) -> float:
+def _simulated_speedup(batch: int, rate: float, draft_rate: float = 1.0) -> float:
     spec = SpeculativeConfig(4, draft_length="fixed")
     engine = EngineConfig(max_rows=batch, kv_cache_tokens=batch * 512, max_model_len=512)
     trace = [TraceRequest(0.0, 16, 256) for _ in range(batch)]
     throughput = []
     for config in (None, spec):
         scheduler = SchedulerConfig(mode=Mode.CONTINUOUS, max_num_seqs=batch, speculative=config)
-        run = simulate_trace(trace, SimSettings(scheduler, engine, CPU, acceptance_rate=rate), "run", 1.0)
+        settings = SimSettings(scheduler, engine, CPU, acceptance_rate=rate, draft_rate=draft_rate)
+        run = simulate_trace(trace, settings, "run", 1.0)
         throughput.append(run.summary.output_throughput)
     return throughput[1] / throughput[0]
 
 
 def test_the_prediction_is_the_simulators_break_even() -> None:
     # The simulator charges a verify step as the prediction does: its measured speedups cross 1 where the cost
-    # model's do (within a batch: its runs also hold prompt steps and the answers' last, shorter steps).
+    # model's do (within a batch: its runs also hold prompt steps and the answers' last, shorter steps). With a
+    # draft rate below 1 the simulator's drafter skips rows at random, the prediction takes the expectation.
     batches = [1, 2, 3, 4, 5, 6, 8, 10, 12]
-    for rate in (0.5, 0.7):  # break-even near 3.1 and 7.9
-        predicted = crossing(batches, speedups(CPU, rate, 4, 16 + 128, batches).tolist())
-        simulated = crossing(batches, [_simulated_speedup(b, rate) for b in batches])
+    for rate, drafting in ((0.5, 1.0), (0.7, 1.0), (0.7, 0.4)):  # break-even near 3.1, 7.9 and 5.3
+        predicted = crossing(batches, speedups(CPU, rate, 4, 16 + 128, batches, drafting).tolist())
+        simulated = crossing(batches, [_simulated_speedup(b, rate, drafting) for b in batches])
         assert predicted is not None and simulated is not None
-        assert simulated == pytest.approx(predicted, abs=1.0), rate
+        assert simulated == pytest.approx(predicted, abs=1.0), (rate, drafting)
 
 
-def _ab_folder(root: Path, seats: int, plain: float, spec: float) -> Path:
+def _ab_folder(root: Path, seats: int, plain: float, spec: float, drafts: float | None = 250) -> Path:
+    """An `ab --speculation both` folder at R = 0.6 with 1,000 draft tokens; `drafts` rows drafted of 250 sampling
+    row-steps (None: a run from before the drafts counter)."""
     folder = root / f"mixed-{seats}"
     folder.mkdir()
     config = '{"method": "ngram", "num_speculative_tokens": 4, "draft_length": "fixed"}'
     settings = {"workload": "mixed", "num_prompts": 8, "seed": 0, "seats": seats, "max_concurrency": seats,
                 "request_rate": "inf", "speculative_config": config}  # fmt: skip
 
-    def run(label: str, tput: float, drafted: float, accepted: float) -> dict:
+    def run(label: str, tput: float, metrics: dict) -> dict:
         summary = {"label": label, "completed": 8, "input_tokens": 400, "output_tokens": 800, "output_throughput": tput}
-        return {"label": label, "summary": summary,
-                "server_metrics": {"draft_tokens": drafted, "accepted_tokens": accepted}}  # fmt: skip
+        return {"label": label, "summary": summary, "server_metrics": metrics}
 
     accepted = 1000 * (expected_emitted(0.6, 4) - 1) / 4  # R = 0.6
+    counters = {"draft_tokens": 1000, "accepted_tokens": accepted, "generation_tokens": accepted + 250}
+    if drafts is not None:
+        counters["drafts"] = drafts
     runs = {
-        "continuous": run("continuous", plain, 0, 0),
-        "continuous-spec": run("continuous-spec", spec, 1000, accepted),
+        "continuous": run("continuous", plain, {"draft_tokens": 0, "accepted_tokens": 0}),
+        "continuous-spec": run("continuous-spec", spec, counters),
     }
     (folder / "result.json").write_text(json.dumps({"settings": settings, "runs": runs}))
     return folder
@@ -130,7 +161,8 @@ def test_check_sets_the_measured_break_even_beside_the_simulated(tmp_path, capsy
     main(["--cost-model", str(cost), "--check", *map(str, folders)])
     out = capsys.readouterr().out
     assert (
-        "| mixed-1 | continuous | 1 | 0.60 | 1.300x |" in out and "| mixed-8 | continuous | 8 | 0.60 | 0.800x |" in out
+        "| mixed-1 | continuous | 1 | 0.60 | 1.00 | 1.300x |" in out
+        and "| mixed-8 | continuous | 8 | 0.60 | 1.00 | 0.800x |" in out
     )
     # measured: 1.3x at 1, 0.8x at 8, so 1 + 7 * 0.3 / 0.5; the simulator's and the cost model's beside it
     line = next(line for line in out.splitlines() if line.startswith("continuous: break-even"))
@@ -139,3 +171,17 @@ def test_check_sets_the_measured_break_even_beside_the_simulated(tmp_path, capsy
     assert line.endswith("cost model alone 6.6 (between the same concurrencies)")
     with pytest.raises(SystemExit):
         main(["--cost-model", str(cost), "--check", str(tmp_path)])  # no result.json there
+
+
+def test_check_takes_the_draft_rate_from_the_runs_counters(tmp_path) -> None:
+    cost = tmp_path / "cost.json"
+    cost.write_text(json.dumps({"model": {f: getattr(CPU, f) for f in CPU.__dataclass_fields__}}))
+    counted = _ab_folder(tmp_path, 1, 100.0, 110.0, drafts=100)  # 100 rows of 250 drafted: D = 0.4
+    (tmp_path / "older").mkdir()
+    older = _ab_folder(tmp_path / "older", 1, 100.0, 110.0, drafts=None)  # 1,000 draft tokens / k = 250 rows: D = 1
+    found = points(cost, [counted, older], None)
+    assert [p.draft_rate for p in found] == [pytest.approx(0.4), pytest.approx(1.0)]
+    context = round(400 / 8 + 800 / 16)
+    assert found[0].predicted == pytest.approx(speedups(CPU, found[0].rate, 4, context, [1], 0.4)[0])
+    assert found[0].predicted < found[1].predicted  # at one row, verifying is nearly free: drafting more pays more
+    assert points(cost, [counted], None, draft_rate=1.0)[0].predicted == pytest.approx(found[1].predicted)
