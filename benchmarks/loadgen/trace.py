@@ -202,6 +202,11 @@ def from_records(records: Sequence[RequestRecord], specs: Sequence[RequestSpec] 
     return trace
 
 
+def at_once(trace: Sequence[TraceRequest]) -> list[TraceRequest]:
+    """The same requests, all arriving at time 0 in the trace's order."""
+    return [replace(request, arrival_s=0.0) for request in trace]
+
+
 # ----- a benchmarks.online.ab run's traces, one file per run: OUT/workload/<mode>.jsonl and <mode>@<rate>.jsonl -----
 def _rate_label(rate: float) -> str:
     return "inf" if math.isinf(rate) else f"{rate:g}"

@@ -168,7 +168,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument(
         "--export-workload",
         action="store_true",
-        help="also write each run's requests as OUT/workload/<run>.jsonl, for python -m benchmarks simulate --replay",
+        help="also write each run's requests as OUT/workload/<run>.jsonl, for python -m benchmarks simulate --replay "
+        "(with --rounds, the first round's: every round sends the same requests)",
     )
     g.add_argument("--health-timeout", type=float, default=180.0, help="seconds to wait for /health")
     g.add_argument("--stop-grace", type=float, default=15.0, help="seconds between SIGTERM and SIGKILL")
@@ -312,5 +313,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     written = write_report(ab, args.out)
     print(f"wrote {written['report.md']} and {written['result.json']}")
     if args.export_workload:
-        print(f"wrote workload traces to {export_runs(args.out, runs, sweep, specs)}")
+        first_rounds = {name: results[0] for name, results in rounds.items()}  # every round sends the same requests
+        print(f"wrote workload traces to {export_runs(args.out, first_rounds, sweep, specs)}")
     return 0 if set(names) <= runs.keys() else 1

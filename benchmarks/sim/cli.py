@@ -29,7 +29,7 @@ from api.config import DEFAULT_MAX_MODEL_LEN
 from benchmarks.loadgen.arrivals import ArrivalConfig
 from benchmarks.loadgen.flags import add_seats_argument, parse_rates
 from benchmarks.loadgen.run import RunResult, rate_to_json
-from benchmarks.loadgen.trace import TraceRequest, read_exported, read_trace, synthesize
+from benchmarks.loadgen.trace import ExportedRuns, TraceRequest, at_once, read_exported, read_trace, synthesize
 from benchmarks.loadgen.workloads import WORKLOADS, WorkloadConfig
 from benchmarks.results_io.report import NO_CACHE_SUFFIX, ABOutcome, columns_table
 from benchmarks.results_io.tables import format_run
@@ -164,6 +164,12 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="a `python -m benchmarks ab --export-workload` folder: replay each run's trace in its mode, compare with "
         "its result",
+    )
+    g.add_argument(
+        "--replay-at-once",
+        action="store_true",
+        help="with --replay: every request arrives at time 0 and the seats bound how many run, as a closed loop of "
+        "--seats clients at an infinite rate keeps them (such a run's recorded arrivals followed the server's speed)",
     )
     g.add_argument(
         "--compare-with", type=Path, default=None, help="a real benchmarks.online.ab result.json: error table"
@@ -420,6 +426,8 @@ def replay(
 ) -> tuple[dict[str, RunResult], dict[str, list[RunResult]]]:
     """--replay: each mode's exported traces (main run and sweep), replayed in that mode."""
     exported = read_exported(args.replay)
+    if args.replay_at_once:
+        exported = ExportedRuns({mode: at_once(trace) for mode, trace in exported.main.items()}, exported.sweep)
     runs: dict[str, RunResult] = {}
     swept: dict[str, list[RunResult]] = {}
     for mode, mode_settings in settings.items():

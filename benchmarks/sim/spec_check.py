@@ -5,12 +5,13 @@ For each folder and each mode it ran with and without speculation (`<mode>` and 
 is the spec run's output tokens per second over the plain run's. The simulator then runs the same requests at the same
 concurrency (min of --seats and --max-concurrency: a closed loop of c clients keeps at most c requests in the
 server) with the folder's --speculative-config, replaying the folder's exported traces when it has them
-(`--export-workload`), else the workload its settings name. The acceptance rate R is --acceptance-rate, else the
-spec run's counters (accepted / drafted = (R + ... + R**k) / k under synthetic acceptance with k drafts a row,
-solved for R) and the draft rate D is --draft-rate, else the spec run's rows that verified drafts over its sampling
-row-steps (generated tokens less accepted ones; runs that predate the drafts counter: draft tokens / k, each draft
-taken as k tokens long). The cost model's own prediction (`spec_break_even.speedups` at the runs' mean context) sits
-beside. Each break-even is where the speedup crosses 1 over the folders' concurrencies (`crossing`).
+(`--export-workload`; a closed loop's all at once), else the workload its settings name, over SEEDS seeds. The
+acceptance rate R is --acceptance-rate, else the spec run's counters (accepted / drafted = (R + ... + R**k) / k
+under synthetic acceptance with k drafts a row, solved for R), and the draft rate D is --draft-rate, else the spec
+run's rows that verified drafts over its sampling row-steps (generated tokens less accepted ones; runs that predate
+the drafts counter: draft tokens / k, each draft taken as k tokens long). The cost model's own prediction
+(`spec_break_even.speedups` at the runs' mean context) sits beside. Each break-even is where the speedup crosses 1
+over the folders' concurrencies (`crossing`).
 """
 
 from __future__ import annotations
@@ -87,27 +88,38 @@ def _draft_rate(folder: Path, spec_run: dict[str, Any], k: int, given: float | N
     return min(1.0, float(drafts) / (float(generated) - float(accepted)))
 
 
+SEEDS = 5  # simulated runs per point, each with its own draft and acceptance draws: their mean ratio is reported
+
+
 def _simulated(
     cost_model: Path, folder: Path, settings: dict[str, Any], mode: str, seats: int, rate: float, draft_rate: float
 ) -> float:
-    """Simulated spec / plain output tokens per second for `mode` at `seats`, as the folder's runs were made."""
+    """Simulated spec / plain output tokens per second for `mode` at `seats`, as the folder's runs were made: the
+    mean over SEEDS seeds. A closed loop at an infinite rate is replayed at once (its recorded arrivals followed the
+    server's own speed; the seats keep `seats` requests running, as its clients did)."""
+    request_rate = str(settings.get("request_rate", "inf"))
     argv = ["--cost-model", str(cost_model), "--mode", mode, "--seats", str(seats), "--acceptance-rate", str(rate)]
     argv += ["--draft-rate", str(draft_rate)]
     argv += ["--speculative-config", settings["speculative_config"], "--speculation", "both"]
-    argv += ["--request-rate", str(settings.get("request_rate", "inf")), "--seed", str(settings.get("seed", 0))]
+    argv += ["--request-rate", request_rate]
     if (folder / "workload").is_dir():
         argv += ["--replay", str(folder)]
+        if request_rate == "inf" and settings.get("max_concurrency"):
+            argv += ["--replay-at-once"]
     else:
         argv += ["--workload", str(settings["workload"]), "--num-prompts", str(settings["num_prompts"])]
-    args = simulate.build_parser().parse_args(argv)
-    _, sim_settings = simulate.simulation_settings(args)
-    if args.replay is not None:
-        runs: dict[str, RunResult] = simulate.replay(args, sim_settings)[0]
-    else:
-        simulate.check_workload(args, ())
-        runs = simulate.sweep(args, sim_settings, ())[0]
-    plain, spec = runs[mode].summary.output_throughput, runs[mode + SPEC_SUFFIX].summary.output_throughput
-    return spec / plain if plain else math.nan
+    ratios = []
+    for seed in range(int(settings.get("seed", 0)), int(settings.get("seed", 0)) + SEEDS):
+        args = simulate.build_parser().parse_args([*argv, "--seed", str(seed)])
+        _, sim_settings = simulate.simulation_settings(args)
+        if args.replay is not None:
+            runs: dict[str, RunResult] = simulate.replay(args, sim_settings)[0]
+        else:
+            simulate.check_workload(args, ())
+            runs = simulate.sweep(args, sim_settings, ())[0]
+        plain, spec = runs[mode].summary.output_throughput, runs[mode + SPEC_SUFFIX].summary.output_throughput
+        ratios.append(spec / plain if plain else math.nan)
+    return sum(ratios) / len(ratios)
 
 
 def points(

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from benchmarks.loadgen.trace import read_exported
 from benchmarks.online import ab
 from benchmarks.peers.targets import ServerSettings, Target, mode_targets
 from benchmarks.results_io.report import ABOutcome, columns_table, headline_table, result_document
@@ -159,7 +160,7 @@ def test_rounds_interleave_the_servers_and_pool_their_runs(
     tiny_checkpoint: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     out = tmp_path / "ab"
-    flags = ("--modes", "dynamic,continuous", "--num-prompts", "3", "--rounds", "2")
+    flags = ("--modes", "dynamic,continuous", "--num-prompts", "3", "--rounds", "2", "--export-workload")
     assert ab.main(tiny_run(tiny_checkpoint, out, *flags)) == 0
     starts = [line.split(":")[0] for line in capsys.readouterr().err.splitlines() if "starting its server" in line]
     assert starts == ["dynamic", "continuous", "dynamic", "continuous"]  # round by round, not target by target
@@ -178,6 +179,8 @@ def test_rounds_interleave_the_servers_and_pool_their_runs(
     assert ratios == pytest.approx([c / d for c, d in zip(continuous["output_tok_s"], dynamic, strict=True)])
     assert continuous["median_output_tok_s_over_base"] == pytest.approx(sum(ratios) / 2)
     assert "## Rounds, interleaved" in (out / "report.md").read_text()
+    # a replay's trace is one round's requests: the rounds repeat them, hours apart on the server's clock
+    assert {name: len(trace) for name, trace in read_exported(out).main.items()} == {"dynamic": 3, "continuous": 3}
 
 
 def test_rounds_below_one_are_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:

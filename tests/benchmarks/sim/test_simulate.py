@@ -181,6 +181,27 @@ def test_replaying_a_runs_exported_traces_reproduces_it_with_zero_error(
     assert all(line.rstrip(" |").endswith(("+0.0%", "-0.0%", "n/a")) for line in rows), table
 
 
+def test_a_closed_loop_replays_at_once_not_at_its_recorded_arrivals(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A closed loop's recorded arrivals followed the server's own speed (each client sent when its answer came):
+    `--replay-at-once` sends them all at time 0, the seats bounding how many run, so a faster simulated server
+    finishes sooner instead of idling until the recorded arrivals."""
+    cost = write_cost(tmp_path / "cost.json")
+    trace = [TraceRequest(10.0 * i, 32, 16, output_tokens=16) for i in range(6)]  # one at a time, 10 s apart
+    write_trace(trace, tmp_path / "run" / "workload" / "continuous.jsonl")
+    argv = ["--cost-model", str(cost), "--mode", "continuous", "--seats", "2", "--replay", str(tmp_path / "run")]
+    recorded = simulate.replay(simulate.build_parser().parse_args(argv), simulate.simulation_settings(
+        simulate.build_parser().parse_args(argv))[1])[0]["continuous"]  # fmt: skip
+    at_once_args = simulate.build_parser().parse_args([*argv, "--replay-at-once"])
+    at_once = simulate.replay(at_once_args, simulate.simulation_settings(at_once_args)[1])[0]["continuous"]
+    capsys.readouterr()
+    assert recorded.summary.duration_s > 50  # waited for the last recorded arrival
+    assert at_once.summary.duration_s < 10 and at_once.summary.completed == 6
+    assert max(r.send_time for r in at_once.records) == 0.0
+    assert at_once.server_metrics is not None and at_once.server_metrics.mean_batch_size == pytest.approx(2, abs=0.3)
+
+
 def test_trace_files_round_trip_and_reject_bad_lines(tmp_path: Path) -> None:
     trace = [TraceRequest(0.0, 57, 200), TraceRequest(0.5, 12, 16, output_tokens=9)]
     path = write_trace(trace, tmp_path / "w.jsonl")
