@@ -85,7 +85,7 @@ class SyntheticDrafter:
         if not 0.0 <= draft_rate <= 1.0:
             raise ValueError(f"draft_rate must be in [0, 1], got {draft_rate}")
         self.draft_rate = draft_rate
-        self._rng = random.Random(seed)
+        self._rng = random.Random(f"drafts {seed}")  # not SimEngine's stream for the same seed: independent draws
 
     def __call__(self, request: SequenceRequest, k: int, spec: SpeculativeConfig | None) -> list[int]:
         if self.draft_rate < 1.0 and self._rng.random() >= self.draft_rate:
