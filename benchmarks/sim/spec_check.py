@@ -108,9 +108,11 @@ def _simulated(
             argv += ["--replay-at-once"]
     else:
         argv += ["--workload", str(settings["workload"]), "--num-prompts", str(settings["num_prompts"])]
+    args = simulate.build_parser().parse_args(argv)
+    first = int(settings.get("seed", 0))
     ratios = []
-    for seed in range(int(settings.get("seed", 0)), int(settings.get("seed", 0)) + SEEDS):
-        args = simulate.build_parser().parse_args([*argv, "--seed", str(seed)])
+    for seed in range(first, first + SEEDS):
+        args.seed = seed  # the workload's and the draws' seed, as --seed sets it
         _, sim_settings = simulate.simulation_settings(args)
         if args.replay is not None:
             runs: dict[str, RunResult] = simulate.replay(args, sim_settings)[0]

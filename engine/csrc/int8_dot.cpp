@@ -2,10 +2,10 @@
 // dot products: the int8 LM head's kernel where the build has `vpdpbusd`, or AVX2's `vpmaddubsw` (int8_gemv, float
 // FMAs over the widened weights, in the avx512 and scalar builds). The weights are packed once at load
 // (engine.model.linear.Int8DotLinear): blocks of 16 output rows, each storing for every 4 inputs k..k+3 64 bytes, 4
-// per output row, each byte w + 128 (unsigned, as `vpdpbusd` takes it). The activations are two int8 digits per value per group of inputs, as int4_dot's
-// (activation_digits.h); the +128 comes back off exactly, as 128 times the digits' integer sum. Per row, 2 integer
-// dot products cover 64 weights where float FMAs cover 16 per instruction: a verify step's 5 rows or a batch's 16
-// cost the LM head far fewer instructions, and one row reads the same bytes.
+// per output row, each byte w + 128 (unsigned, as `vpdpbusd` takes it). The activations are two int8 digits per
+// value per group of inputs, as int4_dot's (activation_digits.h); the +128 comes back off exactly, as 128 times the
+// digits' integer sum. Per row, 2 integer dot products cover 64 weights where float FMAs cover 16 per instruction: a
+// verify step's 5 rows or a batch's 16 cost the LM head far fewer instructions, and one row reads the same bytes.
 
 #include <ATen/Parallel.h>
 #include <c10/util/BFloat16.h>
