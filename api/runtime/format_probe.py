@@ -2,7 +2,7 @@
 
 At the first load on a machine, each candidate format (dtype x quantization, those `auto` leaves open) is loaded,
 and then all of them are timed in turns (api/runtime/format_timing.py): round after round, each one's decode step on the
-real model at 1, 4, 8 and 16 rows and a 128-token prefill chunk, through the same runner and engine that serve
+real model at 1, 4, 8, 16 and 32 rows and a 128-token prefill chunk, through the same runner and engine that serve
 (api/runtime/format_steps.py). Each figure is the candidate's best time over the rounds, so another process's burst of
 work, which slows some rounds, cannot pick the winner; while a calibration op says the machine is busy, more rounds
 are timed. The format kept is the one whose worst ratio to the best time, at 1 row, 16 rows and the prefill chunk,

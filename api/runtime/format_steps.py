@@ -1,5 +1,5 @@
 """A loaded weight format's engine steps, ready to time (api/runtime/format_probe.py,
-benchmarks/micro/format_matrix.py): decode steps of 1-16 sequences with 32-token prompts and 128-token prefill
+benchmarks/micro/format_matrix.py): decode steps of 1-32 sequences with 32-token prompts and 128-token prefill
 chunks, through the same runner and engine that serve; and how many formats fit in memory, loaded at once."""
 
 from __future__ import annotations
@@ -17,7 +17,9 @@ from engine.model.model_runner import TransformersRunner
 from engine.sample.sampling_params import SamplingParams
 from engine.weights.loader import LoadedModel
 
-PROBE_ROWS = (1, 4, 8, 16)  # decode steps of this many sequences
+# Decode steps of this many sequences. 32 is there for the row switch: where quantised steps cost per row and the
+# dense copy's per weight, the crossing can fall between 16 rows and a prefill chunk (capped to AVX2: near 50).
+PROBE_ROWS = (1, 4, 8, 16, 32)
 PREFILL_ROWS = 128  # and one sequence's prompt chunk of this many tokens
 MEASURED_ROWS = (*PROBE_ROWS, PREFILL_ROWS)
 _PROMPT_TOKENS = 32
