@@ -25,7 +25,7 @@ MEASURED_ROWS = (*PROBE_ROWS, PREFILL_ROWS)
 _PROMPT_TOKENS = 32
 Pair = tuple[str, str]  # (dtype, quantization)
 # Bytes per weight a candidate holds while it is timed, its model and its runner's copy (docs/quantization.md's
-# memory table: 1076, 538, 731 and 364 MB for SmolLM2-135M's 134.5 M weights), rounded up.
+# memory table: 1076, 538, 646 and 364 MB for SmolLM2-135M's 134.5 M weights), rounded up.
 _BYTES_PER_WEIGHT: Mapping[Pair, int] = {
     ("float32", "none"): 8,
     ("bfloat16", "none"): 4,
