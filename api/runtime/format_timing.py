@@ -27,6 +27,9 @@ import torch
 
 BUSY_RATIO = 1.25  # a calibration this much slower than the quietest: another process had the CPU
 STALE_RATIO = 1.3  # a later start's calibration this far from the cached one (either way): another machine
+# The calibration ops that tell another machine. Not "memory": on shared VMs its 64 MiB sum reads 1.0 or 2.0 ms for
+# minutes at a time in a quiet process (measured, Zen 4), so judged by it a later start measured again at random.
+DECIDING_OPS = frozenset({"compute"})
 BUSY_CORES = 0.5  # other processes using this much CPU: a slower calibration is contention, not another machine
 
 
@@ -206,14 +209,15 @@ def recheck(
     load: LoadGauge | None = None,
 ) -> tuple[Recheck, str]:
     """Whether this machine's calibration now is within STALE_RATIO of `cached_ms` (the one taken when a choice was
-    measured), and both calibrations as text. Faster by more is another machine at once (contention only slows); slower
-    may be a busy moment, so it is tried again after a wait, `tries` times in all; still slower while `load` sees
-    other processes on the cores is a busy machine, not another one (measuring now would time the contention)."""
+    measured) in the DECIDING_OPS, and both calibrations as text. Faster by more is another machine at once
+    (contention only slows); slower may be a busy moment, so it is tried again after a wait, `tries` times in all;
+    still slower while `load` sees other processes on the cores is a busy machine, not another one (measuring now
+    would time the contention)."""
     now: dict[str, float] = {}
     verdict = Recheck.OTHER
     for attempt in range(tries):
         now = calibration.measure(clock)
-        ratios = [now[name] / cached_ms[name] for name in now if cached_ms.get(name)]
+        ratios = [now[name] / cached_ms[name] for name in now if name in DECIDING_OPS and cached_ms.get(name)]
         if not ratios or any(ratio < 1 / STALE_RATIO for ratio in ratios):
             break
         if all(ratio <= STALE_RATIO for ratio in ratios):

@@ -4,9 +4,11 @@ a later start's calibration against the cached one."""
 
 from __future__ import annotations
 
+from functools import partial
+
 import pytest
 
-from api.runtime.format_timing import STALE_RATIO, Recheck, RoundPlan, recheck, time_rounds
+from api.runtime.format_timing import STALE_RATIO, Calibration, Recheck, RoundPlan, recheck, time_rounds
 from tests.api.runtime.fake_machine import FakeMachine
 
 SIZES = (1, 16)
@@ -71,6 +73,16 @@ def test_a_later_start_matches_the_cached_speed_unless_this_machine_is_another()
     slower = FakeMachine(speed=STALE_RATIO * 1.1)  # a quiet machine, slower throughout: another CPU
     assert recheck(cached, slower, slower.calibration(), tries=3, wait_s=0.5, load=slower)[0] is Recheck.OTHER
     assert slower.t >= 1.0  # it waited twice before calling it another machine
+
+
+def test_the_memory_figure_alone_does_not_make_another_machine() -> None:
+    """A shared VM's memory bandwidth moves 2x with its neighbours while the CPU stays: the same machine."""
+    cached = {"compute": 1.0, "memory": 4.0}
+    for memory_ms in (2.0, 8.0):
+        machine = FakeMachine()
+        calibration = Calibration({"compute": partial(machine.work, 1.0), "memory": partial(machine.work, memory_ms)})
+        verdict, speeds = recheck(cached, machine, calibration, load=machine)
+        assert verdict is Recheck.SAME and f"memory {memory_ms:.2f} ms now" in speeds
 
 
 def test_a_later_start_on_a_busy_machine_keeps_the_cached_choice() -> None:
