@@ -11,7 +11,10 @@ under synthetic acceptance with k drafts a row, solved for R), and the draft rat
 run's rows that verified drafts over its sampling row-steps (generated tokens less accepted ones; runs that predate
 the drafts counter: draft tokens / k, each draft taken as k tokens long). The cost model's own prediction
 (`spec_break_even.speedups` at the runs' mean context) sits beside. Each break-even is where the speedup crosses 1
-over the folders' concurrencies (`crossing`).
+over the folders' concurrencies (`crossing`). Where every folder ran `--rounds` (2 or more), the measured one carries
+an interval: each concurrency's round ratios resampled with replacement, `INTERVAL_DRAWS` times, their means' crossing
+at the 5th and 95th percentile. A flat curve near 1 (speculation neither pays nor costs) moves its crossing across
+the whole range with the rounds' spread, and the interval says so.
 """
 
 from __future__ import annotations
@@ -22,6 +25,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from benchmarks.loadgen.run import RunResult
 from benchmarks.sim import cli as simulate
@@ -43,6 +48,7 @@ class Point:
     measured: float
     simulated: float
     predicted: float
+    round_ratios: tuple[float, ...] = ()  # the measured speedup round by round (`ab --rounds`); () for one run
 
 
 def rate_from_counters(drafted: float, accepted: float, k: int) -> float:
@@ -86,6 +92,33 @@ def _draft_rate(folder: Path, spec_run: dict[str, Any], k: int, given: float | N
     if not generated or accepted is None or drafts is None or generated <= accepted:
         raise ValueError(f"{folder}: the spec run recorded no draft or token counters; give --draft-rate")
     return min(1.0, float(drafts) / (float(generated) - float(accepted)))
+
+
+def _round_ratios(document: dict[str, Any], mode: str) -> tuple[float, ...]:
+    """The spec run's output tokens per second over the plain run's, round by round; () for a single round."""
+    targets = (document.get("rounds") or {}).get("targets") or {}
+    spec = (targets.get(mode + SPEC_SUFFIX) or {}).get("output_tok_s") or []
+    plain = (targets.get(mode) or {}).get("output_tok_s") or []
+    if len(spec) < 2 or len(spec) != len(plain) or not all(plain):
+        return ()
+    return tuple(on / off for on, off in zip(spec, plain, strict=True))
+
+
+INTERVAL_DRAWS = 2000
+
+
+def measured_interval(
+    batches: Sequence[float], round_ratios: Sequence[Sequence[float]], draws: int = INTERVAL_DRAWS, seed: int = 0
+) -> tuple[float, float] | None:
+    """The 5th and 95th percentile of the break-even when each batch's rounds are resampled with replacement and
+    their mean taken (math.inf where a resample pays at every batch); None unless every batch has 2 rounds or more."""
+    if not round_ratios or any(len(ratios) < 2 for ratios in round_ratios):
+        return None
+    rng = np.random.default_rng(seed)
+    means = np.stack([rng.choice(np.asarray(r), size=(draws, len(r))).mean(axis=1) for r in round_ratios], axis=1)
+    found = [crossing(batches, list(row)) for row in means]
+    values = np.array([math.inf if value is None else value for value in found])
+    return float(np.percentile(values, 5, method="lower")), float(np.percentile(values, 95, method="higher"))
 
 
 SEEDS = 5  # simulated runs per point, each with its own draft and acceptance draws: their mean ratio is reported
@@ -156,6 +189,7 @@ def points(
                     _throughput(spec) / _throughput(plain),
                     _simulated(cost_model, folder, settings, mode, concurrency, rate, drafting),
                     float(speedups(model, rate, k, context, [concurrency], drafting)[0]),
+                    _round_ratios(document, mode),
                 )
             )
     return out
@@ -181,11 +215,18 @@ def table(found: Sequence[Point]) -> str:
         measured = crossing(batches, [p.measured for p in mine])
         simulated = crossing(batches, [p.simulated for p in mine])
         predicted = crossing(batches, [p.predicted for p in mine])  # the cost model between the measured points
-        error = ""
+        interval = measured_interval(batches, [p.round_ratios for p in mine])
+        spread, error = "", ""
+        if interval is not None:
+            low, high = (f"past {batches[-1]}" if math.isinf(end) else f"{end:.1f}" for end in interval)
+            spread = f" (90 % of its rounds resampled: {low} to {high})"
         if measured is not None and simulated is not None:
-            error = f" (simulated {100 * (simulated - measured) / measured:+.0f} %)"
+            inside = ""
+            if interval is not None:
+                inside = "; inside that interval" if interval[0] <= simulated <= interval[1] else "; outside it"
+            error = f" (simulated {100 * (simulated - measured) / measured:+.0f} %{inside})"
         lines.append(
-            f"\n{mode}: break-even concurrency measured {_fmt(measured)}, simulated {_fmt(simulated)}{error}, "
+            f"\n{mode}: break-even concurrency measured {_fmt(measured)}{spread}, simulated {_fmt(simulated)}{error}, "
             f"cost model alone {_fmt(predicted)} (between the same concurrencies)"
         )
     return "\n".join(lines)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import random
 from pathlib import Path
 
@@ -15,7 +16,7 @@ from benchmarks.sim.cost.speculation import accepted_drafts, break_even, crossin
 from benchmarks.sim.engine import SyntheticDrafter
 from benchmarks.sim.run import SimSettings, simulate_trace
 from benchmarks.sim.spec_break_even import main
-from benchmarks.sim.spec_check import points, rate_from_counters
+from benchmarks.sim.spec_check import measured_interval, points, rate_from_counters
 from engine.config import EngineConfig
 from engine.spec.config import SpeculativeConfig
 from scheduler.config import Mode, SchedulerConfig
@@ -128,9 +129,12 @@ def test_the_prediction_is_the_simulators_break_even() -> None:
         assert simulated == pytest.approx(predicted, abs=1.0), (rate, drafting)
 
 
-def _ab_folder(root: Path, seats: int, plain: float, spec: float, drafts: float | None = 250) -> Path:
+def _ab_folder(
+    root: Path, seats: int, plain: float, spec: float, drafts: float | None = 250, rounds: list[float] | None = None
+) -> Path:
     """An `ab --speculation both` folder at R = 0.6 with 1,000 draft tokens; `drafts` rows drafted of 250 sampling
-    row-steps (None: a run from before the drafts counter)."""
+    row-steps (None: a run from before the drafts counter); `rounds`: the spec run's throughput round by round
+    (`ab --rounds`), the plain run's `plain` in each."""
     folder = root / f"mixed-{seats}"
     folder.mkdir()
     config = '{"method": "ngram", "num_speculative_tokens": 4, "draft_length": "fixed"}'
@@ -149,7 +153,11 @@ def _ab_folder(root: Path, seats: int, plain: float, spec: float, drafts: float 
         "continuous": run("continuous", plain, {"draft_tokens": 0, "accepted_tokens": 0}),
         "continuous-spec": run("continuous-spec", spec, counters),
     }
-    (folder / "result.json").write_text(json.dumps({"settings": settings, "runs": runs}))
+    document: dict = {"settings": settings, "runs": runs}
+    if rounds is not None:
+        targets = {"continuous": {"output_tok_s": [plain] * len(rounds)}, "continuous-spec": {"output_tok_s": rounds}}
+        document["rounds"] = {"base": "continuous", "targets": targets}
+    (folder / "result.json").write_text(json.dumps(document))
     return folder
 
 
@@ -185,3 +193,31 @@ def test_check_takes_the_draft_rate_from_the_runs_counters(tmp_path) -> None:
     assert found[0].predicted == pytest.approx(speedups(CPU, found[0].rate, 4, context, [1], 0.4)[0])
     assert found[0].predicted < found[1].predicted  # at one row, verifying is nearly free: drafting more pays more
     assert points(cost, [counted], None, draft_rate=1.0)[0].predicted == pytest.approx(found[1].predicted)
+
+
+def test_the_measured_break_even_carries_the_spread_of_its_rounds() -> None:
+    # Rounds that agree pin it: 1.3x at 1, 0.8x at 8 in every round, so 5.2 whichever rounds are drawn.
+    assert measured_interval([1, 8], [[1.3, 1.3, 1.3], [0.8, 0.8, 0.8]]) == pytest.approx((5.2, 5.2))
+    assert measured_interval([1, 8], [[1.3], [0.8]]) is None  # one round: no spread to resample
+    # A flat curve near 1 (speculation neither pays nor costs): the rounds alone move it from the first batch to
+    # past the last.
+    low, high = measured_interval([1, 2, 4, 8], [[1.06, 0.95, 1.01], [0.97, 1.04, 1.0], [1.03, 0.96], [1.02, 0.99]])
+    assert low == 1.0 and math.isinf(high)
+
+
+def test_check_shows_the_interval_where_the_runs_had_rounds(tmp_path, capsys) -> None:
+    cost = tmp_path / "cost.json"
+    cost.write_text(json.dumps({"model": {f: getattr(CPU, f) for f in CPU.__dataclass_fields__}}))
+    folders = [
+        _ab_folder(tmp_path, 1, 100.0, 130.0, rounds=[125.0, 130.0, 135.0]),
+        _ab_folder(tmp_path, 8, 400.0, 320.0, rounds=[300.0, 320.0, 340.0]),
+    ]
+    found = points(cost, folders, None)
+    assert [p.round_ratios for p in found] == [pytest.approx((1.25, 1.3, 1.35)), pytest.approx((0.75, 0.8, 0.85))]
+    main(["--cost-model", str(cost), "--check", *map(str, folders)])
+    line = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("continuous: break-even"))
+    low, high = measured_interval([1, 8], [p.round_ratios for p in found])
+    assert 1 < low < 5.2 < high < 8
+    assert line.startswith(
+        f"continuous: break-even concurrency measured 5.2 (90 % of its rounds resampled: {low:.1f} to "
+    )
