@@ -48,7 +48,7 @@ def describe(path: Path, entry: CacheEntry | None) -> str:
             ),
             f"  figures   {choice.reason}; best of {choice.rounds} rounds, {choice.quiet_rounds} quiet",
             f"  measured  {entry.measured_at}, {entry.machine}",
-            f"  speed     {speed} (calibration; measured again where a later start's differs)",
+            f"  speed     {speed} (calibration; measured again where a later start's compute differs)",
         ]
     )
 
