@@ -18,7 +18,7 @@ from engine.sample.sampling_params import SamplingParams
 from engine.weights.loader import LoadedModel
 
 # Decode steps of this many sequences. 32 is there for the row switch: where quantised steps cost per row and the
-# dense copy's per weight, the crossing can fall between 16 rows and a prefill chunk (capped to AVX2: near 50).
+# dense copy's per weight, the crossing can fall past 16 rows (Zen 4, natively and capped to AVX2: past 32).
 PROBE_ROWS = (1, 4, 8, 16, 32)
 PREFILL_ROWS = 128  # and one sequence's prompt chunk of this many tokens
 MEASURED_ROWS = (*PROBE_ROWS, PREFILL_ROWS)

@@ -58,14 +58,17 @@ def test_winning_at_the_prefill_chunk_keeps_the_quantised_weights_at_every_size(
     assert (choice.label, choice.max_quantized_rows) == ("int4/bfloat16", EVERY_STEP)
 
 
+# Capped to AVX2 on Zen 4 (the probe's figures, rounded): int4 costs per row, the float32 copy per weight, and they
+# cross between 32 rows and the prefill chunk.
+CAPPED_ZEN4 = {
+    "float32": {1: 26.9, 4: 30.0, 8: 36.0, 16: 48.6, 32: 74.0, 128: 170.9},
+    "int4/float32": {1: 4.7, 4: 10.0, 8: 18.0, 16: 33.3, 32: 62.0, 128: 197.4},
+}
+
+
 def test_the_row_switch_moves_past_16_rows_where_the_quantised_weights_still_win_at_32() -> None:
-    """Capped to AVX2 (measured, Zen 4): int4 costs per row, the float32 copy per weight, and they cross between 32
-    rows and the prefill chunk; a switch at 16 ran every 32-row step on the slower copy."""
-    step_ms = {
-        "float32": {1: 26.9, 4: 30.0, 8: 36.0, 16: 48.6, 32: 74.0, 128: 170.9},
-        "int4/float32": {1: 4.7, 4: 10.0, 8: 18.0, 16: 33.3, 32: 62.0, 128: 197.4},
-    }
-    choice = choose(step_ms, [("float32", "none"), ("float32", "int4")])
+    """A switch at 16, the largest decode step measured before, ran every 32-row step on the slower copy."""
+    choice = choose(CAPPED_ZEN4, [("float32", "none"), ("float32", "int4")])
     assert (choice.label, choice.max_quantized_rows) == ("int4/float32", 32)
     assert "(its float32 copy above 32 rows)" in choice.reason
 
