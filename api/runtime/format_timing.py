@@ -27,8 +27,9 @@ import torch
 
 BUSY_RATIO = 1.25  # a calibration this much slower than the quietest: another process had the CPU
 STALE_RATIO = 1.3  # a later start's calibration this far from the cached one (either way): another machine
-# The calibration ops that tell another machine. Not "memory": on shared VMs its 64 MiB sum reads 1.0 or 2.0 ms for
-# minutes at a time in a quiet process (measured, Zen 4), so judged by it a later start measured again at random.
+# The calibration ops that judge the machine: busy rounds, another machine. Not "memory": on shared VMs its 64 MiB
+# sum reads 1.0 or 2.0 ms for minutes at a time in a quiet process (measured, Zen 4), so judged by it quiet rounds
+# counted as busy and a later start measured again at random. Another process on the cores slows the compute op.
 DECIDING_OPS = frozenset({"compute"})
 BUSY_CORES = 0.5  # other processes using this much CPU: a slower calibration is contention, not another machine
 
@@ -105,9 +106,9 @@ class Rounds:
     calibrations: Sequence[Mapping[str, float]]
 
     def quiet(self) -> list[int]:
-        """The rounds whose bracketing calibrations were both within BUSY_RATIO of the quietest."""
+        """The rounds whose bracketing calibrations were both within BUSY_RATIO of the quietest (DECIDING_OPS)."""
         calm = [
-            all(cal[name] <= BUSY_RATIO * min(c[name] for c in self.calibrations) for name in cal)
+            all(cal[name] <= BUSY_RATIO * min(c[name] for c in self.calibrations) for name in DECIDING_OPS & cal.keys())
             for cal in self.calibrations
         ]
         return [i for i in range(len(self.samples)) if calm[i] and calm[i + 1]]

@@ -8,7 +8,7 @@ from functools import partial
 
 import pytest
 
-from api.runtime.format_timing import STALE_RATIO, Calibration, Recheck, RoundPlan, recheck, time_rounds
+from api.runtime.format_timing import STALE_RATIO, Calibration, Recheck, RoundPlan, Rounds, recheck, time_rounds
 from tests.api.runtime.fake_machine import FakeMachine
 
 SIZES = (1, 16)
@@ -49,6 +49,15 @@ def test_a_busy_spell_adds_rounds_and_waits_until_enough_are_quiet() -> None:
     assert announced[-1][1] == len(rounds.samples)  # the total announced grew with the busy rounds
     assert rounds.best_ms() == approx(TRUTH)  # the busy rounds' times are never the best
     assert rounds.calibration_ms() == pytest.approx({"compute": 1.0, "memory": 4.0})  # the busy calibrations left out
+
+
+def test_a_memory_figure_that_flips_between_two_speeds_leaves_the_rounds_quiet() -> None:
+    """A shared VM's memory bandwidth, quiet: the rounds are not busy while the compute op holds."""
+    calibrations = [{"compute": 1.0, "memory": 4.0 if i % 3 else 8.0} for i in range(6)]
+    rounds = Rounds([dict(TRUTH)] * 5, calibrations)
+    assert rounds.quiet() == [0, 1, 2, 3, 4]
+    busy = Rounds([dict(TRUTH)] * 5, [*calibrations[:3], {"compute": 3.0, "memory": 4.0}, *calibrations[4:]])
+    assert busy.quiet() == [0, 1, 4]  # rounds 2 and 3 bracket the slow compute op
 
 
 def test_a_machine_busy_throughout_stops_at_the_bound_and_reads_its_noise_over_every_round() -> None:
