@@ -100,11 +100,10 @@ def test_verify_steps_run_fused_and_emit_the_plain_steps_tokens(
     """
     build = _dot_build(kernels)
     params = [SamplingParams(max_tokens=NEW_TOKENS, temperature=0.0)] * len(PROMPTS)
-    head: dict[str, Any] = {"quantized_head": False} if dtype == "float32" else {}
 
     def engine(**options: Any) -> Engine:
         config = EngineConfig(max_rows=4, kv_cache_tokens=256, block_size=4)
-        runner = _runner(tiny_checkpoint, dtype, build, **head, **options)
+        runner = _runner(tiny_checkpoint, dtype, build, quantized_head=dtype != "float32", **options)
         return Engine(runner, config, dtype=getattr(torch, dtype))
 
     reference, _, _ = run(engine(), PROMPTS, params, chunk=64)
