@@ -8,8 +8,9 @@
 // place from the paged cache and broadcast (one key feeds all HP heads' accumulators). Values: the weights of two
 // consecutive keys are rounded to bf16 and interleaved per lane, and the values were laid out beforehand as pairs
 // of keys per dimension ([key pairs][dim] of bf16 pairs, paged_prefill_attention.cpp), so one broadcast value pair
-// feeds the HP heads' accumulators. Exponentials are base 2 (the scale folds in log2 e), a degree-6 polynomial on
-// the rounded-off fraction: about 1e-7 relative, below the bf16 rounding of the weights it feeds.
+// feeds the HP heads' accumulators. Exponentials are base 2 (the scale folds in log2 e and is applied inside the
+// exponent's subtraction, one FMA). Scores above a lane's diagonal are set to -FLT_MAX, not -inf, so the exponential
+// needs no clamp or mask: 2^(very negative) is 0.
 
 #pragma once
 
@@ -31,21 +32,18 @@ constexpr int kDims = HP == 1 ? 16 : HP == 2 ? 8 : HP == 3 ? 8 : 4;
 template <int HP>
 constexpr int kChunk = kKeys<HP> * 8;  // keys between two softmax updates (even: whole key pairs)
 
-// 2^x for x <= 0; exactly 0 below -126 (so masked scores, -inf, weigh nothing) and for NaN.
+// 2^x for finite x <= 0 (a score far below its row's maximum gives 0: n then lies under -149). Degree 4 on the
+// rounded-off fraction, fitted for relative error with the constant term held at 1 (so 2^0 is exactly 1): 2.9e-6 at
+// most, far below the bf16 rounding of the weights it feeds.
 inline __m512 exp2_nonpositive(__m512 x) {
-  const __m512 floor_value = _mm512_set1_ps(-126.0f);
-  const __mmask16 live = _mm512_cmp_ps_mask(x, floor_value, _CMP_GE_OQ);
-  x = _mm512_max_ps(x, floor_value);
   const __m512 n = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  const __m512 f = _mm512_sub_ps(x, n);  // [-0.5, 0.5]: 2^f = e^(f ln 2), Taylor to degree 6
-  __m512 p = _mm512_set1_ps(1.5403530393381608e-4f);
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.3333558146428443e-3f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(9.618129107628477e-3f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.550410866482158e-2f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.2402265069591007f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.6931471805599453f));
+  const __m512 f = _mm512_sub_ps(x, n);  // [-0.5, 0.5]
+  __m512 p = _mm512_set1_ps(0.00958285201f);
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.0559064262f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.240240991f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.693124175f));
   p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
-  return _mm512_maskz_mov_ps(live, _mm512_scalef_ps(p, n));
+  return _mm512_scalef_ps(p, n);
 }
 
 inline __m512bh as_bh(__m512i v) { return (__m512bh)v; }
@@ -74,10 +72,10 @@ template <int D, int HP>
 void attend_block(const uint32_t* qp, __m512i positions, int64_t first, int64_t keys_needed, const uint32_t* keys,
                   const int32_t* slots, const uint32_t* values, float c, Scratch<D, HP>& s) {
   constexpr int NK = kKeys<HP>, DS = kDims<HP>, KC = kChunk<HP>, P = D / 2;
-  const __m512 scale = _mm512_set1_ps(c), minus_inf = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+  const __m512 scale = _mm512_set1_ps(c), hidden = _mm512_set1_ps(-std::numeric_limits<float>::max());
   __m512 top[HP], total[HP];
   for (int h = 0; h < HP; ++h) {
-    top[h] = minus_inf;
+    top[h] = hidden;
     total[h] = _mm512_setzero_ps();
     for (int d = 0; d < D; ++d) _mm512_store_ps(s.out[h][d], _mm512_setzero_ps());
   }
@@ -99,37 +97,50 @@ void attend_block(const uint32_t* qp, __m512i positions, int64_t first, int64_t 
           for (int h = 0; h < HP; ++h) acc[h][j] = _mm512_dpbf16_ps(acc[h][j], as_bh(q[h]), as_bh(k));
         }
       }
-      for (int j = 0; j < NK; ++j) {
-        const int64_t k = k0 + j;
-        const __mmask16 visible = k <= first ? __mmask16(0xFFFF)
-                                             : _mm512_cmple_epi32_mask(_mm512_set1_epi32(static_cast<int>(k)), positions);
-        for (int h = 0; h < HP; ++h)
-          _mm512_store_ps(s.scores[h][k - c0], _mm512_mask_mul_ps(minus_inf, visible, acc[h][j], scale));
+      if (k0 + NK - 1 <= first) {
+        for (int j = 0; j < NK; ++j)
+          for (int h = 0; h < HP; ++h) _mm512_store_ps(s.scores[h][k0 + j - c0], acc[h][j]);
+      } else {
+        for (int j = 0; j < NK; ++j) {
+          const __mmask16 visible = _mm512_cmple_epi32_mask(_mm512_set1_epi32(static_cast<int>(k0 + j)), positions);
+          for (int h = 0; h < HP; ++h)
+            _mm512_store_ps(s.scores[h][k0 + j - c0], _mm512_mask_mov_ps(hidden, visible, acc[h][j]));
+        }
       }
     }
     // The online softmax: new maxima, the old sums and outputs rescaled, this chunk's weights as bf16 pairs.
     const int pairs = static_cast<int>((chunk_end - c0 + 1) / 2);
+    const __m512bh ones = as_bh(_mm512_set1_epi16(0x3F80));  // bf16 1.0: a pair's dot with it is the pair's sum
     __m512 rescale[HP];
+    bool rescaled = false;
     for (int h = 0; h < HP; ++h) {
       __m512 chunk_top = top[h];
       for (int k = 0; k < 2 * pairs; ++k) chunk_top = _mm512_max_ps(chunk_top, _mm512_load_ps(s.scores[h][k]));
-      rescale[h] = exp2_nonpositive(_mm512_sub_ps(top[h], chunk_top));
+      rescaled = rescaled || _mm512_cmp_ps_mask(chunk_top, top[h], _CMP_NEQ_OQ) != 0;
+      const __m512 top_c = _mm512_mul_ps(chunk_top, scale);
+      rescale[h] = exp2_nonpositive(_mm512_fmsub_ps(top[h], scale, top_c));
       top[h] = chunk_top;
+      // The sum is taken of the rounded weights, the ones the values are multiplied by.
       __m512 sum = _mm512_setzero_ps();
       for (int pair = 0; pair < pairs; ++pair) {
-        const __m512 a = exp2_nonpositive(_mm512_sub_ps(_mm512_load_ps(s.scores[h][2 * pair]), chunk_top));
-        const __m512 b = exp2_nonpositive(_mm512_sub_ps(_mm512_load_ps(s.scores[h][2 * pair + 1]), chunk_top));
-        sum = _mm512_add_ps(sum, _mm512_add_ps(a, b));
-        _mm512_store_si512(s.weights[h][pair], interleave_bf16(a, b));
+        const __m512 a = exp2_nonpositive(_mm512_fmsub_ps(_mm512_load_ps(s.scores[h][2 * pair]), scale, top_c));
+        const __m512 b = exp2_nonpositive(_mm512_fmsub_ps(_mm512_load_ps(s.scores[h][2 * pair + 1]), scale, top_c));
+        const __m512i w = interleave_bf16(a, b);
+        sum = _mm512_dpbf16_ps(sum, as_bh(w), ones);
+        _mm512_store_si512(s.weights[h][pair], w);
       }
       total[h] = _mm512_fmadd_ps(total[h], rescale[h], sum);
     }
-    // out = out * rescale + weights x values, DS dimensions of the HP heads at a time.
+    // out = out * rescale + weights x values, DS dimensions of the HP heads at a time; no rescale where no lane's
+    // maximum moved (most chunks once the first keys are seen).
     const uint32_t* chunk_values = values + (c0 / 2) * D;
     for (int d0 = 0; d0 < D; d0 += DS) {
       __m512 acc[HP][DS];
       for (int h = 0; h < HP; ++h)
-        for (int j = 0; j < DS; ++j) acc[h][j] = _mm512_mul_ps(_mm512_load_ps(s.out[h][d0 + j]), rescale[h]);
+        for (int j = 0; j < DS; ++j) {
+          acc[h][j] = _mm512_load_ps(s.out[h][d0 + j]);
+          if (rescaled) acc[h][j] = _mm512_mul_ps(acc[h][j], rescale[h]);
+        }
       for (int pair = 0; pair < pairs; ++pair) {
         __m512i w[HP];
         for (int h = 0; h < HP; ++h) w[h] = _mm512_load_si512(s.weights[h][pair]);

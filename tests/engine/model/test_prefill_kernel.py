@@ -99,6 +99,19 @@ def test_the_kernel_matches_float32_sdpa_on_the_same_inputs(
     assert error.mean().item() < 2e-3
 
 
+def test_peaked_attention_matches_float32_sdpa(kernels: native.Kernels) -> None:
+    """Queries 20x larger: scores spread by hundreds, so most keys' weights underflow (the kernel hides keys above
+    the diagonal with -FLT_MAX and lets 2^x fall to 0 with no clamp) and lanes' maxima move late in the row."""
+    kernel = _prefill_kernel(kernels)
+    query, *rest = _case([130], [40], 9, 3, 64, 16, True)
+    case = ((20 * query.float()).bfloat16(), *rest)
+    got = kernel(*case, 16, SCALE)
+    expected = _reference(*case, 16)
+    assert bool(torch.isfinite(got.float()).all())
+    error = (got.float() - expected).abs()
+    assert bool((error <= 1e-2 + 1e-2 * expected.abs()).all()), f"worst error {error.max().item():.4f}"
+
+
 def test_the_kernel_refuses_a_block_table_outside_the_cache(kernels: native.Kernels) -> None:
     kernel = _prefill_kernel(kernels)
     query, key_cache, value_cache, table, token_start, counts, context = _case([10], [0], 4, 2, 64, 4, False)
