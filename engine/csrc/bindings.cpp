@@ -16,6 +16,7 @@ TORCH_LIBRARY(BATCHSERVE_OPS, m) {
   m.def("prefill_attention_available() -> bool", &BATCHSERVE_OPS::prefill_attention_available);
   m.def("add_rms_norm(Tensor(a!) residual, Tensor? delta, Tensor weight, float eps) -> Tensor");
   m.def("silu_mul(Tensor gate_up) -> Tensor");
+  m.def("silu_mul_table(Tensor gate_up, Tensor silu_table, int vector_step) -> Tensor");
   m.def(
       "rope_write_cache(Tensor qkv, Tensor cos, Tensor sin, Tensor(a!) key_cache, Tensor(b!) value_cache, "
       "Tensor slot_mapping, int heads, int kv_heads) -> Tensor");
@@ -40,6 +41,7 @@ TORCH_LIBRARY_IMPL(BATCHSERVE_OPS, CPU, m) {
   m.impl("paged_prefill_attention", &BATCHSERVE_OPS::paged_prefill_attention);
   m.impl("add_rms_norm", &BATCHSERVE_OPS::add_rms_norm);
   m.impl("silu_mul", &BATCHSERVE_OPS::silu_mul);
+  m.impl("silu_mul_table", &BATCHSERVE_OPS::silu_mul_table);
   m.impl("rope_write_cache", &BATCHSERVE_OPS::rope_write_cache);
   m.impl("argmax_rows", &BATCHSERVE_OPS::argmax_rows);
   m.impl("prompt_scores", &BATCHSERVE_OPS::prompt_scores);

@@ -10,6 +10,7 @@
 //
 //   add_rms_norm:  residual += delta (in place), then RMSNorm(residual) * weight
 //   silu_mul:      [rows, 2 n] gate|up -> [rows, n] SiLU(gate) * up
+//   silu_mul_table: the same for bfloat16, SiLU read from a table of torch's own values
 //   rope_write_cache: RoPE on q and k of a fused qkv projection, k and v written to their paged cache slots
 
 #if defined(__clang__)
@@ -167,6 +168,51 @@ torch::Tensor silu_mul(const torch::Tensor& gate_up) {
   } else {
     silu_mul_rows<c10::BFloat16>(x.data_ptr<c10::BFloat16>(), out.data_ptr<c10::BFloat16>(), rows, n);
   }
+  return out;
+}
+
+namespace {
+
+// SiLU of a bfloat16 gate has 65,536 possible inputs, so torch's own results for all of them fit a table (256 KB of
+// float32, in L2): one gather a vector instead of an exp and a division (a [1024, 3072] gate|up: 0.79 against 1.2 ms
+// on one Zen 4 core, one-off). The table is torch's, so the bits are torch's whatever this build's instruction set.
+void silu_mul_table_rows(const c10::BFloat16* gate_up, c10::BFloat16* out, const float* table, int64_t rows,
+                         int64_t n, int64_t vector_step) {
+  const int64_t vectorised = n / vector_step * vector_step;  // torch's vector loop; its scalar tail uses std::exp
+  at::parallel_for(0, rows, grain(2 * n), [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      const c10::BFloat16* g = gate_up + r * 2 * n;
+      const c10::BFloat16* u = g + n;
+      c10::BFloat16* o = out + r * n;
+      int64_t i = 0;
+#if defined(__AVX512F__) || defined(__AVX2__)
+      for (; i + kLanes <= vectorised; i += kLanes)
+        lanes::store(o + i, lanes::mul(lanes::lookup(table, g + i), lanes::load(u + i)));
+#endif
+      for (; i < vectorised; ++i) o[i] = narrow<c10::BFloat16>(table[g[i].x] * widen(u[i]));
+      for (; i < n; ++i) {
+        const float x = widen(g[i]);
+        o[i] = narrow<c10::BFloat16>(round_as<c10::BFloat16>(x / (1.0f + std::exp(-x))) * widen(u[i]));
+      }
+    }
+  });
+}
+
+}  // namespace
+
+torch::Tensor silu_mul_table(const torch::Tensor& gate_up, const torch::Tensor& silu_table, int64_t vector_step) {
+  TORCH_CHECK(gate_up.device().is_cpu() && gate_up.scalar_type() == torch::kBFloat16 && gate_up.dim() == 2 &&
+                  gate_up.size(1) % 2 == 0,
+              "gate_up must be [rows, 2 * n] bfloat16 on the CPU");
+  TORCH_CHECK(silu_table.scalar_type() == torch::kFloat && silu_table.dim() == 1 && silu_table.size(0) == 65536 &&
+                  silu_table.is_contiguous(),
+              "silu_table must be float32 [65536]: SiLU of every bfloat16 bit pattern");
+  TORCH_CHECK(vector_step >= 1, "vector_step must be at least 1");
+  const auto x = gate_up.contiguous();
+  const int64_t rows = x.size(0), n = x.size(1) / 2;
+  auto out = torch::empty({rows, n}, x.options());
+  silu_mul_table_rows(x.data_ptr<c10::BFloat16>(), out.data_ptr<c10::BFloat16>(), silu_table.data_ptr<float>(), rows,
+                      n, vector_step);
   return out;
 }
 

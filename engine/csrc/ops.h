@@ -35,6 +35,7 @@ bool prefill_attention_available();
 torch::Tensor add_rms_norm(torch::Tensor residual, const std::optional<torch::Tensor>& delta,
                            const torch::Tensor& weight, double eps);
 torch::Tensor silu_mul(const torch::Tensor& gate_up);
+torch::Tensor silu_mul_table(const torch::Tensor& gate_up, const torch::Tensor& silu_table, int64_t vector_step);
 torch::Tensor rope_write_cache(const torch::Tensor& qkv, const torch::Tensor& cos, const torch::Tensor& sin,
                                torch::Tensor key_cache, torch::Tensor value_cache, const torch::Tensor& slot_mapping,
                                int64_t heads, int64_t kv_heads);

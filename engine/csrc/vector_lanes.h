@@ -39,6 +39,11 @@ inline void store(float* p, Vec v) { _mm512_storeu_ps(p, v); }
 inline void store(c10::BFloat16* p, Vec v) {
   _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm512_cvtepi32_epi16(bf16_bits(v)));
 }
+// table[bits of each of kWidth bfloat16 keys]: one gather.
+inline Vec lookup(const float* table, const c10::BFloat16* keys) {
+  const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(keys));
+  return _mm512_i32gather_ps(_mm512_cvtepu16_epi32(raw), table, 4);
+}
 inline Vec set1(float x) { return _mm512_set1_ps(x); }
 inline Vec zero() { return _mm512_setzero_ps(); }
 // kWidth int8 values, converted to float32 (exactly).
@@ -76,6 +81,10 @@ inline void store(c10::BFloat16* p, Vec v) {
   const __m256i bits = bf16_bits(v);
   _mm_storeu_si128(reinterpret_cast<__m128i*>(p),
                    _mm_packus_epi32(_mm256_castsi256_si128(bits), _mm256_extracti128_si256(bits, 1)));
+}
+inline Vec lookup(const float* table, const c10::BFloat16* keys) {
+  const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(keys));
+  return _mm256_i32gather_ps(table, _mm256_cvtepu16_epi32(raw), 4);
 }
 inline Vec set1(float x) { return _mm256_set1_ps(x); }
 inline Vec zero() { return _mm256_setzero_ps(); }

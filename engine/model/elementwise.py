@@ -36,6 +36,18 @@ def is_silu(act: nn.Module) -> bool:
     return type(act) in _SILU_TYPES
 
 
+# Elements per step of torch's vectorised bfloat16 loop at each capability (two vectors: 2 x 32 with AVX-512, 2 x 16
+# with AVX2); the rest of a row takes its scalar std::exp. DEFAULT's "vectors" call std::exp too, so any split holds.
+_TORCH_BF16_STEP = {"AVX512": 64, "AVX2": 32}
+
+
+def bf16_silu_table() -> torch.Tensor:
+    """torch's own SiLU of every bfloat16 bit pattern, as float32 [65536] indexed by the input's bits: what its
+    vectorised loop gives each value (65,536 is a whole number of steps at every capability)."""
+    every_value = torch.arange(65536, dtype=torch.int32).to(torch.int16).view(torch.bfloat16)
+    return F.silu(every_value).float()
+
+
 def _fits(*tensors: torch.Tensor) -> bool:
     first = tensors[0]
     return first.device.type == "cpu" and first.dtype in _KERNEL_DTYPES and all(t.dtype == first.dtype for t in tensors)
@@ -64,15 +76,22 @@ class RotaryTables:
 class ElementwiseOps:
     """The fused ops of a layer, through `kernels` (a loaded build, engine/platform/native.py) or torch's ops when None.
 
-    SiLU * up runs fused only where the build's SiLU gives torch's bits (`Kernels.silu_matches_torch`): exactness
-    is a property of the format, so where the kernel cannot match torch, torch's op runs."""
+    SiLU * up runs fused only where it gives torch's bits: in bfloat16 always, through a table of torch's own SiLU
+    of every bfloat16 value (`silu_table`); in float32 only where the build calls torch's exp
+    (`Kernels.silu_matches_torch`). Exactness is a property of the format, so where the kernel cannot match torch,
+    torch's op runs."""
 
     kernels: native.Kernels | None
     fused_silu: bool = False
+    silu_table: torch.Tensor | None = None  # bf16_silu_table(), where the kernels are loaded
+    silu_vector_step: int = 1  # torch's bfloat16 loop step here: table lookups up to the row's last whole step
 
     @classmethod
     def build(cls, kernels: native.Kernels | None) -> ElementwiseOps:
-        return cls(kernels, kernels is not None and kernels.silu_matches_torch)
+        if kernels is None:
+            return cls(None)
+        step = _TORCH_BF16_STEP.get(torch.backends.cpu.get_cpu_capability(), 1)
+        return cls(kernels, kernels.silu_matches_torch, bf16_silu_table(), step)
 
     def add_rms_norm(
         self, residual: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor, eps: float
@@ -99,6 +118,17 @@ class ElementwiseOps:
 
     def gated_activation(self, gate_up: torch.Tensor, act: nn.Module) -> torch.Tensor:
         """act(gate) * up over a fused [rows, 2 n] gate|up projection: [rows, n]."""
+        if (
+            self.kernels
+            and self.silu_table is not None
+            and is_silu(act)
+            and gate_up.dim() == 2
+            and gate_up.dtype == torch.bfloat16
+            and gate_up.device.type == "cpu"
+        ):
+            return self.kernels.ops.silu_mul_table(  # type: ignore[no-any-return]
+                gate_up, self.silu_table, self.silu_vector_step
+            )
         if self.kernels and self.fuses_silu(act) and gate_up.dim() == 2 and _fits(gate_up):
             return self.kernels.ops.silu_mul(gate_up)  # type: ignore[no-any-return]
         gate, up = gate_up.chunk(2, dim=-1)

@@ -5,7 +5,8 @@ cache.
 Every test runs once per build of the kernels this CPU can execute (engine/platform/native.py). Tolerances: everything
 is bit-exact against transformers' own modules except float32 RMSNorm, whose sum of squares the kernel takes in
 double (torch sums in float in its own order): there the output may differ in the last bit or two (rtol 1e-6);
-and SiLU, exact only in the build whose exp is the one torch runs here (elsewhere the engine runs torch's op).
+and float32 SiLU, exact only in the build whose exp is the one torch runs here (elsewhere the engine runs torch's op);
+bfloat16 SiLU reads a table of torch's own values, exact on every build.
 """
 
 from __future__ import annotations
@@ -85,6 +86,32 @@ def test_silu_mul_gives_the_bits_of_silu_times_up(
     else:  # another exp than torch's: within an ulp of the exp, one bf16 rounding on top
         tolerance = 1e-6 if dtype == torch.float32 else 2.0**-7
         torch.testing.assert_close(got, expected, rtol=tolerance, atol=tolerance)
+
+
+@pytest.mark.parametrize("width", [1536, 1000, 33])  # whole steps of torch's loop; a tail of 40 (AVX-512); short
+def test_bf16_silu_by_table_gives_torchs_bits_for_every_bf16_value(kernels: native.Kernels, width: int) -> None:
+    """Every one of the 65,536 bfloat16 gate values (NaNs compared as NaN), at every position of a row, through the
+    table kernel and the engine's choice, against torch's SiLU(gate) * up."""
+    every_value = torch.arange(65536, dtype=torch.int32).to(torch.int16).view(torch.bfloat16)
+    rows = -(-65536 // width)
+    gate = torch.cat((every_value, every_value[: rows * width - 65536])).view(rows, width)
+    up = _random((rows, width), torch.bfloat16, seed=width, scale=3.0)
+    gate_up = torch.cat((gate, up), dim=1)
+    expected = F.silu(gate_up[:, :width]) * gate_up[:, width:]  # the engine's strided view: torch's loop per row
+    fused = ElementwiseOps.build(kernels)
+    assert fused.silu_table is not None
+    for got in (
+        kernels.ops.silu_mul_table(gate_up, fused.silu_table, fused.silu_vector_step),
+        fused.gated_activation(gate_up, torch.nn.SiLU()),
+    ):
+        assert torch.equal(got.isnan(), expected.isnan())
+        assert torch.equal(got.nan_to_num(), expected.nan_to_num())
+
+
+def test_silu_table_refuses_a_wrong_table(kernels: native.Kernels) -> None:
+    gate_up = torch.zeros(2, 8, dtype=torch.bfloat16)
+    with pytest.raises(RuntimeError, match="silu_table must be float32 \\[65536\\]"):
+        kernels.ops.silu_mul_table(gate_up, torch.zeros(100), 64)
 
 
 def test_the_build_for_torchs_own_capability_claims_exact_silu() -> None:
