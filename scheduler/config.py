@@ -28,6 +28,7 @@ RANGES: Mapping[str, Range] = MappingProxyType(
         "batch_window_ms": Range(0.001, DAY_MS),  # ticks closer than a microsecond mean nothing
         "max_num_seqs": SEATS,
         "max_num_batched_tokens": Range(1, 1 << 20, integer=True),
+        "lone_prefill_tokens": Range(1, 1 << 20, integer=True),
         # priorities are int64s (the API's bound), so no wider gap between two of them exists
         "priority_preemption_threshold": Range(1, 2**63 - 1, integer=True),
         "max_queue": QUEUE,
@@ -46,6 +47,10 @@ class SchedulerConfig:
     # continuous
     max_num_seqs: int = 8
     max_num_batched_tokens: int = 512
+    # continuous: the budget of a step in which no running sequence has produced a token yet (every row a prompt
+    # chunk), so a longer step delays no stream's next token; never below max_num_batched_tokens. None: the same
+    # budget for every step (the server's default is 2048: api/config.py)
+    lone_prefill_tokens: int | None = None
     # every mode: the waiting queue's order. fcfs: by arrival; priority: by the request's `priority` (lower first),
     # ties by arrival, and continuous mode preempts the lowest priority first (vLLM's --scheduling-policy)
     scheduling_policy: str = "fcfs"
@@ -66,7 +71,7 @@ class SchedulerConfig:
         if not isinstance(self.mode, Mode):
             object.__setattr__(self, "mode", Mode(self.mode))
         for name, bounds in RANGES.items():
-            if getattr(self, name) is not None:  # only queue_timeout_s may be None: no timeout
+            if getattr(self, name) is not None:  # None: queue_timeout_s (no timeout), lone_prefill_tokens (off)
                 bounds.check(name, getattr(self, name))
         if self.scheduling_policy not in SCHEDULING_POLICIES:
             raise ValueError(f"scheduling_policy must be one of {SCHEDULING_POLICIES}, got {self.scheduling_policy!r}")

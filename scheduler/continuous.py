@@ -26,7 +26,7 @@ class ContinuousPolicy(Policy):
     mode = Mode.CONTINUOUS
 
     def plan(self, ctx: PolicyContext, now: float) -> StepPlan:
-        budget = self.config.max_num_batched_tokens
+        budget = self.step_budget(ctx)
         plan: StepPlan = []
         for request in list(ctx.running):  # oldest first: they keep their seats
             if budget == 0:
@@ -51,6 +51,14 @@ class ContinuousPolicy(Policy):
             plan.append((request, count))
             budget -= count
         return plan
+
+    def step_budget(self, ctx: PolicyContext) -> int:
+        """Tokens this step may compute: max_num_batched_tokens, or lone_prefill_tokens while no running sequence
+        has produced a token (every row is a prompt chunk: no stream waits on this step's end)."""
+        budget, lone = self.config.max_num_batched_tokens, self.config.lone_prefill_tokens
+        if lone is None or any(request.output_token_ids for request in ctx.running):
+            return budget
+        return max(budget, lone)
 
     @staticmethod
     def _admission_tokens(ctx: PolicyContext, request: SequenceRequest, count: int) -> int:

@@ -25,7 +25,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from api.config import DEFAULT_MAX_MODEL_LEN
+from api.config import DEFAULT_LONE_PREFILL_TOKENS, DEFAULT_MAX_MODEL_LEN
 from benchmarks.loadgen.arrivals import ArrivalConfig
 from benchmarks.loadgen.flags import add_seats_argument, parse_rates
 from benchmarks.loadgen.run import RunResult, rate_to_json
@@ -69,6 +69,12 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--batch-window-ms", type=float, default=_S.batch_window_ms, help="static: the ticks' period")
     g.add_argument("--max-num-seqs", type=int, default=None, help="continuous seats (default: --seats)")
     g.add_argument("--max-num-batched-tokens", type=int, default=_S.max_num_batched_tokens)
+    g.add_argument(
+        "--lone-prefill-tokens",
+        type=int,
+        default=DEFAULT_LONE_PREFILL_TOKENS,
+        help="continuous: the budget of a step with only prompt chunks (serve's default; 0: off)",
+    )
     g.add_argument("--max-queue", type=int, default=_S.max_queue)
     g.add_argument("--queue-timeout-s", type=float, default=None)
     g.add_argument("--max-model-len", type=int, default=DEFAULT_MAX_MODEL_LEN)
@@ -235,6 +241,7 @@ def scheduler_configs(args: argparse.Namespace) -> dict[str, SchedulerConfig]:
             batch_window_ms=args.batch_window_ms,
             max_num_seqs=args.max_num_seqs or args.seats,
             max_num_batched_tokens=args.max_num_batched_tokens,
+            lone_prefill_tokens=args.lone_prefill_tokens or None,
             policy=entry.policy,
             max_queue=args.max_queue,
             queue_timeout_s=args.queue_timeout_s,

@@ -135,6 +135,24 @@ def test_continuous_policy_plans_against_a_fake_context() -> None:
     assert ctx.seated == [first, second] and ctx.queue == [third]
 
 
+def test_lone_prefill_budget_holds_only_while_no_sequence_has_produced_a_token() -> None:
+    ctx = FakeContext(seats=3, blocks=100, queue=[_request(i, 12, 4) for i in range(3)])
+    config = SchedulerConfig(mode=Mode.CONTINUOUS, max_num_seqs=3, max_num_batched_tokens=8, lone_prefill_tokens=20)
+    policy = ContinuousPolicy(config)
+    first, second, third = ctx.queue
+    # Only prompt chunks: the lone budget, 20 tokens, not 8.
+    assert policy.plan(ctx, now=0.0) == [(first, 12), (second, 8)]
+    ctx.computed[first.seq_id], ctx.computed[second.seq_id] = 12, 8
+    first.output_token_ids.append(5)  # first now streams: back to 8, so its next token is not held up
+    ctx.produced[first.seq_id] = 1
+    assert policy.plan(ctx, now=0.0) == [(first, 1), (second, 4), (third, 3)]
+    # Below max_num_batched_tokens, or off, it changes nothing.
+    for lone in (4, None):
+        small = FakeContext(seats=1, blocks=100, queue=[_request(9, 12, 4)])
+        lone_config = SchedulerConfig(mode=Mode.CONTINUOUS, max_num_batched_tokens=8, lone_prefill_tokens=lone)
+        assert [count for _, count in ContinuousPolicy(lone_config).plan(small, now=0.0)] == [8]
+
+
 def test_continuous_policy_preempts_the_newest_and_resumes_it_first_on_a_fake_context() -> None:
     ctx = FakeContext(seats=2, blocks=4, block_size=4)
     older, newer, fresh = _request(0, 8, 8), _request(1, 8, 8), _request(2, 2, 2)
