@@ -1,10 +1,13 @@
 """The time of one prompt chunk (a lone prompt prefilled in one step) on the default model, or its operator profile.
 
-python -m benchmarks.scripts.prefill_chunk [--lengths 512,1024] [--repeats 5] [--profile] [--compare-sdpa] [--out F]
+python -m benchmarks.scripts.prefill_chunk [--lengths 512,1024] [--repeats 5] [--profile] [--compare-sdpa]
+    [--chunks 512,2048] [--out F]
 
 `--compare-sdpa` runs every chunk twice in turn, once through the compiled prefill attention (where the build has
 it: bf16 on AVX512-BF16) and once with it switched off (torch's SDPA, the path before it), and prints both; then
-as many chunks again under the profiler, for the attention op's time a layer.
+as many chunks again under the profiler, for the attention op's time a layer. `--chunks` times each prompt
+prefilled instead in steps of at most each of those sizes, interleaved: what a chunk budget costs a lone prompt's
+first token (the scheduler's max_num_batched_tokens and lone_prefill_tokens).
 """
 
 from __future__ import annotations
@@ -37,6 +40,33 @@ def prefill_seconds(engine: Engine, prompt: list[int]) -> float:
     return seconds
 
 
+def chunked_prefill_seconds(engine: Engine, prompt: list[int], chunk: int) -> float:
+    """The prompt computed in consecutive steps of at most `chunk` tokens, as the scheduler chunks a lone prompt."""
+    params = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True)
+    add_row(engine, 0, prompt, params, len(prompt) + 1, "the KV cache is too small for the prompt")
+    start = time.perf_counter()
+    for done in range(0, len(prompt), chunk):
+        engine.step([(0, min(chunk, len(prompt) - done))])
+    seconds = time.perf_counter() - start
+    engine.remove(0)
+    return seconds
+
+
+def compare_chunks(engine: Engine, prompt: list[int], chunks: list[int], repeats: int) -> dict[str, object]:
+    """Each chunk size's prefill time of `prompt`, interleaved over the repeats, after one warm-up each."""
+    for chunk in chunks:
+        chunked_prefill_seconds(engine, prompt, chunk)
+    times: dict[str, list[float]] = {str(chunk): [] for chunk in chunks}
+    for _ in range(repeats):
+        for chunk in chunks:
+            times[str(chunk)].append(chunked_prefill_seconds(engine, prompt, chunk) * 1000)
+    medians = {chunk: statistics.median(values) for chunk, values in times.items()}
+    first = medians[str(chunks[0])]
+    shown = ", ".join(f"chunks of {c}: {m:.0f} ms ({m / first:.3f}x)" for c, m in medians.items())
+    print(f"prefill {len(prompt)}: median {shown}", flush=True)
+    return {"prefill_ms": times, "median_prefill_ms": medians}
+
+
 ATTENTION_OPS = ("paged_prefill_attention", "scaled_dot_product_flash_attention")  # the kernel's, SDPA's
 
 
@@ -57,6 +87,7 @@ def main() -> None:
     parser.add_argument(
         "--compare-sdpa", action="store_true", help="interleave each chunk with one on torch's SDPA attention"
     )
+    parser.add_argument("--chunks", help="comma-separated chunk sizes: time each prompt prefilled in such steps")
     parser.add_argument("--out", type=Path, help="result.json to write (with the machine that measured it)")
     args = parser.parse_args()
     lengths = [int(n) for n in args.lengths.split(",")]
@@ -73,6 +104,10 @@ def main() -> None:
     results: dict[str, dict[str, object]] = {}
     for length in lengths:
         prompt = torch.randint(0, runner.vocab_size, (length,), generator=generator).tolist()
+        if args.chunks:
+            chunks = [int(c) for c in args.chunks.split(",")]
+            results[str(length)] = compare_chunks(engine, prompt, chunks, args.repeats)
+            continue
         for path in paths.values():
             runner.prefill_kernel = path
             prefill_seconds(engine, prompt)  # warm-up
