@@ -30,8 +30,8 @@ from scheduler.ranges import DAY_S, QUEUE, TIMEOUT_S, Range
 
 API_KEY_ENV = "BATCHSERVE_API_KEY"
 DEFAULT_MAX_MODEL_LEN = 2048
-# A step with only prompt chunks may take this many tokens: a lone 2,000-token prompt's first token 4.6 % sooner
-# than in 512-token chunks (docs/kernels.md); vLLM's and llama.cpp's servers batch 2,048 prompt tokens too.
+# A step with only prompt chunks may take this many tokens: a lone long prompt's first token comes sooner in fewer,
+# larger steps (docs/prefill_attention.md has the figures); vLLM's and llama.cpp's servers batch 2,048 too.
 DEFAULT_LONE_PREFILL_TOKENS = 2048
 MAX_MODEL_LEN = Range(2, 1 << 24, integer=True)  # the engine needs 2: a prompt token and one to generate
 KV_CACHE_TOKENS = Range(EngineConfig.block_size, 1 << 30, integer=True)  # at least one block
