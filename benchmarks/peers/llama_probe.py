@@ -14,8 +14,8 @@ the next one. Every request streams and
 sets `ignore_eos`, so each produces exactly `--tokens` tokens.
 
 - batch 1: `--repeats` requests one after another; ms/token = (last streamed token - first) / (tokens - 1),
-  the median over the repeats. Where the server reports its own `timings.predicted_per_token_ms`
-  (llama-server), that median is shown too.
+  the median over the repeats. Where the server reports its own decode time (llama-server's
+  `timings.predicted_per_token_ms`, batchserve's `timings.decode_time_ms`), that median is shown too.
 - batch N: N requests at once; steady decode tok/s = tokens streamed while all N were decoding (after the last
   request's first token, before the first request's last one) over that window, so prefill and the ragged
   tail are left out.
@@ -119,6 +119,19 @@ def decode_ms_per_token(record: RequestRecord) -> float:
     return (record.chunk_times[-1] - record.first_token_time) / (record.output_tokens - 1) * 1000
 
 
+def server_ms_per_token(record: RequestRecord) -> float | None:
+    """The server's own decode time per token after the first, where its `timings` say: llama-server's
+    `predicted_per_token_ms`, or batchserve's `decode_time_ms` (first to last token) over the tokens after the
+    first. The client's figure less this one is what delivery costs."""
+    timings = record.server_timings or {}
+    predicted, decode = timings.get("predicted_per_token_ms"), timings.get("decode_time_ms")
+    if isinstance(predicted, int | float):
+        return float(predicted)
+    if isinstance(decode, int | float) and record.output_tokens >= 2:
+        return float(decode) / (record.output_tokens - 1)
+    return None
+
+
 def steady_decode(records: Sequence[RequestRecord]) -> SteadyDecode:
     """Tokens per second while every request was decoding.
 
@@ -195,11 +208,7 @@ def summarise(
     name: str, command: str, records: ProbeRecords, start_s: float | None = None, peak_rss: float | None = None
 ) -> ProbeResult:
     single, batch, long_prompts = records.single, records.batch, records.long_prompts
-    own = [
-        float(r.server_timings["predicted_per_token_ms"])
-        for r in single
-        if r.server_timings and isinstance(r.server_timings.get("predicted_per_token_ms"), int | float)
-    ]
+    own = [ms for ms in (server_ms_per_token(r) for r in single) if ms is not None]
     steady = steady_decode(batch)
     ttfts = [r.ttft for r in long_prompts if r.ttft is not None]
     return ProbeResult(

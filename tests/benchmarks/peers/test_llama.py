@@ -207,6 +207,15 @@ def test_batch1_time_per_token_leaves_out_the_first_token() -> None:
     assert llama_probe.decode_ms_per_token(record) == pytest.approx(100.0)
 
 
+def test_server_time_per_token_reads_either_servers_timings() -> None:
+    record = _record(0, [5.0, 5.1, 5.2, 5.3, 5.4])
+    assert llama_probe.server_ms_per_token(record) is None
+    llama = dataclasses.replace(record, server_timings={"predicted_per_token_ms": 9.5})
+    assert llama_probe.server_ms_per_token(llama) == 9.5
+    ours = dataclasses.replace(record, server_timings={"decode_time_ms": 360.0, "time_to_first_token_ms": 40.0})
+    assert llama_probe.server_ms_per_token(ours) == pytest.approx(90.0)  # 4 tokens after the first
+
+
 def test_steady_decode_counts_only_while_every_request_decodes() -> None:
     early = _record(0, [1.0 + 0.25 * i for i in range(40)])  # 1.0 .. 10.75
     late = _record(1, [2.0 + 0.25 * i for i in range(40)])  # 2.0 .. 11.75
