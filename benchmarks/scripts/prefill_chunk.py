@@ -4,10 +4,10 @@ python -m benchmarks.scripts.prefill_chunk [--lengths 512,1024] [--repeats 5] [-
     [--chunks 512,2048] [--out F]
 
 `--compare-sdpa` runs every chunk twice in turn, once through the compiled prefill attention (where the build has
-it: bf16 on AVX512-BF16) and once with it switched off (torch's SDPA, the path before it), and prints both; then
-as many chunks again under the profiler, for the attention op's time a layer. `--chunks` times each prompt
-prefilled instead in steps of at most each of those sizes, interleaved: what a chunk budget costs a lone prompt's
-first token (the scheduler's max_num_batched_tokens and lone_prefill_tokens).
+it: bf16 on AVX512-BF16) and once through torch's SDPA (the engine's choice where torch runs it on AMX tiles),
+and prints both; then as many chunks again under the profiler, for the attention op's time a layer. `--chunks`
+times each prompt prefilled instead in steps of at most each of those sizes, interleaved: what a chunk budget costs
+a lone prompt's first token (the scheduler's max_num_batched_tokens and lone_prefill_tokens).
 """
 
 from __future__ import annotations
@@ -97,10 +97,11 @@ def main() -> None:
     config = EngineConfig(max_rows=1, kv_cache_tokens=longest, max_model_len=longest, enable_prefix_caching=False)
     engine = Engine(runner, config, loaded.eos_token_ids, loaded.max_model_len, dtype=runner.dtype)
     generator = torch.Generator().manual_seed(0)
-    kernel = runner.prefill_kernel
-    if args.compare_sdpa and kernel is None:
+    kernel = runner.prefill_kernel  # the runner's own choice ("auto": SDPA where torch runs it on AMX tiles)
+    compiled = runner.kernels.prefill_attention if runner.kernels and runner.dtype == torch.bfloat16 else None
+    if args.compare_sdpa and compiled is None:
         parser.error("this model, format or kernel build has no prefill kernel to compare with SDPA")
-    paths = {"kernel": kernel, "sdpa": None} if args.compare_sdpa else {"default": kernel}
+    paths = {"kernel": compiled, "sdpa": None} if args.compare_sdpa else {"default": kernel}
     results: dict[str, dict[str, object]] = {}
     for length in lengths:
         prompt = torch.randint(0, runner.vocab_size, (length,), generator=generator).tolist()

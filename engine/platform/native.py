@@ -202,6 +202,15 @@ def loaded_kernels(build: KernelBuild | None = None) -> Kernels | None:
     return Kernels(build)
 
 
+def torch_runs_amx(features: CpuFeatures | None = None) -> bool:
+    """Whether torch's bf16 matmuls and SDPA run on AMX tiles in this process: the CPU lists AMX-BF16, the cap
+    allows it, and Linux grants the process the tile state (torch asks, arch_prctl ARCH_REQ_XCOMP_PERM, and says
+    whether it was granted; oneDNN asks the same before its AMX kernels). A VM that lists AMX without granting
+    it would fault on the first tile instruction, so the flags alone are not enough."""
+    features = features or cpu_features()
+    return features.has("amx_tile", "amx_bf16") and bool(torch.cpu._init_amx())
+
+
 def cpu_signature() -> str:
     try:
         cpuinfo = Path("/proc/cpuinfo").read_text()

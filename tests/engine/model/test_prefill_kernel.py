@@ -18,6 +18,7 @@ from engine.config import EngineConfig
 from engine.engine import Engine
 from engine.model.model_runner import TransformersRunner
 from engine.platform import native
+from engine.platform.cpu_features import features_for
 from engine.sample.sampling_params import SamplingParams
 from tests.conftest import build_tiny_causal_lm
 
@@ -144,8 +145,8 @@ def test_bf16_greedy_through_the_engine_matches_the_sdpa_path(kernels: native.Ke
     _prefill_kernel(kernels)
     # Head size 64 (the kernel's): hidden 256 over 4 query heads, 2 KV heads.
     model = build_tiny_causal_lm("llama", hidden_size=256, intermediate_size=256).to(torch.bfloat16)
-    native_runner = TransformersRunner(model, kernel_build=kernels.build)
-    sdpa_runner = TransformersRunner(model, kernel_build=kernels.build, native_prefill=False)
+    native_runner = TransformersRunner(model, kernel_build=kernels.build, prefill_attention="kernel")
+    sdpa_runner = TransformersRunner(model, kernel_build=kernels.build, prefill_attention="sdpa")
     assert native_runner.prefill_kernel is not None and sdpa_runner.prefill_kernel is None
     calls = []
     kernel = native_runner.prefill_kernel
@@ -162,3 +163,26 @@ def test_bf16_greedy_through_the_engine_matches_the_sdpa_path(kernels: native.Ke
 
 def test_float32_keeps_sdpa(tiny_llama) -> None:  # type: ignore[no-untyped-def]
     assert TransformersRunner(tiny_llama).prefill_kernel is None
+
+
+@pytest.mark.parametrize("amx", [True, False])
+def test_auto_takes_sdpa_where_torch_runs_amx(kernels: native.Kernels, monkeypatch, amx: bool) -> None:  # type: ignore[no-untyped-def]
+    _prefill_kernel(kernels)
+    monkeypatch.setattr("engine.model.model_runner.torch_runs_amx", lambda: amx)
+    model = build_tiny_causal_lm("llama", hidden_size=256, intermediate_size=256).to(torch.bfloat16)
+    runner = TransformersRunner(model, kernel_build=kernels.build)
+    assert (runner.prefill_kernel is None) == amx
+
+
+def test_an_unknown_prefill_attention_is_refused(tiny_llama) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(ValueError, match="prefill_attention='flash'"):
+        TransformersRunner(tiny_llama, prefill_attention="flash")
+
+
+def test_amx_needs_the_flags_under_the_cap_and_the_kernels_grant() -> None:
+    amx = frozenset({"avx2", "avx", "fma", "f16c", "bmi1", "bmi2", "movbe", "avx512f", "avx512bw", "avx512vl"})
+    amx |= {"avx512dq", "avx512cd", "avx512_vnni", "avx512_bf16", "amx_tile", "amx_bf16"}
+    assert not native.torch_runs_amx(features_for("x86_64", amx - {"amx_tile", "amx_bf16"}, None))
+    assert not native.torch_runs_amx(features_for("x86_64", amx, "avx512_vnni"))  # the cap hides AMX
+    # With the flags, the answer is Linux's: torch asks it for the tile state (granted or not, never assumed).
+    assert native.torch_runs_amx(features_for("x86_64", amx, None)) == torch.cpu._init_amx()
