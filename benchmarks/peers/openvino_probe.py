@@ -15,8 +15,8 @@ both sides back to back, alternating which goes first:
 - batch N: `--batch` such prompts at once; decode tok/s after the first token (OpenVINO: 1000 / TPOT, which it
   measures per token across the batch; batchserve: N over the mean decode step);
 - TTFT: one `--long-prompt-tokens` prompt (OpenVINO: its TTFT, tokenization included, the prompt fed in its
-  scheduler's chunks; batchserve: the one engine step that prefills the whole prompt; the server splits it into
-  512-token chunks).
+  scheduler's chunks; batchserve: the one engine step that prefills the whole prompt, as the server does for a
+  lone prompt of up to `--lone-prefill-tokens`).
 
 Prompts are text made to tokenize to exactly the stated length under both tokenizers (checked: OpenVINO reports
 the lengths it saw). Every request ignores eos, so each produces exactly the tokens asked. Both use every core this
