@@ -29,17 +29,6 @@ from engine.model.model_runner import TransformersRunner
 from engine.sample.sampling_params import SamplingParams
 
 
-def prefill_seconds(engine: Engine, prompt: list[int]) -> float:
-    """One step computing the whole prompt; the row is removed after, so every call starts from an empty cache."""
-    params = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True)
-    add_row(engine, 0, prompt, params, len(prompt) + 1, "the KV cache is too small for the prompt")
-    start = time.perf_counter()
-    engine.step([(0, len(prompt))])
-    seconds = time.perf_counter() - start
-    engine.remove(0)
-    return seconds
-
-
 def chunked_prefill_seconds(engine: Engine, prompt: list[int], chunk: int) -> float:
     """The prompt computed in consecutive steps of at most `chunk` tokens, as the scheduler chunks a lone prompt."""
     params = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True)
@@ -50,6 +39,11 @@ def chunked_prefill_seconds(engine: Engine, prompt: list[int], chunk: int) -> fl
     seconds = time.perf_counter() - start
     engine.remove(0)
     return seconds
+
+
+def prefill_seconds(engine: Engine, prompt: list[int]) -> float:
+    """One step computing the whole prompt; the row is removed after, so every call starts from an empty cache."""
+    return chunked_prefill_seconds(engine, prompt, len(prompt))
 
 
 def compare_chunks(engine: Engine, prompt: list[int], chunks: list[int], repeats: int) -> dict[str, object]:
