@@ -174,6 +174,13 @@ def row_tokens(grid: Grid) -> int:
     return max(grid.contexts) + grid.steps_per_context + 4
 
 
+def grid_kv_tokens(grid: Grid) -> int:
+    """What the grid holds at once: its decoders at every context (the rounds visit them all) and one prefill, each
+    plus a block of rounding."""
+    decoders = max(grid.batch_sizes) * sum(context + grid.steps_per_context + 4 + 16 for context in grid.contexts)
+    return decoders + max(grid.prefill_tokens) + 1 + 16
+
+
 def engine_options(served: RuntimeOptions, grid: Grid, load_seats: int, after_large_repeats: int) -> RuntimeOptions:
     """serve's options for the profile's own engine: continuous, the grid's rows, a KV cache that holds every probe."""
     rows = rows_for(grid)
@@ -181,7 +188,7 @@ def engine_options(served: RuntimeOptions, grid: Grid, load_seats: int, after_la
         served,
         scheduler=SchedulerConfig(mode=Mode.CONTINUOUS, max_num_seqs=rows),
         kv_cache_tokens=max(
-            rows * (max(row_tokens(grid), max(grid.prefill_tokens) + 1) + 16),  # + a block of rounding
+            grid_kv_tokens(grid),
             load_seats * LOAD_PROBE_ROW_TOKENS,  # the load probe's replay: every seat's whole request
             after_large_probe_tokens(after_large_repeats) + PREFILL_PROBE_TOKENS + 32,  # two blocks' rounding
         ),

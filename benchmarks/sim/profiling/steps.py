@@ -58,8 +58,8 @@ class Grid:
 
     @property
     def steps_per_context(self) -> int:
-        """Decode steps each sequence may take at one context: warm-up plus repeats, per grid point."""
-        return len(self.batch_sizes) * len(self.prefill_tokens) * (self.repeats + 1)
+        """Decode steps each sequence may take at one context: two a visit, a visit per grid point a round."""
+        return len(self.batch_sizes) * len(self.prefill_tokens) * self.repeats * 2
 
 
 @dataclass(frozen=True)
@@ -93,50 +93,65 @@ def _prefill(engine: Engine, seq_id: int, budget: int = 512) -> None:
         engine.step([(seq_id, min(budget, engine.num_pending(seq_id) - 1))])  # leave one: decodes sample
 
 
-def measure(engine: Engine, grid: Grid, vocab: int) -> list[Point]:
-    points: list[Point] = []
+def measure(engine: Engine, grid: Grid, vocab: int, clock: Callable[[], float] = time.perf_counter) -> list[Point]:
+    """Each grid point's median step time over `grid.repeats` rounds, every round visiting every point of every
+    context once. A VM's speed drifts within the minutes a profile takes (up to 2x within an hour on the 2-core
+    Xeons); timed point by point, a slow minute lands on one block of points and bends the fit (one context's
+    points all 20-40 % slow in one profile), while rounds spread it over all of them and the median drops it.
+    A visit runs its step twice and times the second: a decode point is timed one step after the previous
+    point's, inside the transient after a large step (AFTER_LARGE_STEPS), as the served decodes are."""
     rows = max(grid.batch_sizes)
     extra = grid.steps_per_context + 2  # decode steps a sequence takes at one context, and a margin
-    next_id = 0
-    for context in grid.contexts:
-        decoders = list(range(next_id, next_id + rows))
-        next_id += rows
-        params = SamplingParams(max_tokens=extra, temperature=0.0, ignore_eos=True)  # never reached
-        for seq_id in decoders:
-            too_small = f"the KV cache cannot hold {rows} sequences of {context + extra} tokens"
-            add_row(engine, seq_id, _prompt(context, vocab, seq_id), params, context + extra, too_small)
-            _prefill(engine, seq_id)
-        for batch in grid.batch_sizes:
-            for prefill in grid.prefill_tokens:
-                if batch == 0 and prefill == 0:
-                    continue
-                times, shape = [], None
-                for repeat in range(grid.repeats + 1):
-                    schedule = [(s, engine.num_pending(s)) for s in decoders[:batch]]
+    params = SamplingParams(max_tokens=extra, temperature=0.0, ignore_eos=True)  # never reached
+    decoders: dict[int, list[int]] = {context: [] for context in grid.contexts}
+    try:
+        next_id = 0
+        for context in grid.contexts:
+            for seq_id in range(next_id, next_id + rows):
+                too_small = f"the KV cache cannot hold {rows} sequences at each of {len(grid.contexts)} contexts"
+                add_row(engine, seq_id, _prompt(context, vocab, seq_id), params, context + extra, too_small)
+                decoders[context].append(seq_id)
+                _prefill(engine, seq_id)
+            next_id += rows
+        keys = [
+            (context, batch, prefill)
+            for context in grid.contexts
+            for batch in grid.batch_sizes
+            for prefill in grid.prefill_tokens
+            if batch or prefill
+        ]
+        times: dict[tuple[int, int, int], list[float]] = {key: [] for key in keys}
+        shapes: dict[tuple[int, int, int], StepShape] = {}
+        for _ in range(grid.repeats):
+            for key in keys:
+                context, batch, prefill = key
+                for timed in (False, True):
+                    schedule = [(s, engine.num_pending(s)) for s in decoders[context][:batch]]
                     if prefill:
                         fresh, next_id = next_id, next_id + 1
                         prefill_params = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True)
                         too_small = "the KV cache is too small for the grid; lower --batch-sizes"
                         add_row(engine, fresh, _prompt(prefill, vocab, fresh), prefill_params, prefill + 1, too_small)
                         schedule.append((fresh, prefill))
-                    shape = step_shape(engine, schedule)
-                    start = time.perf_counter()
+                    shapes[key] = step_shape(engine, schedule)
+                    start = clock()
                     engine.step(schedule)
-                    elapsed = time.perf_counter() - start
+                    elapsed = clock() - start
                     if prefill:
                         engine.remove(fresh)
-                    if repeat:  # the first is a warm-up
-                        times.append(elapsed)
-                assert shape is not None
-                point = Point(batch, prefill, context, shape, statistics.median(times))
-                points.append(point)
-                print(
-                    f"context {context:5d}  decode rows {batch:3d}  prefill {prefill:4d}:"
-                    f" {1e3 * point.seconds:8.2f} ms",
-                    file=sys.stderr,
-                )
-        for seq_id in decoders:
-            engine.remove(seq_id)
+                    if timed:
+                        times[key].append(elapsed)
+    finally:
+        for seq_ids in decoders.values():
+            for seq_id in seq_ids:
+                engine.remove(seq_id)
+    points = [Point(key[1], key[2], key[0], shapes[key], statistics.median(times[key])) for key in keys]
+    for point in points:
+        print(
+            f"context {point.context:5d}  decode rows {point.decode_rows:3d}  prefill {point.prefill_tokens:4d}:"
+            f" {1e3 * point.seconds:8.2f} ms",
+            file=sys.stderr,
+        )
     return points
 
 

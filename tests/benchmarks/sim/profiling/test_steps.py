@@ -1,5 +1,5 @@
-"""The profiler's transient probe (benchmarks.sim.profiling.steps), on an engine whose step times follow a known rule
-and a clock it moves.
+"""The profiler's grid and transient probe (benchmarks.sim.profiling.steps), on an engine whose step times follow a
+known rule and a clock it moves.
 
 The real engine's decode steps run slower for a few steps after a step on the dense copy (the quantised weights
 coming back into the caches); `measure_after_large` must report that extra position by position, against the
@@ -12,11 +12,14 @@ from collections.abc import Sequence
 
 import pytest
 
+from benchmarks.sim.profiling.cli import grid_kv_tokens
 from benchmarks.sim.profiling.steps import (
     AFTER_LARGE_SETTLED,
     AFTER_LARGE_STEPS,
     PREFILL_PROBE_TOKENS,
+    Grid,
     after_large_probe_tokens,
+    measure,
     measure_after_large,
 )
 from engine.sample.sampling_params import SamplingParams
@@ -110,3 +113,53 @@ def test_measure_after_large_fits_in_the_tokens_it_asks_for_and_cleans_up_when_i
     assert short.pending == {}
     with pytest.raises(ValueError, match="at least one"):
         measure_after_large(TimedEngine(), 1000, 0, 0)  # type: ignore[arg-type]
+
+
+STEP_S_PER_TOKEN = 0.001
+SLOW = 3.0  # a slow stretch of the VM: every step in it takes three times as long
+
+
+class DriftingEngine(TimedEngine):
+    """Steps cost `STEP_S_PER_TOKEN` a token, except the steps whose index lies in `slow_steps`."""
+
+    def __init__(self, kv_cache_tokens: int, slow_steps: range) -> None:
+        super().__init__(kv_cache_tokens)
+        self.slow_steps = slow_steps
+        self.steps = 0
+
+    def step(self, schedule: Sequence[tuple[int, int]]) -> None:
+        before = self.now
+        super().step(schedule)
+        cost = STEP_S_PER_TOKEN * sum(count for _, count in schedule)
+        self.now = before + cost * (SLOW if self.steps in self.slow_steps else 1.0)
+        self.steps += 1
+
+
+def test_the_grid_takes_each_points_median_over_rounds_so_a_slow_stretch_bends_no_point() -> None:
+    grid = Grid(batch_sizes=(1, 2, 4), prefill_tokens=(0, 16), contexts=(8, 24), repeats=3)
+    # 12 points of 2 steps each: 24 steps a round. Any 12 steps in a row hold at most one visit of each point; these
+    # 12 (after the 8 decoders' prefill steps and a round) are the second context's whole block in the second round,
+    # so timing point by point would have put a slow stretch on each of its six points' every repeat.
+    engine = DriftingEngine(grid_kv_tokens(grid), slow_steps=range(8 + 24 + 12, 8 + 24 + 24))
+    points = measure(engine, grid, vocab=1000, clock=engine.clock)  # type: ignore[arg-type]
+    assert [(p.context, p.decode_rows, p.prefill_tokens) for p in points] == [
+        (context, batch, prefill) for context in (8, 24) for batch in (1, 2, 4) for prefill in (0, 16)
+    ]
+    for point in points:
+        assert point.shape.num_tokens == point.decode_rows + point.prefill_tokens
+        assert point.seconds == pytest.approx(STEP_S_PER_TOKEN * point.shape.num_tokens, rel=1e-9)
+    assert engine.steps == 8 + 3 * 24  # every step accounted for: the window fell inside the rounds
+    assert engine.pending == {}  # the decoders and every prefill are gone
+
+
+def test_the_grid_fits_in_the_tokens_it_asks_for_and_cleans_up_when_it_fails() -> None:
+    grid = Grid(batch_sizes=(1, 3), prefill_tokens=(0, 20), contexts=(8, 40), repeats=2)
+    needed = 3 * sum(context + grid.steps_per_context + 2 for context in grid.contexts) + 20 + 1  # and a prefill
+    assert grid_kv_tokens(grid) >= needed
+    exact = TimedEngine(needed)
+    assert len(measure(exact, grid, vocab=1000)) == 8  # type: ignore[arg-type]
+    assert exact.pending == {}
+    short = TimedEngine(needed - 1)  # every decoder fits; a prefill beside them does not
+    with pytest.raises(ValueError, match="too small"):
+        measure(short, grid, vocab=1000)  # type: ignore[arg-type]
+    assert short.pending == {}
