@@ -66,6 +66,7 @@ from benchmarks.sim.profiling.steps import (
     Grid,
     Point,
     after_large_probe_tokens,
+    held_rows,
     load_policy,
     measure,
     measure_after_large,
@@ -183,10 +184,9 @@ def grid_kv_tokens(grid: Grid) -> int:
 
 def engine_options(served: RuntimeOptions, grid: Grid, load_seats: int, after_large_repeats: int) -> RuntimeOptions:
     """serve's options for the profile's own engine: continuous, the grid's rows, a KV cache that holds every probe."""
-    rows = rows_for(grid)
     return dataclasses.replace(
         served,
-        scheduler=SchedulerConfig(mode=Mode.CONTINUOUS, max_num_seqs=rows),
+        scheduler=SchedulerConfig(mode=Mode.CONTINUOUS, max_num_seqs=held_rows(grid)),
         kv_cache_tokens=max(
             grid_kv_tokens(grid),
             load_seats * LOAD_PROBE_ROW_TOKENS,  # the load probe's replay: every seat's whole request

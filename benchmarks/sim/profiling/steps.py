@@ -288,5 +288,11 @@ def load_policy(policy: SchedulerConfig, mode: str, seats: int) -> SchedulerConf
 
 
 def rows_for(grid: Grid) -> int:
-    """Rows the profile's engine holds: the grid's largest batch plus its fresh prefill."""
+    """Rows of the grid's largest step: its largest batch plus its fresh prefill."""
     return max(grid.batch_sizes) + 1
+
+
+def held_rows(grid: Grid) -> int:
+    """Rows the profile's engine holds at once: the largest batch at every context (`measure` keeps them all) and
+    a fresh prefill."""
+    return max(grid.batch_sizes) * len(grid.contexts) + 1

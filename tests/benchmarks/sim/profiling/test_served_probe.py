@@ -107,7 +107,7 @@ def test_profile_measures_a_served_server_and_the_simulator_reads_it(tiny_checkp
     """End to end on the tiny model: the profile starts a real `batchserve serve` with its engine flags."""
     out = tmp_path / "cost.json"
     argv = ["--out", str(out), "--model", str(tiny_checkpoint), "--dtype", "float32", "--quantization", "none"]
-    grid = ["--batch-sizes", "1,2,4", "--prefill-tokens", "0,8", "--contexts", "16", "--repeats", "1"]
+    grid = ["--batch-sizes", "1,2,4", "--prefill-tokens", "0,8", "--contexts", "16,32", "--repeats", "1"]
     probes = ["--cold-repeats", "1", "--after-large-repeats", "1", "--served-probes", "2", "--served-gap-s", "0.3"]
     load = ["--served-load-requests", "6", "--served-load-seats", "3", "--served-load-modes", "continuous,dynamic"]
     assert fit_cost.main([*argv, *grid, *probes, *load]) == 0
