@@ -28,9 +28,9 @@ from tests.toolchain import kernel_build_params, load_build
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:
-    """Compile (or load) this CPU's kernel build before any test starts a server. In a fresh virtualenv the build
-    takes a minute or more (its command line names the venv's paths, so a cached build is rebuilt), and a test
-    server's health wait must not absorb that: under load it once ran past the wait's 120 s."""
+    """Compile (or load) this CPU's kernel build before any test starts a server. Where the cache lacks it the build
+    takes a minute or more, and a test server's health wait must not absorb that: under load it once ran past the
+    wait's 120 s."""
     native.load_kernels()
 
 

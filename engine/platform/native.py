@@ -9,10 +9,10 @@ target-attributed functions: every build is then a whole program for one instruc
 cannot execute is never loaded.
 
 torch's extension builder compiles a build once (a minute or so on 2 cores, needs a C++ compiler and ninja) into
-its cache (`$TORCH_EXTENSIONS_DIR`, default ~/.cache/torch_extensions); later processes only load it. A first start
-logs the build as a phase (engine/phases.py), with progress lines while it compiles. The extension's name
-carries a hash of the sources, the flags and the torch version, and it compiles copies of the sources kept in its
-own directory, so every checkout of the same sources shares the build. Where no compiler is present the build
+its cache (`$TORCH_EXTENSIONS_DIR`, default ~/.cache/torch_extensions); later processes only load it, in any
+virtualenv with the same torch. A first start logs the build as a phase (engine/phases.py), with progress lines
+while it compiles. The extension's name carries a hash of the sources, the flags and the torch version, and it
+compiles copies of the sources kept in its own directory, so every checkout of the same sources shares the build. Where no compiler is present the build
 fails with a warning and the engine runs its pure-torch attention, prompt scoring and element-wise ops
 (engine/model/elementwise.py).
 """
@@ -242,20 +242,58 @@ def _compile(build: KernelBuild) -> bool:
 
         name = extension_name(build)
         directory = build_directory(build)
-        built = (directory / f"{name}.so").is_file()  # then ninja only checks it (unless a path or flag changed)
+        library = directory / f"{name}.so"
+        built = library.is_file()
         title = f"{'loading' if built else 'building'} the C++ kernels ({build.name})"
         once = f"once per CPU kind and torch version (a minute or so on 2 cores), into {directory}"
         with phase(logger, title, once, announce=not built) as running, builder_lock(directory):
-            cpp_extension.load(
-                name=name,
-                sources=[str(source) for source in _copied_sources(directory)],
-                extra_cflags=["-O3", *build.flags, "-fopenmp", f"-DBATCHSERVE_OPS={build.namespace}"],
-                extra_ldflags=["-fopenmp"],
-                is_python_module=False,
-            )
+            if not (_finished(library) and _load_finished(library)):
+                cpp_extension.load(
+                    name=name,
+                    sources=[str(source) for source in _copied_sources(directory)],
+                    extra_cflags=["-O3", *build.flags, "-fopenmp", f"-DBATCHSERVE_OPS={build.namespace}"],
+                    extra_ldflags=["-fopenmp"],
+                    is_python_module=False,
+                )
+                _mark_finished(library)
             running.result = f"cached in {directory}; delete it to build again"
     except Exception as exc:  # no compiler, no ninja, a read-only cache: all mean "use the torch path"
         logger.warning("native CPU kernels (%s) unavailable, using the torch path: %s", build.name, exc)
+        return False
+    return True
+
+
+# A finished build is loaded as it is, without asking ninja: the library's name already hashes the sources, flags,
+# machine and torch version, while ninja rebuilds it whenever the command line changes, and the command line names
+# the virtualenv's torch headers, so every new venv (each fresh CI clone, a reinstall) recompiled every build
+# (5 builds, ~5 minutes on 2 cores). The marker, written after a build that returned, holds the library's size and
+# modification time: a build killed while linking leaves a library that no longer matches it, and is built again.
+def _marker(library: Path) -> Path:
+    return library.with_name(library.name + ".finished")
+
+
+def _stamp(library: Path) -> str:
+    stat = library.stat()
+    return f"{stat.st_size} {stat.st_mtime_ns}"
+
+
+def _mark_finished(library: Path) -> None:
+    _marker(library).write_text(_stamp(library))
+
+
+def _finished(library: Path) -> bool:
+    """Whether `library` is what a build that returned left (see `_mark_finished`)."""
+    try:
+        return _marker(library).read_text() == _stamp(library)
+    except OSError:  # no library, or no marker (a cache from before the markers): ninja decides
+        return False
+
+
+def _load_finished(library: Path) -> bool:
+    try:
+        torch.ops.load_library(str(library))
+    except (OSError, RuntimeError) as exc:
+        logger.warning("the cached kernel build %s did not load, building it again: %s", library, exc)
         return False
     return True
 

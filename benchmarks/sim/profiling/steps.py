@@ -31,9 +31,9 @@ from scheduler.config import Mode, SchedulerConfig
 
 # The first decode steps after a step on the dense copy run slower while the quantised weights come back into the
 # caches (on the 2-core Xeon a 1-row decode runs +1.0-1.8 ms slow right after a 40-token prefill, +0.6-1.1 ms
-# two steps later, settled by the 6th-8th). The grid's decode points are timed 2-4 steps after one, inside that
-# transient, which is nearer a served decode than the settled cost is: timed settled, the simulator ran fast
-# (docs/simulator.md, "Tried and not kept").
+# two steps later, settled by the 6th-8th). The grid's decode points are timed 2 steps after one (`measure`),
+# inside that transient, which is nearer a served decode than the settled cost is: timed settled, the simulator ran
+# fast (docs/notes/2026-12-01-sim-validation-afternoon.md, "Tried and not kept").
 AFTER_LARGE_STEPS = 8  # positions of the transient that measure_after_large reports
 AFTER_LARGE_SETTLED = 10  # ... against the decode steps from this position on
 AFTER_LARGE_PROMPT_TOKENS = 32  # the probe's decoder's context

@@ -131,10 +131,48 @@ def test_a_failed_build_falls_back_with_a_warning(monkeypatch: pytest.MonkeyPatc
         raise RuntimeError("no C++ compiler found")
 
     monkeypatch.setattr(native, "loaded_kernels", lambda build=None: None)
+    monkeypatch.setattr(native, "_finished", lambda library: False)  # no finished build cached: ninja decides
     monkeypatch.setattr(cpp_extension, "load", no_compiler)
     with caplog.at_level(logging.WARNING, logger="engine.platform.native"):
         assert native.load_kernels() is None
     assert "no C++ compiler found" in caplog.text
+
+
+@pytest.mark.skipif(not CAN_BUILD_KERNELS, reason="needs a C++ compiler")
+def test_a_finished_build_loads_in_a_new_process_without_asking_ninja() -> None:
+    """The session's build (tests/conftest.py) is finished and marked; a process whose extension builder refuses to
+    run, as one in a fresh virtualenv would rebuild (its command line names the venv's paths), still loads it."""
+    import subprocess
+    import sys
+
+    script = (
+        "from torch.utils import cpp_extension\n"
+        "def refuse(**_):\n"
+        "    raise RuntimeError('the extension builder was asked')\n"
+        "cpp_extension.load = refuse\n"
+        "from engine.platform import native\n"
+        "kernels = native.load_kernels()\n"
+        "print('loaded' if kernels is not None else 'not loaded')\n"
+    )
+    root = Path(__file__).resolve().parents[3]
+    done = subprocess.run([sys.executable, "-c", script], cwd=root, capture_output=True, text=True, timeout=300)
+    assert done.stdout.strip() == "loaded", done.stderr
+
+
+def test_a_library_that_changed_after_its_build_returned_is_built_again(tmp_path: Path, caplog) -> None:
+    """A build killed while linking leaves a library that is not the one its marker describes; a marked library
+    that does not load (damaged since) is refused with a warning rather than trusted."""
+    library = tmp_path / "batchserve_kernels_x.so"
+    assert not native._finished(library)  # nothing built
+    library.write_bytes(b"\x7fELF" + bytes(64))
+    assert not native._finished(library)  # built, never marked: a cache from before the markers
+    native._mark_finished(library)
+    assert native._finished(library)
+    library.write_bytes(b"\x7fELF" + bytes(32))  # relinked, cut short
+    assert not native._finished(library)
+    with caplog.at_level(logging.WARNING, logger="engine.platform.native"):
+        assert not native._load_finished(library)
+    assert "building it again" in caplog.text
 
 
 def test_extension_name_changes_with_the_cpu_only_for_a_native_build(monkeypatch: pytest.MonkeyPatch) -> None:
