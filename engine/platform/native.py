@@ -12,9 +12,9 @@ torch's extension builder compiles a build once (a minute or so on 2 cores, need
 its cache (`$TORCH_EXTENSIONS_DIR`, default ~/.cache/torch_extensions); later processes only load it, in any
 virtualenv with the same torch. A first start logs the build as a phase (engine/phases.py), with progress lines
 while it compiles. The extension's name carries a hash of the sources, the flags and the torch version, and it
-compiles copies of the sources kept in its own directory, so every checkout of the same sources shares the build. Where no compiler is present the build
-fails with a warning and the engine runs its pure-torch attention, prompt scoring and element-wise ops
-(engine/model/elementwise.py).
+compiles copies of the sources kept in its own directory, so every checkout of the same sources shares the build.
+Where no compiler is present the build fails with a warning and the engine runs its pure-torch attention, prompt
+scoring and element-wise ops (engine/model/elementwise.py).
 """
 
 from __future__ import annotations
