@@ -98,8 +98,9 @@ def measure(engine: Engine, grid: Grid, vocab: int, clock: Callable[[], float] =
     context once. A VM's speed drifts within the minutes a profile takes (up to 2x within an hour on the 2-core
     Xeons); timed point by point, a slow minute lands on one block of points and bends the fit (one context's
     points all 20-40 % slow in one profile), while rounds spread it over all of them and the median drops it.
-    A visit runs its step twice and times the second: a decode point is timed one step after the previous
-    point's, inside the transient after a large step (AFTER_LARGE_STEPS), as the served decodes are."""
+    A visit runs its step twice and times the second, the second step after the previous point's (often a large
+    one): a decode point is timed inside the transient after a large step (AFTER_LARGE_STEPS), as served decodes
+    are."""
     rows = max(grid.batch_sizes)
     extra = grid.steps_per_context + 2  # decode steps a sequence takes at one context, and a margin
     params = SamplingParams(max_tokens=extra, temperature=0.0, ignore_eos=True)  # never reached
