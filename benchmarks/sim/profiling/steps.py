@@ -135,11 +135,13 @@ def measure(engine: Engine, grid: Grid, vocab: int, clock: Callable[[], float] =
                         add_row(engine, fresh, _prompt(prefill, vocab, fresh), prefill_params, prefill + 1, too_small)
                         schedule.append((fresh, prefill))
                     shapes[key] = step_shape(engine, schedule)
-                    start = clock()
-                    engine.step(schedule)
-                    elapsed = clock() - start
-                    if prefill:
-                        engine.remove(fresh)
+                    try:
+                        start = clock()
+                        engine.step(schedule)
+                        elapsed = clock() - start
+                    finally:
+                        if prefill:
+                            engine.remove(fresh)
                     if timed:
                         times[key].append(elapsed)
     finally:

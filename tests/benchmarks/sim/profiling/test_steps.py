@@ -163,3 +163,20 @@ def test_the_grid_fits_in_the_tokens_it_asks_for_and_cleans_up_when_it_fails() -
     with pytest.raises(ValueError, match="too small"):
         measure(short, grid, vocab=1000)  # type: ignore[arg-type]
     assert short.pending == {}
+
+
+class FailingEngine(TimedEngine):
+    """A step of decode rows beside a fresh prompt raises, as one that runs out of memory would."""
+
+    def step(self, schedule: Sequence[tuple[int, int]]) -> None:
+        if len(schedule) > 1 and any(count > 1 for _, count in schedule):
+            raise RuntimeError("the step failed")
+        super().step(schedule)
+
+
+def test_a_step_that_raises_leaves_no_row_behind() -> None:
+    grid = Grid(batch_sizes=(1, 2), prefill_tokens=(0, 16), contexts=(8,), repeats=1)
+    engine = FailingEngine(grid_kv_tokens(grid))
+    with pytest.raises(RuntimeError, match="the step failed"):
+        measure(engine, grid, vocab=1000)  # type: ignore[arg-type]
+    assert engine.pending == {}  # the decoders and the fresh prefill the failed step carried
