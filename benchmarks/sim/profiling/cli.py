@@ -66,6 +66,7 @@ from benchmarks.sim.profiling.steps import (
     Grid,
     Point,
     after_large_probe_tokens,
+    grid_kv_tokens,
     held_rows,
     load_policy,
     measure,
@@ -73,6 +74,7 @@ from benchmarks.sim.profiling.steps import (
     measure_cold,
     measure_served_load,
     rows_for,
+    sequence_tokens,
     served_cold_steps,
     with_cold_steps,
 )
@@ -168,18 +170,6 @@ class EngineSteps:
     points: list[Point]
     cold: ColdSteps
     after_large: tuple[float, ...]
-
-
-def row_tokens(grid: Grid) -> int:
-    """A grid sequence's whole length: its context and every decode step `measure` takes at it."""
-    return max(grid.contexts) + grid.steps_per_context + 4
-
-
-def grid_kv_tokens(grid: Grid) -> int:
-    """What the grid holds at once: its decoders at every context (the rounds visit them all) and one prefill, each
-    plus a block of rounding."""
-    decoders = max(grid.batch_sizes) * sum(context + grid.steps_per_context + 4 + 16 for context in grid.contexts)
-    return decoders + max(grid.prefill_tokens) + 1 + 16
 
 
 def engine_options(served: RuntimeOptions, grid: Grid, load_seats: int, after_large_repeats: int) -> RuntimeOptions:
@@ -338,7 +328,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     loaded = load(options)
     runtime = build_model_runtime(options, loaded)
     engine = runtime.engine
-    if row_tokens(grid) > engine.max_model_len:
+    if sequence_tokens(grid, max(grid.contexts)) > engine.max_model_len:
         parser.error(f"contexts plus {grid.steps_per_context} decode steps exceed max-model-len {engine.max_model_len}")
     if args.after_large_repeats > 0 and after_large_probe_tokens(args.after_large_repeats) > engine.max_model_len:
         parser.error(f"--after-large-repeats {args.after_large_repeats} needs a longer max-model-len")

@@ -295,6 +295,18 @@ def rows_for(grid: Grid) -> int:
     return max(grid.batch_sizes) + 1
 
 
+def sequence_tokens(grid: Grid, context: int) -> int:
+    """A grid decoder's whole length at `context`: the context, every decode step `measure` takes there, a margin."""
+    return context + grid.steps_per_context + 4
+
+
+def grid_kv_tokens(grid: Grid) -> int:
+    """The cache `measure` holds at once: its decoders at every context and one prefill, each plus a block of
+    rounding."""
+    decoders = max(grid.batch_sizes) * sum(sequence_tokens(grid, context) + 16 for context in grid.contexts)
+    return decoders + max(grid.prefill_tokens) + 1 + 16
+
+
 def held_rows(grid: Grid) -> int:
     """Rows the profile's engine holds at once: the largest batch at every context (`measure` keeps them all) and
     a fresh prefill."""

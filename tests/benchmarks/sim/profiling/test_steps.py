@@ -12,13 +12,13 @@ from collections.abc import Sequence
 
 import pytest
 
-from benchmarks.sim.profiling.cli import grid_kv_tokens
 from benchmarks.sim.profiling.steps import (
     AFTER_LARGE_SETTLED,
     AFTER_LARGE_STEPS,
     PREFILL_PROBE_TOKENS,
     Grid,
     after_large_probe_tokens,
+    grid_kv_tokens,
     measure,
     measure_after_large,
 )
