@@ -1,10 +1,9 @@
 // int4_dot's kernel in the avx2 build: the same layout and two-digit activations as the VNNI kernel
 // (int4_dot_avx512_vnni.h), 8 rows a register. Without VNNI, `vpmaddubsw` multiplies the unsigned 4-bit weights by
-// the int8 digits and adds neighbouring pairs into int16 (at most 2 * 15 * 127: no saturation), and `vpmaddwd` adds
-// those pairs into the row's int32 lane, scaling the leading digits' sums by 127 on the way; for one or two rows the
-// pair sums of 32 inputs are added in int16 first (a decode step's layers 0.9x the time capped on Zen 4). The
-// int32 sums are the VNNI kernel's exactly. Where the CPU has AVX-VNNI (Intel from Alder Lake, AMD from Zen 5)
-// `vpdpbusd` does the same in one instruction; this build does not assume it.
+// the int8 digits and adds neighbouring pairs into int16 (at most 2 * 15 * 127: no saturation); the pair sums of 32
+// inputs are added in int16, and `vpmaddwd` adds those pairs into the row's int32 lane, scaling the leading digits'
+// sums by 127 on the way. The int32 sums are the VNNI kernel's exactly. Where the CPU has AVX-VNNI (Intel from Alder
+// Lake, AMD from Zen 5) `vpdpbusd` does the same in one instruction; this build does not assume it.
 //
 // Everything here has internal linkage (an unnamed namespace inside the build's own namespace), as in quant.h.
 
@@ -25,8 +24,11 @@ namespace {
 
 using batchserve::lanes::load;
 
-constexpr int kDotRows = 4;  // activation rows per pass over the weights
-constexpr int kInt16Rows = 2;  // passes of up to this many rows add 32 inputs' pair sums in int16 (int4_dot_block)
+// Activation rows per pass over the weights. A pass's int16 sums take two registers per row and digit, so two rows
+// (8 sums, 4 weight registers, the broadcasts) are what AVX2's 16 registers hold without spilling; four rows a
+// pass, with 8-input runs to fit, took 1.37x the time of two at 4 to 32 rows on a Xeon core (a one-off standalone
+// loop, interleaved best of 7; the same bits).
+constexpr int kDotRows = 2;
 constexpr int64_t kInt16Inputs = 32;  // inputs whose pair sums int16 holds: 4 runs of 8
 
 template <int R>
@@ -43,15 +45,13 @@ inline void int4_dot_block(const uint8_t* packed, const c10::BFloat16* scales, c
     for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_si256();
     const uint8_t* bytes = packed + g * group * 8;  // 64 bytes per 8 inputs: rows 0-7, then rows 8-15
     // The int16 pair sums of a run of inputs are added as int16 (at most 8 * 2 * 15 * 127 = 30480 for the leading
-    // digits over 32 inputs) and only then widened by `vpmaddwd`. One or two rows are bound by instructions and
-    // take runs of 32: a quarter of the widening multiplies. More rows would need more registers than AVX2 has
-    // for runs longer than 8.
-    constexpr int64_t run = R <= kInt16Rows ? kInt16Inputs : 8;
-    for (int64_t k0 = 0; k0 < group; k0 += run) {
+    // digits over 32 inputs) and only then widened by `vpmaddwd`: a quarter of the widening multiplies of 8-input
+    // runs.
+    for (int64_t k0 = 0; k0 < group; k0 += kInt16Inputs) {
       __m256i leading[R][2], residual[R][2];
       for (int r = 0; r < R; ++r)
         for (int h = 0; h < 2; ++h) leading[r][h] = residual[r][h] = _mm256_setzero_si256();
-      for (int64_t k = k0; k < std::min<int64_t>(group, k0 + run); k += 8, bytes += 64) {
+      for (int64_t k = k0; k < std::min<int64_t>(group, k0 + kInt16Inputs); k += 8, bytes += 64) {
         _mm_prefetch(reinterpret_cast<const char*>(bytes) + kPrefetchBytes, _MM_HINT_T0);
         __m256i first[2], second[2];  // the unsigned weights of rows 0-7 and 8-15: low nibbles, then high
         for (int h = 0; h < 2; ++h) {
