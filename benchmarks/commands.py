@@ -107,6 +107,7 @@ COMMANDS: tuple[Command, ...] = (
         "auto's weight-format choice made beside busy processes against a quiet start's, both served quietly",
     ),
     Command("kernels", "benchmarks.micro.kernel_builds", "each quantised kernel in each build this CPU runs"),
+    Command("kernel-ab", "benchmarks.micro.kernel_ab", "int4_dot against another commit's kernels, interleaved"),
     # the simulator
     Command("simulate", "benchmarks.sim.cli", "simulated A/B runs: sweep, replay of real traces, max rate"),
     Command("fit-cost", "benchmarks.sim.profiling.cli", "measure this machine's step costs and fit cost.json"),

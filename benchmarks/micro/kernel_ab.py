@@ -1,0 +1,172 @@
+"""A kernel change measured against the sources of another commit, in one process: `int4_dot` on SmolLM2-135M's
+projection shapes, the working tree's build and the other commit's build of the same instruction set called in
+turn, round by round, so the VM's drift (up to 3x within an hour on these machines) moves both alike.
+
+    python -m benchmarks kernel-ab --against HEAD~1 [--build avx2] [--rows 1,4,16,32] --out DIR
+
+The other commit's `engine/csrc/` is taken with `git archive` and compiled once into the extension cache under its
+own op namespace, with the flags of `--build` (default: the best build this CPU executes). Reported per shape and
+row count: each side's best time, the median over rounds of the round's after / before ratio, and the largest
+difference between the two outputs relative to the output's largest value. Writes DIR/result.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import hashlib
+import io
+import statistics
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from benchmarks.results_io.report import write_json
+from engine.model.linear import Int4DotLinear
+from engine.platform import native
+from engine.platform.cpu_features import cpu_features
+from engine.weights.quantization import Int4Weight
+
+REPOSITORY = Path(__file__).resolve().parents[2]
+# [inputs, outputs] of SmolLM2-135M's int4 projections: fused q/k/v, attention output, fused gate/up, down.
+SHAPES = ((576, 960), (576, 576), (576, 3072), (1536, 576))
+
+
+def revision_sources(revision: str, into: Path) -> str:
+    """`revision`'s engine/csrc/ written under `into`; returns the commit it names."""
+    commit = subprocess.run(
+        ["git", "rev-parse", "--verify", f"{revision}^{{commit}}"],
+        cwd=REPOSITORY,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    archive = subprocess.run(
+        ["git", "archive", "--format=tar", commit, "engine/csrc"], cwd=REPOSITORY, capture_output=True, check=True
+    ).stdout
+    with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
+        tar.extractall(into, filter="data")
+    return commit
+
+
+def compile_revision(sources: Path, build: native.KernelBuild, commit: str) -> Any:
+    """The ops of `sources` (a revision's engine/csrc) compiled with `build`'s flags under a namespace of their own."""
+    from torch.utils import cpp_extension
+
+    namespace = f"batchserve_ab_{commit[:12]}_{build.name}"
+    texts = "".join(path.read_text() for path in sorted(sources.iterdir()))
+    key = hashlib.sha256(f"{texts}{build.flags}{torch.__version__}".encode()).hexdigest()[:12]
+    cpp_extension.load(
+        name=f"{namespace}_{key}",
+        sources=[str(path) for path in sorted(sources.glob("*.cpp"))],
+        extra_cflags=["-O3", *build.flags, "-fopenmp", f"-DBATCHSERVE_OPS={namespace}"],
+        extra_ldflags=["-fopenmp"],
+        is_python_module=False,
+    )
+    return getattr(torch.ops, namespace)
+
+
+def random_int4(outputs: int, inputs: int, generator: torch.Generator, group: int = 32) -> Int4Weight:
+    values = torch.randint(0, 16, (outputs, inputs), dtype=torch.uint8, generator=generator)
+    scales = torch.rand(outputs, inputs // group, generator=generator) * 0.02 + 0.001
+    zeros = torch.randn(outputs, inputs // group, generator=generator) * 0.01
+    return Int4Weight(values, scales, zeros, group)
+
+
+def interleaved(calls: Mapping[str, Callable[[], object]], rounds: int, inner: int) -> dict[str, list[float]]:
+    """Each call's time per call in microseconds, `rounds` samples of `inner` calls, the calls taken in turn."""
+    for call in calls.values():
+        for _ in range(3):
+            call()
+    samples: dict[str, list[float]] = {name: [] for name in calls}
+    for _ in range(rounds):
+        for name, call in calls.items():
+            started = time.perf_counter()
+            for _ in range(inner):
+                call()
+            samples[name].append((time.perf_counter() - started) / inner * 1e6)
+    return samples
+
+
+def summary(before: Sequence[float], after: Sequence[float]) -> dict[str, float]:
+    """Best times and the median of the rounds' after / before ratios (each round's pair ran back to back)."""
+    return {
+        "before_best_us": round(min(before), 1),
+        "after_best_us": round(min(after), 1),
+        "after_over_before": round(statistics.median(a / b for a, b in zip(after, before, strict=True)), 3),
+    }
+
+
+@torch.inference_mode()
+def compare(
+    before_ops: Any,
+    after_ops: Any,
+    rows: Sequence[int],
+    dtype: torch.dtype,
+    rounds: int,
+    inner: int,
+    kernels: native.Kernels,
+) -> list[dict[str, Any]]:
+    generator = torch.Generator().manual_seed(0)
+    results = []
+    for inputs, outputs in SHAPES:
+        linear = Int4DotLinear.build(random_int4(outputs, inputs, generator), None, kernels)
+        operands = (linear.packed, linear.group_size, linear.scales, linear.zeros)
+        for count in rows:
+            x = torch.randn(count, inputs, generator=generator).to(dtype)
+            calls = {
+                "before": functools.partial(before_ops.int4_dot, x, *operands),
+                "after": functools.partial(after_ops.int4_dot, x, *operands),
+            }
+            old, new = (calls[side]().float() for side in ("before", "after"))
+            samples = interleaved(calls, rounds, inner)
+            difference = float((new - old).abs().max() / old.abs().max().clamp_min(1e-30))
+            row = {
+                "inputs": inputs,
+                "outputs": outputs,
+                "rows": count,
+                **summary(samples["before"], samples["after"]),
+                "max_relative_difference": difference,
+            }
+            print(row, flush=True)
+            results.append(row)
+    return results
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks kernel-ab", description=__doc__.splitlines()[0])
+    parser.add_argument("--against", default="HEAD", help="the commit whose kernels are 'before' (default HEAD)")
+    parser.add_argument("--build", help="a build name (avx512_bf16, avx512_vnni, avx2); default: the best here")
+    parser.add_argument("--rows", default="1,4,16,32")
+    parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
+    parser.add_argument("--rounds", type=int, default=9)
+    parser.add_argument("--inner", type=int, default=20, help="calls per timed sample")
+    parser.add_argument("--out", type=Path, required=True)
+    args = parser.parse_args(argv)
+    builds = [b for b in native.builds_for(cpu_features()) if args.build in (None, b.name)]
+    kernels = next((k for k in map(native.load_kernels, builds) if k is not None and k.has_int4_dot), None)
+    if kernels is None:
+        parser.error(f"no build with int4_dot among {[b.name for b in builds] or args.build} on this CPU")
+    with tempfile.TemporaryDirectory() as scratch:
+        commit = revision_sources(args.against, Path(scratch))
+        before_ops = compile_revision(Path(scratch) / "engine" / "csrc", kernels.build, commit)
+    rows = [int(r) for r in args.rows.split(",")]
+    results = compare(before_ops, kernels.ops, rows, getattr(torch, args.dtype), args.rounds, args.inner, kernels)
+    given = list(argv) if argv is not None else sys.argv[1:]
+    document = {
+        "command": "python -m benchmarks kernel-ab " + " ".join(given),
+        "against": commit,
+        "build": kernels.build.name,
+        "dtype": args.dtype,
+        "threads": torch.get_num_threads(),
+        "results": results,
+    }
+    write_json(args.out / "result.json", document)
+    return 0

@@ -1,0 +1,72 @@
+"""`python -m benchmarks kernel-ab`: another commit's kernels compiled beside the working tree's and timed in turn."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from benchmarks.micro import kernel_ab
+from engine.platform import native
+from engine.platform.cpu_features import cpu_features
+
+
+def test_a_revision_s_sources_are_its_own_csrc(tmp_path: Path) -> None:
+    commit = kernel_ab.revision_sources("HEAD", tmp_path)
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=kernel_ab.REPOSITORY, capture_output=True, text=True)
+    assert commit == head.stdout.strip()
+    written = sorted(path.name for path in (tmp_path / "engine" / "csrc").iterdir())
+    listed = subprocess.run(
+        ["git", "ls-tree", "--name-only", "HEAD", "engine/csrc/"],
+        cwd=kernel_ab.REPOSITORY,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
+    assert written == sorted(Path(name).name for name in listed) and "int4_dot.cpp" in written
+
+
+def test_an_unknown_revision_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(subprocess.CalledProcessError):
+        kernel_ab.revision_sources("no-such-revision", tmp_path)
+
+
+def test_the_ratio_is_the_median_of_each_round_s_pair() -> None:
+    # Round 2 is slow for both sides (drift); the pairs' ratios are 0.5, 0.5 and 2.0.
+    got = kernel_ab.summary(before=[10.0, 40.0, 10.0], after=[5.0, 20.0, 20.0])
+    assert got == {"before_best_us": 10.0, "after_best_us": 5.0, "after_over_before": 0.5}
+
+
+@pytest.mark.slow
+def test_head_against_itself_gives_the_same_bits(tmp_path: Path) -> None:
+    """HEAD's kernels compiled under their own namespace beside the working tree's: where the sources agree (a clean
+    checkout) every output is bit for bit the same; the command writes its result either way."""
+    if not any(build.name == "avx2" for build in native.builds_for(cpu_features())):
+        pytest.skip("needs a CPU that runs the avx2 build")
+    clean = not subprocess.run(
+        ["git", "status", "--porcelain", "engine/csrc"], cwd=kernel_ab.REPOSITORY, capture_output=True, text=True
+    ).stdout.strip()
+    argv = [
+        "--against",
+        "HEAD",
+        "--build",
+        "avx2",
+        "--rows",
+        "1,3",
+        "--rounds",
+        "2",
+        "--inner",
+        "1",
+        "--out",
+        str(tmp_path),
+    ]
+    assert kernel_ab.main(argv) == 0
+    document = json.loads((tmp_path / "result.json").read_text())
+    assert document["build"] == "avx2" and len(document["against"]) == 40
+    assert len(document["results"]) == 2 * len(kernel_ab.SHAPES)
+    for row in document["results"]:
+        assert row["before_best_us"] > 0 and row["after_best_us"] > 0 and row["after_over_before"] > 0
+        if clean:
+            assert row["max_relative_difference"] == 0.0
