@@ -68,7 +68,8 @@ inline void quantise_group(const T* v, int64_t group, int8_t* digits, float* x_s
     const __m256 leading = _mm256_round_ps(units, nearest);
     store_digits8(digits + 2 * i, leading);
     // The rounding error, |units - leading| <= 0.5, in 127ths: within [-64, 64].
-    store_digits8(digits + 2 * i + 8, _mm256_round_ps(_mm256_mul_ps(_mm256_sub_ps(units, leading), hundred27), nearest));
+    const __m256 error = _mm256_mul_ps(_mm256_sub_ps(units, leading), hundred27);
+    store_digits8(digits + 2 * i + 8, _mm256_round_ps(error, nearest));
   }
   *x_scale = scale / 127.0f;  // per unit of the combined 127 * leading + residual
   *x_sum = sum_of_eight(lanes);

@@ -11,8 +11,9 @@
 // activations good to about 1/32000 of the group's largest value (a single int8 digit cost +1.6 % perplexity on
 // the default model; two: see docs/quantization.md).
 //
-// One kernel per instruction set, each in its own header: int4_dot_avx512_vnni.h (`vpdpbusd`) and int4_dot_avx2.h
-// (`vpmaddubsw` + `vpmaddwd`); their integer sums are exact, so both give the same int32 dot products. The
+// One kernel per instruction set, each in its own header: int4_dot_avx512_vnni.h (`vpdpbusd`), int4_dot_avx_vnni.h
+// (`vpdpbusd` on 256 bits) and int4_dot_avx2.h (`vpmaddubsw` + `vpmaddwd`); their integer sums are exact, so all
+// give the same int32 dot products. The
 // avx512 build (no VNNI) and the scalar build have no kernel: int4_dot_available() says so, and the engine keeps
 // those weights on int4_gemv.
 
@@ -37,7 +38,11 @@
 #define BATCHSERVE_INT4_DOT 1
 #endif
 #elif defined(__AVX2__)
+#if defined(__AVXVNNI__)
+#include "int4_dot_avx_vnni.h"
+#else
 #include "int4_dot_avx2.h"
+#endif
 #define BATCHSERVE_INT4_DOT 1
 #endif
 

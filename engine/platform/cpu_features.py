@@ -78,7 +78,11 @@ class CpuFeatures:
         """The flags the engine may use: those of every level up to `level`, and their allowed extras."""
         allowed: set[str] = set()
         for name, added in ISA_LEVELS.items():
-            allowed |= added | _EXTRAS.get(name, frozenset())
+            allowed |= added
+            # A cap stands for its class proper: capped to AVX2, an AVX-512 machine is an AVX2-only one (Zen 3),
+            # without the AVX-VNNI that AVX2's newer cores add.
+            if not (self.capped and name == self.level):
+                allowed |= _EXTRAS.get(name, frozenset())
             if name == self.level:
                 break
         beyond = set().union(*ISA_LEVELS.values(), *_EXTRAS.values())

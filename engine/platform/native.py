@@ -68,6 +68,7 @@ _HEADERS = tuple(
         "int4_gemv_scalar.h",
         "int4_dot_avx512_vnni.h",
         "int4_dot_avx2.h",
+        "int4_dot_avx_vnni.h",
         "int8_dot_avx512_vnni.h",
         "int8_dot_avx2.h",
         "digit_dot_avx512_vnni.h",
@@ -98,6 +99,7 @@ class KernelBuild:
     name: str  # also the op namespace's suffix
     level: str  # an engine.platform.cpu_features.ISA_LEVELS key: the CPU must reach it
     flags: tuple[str, ...]
+    requires: frozenset[str] = frozenset()  # CPU flags beyond the level's that the build also needs
 
     @property
     def namespace(self) -> str:
@@ -109,6 +111,8 @@ X86_BUILDS = (
     KernelBuild("avx512_bf16", "avx512_bf16", ("-march=x86-64-v4", "-mavx512vnni", "-mavx512bf16", "-mtune=generic")),
     KernelBuild("avx512_vnni", "avx512_vnni", ("-march=x86-64-v4", "-mavx512vnni", "-mtune=generic")),
     KernelBuild("avx512", "avx512", ("-march=x86-64-v4", "-mtune=generic")),
+    # AVX2 with the 256-bit VNNI of Intel's cores from Alder Lake (client and E-core Xeons) and AMD's from Zen 5.
+    KernelBuild("avx2_vnni", "avx2", ("-march=x86-64-v3", "-mavxvnni", "-mtune=generic"), frozenset({"avx_vnni"})),
     KernelBuild("avx2", "avx2", ("-march=x86-64-v3", "-mtune=generic")),
     KernelBuild("scalar", "scalar", ("-march=x86-64", "-mtune=generic")),
 )
@@ -120,7 +124,9 @@ def builds_for(features: CpuFeatures) -> tuple[KernelBuild, ...]:
     """The builds a CPU with `features` can execute, best first."""
     if not features.is_x86:
         return (NATIVE_BUILD,)
-    return tuple(build for build in X86_BUILDS if features.at_least(build.level))
+    return tuple(
+        build for build in X86_BUILDS if features.at_least(build.level) and features.has(*sorted(build.requires))
+    )
 
 
 def best_build(features: CpuFeatures | None = None) -> KernelBuild:
@@ -170,7 +176,7 @@ class Kernels:
         digits), which a few rows' saved conversions pay for: the LM head on Zen 4 capped to AVX2, 0.67 against
         1.10 ms at 1 row, 2.88 against 2.84 at 5, 4.67 against 3.20 at 8 (docs/quantization.md). 5 keeps a batch-1
         verify step of 4 drafts on the kernel a plain step runs, so its rows get the same logits."""
-        return 5 if self.build.name == "avx2" else None
+        return 5 if self.build.level == "avx2" else None
 
     @property
     def silu_matches_torch(self) -> bool:

@@ -130,13 +130,13 @@ def test_every_build_gives_the_same_bits(kernels: native.Kernels) -> None:
     assert torch.equal(linear(x), reference(x)) and torch.equal(linear.gemm(x), reference.gemm(x))
 
 
-def test_past_its_rows_the_avx2_build_runs_the_float_kernel(kernels: native.Kernels) -> None:
+def test_past_its_rows_an_avx2_build_runs_the_float_kernel(kernels: native.Kernels) -> None:
     """AVX2's two-digit route costs a row twice the float kernel's work: up to int8_dot_max_rows rows it runs,
     past them int8_gemv on the same int8 weights (a copy kept for it); VNNI builds run int8_dot at every count."""
     weight = _int8(64, 576)
     linear = Int8DotLinear.build(weight, None, torch.bfloat16, _dot(kernels))
     limit = kernels.int8_dot_max_rows
-    assert (limit is None) == (linear.wide is None) == (kernels.build.name != "avx2")
+    assert (limit is None) == (linear.wide is None) == (kernels.build.level != "avx2")
     x = torch.randn(12, 576, generator=torch.Generator().manual_seed(7)).bfloat16()
     dot = kernels.ops.int8_dot(x, linear.packed, linear.group_size, linear.scales)
     if linear.wide is None:
@@ -165,7 +165,7 @@ def test_build_linear_chooses_it_with_int8_activations_where_the_build_has_it(ke
     assert isinstance(plain, Int8Linear)
     chosen = build_linear(weight, None, torch.bfloat16, prepack=False, kernels=kernels, int8_activations=True)
     assert isinstance(chosen, Int8DotLinear if kernels.has_int8_dot else Int8Linear)
-    assert kernels.has_int8_dot == (kernels.build.name in ("avx512_bf16", "avx512_vnni", "avx2"))
+    assert kernels.has_int8_dot == (kernels.build.name in ("avx512_bf16", "avx512_vnni", "avx2_vnni", "avx2"))
 
 
 def test_int8_dot_names_a_bad_operand(kernels: native.Kernels) -> None:

@@ -27,6 +27,8 @@ def test_the_best_build_builds_wherever_a_compiler_is_present() -> None:
 
 AVX2_EPYC = frozenset({"sse4_2", "avx", "avx2", "fma", "f16c", "bmi1", "bmi2", "movbe"})
 AVX512_XEON = AVX2_EPYC | {"avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512cd", "avx512_vnni", "avx512_bf16"}
+ALDER_LAKE = AVX2_EPYC | {"avx_vnni"}  # AVX2 with the 256-bit VNNI, no AVX-512
+SAPPHIRE_RAPIDS = AVX512_XEON | {"avx_vnni", "amx_tile", "amx_bf16", "amx_int8"}
 
 
 @pytest.mark.parametrize(
@@ -38,6 +40,11 @@ AVX512_XEON = AVX2_EPYC | {"avx512f", "avx512bw", "avx512vl", "avx512dq", "avx51
         (AVX512_XEON, "avx2", ["avx2", "scalar"]),
         (AVX512_XEON, "avx512", ["avx512", "avx2", "scalar"]),
         (AVX512_XEON, "scalar", ["scalar"]),
+        (ALDER_LAKE, None, ["avx2_vnni", "avx2", "scalar"]),
+        (SAPPHIRE_RAPIDS, None, ["avx512_bf16", "avx512_vnni", "avx512", "avx2_vnni", "avx2", "scalar"]),
+        # Capped to AVX2, a machine with AVX-VNNI stands for the AVX2 class proper (Zen 3): no avx2_vnni build.
+        (SAPPHIRE_RAPIDS, "avx2", ["avx2", "scalar"]),
+        (SAPPHIRE_RAPIDS, "avx512", ["avx512", "avx2_vnni", "avx2", "scalar"]),
         (frozenset({"sse4_2"}), None, ["scalar"]),
     ],
 )

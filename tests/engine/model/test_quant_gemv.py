@@ -225,7 +225,7 @@ def test_int4_dot_is_chosen_only_where_its_layout_and_the_build_allow(kernels: n
 
 
 def test_which_builds_have_integer_dot_products(kernels: native.Kernels) -> None:
-    assert kernels.has_int4_dot == (kernels.build.name in ("avx512_bf16", "avx512_vnni", "avx2"))
+    assert kernels.has_int4_dot == (kernels.build.name in ("avx512_bf16", "avx512_vnni", "avx2_vnni", "avx2"))
 
 
 def test_row_switched_linear_uses_quantised_weights_up_to_its_limit_and_dense_past_it() -> None:
