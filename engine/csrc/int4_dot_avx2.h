@@ -16,13 +16,11 @@
 #include <cstdint>
 #include <cstring>
 
+#include "int4_dot_ymm.h"
 #include "quant.h"
-#include "vector_lanes.h"
 
 namespace BATCHSERVE_OPS {
 namespace {
-
-using batchserve::lanes::load;
 
 // Activation rows per pass over the weights. A pass's int16 sums take two registers per row and digit, so two rows
 // (8 sums, 4 weight registers, the broadcasts) are what AVX2's 16 registers hold without spilling; four rows a
@@ -36,7 +34,6 @@ inline void int4_dot_block(const uint8_t* packed, const c10::BFloat16* scales, c
                            const int8_t* xq, const float* x_scales, const float* x_sums, int64_t K, int64_t group,
                            float* out /* [R, 16] */) {
   const int64_t groups = K / group;
-  const __m256i low = _mm256_set1_epi8(0x0F);
   const __m256i ones = _mm256_set1_epi16(1), leading_weight = _mm256_set1_epi16(127);
   __m256 total[R][2];
   for (int r = 0; r < R; ++r) total[r][0] = total[r][1] = _mm256_setzero_ps();
@@ -52,24 +49,17 @@ inline void int4_dot_block(const uint8_t* packed, const c10::BFloat16* scales, c
       for (int r = 0; r < R; ++r)
         for (int h = 0; h < 2; ++h) leading[r][h] = residual[r][h] = _mm256_setzero_si256();
       for (int64_t k = k0; k < std::min<int64_t>(group, k0 + kInt16Inputs); k += 8, bytes += 64) {
-        _mm_prefetch(reinterpret_cast<const char*>(bytes) + kPrefetchBytes, _MM_HINT_T0);
-        __m256i first[2], second[2];  // the unsigned weights of rows 0-7 and 8-15: low nibbles, then high
-        for (int h = 0; h < 2; ++h) {
-          const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(bytes + 32 * h));
-          first[h] = _mm256_and_si256(v, low);
-          second[h] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
-        }
+        __m256i first[2], second[2];
+        load_int4_weights_ymm(bytes, first, second);
         for (int r = 0; r < R; ++r) {
-          const int8_t* xs = xq + 2 * (r * K + g * group + k);  // 8 leading digits, then 8 residual digits
-          const __m256i va = broadcast4_ymm(xs), vb = broadcast4_ymm(xs + 4), vc = broadcast4_ymm(xs + 8),
-                        vd = broadcast4_ymm(xs + 12);
+          const DigitsYmm x = broadcast_digits_ymm(xq + 2 * (r * K + g * group + k));
           for (int h = 0; h < 2; ++h) {
-            leading[r][h] = _mm256_add_epi16(
-                leading[r][h],
-                _mm256_add_epi16(_mm256_maddubs_epi16(first[h], va), _mm256_maddubs_epi16(second[h], vb)));
-            residual[r][h] = _mm256_add_epi16(
-                residual[r][h],
-                _mm256_add_epi16(_mm256_maddubs_epi16(first[h], vc), _mm256_maddubs_epi16(second[h], vd)));
+            const __m256i lead = _mm256_add_epi16(_mm256_maddubs_epi16(first[h], x.leading_first),
+                                                  _mm256_maddubs_epi16(second[h], x.leading_second));
+            const __m256i rest = _mm256_add_epi16(_mm256_maddubs_epi16(first[h], x.residual_first),
+                                                  _mm256_maddubs_epi16(second[h], x.residual_second));
+            leading[r][h] = _mm256_add_epi16(leading[r][h], lead);
+            residual[r][h] = _mm256_add_epi16(residual[r][h], rest);
           }
         }
       }
@@ -78,16 +68,7 @@ inline void int4_dot_block(const uint8_t* packed, const c10::BFloat16* scales, c
           acc[r][h] = _mm256_add_epi32(acc[r][h], _mm256_add_epi32(_mm256_madd_epi16(leading[r][h], leading_weight),
                                                                   _mm256_madd_epi16(residual[r][h], ones)));
     }
-    for (int h = 0; h < 2; ++h) {
-      const __m256 s = load(scales + g * kDotBlock + 8 * h);
-      // sum_k ((q - 8) s + z) x = s sum_k q x + (z - 8 s) sum_k x
-      const __m256 z = _mm256_fnmadd_ps(_mm256_set1_ps(8.0f), s, load(zeros + g * kDotBlock + 8 * h));
-      for (int r = 0; r < R; ++r) {
-        const __m256 dots = _mm256_mul_ps(_mm256_cvtepi32_ps(acc[r][h]), _mm256_set1_ps(x_scales[r * groups + g]));
-        total[r][h] = _mm256_fmadd_ps(s, dots, total[r][h]);
-        total[r][h] = _mm256_fmadd_ps(z, _mm256_set1_ps(x_sums[r * groups + g]), total[r][h]);
-      }
-    }
+    add_group_ymm<R>(acc, scales, zeros, x_scales, x_sums, g, groups, total);
   }
   for (int r = 0; r < R; ++r)
     for (int h = 0; h < 2; ++h) _mm256_storeu_ps(out + r * kDotBlock + 8 * h, total[r][h]);

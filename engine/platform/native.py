@@ -69,6 +69,7 @@ _HEADERS = tuple(
         "int4_dot_avx512_vnni.h",
         "int4_dot_avx2.h",
         "int4_dot_avx_vnni.h",
+        "int4_dot_ymm.h",
         "int8_dot_avx512_vnni.h",
         "int8_dot_avx2.h",
         "digit_dot_avx512_vnni.h",
