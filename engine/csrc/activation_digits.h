@@ -13,7 +13,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <cstring>
 
 #if defined(__AVX2__)
 #include <immintrin.h>
@@ -46,7 +45,7 @@ inline void store_digits8(int8_t* out, __m256 integral) {
   _mm_storel_epi64(reinterpret_cast<__m128i*>(out), _mm_packs_epi16(i16, i16));
 }
 
-// One row's group: its largest magnitude and exact-order sum, then its digits (the layout below).
+// One row's group: its largest magnitude and its sum (8 running sums), then its digits (the layout below).
 template <typename T>
 inline void quantise_group(const T* v, int64_t group, int8_t* digits, float* x_scale, float* x_sum) {
   const __m256 magnitude = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));

@@ -13,9 +13,8 @@
 //
 // One kernel per instruction set, each in its own header: int4_dot_avx512_vnni.h (`vpdpbusd`), int4_dot_avx_vnni.h
 // (`vpdpbusd` on 256 bits) and int4_dot_avx2.h (`vpmaddubsw` + `vpmaddwd`); their integer sums are exact, so all
-// give the same int32 dot products. The
-// avx512 build (no VNNI) and the scalar build have no kernel: int4_dot_available() says so, and the engine keeps
-// those weights on int4_gemv.
+// give the same int32 dot products. The avx512 build (no VNNI) and the scalar build have no kernel:
+// int4_dot_available() says so, and the engine keeps those weights on int4_gemv.
 
 #include <ATen/Parallel.h>
 #include <c10/util/BFloat16.h>

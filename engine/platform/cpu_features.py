@@ -75,7 +75,8 @@ class CpuFeatures:
 
     @property
     def flags(self) -> frozenset[str]:
-        """The flags the engine may use: those of every level up to `level`, and their allowed extras."""
+        """The flags the engine may use: those of every level up to `level`, and their allowed extras (a capped
+        level's own extras excepted)."""
         allowed: set[str] = set()
         for name, added in ISA_LEVELS.items():
             allowed |= added
