@@ -29,10 +29,10 @@ from typing import Any
 import torch
 
 from benchmarks.results_io.report import write_json
+from benchmarks.scripts.int4_gemm_bench import random_int4
 from engine.model.linear import Int4DotLinear
 from engine.platform import native
 from engine.platform.cpu_features import cpu_features
-from engine.weights.quantization import Int4Weight
 
 REPOSITORY = Path(__file__).resolve().parents[2]
 # [inputs, outputs] of SmolLM2-135M's int4 projections: fused q/k/v, attention output, fused gate/up, down.
@@ -66,18 +66,11 @@ def compile_revision(sources: Path, build: native.KernelBuild, commit: str) -> A
     cpp_extension.load(
         name=f"{namespace}_{key}",
         sources=[str(path) for path in sorted(sources.glob("*.cpp"))],
-        extra_cflags=["-O3", *build.flags, "-fopenmp", f"-DBATCHSERVE_OPS={namespace}"],
-        extra_ldflags=["-fopenmp"],
+        extra_cflags=native.compile_flags(build, namespace),
+        extra_ldflags=list(native.LINK_FLAGS),
         is_python_module=False,
     )
     return getattr(torch.ops, namespace)
-
-
-def random_int4(outputs: int, inputs: int, generator: torch.Generator, group: int = 32) -> Int4Weight:
-    values = torch.randint(0, 16, (outputs, inputs), dtype=torch.uint8, generator=generator)
-    scales = torch.rand(outputs, inputs // group, generator=generator) * 0.02 + 0.001
-    zeros = torch.randn(outputs, inputs // group, generator=generator) * 0.01
-    return Int4Weight(values, scales, zeros, group)
 
 
 def interleaved(calls: Mapping[str, Callable[[], object]], rounds: int, inner: int) -> dict[str, list[float]]:
@@ -117,7 +110,7 @@ def compare(
     generator = torch.Generator().manual_seed(0)
     results = []
     for inputs, outputs in SHAPES:
-        linear = Int4DotLinear.build(random_int4(outputs, inputs, generator), None, kernels)
+        linear = Int4DotLinear.build(random_int4(outputs, inputs, generator=generator), None, kernels)
         operands = (linear.packed, linear.group_size, linear.scales, linear.zeros)
         for count in rows:
             x = torch.randn(count, inputs, generator=generator).to(dtype)

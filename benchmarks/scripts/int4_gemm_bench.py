@@ -30,10 +30,10 @@ from engine.weights.quantization import Int4Weight
 Path_ = Callable[[torch.Tensor], torch.Tensor]
 
 
-def random_int4(out: int, inputs: int, group: int = 32) -> Int4Weight:
-    values = torch.randint(0, 16, (out, inputs), dtype=torch.uint8)
-    scales = torch.rand(out, inputs // group) * 0.02 + 0.001
-    zeros = torch.randn(out, inputs // group) * 0.01
+def random_int4(out: int, inputs: int, group: int = 32, generator: torch.Generator | None = None) -> Int4Weight:
+    values = torch.randint(0, 16, (out, inputs), dtype=torch.uint8, generator=generator)
+    scales = torch.rand(out, inputs // group, generator=generator) * 0.02 + 0.001
+    zeros = torch.randn(out, inputs // group, generator=generator) * 0.01
     return Int4Weight(values, scales, zeros, group)
 
 

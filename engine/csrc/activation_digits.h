@@ -11,27 +11,25 @@
 #include <c10/util/BFloat16.h>
 
 #include <algorithm>
-#include <cmath>
 #include <cstdint>
+
+#include "ops.h"  // BATCHSERVE_OPS
 
 #if defined(__AVX2__)
 #include <immintrin.h>
-#endif
-
-#include "ops.h"  // BATCHSERVE_OPS
 
 namespace BATCHSERVE_OPS {
 namespace {
 
 // Values are read 8 at a time in every build, with one running sum per position mod 8 added up in a fixed tree at
-// the end of the group, so the AVX2 and AVX-512 builds (and the plain loop) give the same bits.
+// the end of the group, so the AVX2 and AVX-512 builds give the same bits. Only builds with integer dot products
+// (AVX2 and up) quantise activations.
 constexpr int64_t kDigitLanes = 8;
 
 inline float sum_of_eight(const float* part) {
   return ((part[0] + part[1]) + (part[2] + part[3])) + ((part[4] + part[5]) + (part[6] + part[7]));
 }
 
-#if defined(__AVX2__)
 inline __m256 load8(const float* v) { return _mm256_loadu_ps(v); }
 inline __m256 load8(const c10::BFloat16* v) {
   const __m128i bits = _mm_loadu_si128(reinterpret_cast<const __m128i*>(v));
@@ -73,30 +71,6 @@ inline void quantise_group(const T* v, int64_t group, int8_t* digits, float* x_s
   *x_scale = scale / 127.0f;  // per unit of the combined 127 * leading + residual
   *x_sum = sum_of_eight(lanes);
 }
-#else
-template <typename T>
-inline void quantise_group(const T* v, int64_t group, int8_t* digits, float* x_scale, float* x_sum) {
-  float top = 0, parts[kDigitLanes] = {};
-  for (int64_t i = 0; i < group; ++i) {
-    const float value = static_cast<float>(v[i]);
-    top = std::max(top, std::fabs(value));
-    parts[i % kDigitLanes] += value;
-  }
-  const float scale = top / 127.0f;
-  const float inverse = scale > 0 ? 1.0f / scale : 0.0f;
-  for (int64_t i = 0; i < group; i += kDigitLanes) {
-    for (int64_t j = 0; j < kDigitLanes; ++j) {
-      const float units = static_cast<float>(v[i + j]) * inverse;  // in [-127, 127]
-      const float leading = std::nearbyint(units);
-      digits[2 * i + j] = static_cast<int8_t>(leading);
-      // The rounding error, |units - leading| <= 0.5, in 127ths: within [-64, 64].
-      digits[2 * i + 8 + j] = static_cast<int8_t>(std::nearbyint((units - leading) * 127.0f));
-    }
-  }
-  *x_scale = scale / 127.0f;  // per unit of the combined 127 * leading + residual
-  *x_sum = sum_of_eight(parts);
-}
-#endif
 
 // Per row and group: two int8 digits per value (per 8 inputs, 8 leading digits then 8 residual ones), the scale that
 // maps them back, and the float sum (for int4_dot's zero term); int4_dot_block and int8_dot_block read this layout.
@@ -116,3 +90,4 @@ template <typename T>
 
 }  // namespace
 }  // namespace BATCHSERVE_OPS
+#endif  // __AVX2__

@@ -14,7 +14,6 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <cstring>
 
 #include "int4_dot_ymm.h"
 #include "quant.h"

@@ -125,9 +125,7 @@ def builds_for(features: CpuFeatures) -> tuple[KernelBuild, ...]:
     """The builds a CPU with `features` can execute, best first."""
     if not features.is_x86:
         return (NATIVE_BUILD,)
-    return tuple(
-        build for build in X86_BUILDS if features.at_least(build.level) and features.has(*sorted(build.requires))
-    )
+    return tuple(build for build in X86_BUILDS if features.at_least(build.level) and features.has(*build.requires))
 
 
 def best_build(features: CpuFeatures | None = None) -> KernelBuild:
@@ -235,6 +233,14 @@ def extension_name(build: KernelBuild) -> str:
     return f"batchserve_kernels_{build.name}_{hashlib.sha256(key.encode()).hexdigest()[:12]}"
 
 
+LINK_FLAGS = ("-fopenmp",)
+
+
+def compile_flags(build: KernelBuild, namespace: str | None = None) -> list[str]:
+    """`build`'s compiler flags, its ops registered under `namespace` (default: the build's own)."""
+    return ["-O3", *build.flags, "-fopenmp", f"-DBATCHSERVE_OPS={namespace or build.namespace}"]
+
+
 def build_directory(build: KernelBuild) -> Path:
     """Where torch's extension builder keeps `build` (under $TORCH_EXTENSIONS_DIR); created if missing."""
     from torch.utils import cpp_extension
@@ -258,8 +264,8 @@ def _compile(build: KernelBuild) -> bool:
                 cpp_extension.load(
                     name=name,
                     sources=[str(source) for source in _copied_sources(directory)],
-                    extra_cflags=["-O3", *build.flags, "-fopenmp", f"-DBATCHSERVE_OPS={build.namespace}"],
-                    extra_ldflags=["-fopenmp"],
+                    extra_cflags=compile_flags(build),
+                    extra_ldflags=list(LINK_FLAGS),
                     is_python_module=False,
                 )
                 _mark_finished(library)
