@@ -39,14 +39,20 @@ namespace {
 #if defined(BATCHSERVE_INT4_GEMM)
 namespace lanes = batchserve::lanes;
 
-// The 8 values at v times `inverse`, rounded to nearest-even (nearbyint's default) into 8 int8 digits.
-inline void round_eight(const float* v, __m256 inverse, int8_t* digits) {
+// The 8 values at v times `inverse`, rounded to nearest-even (nearbyint's default) into 8 int8 digits; returns them
+// as int32 lanes.
+inline __m256i round_eight(const float* v, __m256 inverse, int8_t* digits) {
   const __m256i units = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(v), inverse));  // in [-127, 127]
   const __m128i halves = _mm_packs_epi32(_mm256_castsi256_si128(units), _mm256_extracti128_si256(units, 1));
   _mm_storel_epi64(reinterpret_cast<__m128i*>(digits), _mm_packs_epi16(halves, halves));
+  return units;
 }
 
-// Per row and group: one int8 digit per value, the scale that maps it back, and the float sum (the zero term).
+// Per row and group: one int8 digit per value, the scale that maps it back, and the sum of the values the digits
+// stand for (scale times the digits' exact sum) for the zero term. That sum, not the float one: the weights are
+// (q - 8) s + z with q in [0, 15], so the dot product splits into s sum q x + (z - 8 s) sum x, and only with both
+// halves on the same rounded x does the rounding error come out as sum w (x' - x). With the float sum it is
+// s sum q (x' - x): the error weighted by q, all positive, not by the weights (docs/quantization.md has the cost).
 void quantise_rows(const float* x, int64_t rows, int64_t K, int64_t group, int8_t* xq, float* x_scales,
                    float* x_sums) {
   const int64_t groups = K / group;
@@ -55,22 +61,22 @@ void quantise_rows(const float* x, int64_t rows, int64_t K, int64_t group, int8_
     for (int64_t r = begin; r < end; ++r) {
       for (int64_t g = 0; g < groups; ++g) {
         const float* v = x + r * K + g * group;
-        __m256 top = _mm256_setzero_ps(), sum = _mm256_setzero_ps();
-        for (int64_t i = 0; i < group; i += 8) {
-          const __m256 values = _mm256_loadu_ps(v + i);
-          top = _mm256_max_ps(top, _mm256_andnot_ps(sign, values));
-          sum = _mm256_add_ps(sum, values);
-        }
-        alignas(32) float tops[8], sums[8];
+        __m256 top = _mm256_setzero_ps();
+        for (int64_t i = 0; i < group; i += 8)
+          top = _mm256_max_ps(top, _mm256_andnot_ps(sign, _mm256_loadu_ps(v + i)));
+        alignas(32) float tops[8];
         _mm256_store_ps(tops, top);
-        _mm256_store_ps(sums, sum);
         const float scale = *std::max_element(tops, tops + 8) / 127.0f;
         const __m256 inverse = _mm256_set1_ps(scale > 0 ? 1.0f / scale : 0.0f);
-        for (int64_t i = 0; i < group; i += 8) round_eight(v + i, inverse, xq + r * K + g * group + i);
+        __m256i digit_sum = _mm256_setzero_si256();
+        for (int64_t i = 0; i < group; i += 8)
+          digit_sum = _mm256_add_epi32(digit_sum, round_eight(v + i, inverse, xq + r * K + g * group + i));
+        alignas(32) int32_t sums[8];
+        _mm256_store_si256(reinterpret_cast<__m256i*>(sums), digit_sum);
+        int32_t total = 0;  // exact: at most 127 per value
+        for (const int32_t part : sums) total += part;
         x_scales[r * groups + g] = scale;
-        float total = 0;
-        for (const float part : sums) total += part;
-        x_sums[r * groups + g] = total;
+        x_sums[r * groups + g] = scale * static_cast<float>(total);
       }
     }
   });

@@ -28,7 +28,8 @@ _int4 = random_int4
 
 def _reference(x: torch.Tensor, weight: Int4Weight) -> torch.Tensor:
     """The kernel's arithmetic, scalar: per row and group, digits round(x / (max |x| / 127)) in float32 (ties to
-    even, as nearbyint), int64 dot products with the 4-bit values, then the scales and the zero term in float64."""
+    even, as nearbyint), int64 dot products with the 4-bit values, then the scales and the zero term (on the sum of
+    the rounded values, the digits') in float64."""
     rows, k = x.shape
     groups = k // GROUP
     v = x.float().view(rows, groups, GROUP)
@@ -39,7 +40,7 @@ def _reference(x: torch.Tensor, weight: Int4Weight) -> torch.Tensor:
     dots = torch.einsum("rgi,ngi->rng", digits, q)  # exact integers
     s = weight.scales.bfloat16().double()  # the kernel's scales and zeros are bf16
     z = weight.zeros.bfloat16().double() - 8 * s
-    sums = v.double().sum(-1)
+    sums = digits.sum(-1).double() * scale.double()
     return torch.einsum("rng,ng->rn", dots.double() * scale.double()[:, None, :], s) + sums @ z.t()
 
 
@@ -76,6 +77,23 @@ def test_int4_gemm_matches_its_scalar_reference(kernels: native.Kernels, dtype: 
     relative, floor = (1e-5, 1e-5) if dtype == torch.float32 else (2.0**-7, 1e-3)
     assert got.dtype == dtype
     assert bool(((got.double() - reference).abs() <= relative * reference.abs() + floor).all())
+
+
+def test_int4_gemm_rounds_only_the_activations(kernels: native.Kernels) -> None:
+    """The output is the exact product of the weights with the rounded activations (each one digit times its group's
+    scale): the zero term takes the rounded values' sum too. With the float sum instead, the rounding error would be
+    weighted by the stored 4-bit values (all positive) rather than by the weights, several times larger."""
+    weight = _int4(96, 576, seed=3)
+    x = torch.randn(24, 576, generator=torch.Generator().manual_seed(4)) * torch.linspace(0.1, 4.0, 576)
+    v = x.view(24, -1, GROUP)
+    scale = v.abs().amax(-1, keepdim=True) / 127.0
+    rounded = (torch.round(v / scale) * scale).view_as(x)
+    s, z = (t.bfloat16().double().repeat_interleave(GROUP, 1) for t in (weight.scales, weight.zeros))
+    dense = (weight.values.double() - 8) * s + z  # the kernel's weights: bf16 scales and zeros, float arithmetic
+    wanted = rounded.double() @ dense.t()
+    got = Int4DotLinear.build(weight, None, _gemm_kernels(kernels)).gemm(x).double()
+    rounding_error = (x.double() @ dense.t() - wanted).norm()
+    assert (got - wanted).norm() < rounding_error / 100
 
 
 def test_int4_gemm_is_close_to_the_float_matmul_and_int4_dot_closer(kernels: native.Kernels) -> None:
