@@ -21,7 +21,6 @@ from engine.config import (
     QUANTIZATIONS,
     EngineConfig,
     LoadConfig,
-    check_int4_gemm_scope,
 )
 from engine.spec.config import SpeculativeConfig
 from scheduler.config import RANGES, SCHEDULING_POLICIES, Mode, SchedulerConfig
@@ -54,7 +53,7 @@ class RuntimeOptions:
     # defaults are the measured choice, the others are for `python -m benchmarks quality` and experiments.
     max_quantized_rows: int | None = DEFAULT_MAX_QUANTIZED_ROWS
     int8_activations: bool = True
-    int4_gemm: str = "off"  # which projections run large steps on int4_gemm (ServerConfig.int4_gemm's help)
+    int4_gemm: str = "auto"  # which projections run large steps on int4_gemm (ServerConfig.int4_gemm's help)
     enable_prefix_caching: bool = True
     grammar_limits: GrammarLimits = field(default_factory=GrammarLimits)
     tool_call_parser: str | None = None  # None: the model's default (api/structured/tool_parsers/registry.py)
@@ -95,9 +94,14 @@ class RuntimeOptions:
         )
 
 
+# `auto`: as the format probe measured (api/runtime/format_probe.py), else off; the others: engine.config's scopes.
+INT4_GEMM_CHOICES = ("auto", *INT4_GEMM_SCOPES)
+
+
 def check_int4_gemm(scope: str, quantization: str) -> None:
-    check_int4_gemm_scope(scope)
-    if scope != "off" and quantization not in ("auto", "int4"):
+    if scope not in INT4_GEMM_CHOICES:
+        raise ValueError(f"int4_gemm must be one of {', '.join(INT4_GEMM_CHOICES)}; got {scope!r}")
+    if scope not in ("auto", "off") and quantization not in ("auto", "int4"):
         raise ValueError(f"int4_gemm needs int4 weights (quantization int4 or auto); got quantization {quantization!r}")
 
 
@@ -214,12 +218,13 @@ class ServerConfig:
         choices=QUANTIZATIONS,
     )
     int4_gemm: str = _opt(
-        "off",
+        "auto",
         "CPU, int4 weights on AVX2 or AVX-512 VNNI: which projections run steps of more rows than the row switch "
-        "on int4_gemm (one int8 digit per activation, as llama.cpp's CPU kernels) instead of a dense copy, keeping "
-        "no dense copy: off, except-qkv (all but the attention's q/k/v: faster large batches and prompts at a small "
-        "quality cost) or all (less memory, a larger cost); figures in docs/quantization.md",
-        choices=INT4_GEMM_SCOPES,
+        "on int4_gemm (one int8 digit per activation, as llama.cpp's CPU kernels) instead of a dense copy: auto "
+        "(where `auto`'s format probe measured it faster, from the row count it measured; else off), off, "
+        "except-qkv (all but the attention's q/k/v) or all (no dense copy: less memory); quality in "
+        "docs/quantization.md",
+        choices=INT4_GEMM_CHOICES,
     )
     max_body_bytes: int = _opt(
         1_000_000, "Largest request body accepted (413 beyond)", range=Range(1, 1 << 30, integer=True)

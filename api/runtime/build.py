@@ -55,18 +55,39 @@ class ModelRuntime:
     chat: ChatSetup  # the tool parser and the chat templates (api/text/tool_template.py)
 
 
+def gemm_steps(
+    int4_gemm: str, measured_min_gemm_rows: int | None, max_quantized_rows: int | None
+) -> tuple[str, int | None]:
+    """The runner's (int4_gemm scope, min_gemm_rows) for the `int4_gemm` option: `auto` takes the probe's measured
+    row count (none measured: off), as the whole scope where it starts right past the row switch (no dense copy
+    kept); a named scope is taken as it is."""
+    if int4_gemm != "auto":
+        return int4_gemm, None
+    if measured_min_gemm_rows is None or max_quantized_rows is None:
+        return "off", None
+    if measured_min_gemm_rows == max_quantized_rows + 1:
+        return "all", None
+    return "off", measured_min_gemm_rows
+
+
 def build_runner(options: RuntimeOptions, loaded: LoadedModel) -> TransformersRunner:
-    # The row switch `auto` measured, unless the options name one other than the default.
+    # The row switch `auto` measured (and the row count from which one digit runs), unless the options name a
+    # switch other than the default.
     measured = loaded.measured_max_quantized_rows
     use_measured = measured is not None and options.max_quantized_rows == DEFAULT_MAX_QUANTIZED_ROWS
+    max_quantized_rows = measured if use_measured else options.max_quantized_rows
+    int4_gemm, min_gemm_rows = gemm_steps(
+        options.int4_gemm, loaded.measured_min_gemm_rows if use_measured else None, max_quantized_rows
+    )
     return TransformersRunner(
         loaded.model,
         prepack_weights=options.cpu_kernels,
         native_attention=options.cpu_kernels,
         quantized=loaded.quantized,
-        max_quantized_rows=measured if use_measured else options.max_quantized_rows,
+        max_quantized_rows=max_quantized_rows,
         int8_activations=options.int8_activations,
-        int4_gemm=options.int4_gemm,
+        min_gemm_rows=min_gemm_rows,
+        int4_gemm=int4_gemm,
     )
 
 

@@ -21,13 +21,18 @@ from engine.platform.cpu_features import cpu_features
 from engine.platform.native import best_build
 from engine.weights.loader import file_sha256, resolve_cache_dir
 
-PROBE_VERSION = 4  # bump when what is measured changes: old choices are then measured again
+PROBE_VERSION = 5  # bump when what is measured changes: old choices are then measured again
 CHOICE_DIR = "format-choice"
 EVERY_STEP = 2**31 - 1  # a row switch past any step: the quantised weights run at every size
 
 
 def format_label(dtype: str, quantization: str) -> str:
     return dtype if quantization == "none" else f"{quantization}/{dtype}"
+
+
+def one_digit_label(dtype: str, quantization: str) -> str:
+    """How the probe keys the figures of a quantised format's steps on one int8 digit per activation (int4_gemm)."""
+    return f"{format_label(dtype, quantization)} one-digit"
 
 
 @dataclass(frozen=True)
@@ -45,6 +50,9 @@ class FormatChoice:
     rounds: int = 0
     quiet_rounds: int = 0
     calibration_ms: Mapping[str, float] = field(default_factory=dict)  # the machine's speed when measured
+    # Steps of at least this many rows (past the row switch) run one int8 digit per activation (int4_gemm); None:
+    # never. max_quantized_rows + 1: every step past the switch, so no dense copy is needed.
+    min_gemm_rows: int | None = None
 
     @property
     def label(self) -> str:
@@ -61,6 +69,8 @@ class FormatChoice:
             if limit == EVERY_STEP
             else f", quantised up to {limit} rows"
         )
+        if self.min_gemm_rows is not None:
+            rows += f", one int8 digit from {self.min_gemm_rows} rows"
         if not self.runner_up:
             return f"{self.label}{rows}"
         return f"{self.label}{rows}, {self.margin:.0%} ahead of {self.runner_up} (noise {self.noise:.0%})"

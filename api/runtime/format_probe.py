@@ -40,6 +40,7 @@ from api.runtime.format_choice import (
     cache_file,
     format_label,
     machine,
+    one_digit_label,
     read_entry,
     write_entry,
 )
@@ -93,6 +94,14 @@ MEASURED_QUALITY: Mapping[Pair, float] = {
     ("bfloat16", "int4"): 0.34,
 }
 QUALITY_BAR_PERCENT = 1.0
+# The same with one int8 digit per activation on every int4 projection and the LM head (`--int4-gemm all`; the
+# probe times it for the steps past the row switch: quality/2026-12-06-xeon-spr-int4-gemm-rounded-sum/).
+ONE_DIGIT_QUALITY: Mapping[Pair, float] = {("float32", "int4"): 0.30, ("bfloat16", "int4"): 0.56}
+
+
+def one_digit_allowed(pair: Pair) -> bool:
+    """Whether `pair`'s steps may run one int8 digit per activation: its measured quality is within the bar."""
+    return ONE_DIGIT_QUALITY.get(pair, QUALITY_BAR_PERCENT + 1) <= QUALITY_BAR_PERCENT
 
 
 def candidates(dtype: str, quantization: str, gguf_int4: bool, stored_float32: bool) -> list[Pair]:
@@ -111,33 +120,64 @@ def candidates(dtype: str, quantization: str, gguf_int4: bool, stored_float32: b
 
 @dataclass(frozen=True)
 class _Score:
-    reads: dict[int, str]  # at each measured size, whose figure this format serves it in: its own, or its dense copy's
+    reads: dict[int, str]  # at each measured size, whose figure this format serves it in: its own, its dense
+    # copy's or its one-digit steps'
     limit: int | None  # the row switch
     worst: float  # its worst ratio to the fastest at the scored sizes
+    gemm_from: int | None = None  # steps of this many rows or more run one digit (the runner's min_gemm_rows)
+
+
+def _large_steps(step_ms: Mapping[str, Mapping[int, float]], dense: str, digit: str) -> dict[int, str]:
+    """Which of a quantised format's large-step paths serves each size: one digit (int4_gemm) on the longest run of
+    the largest sizes where it is at least as fast as the dense copy (the runner switches to it once, at a row
+    count), the dense copy below; whichever of the two was measured where only one was."""
+    if digit not in step_ms:
+        return {rows: dense for rows in MEASURED_ROWS}
+    if dense not in step_ms:
+        return {rows: digit for rows in MEASURED_ROWS}
+    reads = {rows: dense for rows in MEASURED_ROWS}
+    for rows in reversed(MEASURED_ROWS):
+        if step_ms[digit][rows] > step_ms[dense][rows]:
+            break
+        reads[rows] = digit
+    return reads
+
+
+def _gemm_from(reads: Mapping[int, str], limit: int, digit: str) -> int | None:
+    """The runner's min_gemm_rows for these reads: the switch + 1 where every size past it reads one digit (then no
+    dense copy is needed), else one past the largest size that reads the dense copy; None where none reads one digit."""
+    past = [rows for rows in MEASURED_ROWS if rows > limit]
+    if not any(reads[rows] == digit for rows in past):
+        return None
+    dense_sizes = [rows for rows in past if reads[rows] != digit]
+    return max(dense_sizes) + 1 if dense_sizes else limit + 1
 
 
 def _scores(step_ms: Mapping[str, Mapping[int, float]], pairs: Sequence[Pair]) -> dict[Pair, _Score]:
-    reads: dict[Pair, tuple[dict[int, str], int | None]] = {}
+    reads: dict[Pair, tuple[dict[int, str], int | None, int | None]] = {}
     for dtype, quantization in pairs:
         label, dense = format_label(dtype, quantization), format_label(dtype, "none")
-        if quantization == "none" or dense not in step_ms:
+        digit = one_digit_label(dtype, quantization)
+        if quantization == "none" or (dense not in step_ms and digit not in step_ms):
             limit = None if quantization == "none" else DEFAULT_MAX_QUANTIZED_ROWS  # no dense format to compare
-            reads[(dtype, quantization)] = ({rows: label for rows in MEASURED_ROWS}, limit)
+            reads[(dtype, quantization)] = ({rows: label for rows in MEASURED_ROWS}, limit, None)
             continue
-        wins = [rows for rows in MEASURED_ROWS if step_ms[label][rows] <= step_ms[dense][rows]]
+        large = _large_steps(step_ms, dense, digit)
+        wins = [rows for rows in MEASURED_ROWS if step_ms[label][rows] <= step_ms[large[rows]][rows]]
         limit = max(wins) if wins else 0
         if limit == MEASURED_ROWS[-1]:
             # Winning at the largest size measured: no reason to expect the dense copy to win past it (on a CPU
             # without native bf16 a 512-token dense bf16 prefill is many times the int4 one).
             limit = EVERY_STEP
-        reads[(dtype, quantization)] = ({rows: label if rows <= limit else dense for rows in MEASURED_ROWS}, limit)
+        by_size = {rows: label if rows <= limit else large[rows] for rows in MEASURED_ROWS}
+        reads[(dtype, quantization)] = (by_size, limit, _gemm_from(by_size, limit, digit))
     times = {
-        pair: {rows: step_ms[read][rows] for rows, read in by_size.items()} for pair, (by_size, _) in reads.items()
+        pair: {rows: step_ms[read][rows] for rows, read in by_size.items()} for pair, (by_size, _, _) in reads.items()
     }
     best = {rows: min(t[rows] for t in times.values()) for rows in _SCORED_ROWS}
     return {
-        pair: _Score(by_size, limit, max(times[pair][rows] / best[rows] for rows in _SCORED_ROWS))
-        for pair, (by_size, limit) in reads.items()
+        pair: _Score(by_size, limit, max(times[pair][rows] / best[rows] for rows in _SCORED_ROWS), gemm_from)
+        for pair, (by_size, limit, gemm_from) in reads.items()
     }
 
 
@@ -168,6 +208,26 @@ def _contested(
     return _ranking(_scores(shifted, pairs))[0] != chosen, noise
 
 
+def _figures(sizes: Mapping[int, float]) -> str:
+    return "/".join(f"{sizes[rows]:.1f}" for rows in _SCORED_ROWS)
+
+
+def _large_note(pair: Pair, score: _Score, step_ms: Mapping[str, Mapping[int, float]]) -> str:
+    """What serves a quantised format's steps past its switch: " (its float32 copy above 16 rows)", " (one digit
+    above 8 rows: 9.0/20.1/95.3)", or both."""
+    switch, gemm_from = score.limit, score.gemm_from
+    if switch in (None, EVERY_STEP):
+        return ""
+    dense, digit = format_label(pair[0], "none"), one_digit_label(*pair)
+    above = "at every size" if switch == 0 else f"above {switch} rows"
+    one_digit = f"one digit {{}}: {_figures(step_ms[digit])}" if gemm_from is not None else ""
+    if gemm_from is None:
+        return f" (its {pair[0]} copy {above})" if dense in step_ms else ""
+    if gemm_from == switch + 1:
+        return f" ({one_digit.format(above)})"
+    return f" (its {pair[0]} copy {above}, {one_digit.format(f'from {gemm_from} rows')})"
+
+
 def choose(
     step_ms: Mapping[str, Mapping[int, float]],
     pairs: list[Pair],
@@ -180,18 +240,15 @@ def choose(
     ranking = _ranking(scores)
     chosen = ranking[0]
     dtype, quantization = chosen
-    limit = scores[chosen].limit
-    if quantization != "none" and limit == 0:
+    limit, gemm_from = scores[chosen].limit, scores[chosen].gemm_from
+    if quantization != "none" and limit == 0 and gemm_from is None:
         quantization, limit = "none", None  # the dense weights won at every size: no reason to hold int4
     figures = []
     for pair in pairs:  # each format's own figures (not those of the dense copy it may switch to)
-        label, switch = format_label(*pair), scores[pair].limit
-        copy = ""
-        if switch not in (None, EVERY_STEP) and format_label(pair[0], "none") in step_ms:
-            copy = f" (its {pair[0]} copy {'at every size' if switch == 0 else f'above {switch} rows'})"
-        figures.append(f"{label} " + "/".join(f"{step_ms[label][rows]:.1f}" for rows in _SCORED_ROWS) + copy)
+        label, score = format_label(*pair), scores[pair]
+        figures.append(f"{label} {_figures(step_ms[label])}{_large_note(pair, score, step_ms)}")
     reason = f"ms at 1/16 rows/{PREFILL_ROWS}-token prefill: {', '.join(figures)}"
-    choice = FormatChoice(dtype, quantization, limit, step_ms, reason, spread=spread or {})
+    choice = FormatChoice(dtype, quantization, limit, step_ms, reason, spread=spread or {}, min_gemm_rows=gemm_from)
     if len(ranking) < 2:
         return choice
     rival = ranking[1]
@@ -280,7 +337,10 @@ def measured_format(
             steppers = {}
             for dtype, quantization in group:
                 running.step(format_label(dtype, quantization))
-                steppers[format_label(dtype, quantization)] = prepare(dtype, quantization)
+                stepper = steppers[format_label(dtype, quantization)] = prepare(dtype, quantization)
+                digit = stepper.one_digit() if one_digit_allowed((dtype, quantization)) else None
+                if digit is not None:  # the same weights' steps on one int8 digit: timed for the large steps
+                    steppers[one_digit_label(dtype, quantization)] = digit
             loaded += len(group)
             running.stage("round", plan.rounds)
             measured.append(time_rounds(steppers, MEASURED_ROWS, clock, calibration, plan, announce))
@@ -385,4 +445,4 @@ def load_auto(
         del loaded, prepare
         with phase(logger, f"loading the weights as {choice.label}", announce=False):
             chosen = load_model(source, device, cache_dir, choice.dtype, choice.quantization, quiet=True)
-    return chosen.with_row_switch(choice.max_quantized_rows)
+    return chosen.with_row_switch(choice.max_quantized_rows, choice.min_gemm_rows)

@@ -16,6 +16,7 @@ from engine.engine import Engine
 from engine.model.model_runner import TransformersRunner
 from engine.sample.sampling_params import SamplingParams
 from engine.weights.loader import LoadedModel
+from engine.weights.quantization import Int4Weight
 
 # Decode steps of this many sequences. 32 is there for the row switch: where quantised steps cost per row and the
 # dense copy's per weight, the crossing can fall past 16 rows (Zen 4, natively and capped to AVX2: past 32).
@@ -38,8 +39,9 @@ _BYTES_PER_WEIGHT: Mapping[Pair, int] = {
 class EngineStepper:
     """`step(n)`: a decode step of the first n of `rows` sequences, or (n = `prefill_tokens`) a prefill chunk of a
     new sequence, removed after it; each sequence may take `decode_steps` decode steps. Quantised weights (if any)
-    run up to `max_quantized_rows` rows (None: at every size). No prefix caching: the same prompts are timed again
-    and must be computed each time."""
+    run up to `max_quantized_rows` rows (None: at every size); `one_digit`: every step on one int8 digit per
+    activation instead (int4_gemm, no dense copy). No prefix caching: the same prompts are timed again and must be
+    computed each time."""
 
     def __init__(
         self,
@@ -48,9 +50,18 @@ class EngineStepper:
         prefill_tokens: int | None = PREFILL_ROWS,
         decode_steps: int = 64,
         max_quantized_rows: int | None = None,
+        one_digit: bool = False,
     ) -> None:
         dtype = next(loaded.model.parameters()).dtype
-        runner = TransformersRunner(loaded.model, quantized=loaded.quantized, max_quantized_rows=max_quantized_rows)
+        if one_digit:
+            runner = TransformersRunner(loaded.model, quantized=loaded.quantized, max_quantized_rows=0, int4_gemm="all")
+        else:
+            runner = TransformersRunner(loaded.model, quantized=loaded.quantized, max_quantized_rows=max_quantized_rows)
+        self.loaded = loaded
+        self.settings = (rows, prefill_tokens, decode_steps)
+        self.runs_int4_gemm = runner.int8_activations and any(
+            isinstance(weight, Int4Weight) for weight in loaded.quantized.values()
+        )
         self.rows = rows
         self.prefill_tokens = prefill_tokens
         decoding = max(rows)
@@ -68,6 +79,14 @@ class EngineStepper:
         with torch.inference_mode():
             self.engine.step([(seq, len(prompt)) for seq in range(decoding)])
         self._next_seq = decoding
+
+    def one_digit(self) -> EngineStepper | None:
+        """The same loaded weights, every step on int4_gemm (its own runner: another packed copy of the int4
+        weights, no dense one); None where this runner has no integer dot products or no int4 weights."""
+        if not self.runs_int4_gemm:
+            return None
+        rows, prefill_tokens, decode_steps = self.settings
+        return EngineStepper(self.loaded, rows, prefill_tokens, decode_steps, one_digit=True)
 
     def step(self, size: int) -> None:
         with torch.inference_mode():

@@ -56,6 +56,10 @@ class Stepper(Protocol):
     def step(self, size: int) -> None:
         """One engine step of `size` (a decode step's rows, or a prefill chunk's tokens), run to completion."""
 
+    def one_digit(self) -> Stepper | None:
+        """The same weights with every step on one int8 digit per activation (int4_gemm), or None where they have
+        no such kernel (dense weights, a CPU without integer dot products)."""
+
 
 def _timed_ms(clock: Clock, run: Callable[[], object]) -> float:
     started = clock.now()

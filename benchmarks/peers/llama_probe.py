@@ -64,6 +64,7 @@ SERVERS = (
     "batchserve",
     "batchserve-int4-gemm",  # the default model, --int4-gemm all: int8 activations past the row switch, as llama.cpp's
     "batchserve-int4-gemm-except-qkv",  # ... with --int4-gemm except-qkv: all but the attention's q/k/v
+    "batchserve-int4-gemm-off",  # ... with --int4-gemm off: never one digit (the default before the probe timed it)
     *(f"batchserve-{f}" for f in FORMATS),
     *(f"llama-{f}" for f in FORMATS),
     "llama-server",

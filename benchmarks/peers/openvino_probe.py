@@ -2,7 +2,7 @@
 in-process on the same prompts, interleaved round by round so that the ratios come from one run.
 
     python -m benchmarks openvino-probe [--ov-weights int4|fp32] [--ov-property KEY=VALUE] \
-        [--dtype auto] [--quantization auto] [--int4-gemm off] [--rounds 3] [--batch 32] [--tokens 128] [--out DIR]
+        [--dtype auto] [--quantization auto] [--int4-gemm auto] [--rounds 3] [--batch 32] [--tokens 128] [--out DIR]
 
 OpenVINO runs in its own venv (`python -m benchmarks openvino-build build`) as a subprocess
 (`peers/openvino_worker.py`, an LLMPipeline on the CPU), loaded once and asked for one measurement at a time;
@@ -39,11 +39,12 @@ from typing import Any
 
 import numpy as np
 
+from api.config import INT4_GEMM_CHOICES
 from benchmarks.loadgen.workloads import make_prompt
 from benchmarks.peers.openvino import FORMAT_NOTES, WEIGHT_FORMATS, OpenVinoCache, default_cache, is_exported
 from benchmarks.peers.openvino_client import OpenVinoWorker, ov_properties, worker_argv
 from benchmarks.results_io.report import write_json
-from engine.config import DTYPES, INT4_GEMM_SCOPES, QUANTIZATIONS
+from engine.config import DTYPES, QUANTIZATIONS
 from engine.weights.loader import default_model_path
 
 # (figure, lower is better)
@@ -174,8 +175,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--quantization", default="auto", choices=QUANTIZATIONS, help="as `serve --quantization`")
     parser.add_argument(
         "--int4-gemm",
-        default="off",
-        choices=INT4_GEMM_SCOPES,
+        default="auto",
+        choices=INT4_GEMM_CHOICES,
         help="as `serve --int4-gemm` (except-qkv: int8 activations past the row switch, as OpenVINO's default)",
     )
     parser.add_argument("--rounds", type=int, default=3)

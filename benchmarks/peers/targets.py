@@ -51,7 +51,7 @@ class ServerSettings:
     quantization: str | None = None  # batchserve --quantization (auto, none, int8, int4)
     enable_prefix_caching: bool = True  # False: batchserve --no-enable-prefix-caching
     speculative_config: str | None = None  # batchserve --speculative-config JSON; None: no speculation
-    int4_gemm: str = "off"  # batchserve --int4-gemm SCOPE: int8 activations past the row switch (docs/quantization.md)
+    int4_gemm: str = "auto"  # batchserve --int4-gemm SCOPE: int8 activations past the row switch (docs/quantization.md)
 
     def __post_init__(self) -> None:
         if self.seats < 1:
@@ -118,7 +118,7 @@ def batchserve_target(
         argv += ["--no-enable-prefix-caching"]
     if settings.speculative_config is not None:
         argv += ["--speculative-config", settings.speculative_config]
-    if settings.int4_gemm != "off":
+    if settings.int4_gemm != "auto":
         argv += ["--int4-gemm", settings.int4_gemm]
     what = mode if policy is None else f"{policy} with {mode}'s seats"
     note = (

@@ -69,9 +69,12 @@ class LoadedModel:
     quantized: Mapping[str, QuantizedWeight] = field(default_factory=dict)  # by module name; for the runner
     # The row count up to which the quantised weights run, where `auto` measured it (api/runtime/format_probe.py).
     measured_max_quantized_rows: int | None = None
+    measured_min_gemm_rows: int | None = None  # from this many rows, one int8 digit per activation (`auto` measured)
 
-    def with_row_switch(self, max_quantized_rows: int | None) -> LoadedModel:
-        return dataclasses.replace(self, measured_max_quantized_rows=max_quantized_rows)
+    def with_row_switch(self, max_quantized_rows: int | None, min_gemm_rows: int | None = None) -> LoadedModel:
+        return dataclasses.replace(
+            self, measured_max_quantized_rows=max_quantized_rows, measured_min_gemm_rows=min_gemm_rows
+        )
 
 
 def default_model_path() -> Path:

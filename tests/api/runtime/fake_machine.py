@@ -61,17 +61,24 @@ class FakeMachine:
     def calibration(self) -> Calibration:
         return Calibration({"compute": lambda: self.work(1.0), "memory": lambda: self.work(4.0)})
 
-    def stepper(self, times: Mapping[int, float]) -> FakeStepper:
-        return FakeStepper(self, times)
+    def stepper(self, times: Mapping[int, float], one_digit: Mapping[int, float] | None = None) -> FakeStepper:
+        return FakeStepper(self, times, one_digit)
 
 
 class FakeStepper:
-    """A candidate whose step at each size takes its quiet time (ms) on `machine`."""
+    """A candidate whose step at each size takes its quiet time (ms) on `machine`; `one_digit`: its one-digit
+    steps' times, where it has them."""
 
-    def __init__(self, machine: FakeMachine, times: Mapping[int, float]) -> None:
+    def __init__(
+        self, machine: FakeMachine, times: Mapping[int, float], one_digit: Mapping[int, float] | None = None
+    ) -> None:
         self.machine = machine
         self.times = times
+        self.one_digit_times = one_digit
         self.steps = 0
+
+    def one_digit(self) -> FakeStepper | None:
+        return None if self.one_digit_times is None else FakeStepper(self.machine, self.one_digit_times)
 
     def step(self, size: int) -> None:
         self.steps += 1

@@ -13,7 +13,15 @@ from pathlib import Path
 import pytest
 import torch
 
-from api.runtime.format_choice import EVERY_STEP, FormatChoice, cache_file, format_label, read_entry, write_entry
+from api.runtime.format_choice import (
+    EVERY_STEP,
+    FormatChoice,
+    cache_file,
+    format_label,
+    one_digit_label,
+    read_entry,
+    write_entry,
+)
 from api.runtime.format_probe import candidates, choose, load_auto, measured_format
 from api.runtime.format_steps import MEASURED_ROWS, resident_groups, time_steps
 from api.runtime.format_timing import Stepper
@@ -73,6 +81,45 @@ def test_the_row_switch_moves_past_16_rows_where_the_quantised_weights_still_win
     assert "(its float32 copy above 32 rows)" in choice.reason
 
 
+# Capped to AVX2 on this Xeon, one projection's share of a step (int4_gemm_bench, rounded): one digit beats the two
+# digits from 16 rows and the float32 copy everywhere past them.
+CAPPED_ONE_DIGIT = {
+    "float32": {1: 26.9, 4: 30.0, 8: 36.0, 16: 48.6, 32: 74.0, 128: 170.9},
+    "int4/float32": {1: 4.7, 4: 10.0, 8: 18.0, 16: 33.3, 32: 62.0, 128: 197.4},
+    "int4/float32 one-digit": {1: 5.5, 4: 10.5, 8: 16.0, 16: 22.0, 32: 36.0, 128: 120.0},
+}
+
+
+def test_one_digit_takes_the_large_steps_where_it_beats_both_the_two_digits_and_the_dense_copy() -> None:
+    choice = choose(CAPPED_ONE_DIGIT, [("float32", "none"), ("float32", "int4")])
+    assert (choice.label, choice.max_quantized_rows, choice.min_gemm_rows) == ("int4/float32", 4, 5)
+    assert "(one digit above 4 rows: 5.5/22.0/120.0)" in choice.reason
+    assert "one int8 digit from 5 rows" in choice.summary()
+
+
+def test_one_digit_serves_only_the_sizes_from_which_it_stays_ahead_of_the_dense_copy() -> None:
+    """The runner switches to one digit once, at a row count: where the dense copy wins at 16 rows and one digit
+    at 32 and past, the dense copy serves 9 to 16 rows and one digit from 17."""
+    step_ms = {label: dict(sizes) for label, sizes in CAPPED_ONE_DIGIT.items()}
+    step_ms["float32"][16] = 20.0
+    choice = choose(step_ms, [("float32", "none"), ("float32", "int4")])
+    assert (choice.max_quantized_rows, choice.min_gemm_rows) == (8, 17)
+    assert "(its float32 copy above 8 rows, one digit from 17 rows: " in choice.reason
+
+
+def test_one_digit_that_never_wins_leaves_the_choice_as_it_was() -> None:
+    step_ms = {**CAPPED_ZEN4, "int4/float32 one-digit": {rows: 1000.0 for rows in MEASURED_ROWS}}
+    choice = choose(step_ms, [("float32", "none"), ("float32", "int4")])
+    assert (choice.max_quantized_rows, choice.min_gemm_rows) == (32, None)
+
+
+def test_the_probe_times_the_one_digit_steps_and_caches_where_they_start(tmp_path: Path) -> None:
+    choice = probe(FakeMachine(), CAPPED_ONE_DIGIT, tmp_path, [("float32", "none"), ("float32", "int4")])
+    assert choice.min_gemm_rows == 5 and set(choice.step_ms) == {"float32", "int4/float32", "int4/float32 one-digit"}
+    cached = read_entry(cache_file(MODEL, [("float32", "none"), ("float32", "int4")], "cpu", tmp_path))
+    assert cached is not None and cached.choice.min_gemm_rows == 5
+
+
 def test_choose_drops_quantisation_where_the_dense_weights_win_everywhere() -> None:
     step_ms = {"float32": _times(10, 20, 99), "int4/float32": _times(12, 30, 99)}
     choice = choose(step_ms, [("float32", "none"), ("float32", "int4")])
@@ -99,7 +146,9 @@ def probe(
     def prepare(dtype: str, quantization: str) -> Stepper:
         if measured is not None:
             measured.append((dtype, quantization))
-        return machine.stepper(truth[format_label(dtype, quantization)])
+        return machine.stepper(
+            truth[format_label(dtype, quantization)], truth.get(one_digit_label(dtype, quantization))
+        )
 
     return measured_format(
         MODEL,

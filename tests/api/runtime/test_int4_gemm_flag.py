@@ -15,7 +15,7 @@ import torch
 from api.cli import build_parser
 from api.config import RuntimeOptions, ServerConfig
 from api.flags import config_from_args
-from api.runtime.build import build_runner
+from api.runtime.build import build_runner, gemm_steps
 from engine.config import EngineConfig
 from engine.engine import Engine
 from engine.model.linear import RowSwitchedLinear, gemm_without_dense_copy
@@ -98,6 +98,50 @@ def test_which_projections_each_scope_takes_off_their_dense_copy(scope: str, nam
     assert gemm_without_dense_copy(scope, names) is expected
 
 
+@pytest.mark.parametrize(
+    ("option", "measured", "switch", "expected"),
+    [
+        ("auto", None, 16, ("off", None)),  # nothing measured (no probe, or one digit never won)
+        ("auto", 17, 16, ("all", None)),  # every step past the switch: no dense copy
+        ("auto", 33, 16, ("off", 33)),  # the dense copy from 17 to 32 rows, one digit from 33
+        ("auto", 5, None, ("off", None)),  # no row switch: every step quantised
+        ("off", 17, 16, ("off", None)),
+        ("except-qkv", None, 16, ("except-qkv", None)),
+    ],
+)
+def test_auto_takes_the_one_digit_steps_the_probe_measured(
+    option: str, measured: int | None, switch: int | None, expected: tuple[str, int | None]
+) -> None:
+    assert gemm_steps(option, measured, switch) == expected
+
+
+def test_a_measured_one_digit_start_runs_prompts_on_int4_gemm_with_no_dense_copy(
+    tiny_checkpoint: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The default options on weights `auto` measured with one digit from right past the switch (as load_auto returns
+    them): no dense copy, and a 12-row prefill on int4_gemm in every layer; with `--int4-gemm off`, the dense copy."""
+    kernels = native.load_kernels()
+    if kernels is None or not kernels.has_int4_dot:
+        pytest.skip("no build with integer dot products here (the probe measures no one-digit steps there)")
+    calls = count_int4_gemm_calls(monkeypatch)
+    loaded = load_model(tiny_checkpoint, dtype="float32", quantization="int4").with_row_switch(2, 3)
+    for option, gemm in (("auto", True), ("off", False)):
+        runner = build_runner(RuntimeOptions(quantization="int4", dtype="float32", int4_gemm=option), loaded)
+        switched = [
+            linear
+            for layer in runner.layers
+            for linear in TransformersRunner.layer_linears(layer)
+            if isinstance(linear, RowSwitchedLinear)
+        ]
+        assert switched and all((linear.dense is None) is gemm for linear in switched)
+        calls.clear()
+        engine = Engine(runner, EngineConfig(max_rows=2, kv_cache_tokens=64, block_size=4), dtype=torch.float32)
+        engine.add(0, list(range(1, 13)), SamplingParams(max_tokens=2, temperature=0.0))
+        engine.reserve(0, 16)
+        assert len(engine.step([(0, 12)]).tokens) == 1
+        assert (set(calls) == {12}) is gemm
+
+
 @pytest.mark.parametrize("quantization", ["none", "int8"])
 @pytest.mark.parametrize("scope", ["all", "except-qkv"])
 def test_int4_gemm_with_weights_that_are_not_int4_is_refused_naming_the_flag(quantization: str, scope: str) -> None:
@@ -109,16 +153,16 @@ def test_int4_gemm_with_weights_that_are_not_int4_is_refused_naming_the_flag(qua
 
 
 def test_an_unknown_scope_is_refused_naming_the_choices() -> None:
-    with pytest.raises(ValueError, match=r"^int4_gemm must be one of off, except-qkv, all; got 'qkv'$"):
+    with pytest.raises(ValueError, match=r"^int4_gemm must be one of auto, off, except-qkv, all; got 'qkv'$"):
         RuntimeOptions(int4_gemm="qkv")
     with pytest.raises(ValueError, match=r"^int4_gemm must be one of"):
         gemm_without_dense_copy("on", [])
 
 
 def test_the_serve_flag_sets_int4_gemm_and_a_bad_pairing_exits_with_one_line() -> None:
-    for scope in ("all", "except-qkv", "off"):
+    for scope in ("all", "except-qkv", "off", "auto"):
         assert config_from_args(build_parser().parse_args(["serve", "--int4-gemm", scope])).int4_gemm == scope
-    assert config_from_args(build_parser().parse_args(["serve"])).int4_gemm == "off"
+    assert config_from_args(build_parser().parse_args(["serve"])).int4_gemm == "auto"
     result = subprocess.run(
         [sys.executable, "-m", "api", "serve", "--int4-gemm", "all", "--quantization", "none"],
         capture_output=True,

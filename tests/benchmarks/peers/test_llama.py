@@ -279,7 +279,12 @@ def test_peak_memory_reads_this_process() -> None:
 
 
 @pytest.mark.parametrize(
-    ("server", "scope"), [("batchserve-int4-gemm", "all"), ("batchserve-int4-gemm-except-qkv", "except-qkv")]
+    ("server", "scope"),
+    [
+        ("batchserve-int4-gemm", "all"),
+        ("batchserve-int4-gemm-except-qkv", "except-qkv"),
+        ("batchserve-int4-gemm-off", "off"),
+    ],
 )
 def test_the_int4_gemm_servers_are_the_default_model_with_the_flag(server: str, scope: str) -> None:
     plain, gemm = llama_probe.probe_targets(["batchserve", server], batch=4)
