@@ -33,7 +33,13 @@ def load(options: RuntimeOptions) -> LoadedModel:
     """The model in the options' format; what is `auto` is measured on this machine (api/runtime/format_probe.py). The
     kernels the runner will use are built here, if not yet, so that their build (a first start's phase, with its
     progress lines) is not hidden inside preparing the engine."""
-    loaded = load_auto(options.model, device=options.device, dtype=options.dtype, quantization=options.quantization)
+    loaded = load_auto(
+        options.model,
+        device=options.device,
+        dtype=options.dtype,
+        quantization=options.quantization,
+        one_digit=options.int4_gemm == "auto",  # a named scope or off: the switch is measured against the dense copy
+    )
     if options.cpu_kernels and next(loaded.model.parameters()).device.type == "cpu":
         load_kernels()
     return loaded

@@ -92,8 +92,11 @@ def machine() -> str:
     )
 
 
-def cache_file(source: Path, pairs: list[tuple[str, str]], device: str, cache_dir: Path | None) -> Path:
-    """The entry for these candidates (dtype, quantization) of this model on this machine (it may not exist)."""
+def cache_file(
+    source: Path, pairs: list[tuple[str, str]], device: str, cache_dir: Path | None, one_digit: bool = True
+) -> Path:
+    """The entry for these candidates (dtype, quantization) of this model on this machine, with or without their
+    one-digit steps timed (it may not exist)."""
     features = cpu_features()
     model_key = file_sha256(source) if source.is_file() else str(source.resolve())
     key = json.dumps(
@@ -108,6 +111,7 @@ def cache_file(source: Path, pairs: list[tuple[str, str]], device: str, cache_di
             model_key,
             pairs,
             device,
+            one_digit,
         ],
     )
     digest = hashlib.sha256(key.encode()).hexdigest()[:16]

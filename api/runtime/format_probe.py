@@ -277,13 +277,15 @@ def measured_format(
     groups: Sequence[Sequence[Pair]] | None = None,
     reprobe: bool = False,
     load: LoadGauge | None = None,
+    one_digit: bool = True,
 ) -> FormatChoice:
     """The cached choice among `pairs` for this machine where there is one and the machine's speed still matches
     it, else measured now, after building the kernels the candidates run (so that their build is a phase of its own
     rather than a silent part of the first candidate's). `prepare(dtype, quantization)`: one candidate, ready to
     time (default: loaded). `groups`: the candidates to hold loaded at once, in turn (default: all). `reprobe`: measure
-    even where a choice is cached. `clock`, `calibration`, `load`: the system's, two tensor ops, /proc/stat."""
-    cached = cache_file(source, pairs, device, cache_dir)
+    even where a choice is cached. `clock`, `calibration`, `load`: the system's, two tensor ops, /proc/stat.
+    `one_digit`: time the int4 candidates' steps on one int8 digit too, for their large steps (`--int4-gemm auto`)."""
+    cached = cache_file(source, pairs, device, cache_dir, one_digit)
     redo = f"cached in {cached}; delete it to measure again (`batchserve formats` lists the choices)"
     clock = clock or SystemClock()
     calibration = calibration or default_calibration()
@@ -338,7 +340,7 @@ def measured_format(
             for dtype, quantization in group:
                 running.step(format_label(dtype, quantization))
                 stepper = steppers[format_label(dtype, quantization)] = prepare(dtype, quantization)
-                digit = stepper.one_digit() if one_digit_allowed((dtype, quantization)) else None
+                digit = stepper.one_digit() if one_digit and one_digit_allowed((dtype, quantization)) else None
                 if digit is not None:  # the same weights' steps on one int8 digit: timed for the large steps
                     steppers[one_digit_label(dtype, quantization)] = digit
             loaded += len(group)
@@ -406,11 +408,12 @@ def load_auto(
     dtype: str = "auto",
     quantization: str = "auto",
     reprobe: bool = False,
+    one_digit: bool = True,
 ) -> LoadedModel:
     """`load_model`, with whatever is `auto` measured on a CPU where more than one candidate is left (`reprobe`:
     measured even where a choice is cached). A first start's slow steps are logged as phases, one after the other
     (engine/phases.py): the GGUF's conversion, loading the weights, the kernel build and the measurement
-    (engine/platform/native.py builds the kernels before it times them)."""
+    (engine/platform/native.py builds the kernels before it times them). `one_digit`: measured_format's."""
     source = resolve_source(path)
     if source.is_file():
         convert_gguf(source, cache_dir)  # before the load's phase, not inside it
@@ -438,7 +441,9 @@ def load_auto(
         logger.info(
             "weights: the %d candidates do not fit in memory at once: timed in %d groups", len(pairs), len(groups)
         )
-    choice = measured_format(source, pairs, device, cache_dir, prepare, plan=plan, groups=groups, reprobe=reprobe)
+    choice = measured_format(
+        source, pairs, device, cache_dir, prepare, plan=plan, groups=groups, reprobe=reprobe, one_digit=one_digit
+    )
     if choice.label == loaded.weight_format.label:
         chosen = loaded
     else:

@@ -120,6 +120,18 @@ def test_the_probe_times_the_one_digit_steps_and_caches_where_they_start(tmp_pat
     assert cached is not None and cached.choice.min_gemm_rows == 5
 
 
+def test_without_one_digit_the_switch_is_measured_against_the_dense_copy_and_cached_apart(tmp_path: Path) -> None:
+    """`--int4-gemm off` (or a named scope): the one-digit steps are not timed, so the switch is where the dense copy
+    wins, not where one digit would; and that choice has its own cache entry."""
+    pairs = [("float32", "none"), ("float32", "int4")]
+    with_digit = probe(FakeMachine(), CAPPED_ONE_DIGIT, tmp_path, pairs)
+    without = probe(FakeMachine(), CAPPED_ONE_DIGIT, tmp_path, pairs, one_digit=False)
+    assert (without.max_quantized_rows, without.min_gemm_rows) == (32, None)
+    assert "int4/float32 one-digit" not in without.step_ms
+    assert (with_digit.max_quantized_rows, with_digit.min_gemm_rows) == (4, 5)
+    assert len(list((tmp_path / "format-choice").glob("*.json"))) == 2
+
+
 def test_choose_drops_quantisation_where_the_dense_weights_win_everywhere() -> None:
     step_ms = {"float32": _times(10, 20, 99), "int4/float32": _times(12, 30, 99)}
     choice = choose(step_ms, [("float32", "none"), ("float32", "int4")])
@@ -139,6 +151,7 @@ def probe(
     pairs: list[tuple[str, str]] | None = None,
     measured: list[tuple[str, str]] | None = None,
     reprobe: bool = False,
+    one_digit: bool = True,
 ) -> FormatChoice:
     """`measured_format` on `machine`: each candidate's steps take `truth`'s times there."""
     pairs = pairs or [pair for pair in ALL if format_label(*pair) in truth]
@@ -159,6 +172,7 @@ def probe(
         calibration=machine.calibration(),
         reprobe=reprobe,
         load=machine,
+        one_digit=one_digit,
     )
 
 
