@@ -9,7 +9,9 @@ are timed. The format kept is the one whose worst ratio to the best time, at 1 r
 is smallest; for a quantised format the row count up to which its quantised weights run (above it, the dense copy)
 is the largest measured count at which they beat the dense format of the same dtype, and every size when that is
 the prefill chunk. (The prefill matters: on a CPU without native bf16, a dense bf16 prefill is an order of magnitude
-slower than float32's, however fast int4 decodes.)
+slower than float32's, however fast int4 decodes.) An int4 format's steps are also timed on one int8 digit per
+activation (int4_gemm, the same weights; `--int4-gemm auto`): they serve its large steps from the row count past
+which they beat the dense copy, and the switch then compares its two-digit steps with those.
 
 The choice is cached (api/runtime/format_choice.py) by the CPU (under BATCHSERVE_CPU_ISA), the kernel build, torch and
 the model file, when it would still win with the runner-up's figures lowered by their noise (a best over rounds
