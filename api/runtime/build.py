@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 from transformers import PreTrainedTokenizerBase
 
 from api.config import RuntimeOptions
+from api.runtime.format_choice import gemm_steps
 from api.runtime.format_probe import load_auto
 from api.structured.grammars import CompileWorkers, build_grammars
 from api.text.token_bytes import TokenBytes
@@ -59,21 +60,6 @@ class ModelRuntime:
     token_bytes: TokenBytes  # the tokenizer's byte lookup, built once (chat logprobs' `bytes`)
     grammars: Grammars | None  # structured outputs' compiler; None without xgrammar
     chat: ChatSetup  # the tool parser and the chat templates (api/text/tool_template.py)
-
-
-def gemm_steps(
-    int4_gemm: str, measured_min_gemm_rows: int | None, max_quantized_rows: int | None
-) -> tuple[str, int | None]:
-    """The runner's (int4_gemm scope, min_gemm_rows) for the `int4_gemm` option: `auto` takes the probe's measured
-    row count (none measured: off), as the whole scope where it starts right past the row switch (no dense copy
-    kept); a named scope is taken as it is."""
-    if int4_gemm != "auto":
-        return int4_gemm, None
-    if measured_min_gemm_rows is None or max_quantized_rows is None:
-        return "off", None
-    if measured_min_gemm_rows == max_quantized_rows + 1:
-        return "all", None
-    return "off", measured_min_gemm_rows
 
 
 def build_runner(options: RuntimeOptions, loaded: LoadedModel) -> TransformersRunner:

@@ -35,6 +35,21 @@ def one_digit_label(dtype: str, quantization: str) -> str:
     return f"{format_label(dtype, quantization)} one-digit"
 
 
+def gemm_steps(
+    int4_gemm: str, measured_min_gemm_rows: int | None, max_quantized_rows: int | None
+) -> tuple[str, int | None]:
+    """The runner's (int4_gemm scope, min_gemm_rows) for the `int4_gemm` option: `auto` takes the probe's measured
+    row count (none measured: off), as the whole scope where it starts right past the row switch (no dense copy
+    kept); a named scope is taken as it is."""
+    if int4_gemm != "auto":
+        return int4_gemm, None
+    if measured_min_gemm_rows is None or max_quantized_rows is None:
+        return "off", None
+    if measured_min_gemm_rows == max_quantized_rows + 1:
+        return "all", None
+    return "off", measured_min_gemm_rows
+
+
 @dataclass(frozen=True)
 class FormatChoice:
     dtype: str

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import torch
 
+from api.runtime.format_choice import gemm_steps
 from api.runtime.format_timing import Clock, SystemClock
 from engine.config import EngineConfig
 from engine.engine import Engine
@@ -27,20 +28,22 @@ _PROMPT_TOKENS = 32
 Pair = tuple[str, str]  # (dtype, quantization)
 # Bytes per weight a candidate holds while it is timed, its model and its runner's copy (docs/quantization.md's
 # memory table: 1076, 538, 646 and 364 MB for SmolLM2-135M's 134.5 M weights), rounded up; int4/float32 keeps the
-# 6 of its float32 LM head's 731 MB, an allowance above its figure.
+# 6 of its float32 LM head's 731 MB, an allowance above its figure. An int4 format's one-digit steps add a runner
+# with its own packed weights (about half a byte a weight, an int8 head): one more.
 _BYTES_PER_WEIGHT: Mapping[Pair, int] = {
     ("float32", "none"): 8,
     ("bfloat16", "none"): 4,
-    ("float32", "int4"): 6,
-    ("bfloat16", "int4"): 3,
+    ("float32", "int4"): 7,
+    ("bfloat16", "int4"): 4,
 }
 
 
 class EngineStepper:
     """`step(n)`: a decode step of the first n of `rows` sequences, or (n = `prefill_tokens`) a prefill chunk of a
     new sequence, removed after it; each sequence may take `decode_steps` decode steps. Quantised weights (if any)
-    run up to `max_quantized_rows` rows (None: at every size); `one_digit`: every step on one int8 digit per
-    activation instead (int4_gemm, no dense copy). No prefix caching: the same prompts are timed again and must be
+    run up to `max_quantized_rows` rows (None: at every size), one int8 digit per activation (int4_gemm) from
+    `min_gemm_rows` as a served choice runs them (format_choice.gemm_steps); `one_digit`: every step on one digit
+    (no dense copy). No prefix caching: the same prompts are timed again and must be
     computed each time."""
 
     def __init__(
@@ -51,12 +54,18 @@ class EngineStepper:
         decode_steps: int = 64,
         max_quantized_rows: int | None = None,
         one_digit: bool = False,
+        min_gemm_rows: int | None = None,
     ) -> None:
         dtype = next(loaded.model.parameters()).dtype
-        if one_digit:
-            runner = TransformersRunner(loaded.model, quantized=loaded.quantized, max_quantized_rows=0, int4_gemm="all")
-        else:
-            runner = TransformersRunner(loaded.model, quantized=loaded.quantized, max_quantized_rows=max_quantized_rows)
+        switch = 0 if one_digit else max_quantized_rows
+        int4_gemm, gemm_from = ("all", None) if one_digit else gemm_steps("auto", min_gemm_rows, switch)
+        runner = TransformersRunner(
+            loaded.model,
+            quantized=loaded.quantized,
+            max_quantized_rows=switch,
+            min_gemm_rows=gemm_from,
+            int4_gemm=int4_gemm,
+        )
         self.loaded = loaded
         self.settings = (rows, prefill_tokens, decode_steps)
         self.runs_int4_gemm = runner.int8_activations and any(
@@ -109,12 +118,15 @@ def time_steps(
     repeats: int = 5,
     max_quantized_rows: int | None = None,
     clock: Clock | None = None,
+    min_gemm_rows: int | None = None,
 ) -> dict[int, float]:
     """Median step time (ms) of `loaded` at each row count, and (keyed by its size) of a prefill chunk of
     `prefill_tokens`, each after a warm-up step of that size; quantised weights (if any) run up to
-    `max_quantized_rows` rows (None: at every size)."""
+    `max_quantized_rows` rows (None: at every size), one digit from `min_gemm_rows` (EngineStepper's)."""
     clock = clock or SystemClock()
-    stepper = EngineStepper(loaded, rows, prefill_tokens, (repeats + 1) * len(rows), max_quantized_rows)
+    stepper = EngineStepper(
+        loaded, rows, prefill_tokens, (repeats + 1) * len(rows), max_quantized_rows, min_gemm_rows=min_gemm_rows
+    )
     sizes = (*rows, prefill_tokens) if prefill_tokens else rows
     times: dict[int, float] = {}
     for size in sizes:

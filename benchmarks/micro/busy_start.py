@@ -81,6 +81,7 @@ def probe(busy_processes: int) -> tuple[LoadedModel, dict[str, object]]:
         "busy_processes": busy_processes,
         "format": loaded.weight_format.label,
         "max_quantized_rows": loaded.measured_max_quantized_rows,
+        "min_gemm_rows": loaded.measured_min_gemm_rows,
         "provisional": "provisionally" in said,
         "log": said,
         "seconds": round(time.perf_counter() - started, 1),
@@ -102,7 +103,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     for turn in range(args.rounds):
         for name in served if turn % 2 == 0 else reversed(served):
             model = served[name]
-            times = time_steps(model, ROWS, None, args.repeats, model.measured_max_quantized_rows)
+            times = time_steps(
+                model,
+                ROWS,
+                None,
+                args.repeats,
+                model.measured_max_quantized_rows,
+                min_gemm_rows=model.measured_min_gemm_rows,
+            )
             samples[name].append(times)
     step_ms = {name: {n: statistics.median(s[n] for s in runs) for n in ROWS} for name, runs in samples.items()}
     ratio = step_ms["busy"][1] / step_ms["quiet"][1]

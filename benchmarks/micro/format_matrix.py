@@ -45,20 +45,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s")
-    formats: dict[str, tuple[LoadedModel, int | None]] = {}
+    formats: dict[str, tuple[LoadedModel, int | None, int | None]] = {}  # the model, its switch, one digit's start
     for dtype, quantization in COMBINATIONS:
         loaded = load_model(None, dtype=dtype, quantization=quantization)
         switch = DEFAULT_MAX_QUANTIZED_ROWS if quantization != "none" else None
-        formats[loaded.weight_format.label] = (loaded, switch)
+        formats[loaded.weight_format.label] = (loaded, switch, None)
     auto = load_auto()
     auto_label = f"auto ({auto.weight_format.label})"
-    formats[auto_label] = (auto, auto.measured_max_quantized_rows)
+    formats[auto_label] = (auto, auto.measured_max_quantized_rows, auto.measured_min_gemm_rows)
     samples: dict[str, list[dict[int, float]]] = {label: [] for label in formats}
     for turn in range(args.rounds):
         order = list(formats) if turn % 2 == 0 else list(reversed(formats))
         for label in order:
-            loaded, switch = formats[label]
-            samples[label].append(time_steps(loaded, PROBE_ROWS, repeats=args.repeats, max_quantized_rows=switch))
+            loaded, switch, gemm_from = formats[label]
+            times = time_steps(
+                loaded, PROBE_ROWS, repeats=args.repeats, max_quantized_rows=switch, min_gemm_rows=gemm_from
+            )
+            samples[label].append(times)
     rows = {
         label: {n: statistics.median(times[n] for times in runs) for n in runs[0]} for label, runs in samples.items()
     }
@@ -73,7 +76,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"{count} rows: auto {ratio:.2f}x the fastest ({fastest}): {'met' if ratio <= TOLERANCE else 'MISSED'}")
     document = {
         "cpu": cpu_features().describe(),
-        "auto": {"format": auto.weight_format.label, "max_quantized_rows": auto.measured_max_quantized_rows},
+        "auto": {
+            "format": auto.weight_format.label,
+            "max_quantized_rows": auto.measured_max_quantized_rows,
+            "min_gemm_rows": auto.measured_min_gemm_rows,
+        },
         "rounds": args.rounds,
         "step_ms": rows,
         "auto_vs_fastest": verdict,

@@ -338,8 +338,8 @@ def test_figures_both_formats_read_cannot_make_a_choice_provisional() -> None:
 
 def test_candidates_held_at_once_fit_in_half_the_memory() -> None:
     assert resident_groups(ALL, 100, None) == [ALL]
-    assert resident_groups(ALL, 100, 10_000) == [ALL]  # 8 + 4 + 6 + 3 bytes a weight: 2100 of 5000
-    assert resident_groups(ALL, 100, 2_400) == [ALL[:2], ALL[2:]]  # 1200 of 1200, then 900
+    assert resident_groups(ALL, 100, 10_000) == [ALL]  # 8 + 4 + 7 + 4 bytes a weight: 2300 of 5000
+    assert resident_groups(ALL, 100, 2_400) == [ALL[:2], ALL[2:]]  # 1200 of 1200, then 1100
     assert resident_groups(ALL, 100, 10) == [[pair] for pair in ALL]
 
 

@@ -15,7 +15,8 @@ import torch
 from api.cli import build_parser
 from api.config import RuntimeOptions, ServerConfig
 from api.flags import config_from_args
-from api.runtime.build import build_runner, gemm_steps
+from api.runtime.build import build_runner
+from api.runtime.format_choice import gemm_steps
 from engine.config import EngineConfig
 from engine.engine import Engine
 from engine.model.linear import RowSwitchedLinear, gemm_without_dense_copy
