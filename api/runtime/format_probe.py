@@ -216,15 +216,16 @@ def _figures(sizes: Mapping[int, float]) -> str:
 
 def _large_note(pair: Pair, score: _Score, step_ms: Mapping[str, Mapping[int, float]]) -> str:
     """What serves a quantised format's steps past its switch: " (its float32 copy above 16 rows)", " (one digit
-    above 8 rows: 9.0/20.1/95.3)", or both."""
+    above 8 rows: 9.0/20.1/95.3)", or both; one digit's figures where it was timed and serves none."""
     switch, gemm_from = score.limit, score.gemm_from
     if switch in (None, EVERY_STEP):
         return ""
     dense, digit = format_label(pair[0], "none"), one_digit_label(*pair)
     above = "at every size" if switch == 0 else f"above {switch} rows"
     one_digit = f"one digit {{}}: {_figures(step_ms[digit])}" if gemm_from is not None else ""
-    if gemm_from is None:
-        return f" (its {pair[0]} copy {above})" if dense in step_ms else ""
+    if gemm_from is None:  # one digit's figures, where timed, say why it serves no size
+        unused = f"; one digit {_figures(step_ms[digit])}" if digit in step_ms else ""
+        return f" (its {pair[0]} copy {above}{unused})" if dense in step_ms else ""
     if gemm_from == switch + 1:
         return f" ({one_digit.format(above)})"
     return f" (its {pair[0]} copy {above}, {one_digit.format(f'from {gemm_from} rows')})"

@@ -111,6 +111,7 @@ def test_one_digit_that_never_wins_leaves_the_choice_as_it_was() -> None:
     step_ms = {**CAPPED_ZEN4, "int4/float32 one-digit": {rows: 1000.0 for rows in MEASURED_ROWS}}
     choice = choose(step_ms, [("float32", "none"), ("float32", "int4")])
     assert (choice.max_quantized_rows, choice.min_gemm_rows) == (32, None)
+    assert "(its float32 copy above 32 rows; one digit 1000.0/1000.0/1000.0)" in choice.reason
 
 
 def test_the_probe_times_the_one_digit_steps_and_caches_where_they_start(tmp_path: Path) -> None:
