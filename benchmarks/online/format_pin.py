@@ -2,8 +2,9 @@
 is provisional (a busy machine, api/runtime/format_probe.py) two starts can pick different formats, which would turn
 a comparison of modes into one of formats. When the first server's choice is provisional, its format, read from its
 log's `weights:` line, is passed explicitly (--dtype, --quantization) to every later one, for whatever the user left
-to `auto`. A settled choice is not pinned: every later start reads the same cached entry, row switch included, which
-explicit flags would replace with the default switch."""
+to `auto`. A settled choice is not pinned: every later start reads the same cached entry, row switch and one-digit
+steps included, which explicit flags would replace with the default switch and no one-digit steps (as they do for
+the servers after a provisional first one)."""
 
 from __future__ import annotations
 
