@@ -22,7 +22,8 @@ from api.runtime.format_choice import (
     read_entry,
     write_entry,
 )
-from api.runtime.format_probe import candidates, choose, load_auto, measured_format
+from api.runtime.format_probe import load_auto, measured_format
+from api.runtime.format_rule import candidates, choose
 from api.runtime.format_steps import MEASURED_ROWS, resident_groups, time_steps
 from api.runtime.format_timing import Stepper
 from engine.weights.loader import load_model

@@ -13,7 +13,8 @@ import torch
 from gguf import GGMLQuantizationType
 from gguf.quants import dequantize
 
-from api.runtime.format_probe import candidates, load_auto
+from api.runtime.format_probe import load_auto
+from api.runtime.format_rule import candidates
 from api.runtime.offline import LLM
 from engine.model.linear import Int4DotLinear
 from engine.sample.sampling_params import SamplingParams
