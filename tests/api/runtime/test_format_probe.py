@@ -359,14 +359,18 @@ def test_a_float32_checkpoint_leaves_auto_nothing_to_measure(tiny_checkpoint: Pa
 @pytest.mark.slow
 def test_auto_on_the_default_model_picks_a_candidate_and_caches_it(caplog: pytest.LogCaptureFixture) -> None:
     """A settled choice is what the next start serves; a provisional one (a lead inside the noise, as on a busy
-    machine) is measured again by design, so then the next start need only pick a candidate too."""
+    machine) is measured again by design, and so is one whose machine's speed moved since (a VM's neighbours), so
+    then the next start need only pick a candidate too."""
     with caplog.at_level(logging.INFO):
         loaded = load_auto()
     provisional = any("provisionally" in record.getMessage() for record in caplog.records)
     assert (loaded.weight_format.label.split("/")[-1], loaded.weight_format.quantization) in [(d, q) for d, q in ALL]
-    again = load_auto()
+    caplog.clear()
+    with caplog.at_level(logging.INFO):
+        again = load_auto()
+    measured_again = any("measuring again" in record.getMessage() for record in caplog.records)
     assert (again.weight_format.label.split("/")[-1], again.weight_format.quantization) in [(d, q) for d, q in ALL]
-    if not provisional:
+    if not (provisional or measured_again):
         assert again.weight_format == loaded.weight_format
         assert again.measured_max_quantized_rows == loaded.measured_max_quantized_rows
 
