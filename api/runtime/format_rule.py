@@ -149,13 +149,13 @@ def _large_note(pair: Pair, score: _Score, step_ms: Mapping[str, Mapping[int, fl
         return ""
     dense, digit = format_label(pair[0], "none"), one_digit_label(*pair)
     above = "at every size" if switch == 0 else f"above {switch} rows"
-    one_digit = f"one digit {{}}: {_figures(step_ms[digit])}" if gemm_from is not None else ""
     if gemm_from is None:  # one digit's figures, where timed, say why it serves no size
         unused = f"; one digit {_figures(step_ms[digit])}" if digit in step_ms else ""
         return f" (its {pair[0]} copy {above}{unused})" if dense in step_ms else ""
+    figures = _figures(step_ms[digit])
     if gemm_from == switch + 1:
-        return f" ({one_digit.format(above)})"
-    return f" (its {pair[0]} copy {above}, {one_digit.format(f'from {gemm_from} rows')})"
+        return f" (one digit {above}: {figures})"
+    return f" (its {pair[0]} copy {above}, one digit from {gemm_from} rows: {figures})"
 
 
 def choose(

@@ -43,8 +43,7 @@ class EngineStepper:
     new sequence, removed after it; each sequence may take `decode_steps` decode steps. Quantised weights (if any)
     run up to `max_quantized_rows` rows (None: at every size), one int8 digit per activation (int4_gemm) from
     `min_gemm_rows` as a served choice runs them (format_choice.gemm_steps); `one_digit`: every step on one digit
-    (no dense copy). No prefix caching: the same prompts are timed again and must be
-    computed each time."""
+    (no dense copy). No prefix caching: the same prompts are timed again and must be computed each time."""
 
     def __init__(
         self,
@@ -67,7 +66,7 @@ class EngineStepper:
             int4_gemm=int4_gemm,
         )
         self.loaded = loaded
-        self.settings = (rows, prefill_tokens, decode_steps)
+        self.decode_steps = decode_steps
         self.runs_int4_gemm = runner.int8_activations and any(
             isinstance(weight, Int4Weight) for weight in loaded.quantized.values()
         )
@@ -94,8 +93,7 @@ class EngineStepper:
         weights, no dense one); None where this runner has no integer dot products or no int4 weights."""
         if not self.runs_int4_gemm:
             return None
-        rows, prefill_tokens, decode_steps = self.settings
-        return EngineStepper(self.loaded, rows, prefill_tokens, decode_steps, one_digit=True)
+        return EngineStepper(self.loaded, self.rows, self.prefill_tokens, self.decode_steps, one_digit=True)
 
     def step(self, size: int) -> None:
         with torch.inference_mode():
