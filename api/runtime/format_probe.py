@@ -161,13 +161,7 @@ def measured_format(
         loaded = 0
         for group in groups or [pairs]:
             running.stage("", len(pairs), loaded)
-            steppers = {}
-            for dtype, quantization in group:
-                running.step(format_label(dtype, quantization))
-                stepper = steppers[format_label(dtype, quantization)] = prepare(dtype, quantization)
-                digit = stepper.one_digit() if one_digit and one_digit_allowed((dtype, quantization)) else None
-                if digit is not None:  # the same weights' steps on one int8 digit: timed for the large steps
-                    steppers[one_digit_label(dtype, quantization)] = digit
+            steppers = _prepared(group, prepare, one_digit, running.step)
             loaded += len(group)
             running.stage("round", plan.rounds)
             measured.append(time_rounds(steppers, MEASURED_ROWS, clock, calibration, plan, announce))
@@ -224,6 +218,22 @@ def measured_format(
             logger.info("weights: %s, chosen by auto (%s; %s)", choice.summary(), rounds_said, choice.reason)
             running.result = redo
     return choice
+
+
+def _prepared(
+    group: Sequence[Pair], prepare: Callable[[str, str], Stepper], one_digit: bool, say: Callable[[str], object]
+) -> dict[str, Stepper]:
+    """The group's steppers by label, each int4 candidate's one-digit steps beside it where their quality allows.
+    A function of its own so that its loop's names die with it: left bound in the caller, they held the group's last
+    candidate (a 1B model's float32 copy: 12 GB) through the next group's load."""
+    steppers: dict[str, Stepper] = {}
+    for dtype, quantization in group:
+        say(format_label(dtype, quantization))
+        stepper = steppers[format_label(dtype, quantization)] = prepare(dtype, quantization)
+        digit = stepper.one_digit() if one_digit and one_digit_allowed((dtype, quantization)) else None
+        if digit is not None:  # the same weights' steps on one int8 digit: timed for the large steps
+            steppers[one_digit_label(dtype, quantization)] = digit
+    return steppers
 
 
 def load_auto(

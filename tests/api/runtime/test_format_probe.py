@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import re
+import weakref
 from pathlib import Path
 
 import pytest
@@ -343,6 +344,29 @@ def test_candidates_held_at_once_fit_in_half_the_memory() -> None:
     assert resident_groups(ALL, 100, 10_000) == [ALL]  # 8 + 4 + 7 + 4 bytes a weight: 2300 of 5000
     assert resident_groups(ALL, 100, 2_400) == [ALL[:2], ALL[2:]]  # 1200 of 1200, then 1100
     assert resident_groups(ALL, 100, 10) == [[pair] for pair in ALL]
+
+
+def test_a_group_of_candidates_is_freed_before_the_next_group_loads(tmp_path: Path) -> None:
+    """Groups exist because the candidates do not fit in memory together: nothing may keep the previous group's
+    steppers (their weight copies) alive while the next one loads."""
+    machine = FakeMachine()
+    truth = {label: _times(10.0 + i, 40.0) for i, label in enumerate(("float32", "bfloat16", "int4/float32"))}
+    truth["int4/float32+one-digit"] = _times(12.0, 30.0)
+    alive: list[weakref.ref[Stepper]] = []
+    held_at_load: list[int] = []
+
+    def prepare(dtype: str, quantization: str) -> Stepper:
+        held_at_load.append(sum(ref() is not None for ref in alive))
+        stepper = machine.stepper(truth[format_label(dtype, quantization)], truth["int4/float32+one-digit"])
+        alive.append(weakref.ref(stepper))
+        return stepper
+
+    pairs = [("float32", "none"), ("bfloat16", "none"), ("float32", "int4")]
+    measured_format(
+        MODEL, pairs, cache_dir=tmp_path, prepare=prepare, clock=machine, calibration=machine.calibration(),
+        groups=[[pair] for pair in pairs], load=machine,
+    )  # fmt: skip
+    assert held_at_load == [0, 0, 0]
 
 
 def test_time_steps_runs_real_decode_steps_at_each_row_count(tiny_checkpoint: Path) -> None:
