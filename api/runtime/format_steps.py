@@ -24,7 +24,10 @@ from engine.weights.quantization import Int4Weight
 PROBE_ROWS = (1, 4, 8, 16, 32)
 PREFILL_ROWS = 128  # and one sequence's prompt chunk of this many tokens
 MEASURED_ROWS = (*PROBE_ROWS, PREFILL_ROWS)
-_PROMPT_TOKENS = 32
+# Each decoding sequence's prompt, prefilled for all 32 rows in one step as a candidate is set up: short, since
+# that step runs the candidate's slowest path (at 32 tokens a 1B model's dense bf16, capped to AVX2, took 77 s of a
+# 10-minute first start); the decode steps' context then grows by a token a step.
+_PROMPT_TOKENS = 8
 Pair = tuple[str, str]  # (dtype, quantization)
 # Bytes per weight a candidate holds while it is timed, its model and its runner's copy (docs/quantization.md's
 # memory table: 1076, 538, 646 and 364 MB for SmolLM2-135M's 134.5 M weights), rounded up; int4/float32 keeps the
