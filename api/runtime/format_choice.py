@@ -137,15 +137,23 @@ def _by_size(table: Mapping[str, Mapping[Any, float]]) -> dict[str, dict[int, fl
     return {label: {int(size): value for size, value in sizes.items()} for label, sizes in table.items()}
 
 
-def write_entry(path: Path, choice: FormatChoice, model: str, machine: str, keep_settled: bool = False) -> CacheEntry:
+def write_entry(
+    path: Path,
+    choice: FormatChoice,
+    model: str,
+    machine: str,
+    keep_settled: bool = False,
+    read: CacheEntry | None = None,
+) -> CacheEntry:
     """Atomically (a start killed while writing leaves no half entry to read) and under a lock, so that two starts'
-    writes cannot interleave. `keep_settled`: where another start settled a choice since this one read the file, it
-    stays rather than a provisional one replacing it. The entry the file holds afterwards."""
+    writes cannot interleave. `keep_settled`: where another start settled a choice since this one `read` the file
+    (None: found nothing there), it stays rather than a provisional one replacing it. The entry the file holds
+    afterwards."""
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.with_suffix(".lock").open("w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
         current = read_entry(path) if keep_settled else None
-        if current is not None and not current.choice.provisional:
+        if current is not None and not current.choice.provisional and current != read:
             return current
         entry = CacheEntry(choice, model, machine, datetime.now(UTC).isoformat(timespec="seconds"))
         with tempfile.NamedTemporaryFile("w", dir=path.parent, delete=False, suffix=".partial") as partial:

@@ -18,7 +18,10 @@ the model file, when it would still win with the runner-up's figures lowered by 
 can only be too slow, so the winner's own need no allowance); else it is served and kept as provisional, measured
 again at the next start, and settled once two measurements pick the same format. A later start re-times the
 calibration op and measures again when the machine's speed no longer matches the cached one (another CPU with the
-same flags), unless other processes are using the CPU: a busy start keeps it. The measurement is logged as a phase
+same flags, or a VM slowed for hours), unless other processes are using the CPU: a busy start keeps it. That
+measurement counts as the second one for the cached choice: the same format, even by a lead inside the noise, is
+cached again at the new speed (else every later start would measure again); another one inside its noise replaces
+it as provisional. The measurement is logged as a phase
 (engine/phases.py: a line per candidate and round, where the choice is cached and how to redo it), after the kernels
 it times are built.
 
@@ -119,6 +122,7 @@ def measured_format(
     entry = read_entry(cached)
     # A provisional entry is a previous start's lead inside its noise: measured again, and settled where both agree.
     pending = entry.choice if entry is not None and entry.choice.provisional else None
+    previous = pending  # the measurement this one may confirm: a provisional choice, or one cached at another speed
     if pending is not None:
         logger.info("weights: the previous start's choice (%s) was provisional: measuring again", pending.summary())
     elif entry is not None:
@@ -137,6 +141,7 @@ def measured_format(
             entry.measured_at,
             speeds,
         )
+        previous = entry.choice
 
     load_kernels()  # the candidates' kernels, logged as their own phase when they build (engine/platform/native.py)
     if prepare is None:
@@ -177,21 +182,21 @@ def measured_format(
             calibration_ms=Rounds([], all_calibrations).calibration_ms(),
         )
         rounds_said = f"best of {total} rounds, {quiet} quiet"
-        if choice.provisional and pending is not None and pending.label == choice.label:
-            # Two measurements, each with its lead inside its own noise, picked the same format: that is the
-            # evidence one could not give, and measuring at every start would cost each start the probe's time.
+        if choice.provisional and previous is not None and previous.label == choice.label:
+            # Two measurements picked the same format, this one by a lead inside its noise: that is the evidence
+            # one could not give, and measuring at every start would cost each start the probe's time.
             choice = dataclasses.replace(choice, provisional=False)
             write_entry(cached, choice, str(source), machine())
             logger.info(
-                "weights: %s, chosen by auto as at the previous start, each lead inside its noise: two measurements "
-                "agree (%s; %s)",
+                "weights: %s, chosen by auto as by the previous measurement, this lead inside its noise: two "
+                "measurements agree (%s; %s)",
                 choice.summary(),
                 rounds_said,
                 choice.reason,
             )
             running.result = redo
-        elif choice.provisional and (entry is None or pending is not None):
-            kept = write_entry(cached, choice, str(source), machine(), keep_settled=True).choice
+        elif choice.provisional:
+            kept = write_entry(cached, choice, str(source), machine(), keep_settled=True, read=entry).choice
             if not kept.provisional:  # another start (a concurrent `compare`, say) settled one while this measured
                 logger.info("weights: %s, settled by another start while this one measured (%s)", kept.summary(), redo)
                 running.result = redo
@@ -204,15 +209,6 @@ def measured_format(
                 choice.reason,
             )
             running.result = f"provisional in {cached}: measured again at the next start"
-        elif choice.provisional:
-            logger.info(
-                "weights: %s, chosen by auto provisionally: its lead is inside the noise measured (%s; %s); the "
-                "cached choice stays, checked again at the next start",
-                choice.summary(),
-                rounds_said,
-                choice.reason,
-            )
-            running.result = "not cached (a lead inside the noise): the cached choice stays"
         else:
             write_entry(cached, choice, str(source), machine())
             logger.info("weights: %s, chosen by auto (%s; %s)", choice.summary(), rounds_said, choice.reason)
