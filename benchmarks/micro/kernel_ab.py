@@ -1,8 +1,9 @@
-"""A kernel change measured against the sources of another commit, in one process: `int4_dot` on SmolLM2-135M's
-projection shapes, the working tree's build and the other commit's build of the same instruction set called in
-turn, round by round, so the VM's drift (up to 3x within an hour on these machines) moves both alike.
+"""A kernel change measured against the sources of another commit, in one process: `int4_dot` (or `--op
+int4_gemm`, the one-digit kernel of large steps) on SmolLM2-135M's projection shapes (or `--shapes llama-3.2-1b`),
+the working tree's build and the other commit's build of the same instruction set called in turn, round by round,
+so the VM's drift (up to 3x within an hour on these machines) moves both alike.
 
-    python -m benchmarks kernel-ab --against HEAD~1 [--build avx2] [--rows 1,4,16,32] --out DIR
+    python -m benchmarks kernel-ab --against HEAD~1 [--build avx2] [--op int4_gemm] [--rows 1,4,16,32] --out DIR
 
 The other commit's `engine/csrc/` is taken with `git archive` and compiled once into the extension cache under its
 own op namespace, with the flags of `--build` (default: the best build this CPU executes). Reported per shape and
@@ -35,8 +36,12 @@ from engine.platform import native
 from engine.platform.cpu_features import cpu_features
 
 REPOSITORY = Path(__file__).resolve().parents[2]
-# [inputs, outputs] of SmolLM2-135M's int4 projections: fused q/k/v, attention output, fused gate/up, down.
-SHAPES = ((576, 960), (576, 576), (576, 3072), (1536, 576))
+# [inputs, outputs] of each model's int4 projections: fused q/k/v, attention output, fused gate/up, down.
+SHAPES = {
+    "smollm2": ((576, 960), (576, 576), (576, 3072), (1536, 576)),
+    "llama-3.2-1b": ((2048, 3072), (2048, 2048), (2048, 16384), (8192, 2048)),
+}
+OPS = ("int4_dot", "int4_gemm")
 
 
 def revision_sources(revision: str, into: Path) -> str:
@@ -106,17 +111,19 @@ def compare(
     rounds: int,
     inner: int,
     kernels: native.Kernels,
+    op: str = "int4_dot",
+    shapes: Sequence[tuple[int, int]] = SHAPES["smollm2"],
 ) -> list[dict[str, Any]]:
     generator = torch.Generator().manual_seed(0)
     results = []
-    for inputs, outputs in SHAPES:
+    for inputs, outputs in shapes:
         linear = Int4DotLinear.build(random_int4(outputs, inputs, generator=generator), None, kernels)
         operands = (linear.packed, linear.group_size, linear.scales, linear.zeros)
         for count in rows:
             x = torch.randn(count, inputs, generator=generator).to(dtype)
             calls = {
-                "before": functools.partial(before_ops.int4_dot, x, *operands),
-                "after": functools.partial(after_ops.int4_dot, x, *operands),
+                "before": functools.partial(getattr(before_ops, op), x, *operands),
+                "after": functools.partial(getattr(after_ops, op), x, *operands),
             }
             old, new = (calls[side]().float() for side in ("before", "after"))
             samples = interleaved(calls, rounds, inner)
@@ -137,6 +144,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks kernel-ab", description=__doc__.splitlines()[0])
     parser.add_argument("--against", default="HEAD", help="the commit whose kernels are 'before' (default HEAD)")
     parser.add_argument("--build", help="a build name (avx512_bf16, avx512_vnni, avx2); default: the best here")
+    parser.add_argument("--op", choices=OPS, default="int4_dot")
+    parser.add_argument("--shapes", choices=tuple(SHAPES), default="smollm2", help="whose projections")
     parser.add_argument("--rows", default="1,4,16,32")
     parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
     parser.add_argument("--rounds", type=int, default=9)
@@ -151,13 +160,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         commit = revision_sources(args.against, Path(scratch))
         before_ops = compile_revision(Path(scratch) / "engine" / "csrc", kernels.build, commit)
     rows = [int(r) for r in args.rows.split(",")]
-    results = compare(before_ops, kernels.ops, rows, getattr(torch, args.dtype), args.rounds, args.inner, kernels)
+    dtype = getattr(torch, args.dtype)
+    results = compare(
+        before_ops, kernels.ops, rows, dtype, args.rounds, args.inner, kernels, args.op, SHAPES[args.shapes]
+    )
     given = list(argv) if argv is not None else sys.argv[1:]
     document = {
         "command": "python -m benchmarks kernel-ab " + " ".join(given),
         "against": commit,
         "build": kernels.build.name,
         "dtype": args.dtype,
+        "op": args.op,
+        "shapes": args.shapes,
         "threads": torch.get_num_threads(),
         "results": results,
     }

@@ -40,8 +40,31 @@ inline void unpack_block(const uint8_t* packed, int64_t K, uint8_t* unpacked) {
 
 inline __m256i load32(const uint8_t* p) { return _mm256_load_si256(reinterpret_cast<const __m256i*>(p)); }
 
+// The int16 pair sums of R rows' digits at inputs [from, to) (at most kInt16Inputs) against the block's 16 rows.
+template <int R>
+inline void int16_pairs(const uint8_t* unpacked, const int8_t* xq, int64_t K, int64_t from, int64_t to,
+                        __m256i (&pairs)[R][2]) {
+  for (int r = 0; r < R; ++r) pairs[r][0] = pairs[r][1] = _mm256_setzero_si256();
+  for (int64_t k = from; k < to; k += 8) {
+    const uint8_t* bytes = unpacked + k * kUnpackedBytesPerInput;
+    for (int r = 0; r < R; ++r) {
+      const int8_t* xs = xq + r * K + k;
+      int32_t a, b;
+      std::memcpy(&a, xs, 4);
+      std::memcpy(&b, xs + 4, 4);
+      const __m256i va = _mm256_set1_epi32(a), vb = _mm256_set1_epi32(b);
+      for (int h = 0; h < 2; ++h) {
+        pairs[r][h] = _mm256_add_epi16(pairs[r][h], _mm256_maddubs_epi16(load32(bytes + 32 * h), va));
+        pairs[r][h] = _mm256_add_epi16(pairs[r][h], _mm256_maddubs_epi16(load32(bytes + 64 + 32 * h), vb));
+      }
+    }
+  }
+}
+
 // out[r] = sum_g s[g] x_scale[r, g] dot(q[g], digits[r, g]) + (z - 8 s)[g] x_sum[r, g] for R rows of one block;
-// the running sums stay in `out` (L1): AVX2's 16 registers hold the int16 sums and the broadcasts.
+// the running sums stay in `out` (L1): AVX2's 16 registers hold the int16 sums and the broadcasts. A group of
+// kInt16Inputs (every GGUF's 32) goes from its int16 sums straight to floats: no int32 sums held across a loop,
+// whose 8 more registers spilled 7 others to the stack at every group.
 template <int R>
 inline void int4_gemm_block(const uint8_t* unpacked, const c10::BFloat16* scales, const c10::BFloat16* zeros,
                             const int8_t* xq, const float* x_scales, const float* x_sums, int64_t K, int64_t group,
@@ -52,27 +75,18 @@ inline void int4_gemm_block(const uint8_t* unpacked, const c10::BFloat16* scales
   for (int r = 0; r < R; ++r) std::memset(out + r * kDotBlock, 0, kDotBlock * sizeof(float));
   for (int64_t g = 0; g < groups; ++g) {
     __m256i acc[R][2];
-    for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_si256();
-    for (int64_t start = 0; start < group; start += kInt16Inputs) {
-      __m256i pairs[R][2];
-      for (int r = 0; r < R; ++r) pairs[r][0] = pairs[r][1] = _mm256_setzero_si256();
-      const int64_t stop = std::min(group, start + kInt16Inputs);
-      for (int64_t k = start; k < stop; k += 8) {
-        const uint8_t* bytes = unpacked + (g * group + k) * kUnpackedBytesPerInput;
-        for (int r = 0; r < R; ++r) {
-          const int8_t* xs = xq + r * K + g * group + k;
-          int32_t a, b;
-          std::memcpy(&a, xs, 4);
-          std::memcpy(&b, xs + 4, 4);
-          const __m256i va = _mm256_set1_epi32(a), vb = _mm256_set1_epi32(b);
-          for (int h = 0; h < 2; ++h) {
-            pairs[r][h] = _mm256_add_epi16(pairs[r][h], _mm256_maddubs_epi16(load32(bytes + 32 * h), va));
-            pairs[r][h] = _mm256_add_epi16(pairs[r][h], _mm256_maddubs_epi16(load32(bytes + 64 + 32 * h), vb));
-          }
-        }
-      }
+    if (group == kInt16Inputs) {
+      int16_pairs<R>(unpacked, xq, K, g * group, g * group + group, acc);
       for (int r = 0; r < R; ++r)
-        for (int h = 0; h < 2; ++h) acc[r][h] = _mm256_add_epi32(acc[r][h], _mm256_madd_epi16(pairs[r][h], ones));
+        for (int h = 0; h < 2; ++h) acc[r][h] = _mm256_madd_epi16(acc[r][h], ones);
+    } else {
+      for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_si256();
+      for (int64_t start = 0; start < group; start += kInt16Inputs) {
+        __m256i pairs[R][2];
+        int16_pairs<R>(unpacked, xq, K, g * group + start, g * group + std::min(group, start + kInt16Inputs), pairs);
+        for (int r = 0; r < R; ++r)
+          for (int h = 0; h < 2; ++h) acc[r][h] = _mm256_add_epi32(acc[r][h], _mm256_madd_epi16(pairs[r][h], ones));
+      }
     }
     for (int h = 0; h < 2; ++h) {
       const __m256 s = load(scales + g * kDotBlock + 8 * h);
