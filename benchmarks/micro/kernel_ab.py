@@ -1,5 +1,6 @@
 """A kernel change measured against the sources of another commit, in one process: `int4_dot` (or `--op
 int4_gemm`, the one-digit kernel of large steps) on SmolLM2-135M's projection shapes (or `--shapes llama-3.2-1b`),
+or the int8 LM head's `int8_dot` (two digits, or `int8_dot_one_digit` as large steps run it) on its shape,
 the working tree's build and the other commit's build of the same instruction set called in turn, round by round,
 so the VM's drift (up to 3x within an hour on these machines) moves both alike.
 
@@ -31,9 +32,10 @@ import torch
 
 from benchmarks.results_io.report import write_json
 from benchmarks.scripts.int4_gemm_bench import random_int4
-from engine.model.linear import Int4DotLinear
+from engine.model.linear import ONE_DIGIT_GROUP, Int4DotLinear, Int8DotLinear
 from engine.platform import native
 from engine.platform.cpu_features import cpu_features
+from engine.weights.quantization import Int8Weight
 
 REPOSITORY = Path(__file__).resolve().parents[2]
 # [inputs, outputs] of each model's int4 projections: fused q/k/v, attention output, fused gate/up, down.
@@ -41,7 +43,14 @@ SHAPES = {
     "smollm2": ((576, 960), (576, 576), (576, 3072), (1536, 576)),
     "llama-3.2-1b": ((2048, 3072), (2048, 2048), (2048, 16384), (8192, 2048)),
 }
-OPS = ("int4_dot", "int4_gemm")
+# [inputs, outputs] of each model's LM head (int8 weights).
+HEADS = {"smollm2": (576, 49152), "llama-3.2-1b": (2048, 128256)}
+OPS = ("int4_dot", "int4_gemm", "int8_dot", "int8_dot_one_digit")
+
+
+def shapes(op: str, model: str) -> tuple[tuple[int, int], ...]:
+    """The [inputs, outputs] shapes `op` is timed on for `model`: its LM head for int8_dot, else its projections."""
+    return (HEADS[model],) if op.startswith("int8_dot") else SHAPES[model]
 
 
 def revision_sources(revision: str, into: Path) -> str:
@@ -117,13 +126,12 @@ def compare(
     generator = torch.Generator().manual_seed(0)
     results = []
     for inputs, outputs in shapes:
-        linear = Int4DotLinear.build(random_int4(outputs, inputs, generator=generator), None, kernels)
-        operands = (linear.packed, linear.group_size, linear.scales, linear.zeros)
+        name, operands = _operands(op, inputs, outputs, generator, kernels)
         for count in rows:
             x = torch.randn(count, inputs, generator=generator).to(dtype)
             calls = {
-                "before": functools.partial(getattr(before_ops, op), x, *operands),
-                "after": functools.partial(getattr(after_ops, op), x, *operands),
+                "before": functools.partial(getattr(before_ops, name), x, *operands),
+                "after": functools.partial(getattr(after_ops, name), x, *operands),
             }
             old, new = (calls[side]().float() for side in ("before", "after"))
             samples = interleaved(calls, rounds, inner)
@@ -138,6 +146,21 @@ def compare(
             print(row, flush=True)
             results.append(row)
     return results
+
+
+def _operands(
+    op: str, inputs: int, outputs: int, generator: torch.Generator, kernels: native.Kernels
+) -> tuple[str, tuple[Any, ...]]:
+    """The kernel `op` calls and its operands after x, on random weights of [outputs, inputs]."""
+    if op.startswith("int8_dot"):
+        values = torch.randint(-127, 128, (outputs, inputs), dtype=torch.int8, generator=generator)
+        head = Int8DotLinear.build(
+            Int8Weight(values, torch.rand(outputs, generator=generator) * 0.01), None, torch.float32, kernels
+        )
+        one_digit = op == "int8_dot_one_digit"
+        return "int8_dot", (head.packed, ONE_DIGIT_GROUP if one_digit else head.group_size, head.scales, one_digit)
+    linear = Int4DotLinear.build(random_int4(outputs, inputs, generator=generator), None, kernels)
+    return op, (linear.packed, linear.group_size, linear.scales, linear.zeros)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -162,7 +185,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     rows = [int(r) for r in args.rows.split(",")]
     dtype = getattr(torch, args.dtype)
     results = compare(
-        before_ops, kernels.ops, rows, dtype, args.rounds, args.inner, kernels, args.op, SHAPES[args.shapes]
+        before_ops, kernels.ops, rows, dtype, args.rounds, args.inner, kernels, args.op, shapes(args.op, args.shapes)
     )
     given = list(argv) if argv is not None else sys.argv[1:]
     document = {

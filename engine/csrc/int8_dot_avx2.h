@@ -18,18 +18,20 @@
 namespace BATCHSERVE_OPS {
 namespace {
 
-constexpr int kInt8DotRows = 2;  // activation rows per pass over a block (16 int32 accumulators of 16 registers)
+constexpr int kInt8DotRows = 2;  // activation rows per pass over a block
 
 // One block of 16 output rows for R activation rows: out[r, 0..15] = sum over groups of x_scale[r, g] times
 // (127 * leading dot + residual dot), before the weights' own scales; without kResidual the residual digits are
-// left out. digit_sums is the VNNI kernel's correction for its +128, unused here.
+// left out. digit_sums is the VNNI kernel's correction for its +128, unused here. The running sums stay in `out`
+// (L1) and each 4 inputs' weights are turned into magnitudes and signs just before use: holding the sums and all
+// of a step's weights in registers took more than AVX2's 16 and spilled the int32 sums to the stack at every step.
 template <int R, bool kResidual>
 inline void int8_dot_block(const uint8_t* block, const int8_t* xq, const float* x_scales,
                            const int32_t* /* digit_sums */, int64_t K, int64_t group, float* out /* [R, 16] */) {
   const int64_t groups = K / group;
   const __m256i flip = _mm256_set1_epi8(static_cast<char>(0x80)), ones = _mm256_set1_epi16(1);
-  __m256 total[R][2];
-  for (int r = 0; r < R; ++r) total[r][0] = total[r][1] = _mm256_setzero_ps();
+  for (int r = 0; r < R; ++r)
+    for (int h = 0; h < 2; ++h) _mm256_storeu_ps(out + r * 16 + 8 * h, _mm256_setzero_ps());
   for (int64_t g = 0; g < groups; ++g) {
     __m256i leading[R][2], residual[R][2];
     for (int r = 0; r < R; ++r)
@@ -38,25 +40,24 @@ inline void int8_dot_block(const uint8_t* block, const int8_t* xq, const float* 
       const uint8_t* bytes = block + (g * group + k) * 16;  // 64 bytes per 4 inputs: rows 0-7, then rows 8-15
       _mm_prefetch(reinterpret_cast<const char*>(bytes) + kPrefetchBytes, _MM_HINT_T0);
       _mm_prefetch(reinterpret_cast<const char*>(bytes) + kPrefetchBytes + 64, _MM_HINT_T0);
-      __m256i weights[2][2], magnitude[2][2];  // [inputs k..k+3, k+4..k+7][rows 0-7, 8-15]
-      for (int q = 0; q < 2; ++q)
+      for (int q = 0; q < 2; ++q) {  // inputs k..k+3, then k+4..k+7
+        __m256i weights[2], magnitude[2];  // rows 0-7, 8-15
         for (int h = 0; h < 2; ++h) {
-          weights[q][h] = _mm256_xor_si256(
+          weights[h] = _mm256_xor_si256(
               _mm256_loadu_si256(reinterpret_cast<const __m256i*>(bytes + 64 * q + 32 * h)), flip);
-          magnitude[q][h] = _mm256_abs_epi8(weights[q][h]);
+          magnitude[h] = _mm256_abs_epi8(weights[h]);
         }
-      for (int r = 0; r < R; ++r) {
-        const int8_t* xs = xq + 2 * (r * K + g * group + k);  // 8 leading digits, then 8 residual digits
-        for (int q = 0; q < 2; ++q) {
+        for (int r = 0; r < R; ++r) {
+          const int8_t* xs = xq + 2 * (r * K + g * group + k);  // 8 leading digits, then 8 residual digits
           const __m256i lead = broadcast4_ymm(xs + 4 * q);
           for (int h = 0; h < 2; ++h) {
-            const __m256i pairs = _mm256_maddubs_epi16(magnitude[q][h], _mm256_sign_epi8(lead, weights[q][h]));
+            const __m256i pairs = _mm256_maddubs_epi16(magnitude[h], _mm256_sign_epi8(lead, weights[h]));
             leading[r][h] = _mm256_add_epi32(leading[r][h], _mm256_madd_epi16(pairs, ones));
           }
           if constexpr (kResidual) {
             const __m256i rest = broadcast4_ymm(xs + 8 + 4 * q);
             for (int h = 0; h < 2; ++h) {
-              const __m256i pairs = _mm256_maddubs_epi16(magnitude[q][h], _mm256_sign_epi8(rest, weights[q][h]));
+              const __m256i pairs = _mm256_maddubs_epi16(magnitude[h], _mm256_sign_epi8(rest, weights[h]));
               residual[r][h] = _mm256_add_epi32(residual[r][h], _mm256_madd_epi16(pairs, ones));
             }
           }
@@ -69,12 +70,11 @@ inline void int8_dot_block(const uint8_t* block, const int8_t* xq, const float* 
         // 127 * leading + residual in int32, as the VNNI kernel folds it: the same integers, the same floats.
         const __m256i digits =
             _mm256_add_epi32(_mm256_mullo_epi32(leading[r][h], _mm256_set1_epi32(127)), residual[r][h]);
-        total[r][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(digits), x_scale, total[r][h]);
+        float* total = out + r * 16 + 8 * h;
+        _mm256_storeu_ps(total, _mm256_fmadd_ps(_mm256_cvtepi32_ps(digits), x_scale, _mm256_loadu_ps(total)));
       }
     }
   }
-  for (int r = 0; r < R; ++r)
-    for (int h = 0; h < 2; ++h) _mm256_storeu_ps(out + r * 16 + 8 * h, total[r][h]);
 }
 
 }  // namespace
