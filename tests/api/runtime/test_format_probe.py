@@ -222,7 +222,7 @@ def test_measured_one_candidate_after_the_other_the_same_bursts_would_decide(tmp
     win to another format (as in the issue); timed in turns, the same burst cannot."""
     burst = [(3.4, 8.0)]  # float32's block ends at 0.46 s, bfloat16's at 3.49 s
     machine = FakeMachine(busy=burst)
-    sequential = {label: {} for label in ISSUE}
+    sequential: dict[str, dict[int, float]] = {label: {} for label in ISSUE}
     for label, times in ISSUE.items():
         for size, ms in times.items():
             started = machine.now()
