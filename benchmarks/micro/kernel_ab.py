@@ -48,7 +48,7 @@ HEADS = {"smollm2": (576, 49152), "llama-3.2-1b": (2048, 128256)}
 OPS = ("int4_dot", "int4_gemm", "int8_dot", "int8_dot_one_digit")
 
 
-def shapes(op: str, model: str) -> tuple[tuple[int, int], ...]:
+def shapes_for(op: str, model: str) -> tuple[tuple[int, int], ...]:
     """The [inputs, outputs] shapes `op` is timed on for `model`: its LM head for int8_dot, else its projections."""
     return (HEADS[model],) if op.startswith("int8_dot") else SHAPES[model]
 
@@ -168,7 +168,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--against", default="HEAD", help="the commit whose kernels are 'before' (default HEAD)")
     parser.add_argument("--build", help="a build name (avx512_bf16, avx512_vnni, avx2); default: the best here")
     parser.add_argument("--op", choices=OPS, default="int4_dot")
-    parser.add_argument("--shapes", choices=tuple(SHAPES), default="smollm2", help="whose projections")
+    parser.add_argument("--shapes", choices=tuple(SHAPES), default="smollm2", help="whose projections (or LM head)")
     parser.add_argument("--rows", default="1,4,16,32")
     parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
     parser.add_argument("--rounds", type=int, default=9)
@@ -185,7 +185,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     rows = [int(r) for r in args.rows.split(",")]
     dtype = getattr(torch, args.dtype)
     results = compare(
-        before_ops, kernels.ops, rows, dtype, args.rounds, args.inner, kernels, args.op, shapes(args.op, args.shapes)
+        before_ops,
+        kernels.ops,
+        rows,
+        dtype,
+        args.rounds,
+        args.inner,
+        kernels,
+        args.op,
+        shapes_for(args.op, args.shapes),
     )
     given = list(argv) if argv is not None else sys.argv[1:]
     document = {

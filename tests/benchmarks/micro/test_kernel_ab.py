@@ -68,7 +68,7 @@ def test_head_against_itself_gives_the_same_bits(tmp_path: Path, op: str) -> Non
     assert kernel_ab.main(argv) == 0
     document = json.loads((tmp_path / "result.json").read_text())
     assert document["build"] == "avx2" and document["op"] == op and len(document["against"]) == 40
-    assert len(document["results"]) == 2 * len(kernel_ab.shapes(op, "smollm2"))
+    assert len(document["results"]) == 2 * len(kernel_ab.shapes_for(op, "smollm2"))
     for row in document["results"]:
         assert row["before_best_us"] > 0 and row["after_best_us"] > 0 and row["after_over_before"] > 0
         if clean:
