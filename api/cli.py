@@ -8,6 +8,7 @@ import asyncio
 import contextlib
 import gc
 import logging
+import os
 import signal
 import sys
 import threading
@@ -139,7 +140,17 @@ def serve(config: ServerConfig, lineup: tuple[Entry, ...] | None = None) -> None
     server.run()
     if state.phase is Phase.FAILED:
         raise SystemExit("batchserve: the model could not be loaded")
+    loading = state.phase is Phase.LOADING
+    if loading:
+        logging.getLogger("batchserve.api").info("stopped while loading the model")
     print("batchserve stopped", flush=True)  # what became of the running requests is logged above
+    if loading:
+        # The loader thread is still inside torch (converting, or measuring the weight formats for minutes at a
+        # first start): finalising the interpreter under it aborts in C++ ("terminate called without an active
+        # exception", status 134). Nothing it holds needs keeping; the format cache is written by rename.
+        logging.shutdown()
+        sys.stderr.flush()
+        os._exit(0)
 
 
 def generate(args: argparse.Namespace) -> None:

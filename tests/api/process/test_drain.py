@@ -22,7 +22,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.paced_server import STEP_ENV
+from tests.paced_server import LOAD_ENV, STEP_ENV
 from tests.server_harness import PROMPT, free_port, wait_until
 
 pytestmark = pytest.mark.slow
@@ -51,8 +51,11 @@ class ServerProcess:
         return False
 
 
-def start_paced(checkpoint: Path, log: Path, command: list[str], flags: list[str]) -> ServerProcess:
-    """`batchserve <command>` (serve or compare) on the paced tiny model, not waited for."""
+def start_paced(
+    checkpoint: Path, log: Path, command: list[str], flags: list[str], load_s: float | None = None
+) -> ServerProcess:
+    """`batchserve <command>` (serve or compare) on the paced tiny model, not waited for; `load_s`: its loader
+    spends that long in torch before building the runner."""
     port = free_port()
     argv = [sys.executable, "-m", "tests.paced_server", command, "--model", str(checkpoint), "--port", str(port)]
     with log.open("wb") as sink:  # a file, not a pipe: a full pipe would stall the server
@@ -61,7 +64,12 @@ def start_paced(checkpoint: Path, log: Path, command: list[str], flags: list[str
             stdout=sink,
             stderr=subprocess.STDOUT,
             cwd=REPO,
-            env={**os.environ, STEP_ENV: str(STEP_S), "PYTHONUNBUFFERED": "1"},
+            env={
+                **os.environ,
+                STEP_ENV: str(STEP_S),
+                "PYTHONUNBUFFERED": "1",
+                **({LOAD_ENV: str(load_s)} if load_s is not None else {}),
+            },
         )
     return ServerProcess(process, f"http://127.0.0.1:{port}", log)
 
@@ -320,3 +328,29 @@ def test_sigterm_while_compare_loads_exits_cleanly(tiny_checkpoint: Path, tmp_pa
         if server.process.poll() is None:
             server.process.kill()
         server.process.wait(30)
+
+
+def test_sigterm_while_the_loader_is_inside_torch_exits_cleanly(tiny_checkpoint: Path, tmp_path: Path) -> None:
+    # The loader thread still in torch when the interpreter finalised aborted the process in C++ ("terminate
+    # called without an active exception", status 134): a Ctrl-C during a first start's format measurement.
+    server = start_paced(tiny_checkpoint, tmp_path / "server.log", "serve", [], load_s=120)
+    try:
+        wait_until(lambda: "loading: busy in torch" in server.output(), "the loader to be inside torch")
+        wait_until(lambda: _health_status(server) == 503, "the server to listen while it loads")
+        server.process.send_signal(signal.SIGTERM)
+        assert server.process.wait(60) == 0, server.output()
+        output = server.output()
+        assert "stopped while loading the model" in output
+        assert "batchserve stopped" in output and "terminate called" not in output
+        assert_no_traceback(output)
+    finally:
+        if server.process.poll() is None:
+            server.process.kill()
+        server.process.wait(30)
+
+
+def _health_status(server: ServerProcess) -> int | None:
+    try:
+        return httpx.get(f"{server.base_url}/health", timeout=5).status_code
+    except httpx.TransportError:
+        return None
