@@ -22,6 +22,25 @@ inline __m512i broadcast4(const int8_t* digits) {
   return _mm512_set1_epi32(four);
 }
 
+struct FourDigits {
+  int8_t digits[4];
+};
+
+// acc += weights' unsigned bytes times the 4 signed digits at `digits` (broadcast to every lane), 4 products a
+// lane: one `vpdpbusd` in place, the digits its broadcast memory operand. GCC 12 compiles the intrinsic on a
+// loop-carried accumulator as a copy, the instruction and a copy back (more register moves than dot products in
+// these kernels, each a slot of the front end's), with the broadcast an instruction of its own.
+inline __m512i dot4_accumulate(__m512i acc, __m512i weights, const int8_t* digits) {
+#if defined(__GNUC__)
+  asm("vpdpbusd %2%{1to16%}, %1, %0"
+      : "+v"(acc)
+      : "v"(weights), "m"(*reinterpret_cast<const FourDigits*>(digits)));
+  return acc;
+#else
+  return _mm512_dpbusd_epi32(acc, weights, broadcast4(digits));
+#endif
+}
+
 // out[r, 0..15] = the totals `finish` builds, group by group, from each row's leading and residual dot products
 // (with kResidual false the residual digits are not read and their dot products stay zero: one digit, half the work).
 // `load_weights(input, first, second)`: the block's unsigned weight bytes for inputs input..input+3 (first) and
@@ -42,11 +61,11 @@ inline void digit_dot_block(int64_t K, int64_t group, const int8_t* xq, LoadWeig
       load_weights(g * group + k, first, second);
       for (int r = 0; r < R; ++r) {
         const int8_t* xs = xq + 2 * (r * K + g * group + k);
-        leading[r] = _mm512_dpbusd_epi32(leading[r], first, broadcast4(xs));
-        leading[r] = _mm512_dpbusd_epi32(leading[r], second, broadcast4(xs + 4));
+        leading[r] = dot4_accumulate(leading[r], first, xs);
+        leading[r] = dot4_accumulate(leading[r], second, xs + 4);
         if constexpr (kResidual) {
-          residual[r] = _mm512_dpbusd_epi32(residual[r], first, broadcast4(xs + 8));
-          residual[r] = _mm512_dpbusd_epi32(residual[r], second, broadcast4(xs + 12));
+          residual[r] = dot4_accumulate(residual[r], first, xs + 8);
+          residual[r] = dot4_accumulate(residual[r], second, xs + 12);
         }
       }
     }

@@ -12,8 +12,8 @@
 #include <immintrin.h>
 
 #include <cstdint>
-#include <cstring>
 
+#include "digit_dot_avx512_vnni.h"  // dot4_accumulate
 #include "quant.h"
 #include "vector_lanes.h"
 
@@ -50,11 +50,8 @@ inline void int4_gemm_block(const uint8_t* unpacked, const c10::BFloat16* scales
       const __m512i second = _mm512_load_si512(bytes + 64);
       for (int r = 0; r < R; ++r) {
         const int8_t* xs = xq + r * K + g * group + k;
-        int32_t a, b;
-        std::memcpy(&a, xs, 4);
-        std::memcpy(&b, xs + 4, 4);
-        acc[r] = _mm512_dpbusd_epi32(acc[r], first, _mm512_set1_epi32(a));
-        acc[r] = _mm512_dpbusd_epi32(acc[r], second, _mm512_set1_epi32(b));
+        acc[r] = dot4_accumulate(acc[r], first, xs);
+        acc[r] = dot4_accumulate(acc[r], second, xs + 4);
       }
     }
     const __m512 s = load(scales + g * kDotBlock);
