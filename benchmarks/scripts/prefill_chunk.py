@@ -1,4 +1,5 @@
-"""The time of one prompt chunk (a lone prompt prefilled in one step) on the default model, or its operator profile.
+"""The time of one prompt chunk (a lone prompt prefilled in one step) on the default model, or its operator profile,
+on the runner `serve` builds (with `auto`, the format and the one-digit row switch measured for this machine).
 
 python -m benchmarks.scripts.prefill_chunk [--lengths 512,1024] [--repeats 5] [--profile] [--compare-sdpa]
     [--chunks 512,2048] [--out F]
@@ -20,12 +21,13 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.micro.model_flags import add_model_arguments, load_from_args
+from api.config import RuntimeOptions
+from api.runtime.build import build_runner, load
+from benchmarks.micro.model_flags import add_model_arguments
 from benchmarks.micro.rows import add_row
 from benchmarks.results_io.report import write_json
 from engine.config import EngineConfig
 from engine.engine import Engine
-from engine.model.model_runner import TransformersRunner
 from engine.sample.sampling_params import SamplingParams
 
 
@@ -85,8 +87,11 @@ def main() -> None:
     parser.add_argument("--out", type=Path, help="result.json to write (with the machine that measured it)")
     args = parser.parse_args()
     lengths = [int(n) for n in args.lengths.split(",")]
-    loaded = load_from_args(args)
-    runner = TransformersRunner(loaded.model, quantized=loaded.quantized)
+    # As `serve` builds it: until 2026-12-06 this took the runner's defaults, the dense copy past the row switch even
+    # where `auto` serves one int8 digit there.
+    options = RuntimeOptions(model=args.model, dtype=args.dtype, quantization=args.quantization)
+    loaded = load(options)
+    runner = build_runner(options, loaded)
     longest = max(lengths) + 16
     config = EngineConfig(max_rows=1, kv_cache_tokens=longest, max_model_len=longest, enable_prefix_caching=False)
     engine = Engine(runner, config, loaded.eos_token_ids, loaded.max_model_len, dtype=runner.dtype)

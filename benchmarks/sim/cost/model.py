@@ -151,6 +151,10 @@ def fit_cost_model(
         return _fit_switched(shapes, seconds, source, switch_tokens)
     if len(shapes) != len(seconds) or len(shapes) < len(FEATURES):
         raise ValueError(f"need at least {len(FEATURES)} measured steps, one time per shape")
+    return _fit(shapes, seconds, source, knees)
+
+
+def _fit(shapes: Sequence[StepShape], seconds: Sequence[float], source: str, knees: Sequence[int] | None) -> FitReport:
     times = np.asarray(seconds, dtype=np.float64)
     if not bool(np.all(times > 0)):
         raise ValueError("step times must be positive")
@@ -184,11 +188,15 @@ def _fit_switched(shapes: Sequence[StepShape], seconds: Sequence[float], source:
         return fit_cost_model(shapes, seconds, source)  # int4 serves every row count): one regime
     fits = []
     for side in (small, large):
-        if len(side) < len(FEATURES):
+        side_shapes = [shapes[i] for i in side]
+        # More steps than the side's shapes can tell features apart: a switch at one token leaves only 1-token
+        # steps below it (batch-1 decode at each context), which fix const + attention and nothing else.
+        if len(side) <= np.linalg.matrix_rank(_design(side_shapes, 0)):
             raise ValueError(
-                f"need at least {len(FEATURES)} measured steps on each side of the {switch_tokens}-token switch"
+                f"need more measured steps on each side of the {switch_tokens}-token switch than the features "
+                "they tell apart"
             )
-        fits.append(fit_cost_model([shapes[i] for i in side], [seconds[i] for i in side], source).model)
+        fits.append(_fit(side_shapes, [seconds[i] for i in side], source, None).model)
     small_model, large_model = fits
     assert isinstance(small_model, FittedCostModel) and isinstance(large_model, FittedCostModel)
     model = SwitchedCostModel(small_model, large_model, switch_tokens)

@@ -118,6 +118,20 @@ def test_switched_model_round_trips_through_cost_json(tmp_path: Path) -> None:
     assert all(loaded.step_time(s) == pytest.approx(report.model.step_time(s)) for s in shapes)
 
 
+def test_a_switch_at_one_token_fits_the_batch_1_steps_on_their_own() -> None:
+    # `auto` capped to AVX2 on a Zen 5 ran two digits at 1 row and one digit from 2: below the switch only the
+    # grid's three 1-token steps, which tell const and attention apart and nothing else (fit-cost raised here).
+    switched = SwitchedCostModel(
+        small=FittedCostModel(0.004, 0.0, 0.0, 0, 0.0, 0.5), large=SWITCHED.large, max_small_tokens=1
+    )
+    shapes = profile_grid()
+    assert sum(s.num_tokens <= 1 for s in shapes) == 3
+    report = fit_cost_model(shapes, [switched.step_time(s) for s in shapes], "switch at 1", switch_tokens=1)
+    assert isinstance(report.model, SwitchedCostModel) and report.model.max_small_tokens == 1
+    for shape in shapes:
+        assert report.model.step_time(shape) == pytest.approx(switched.step_time(shape), rel=1e-6)
+
+
 def test_switched_fit_needs_enough_points_on_each_side_it_has() -> None:
     grid = profile_grid()
     shapes = [s for s in grid if s.num_tokens <= 10] + [s for s in grid if s.num_tokens > 10][:2]
