@@ -39,10 +39,18 @@ namespace {
 #if defined(BATCHSERVE_INT4_GEMM)
 namespace lanes = batchserve::lanes;
 
+// 8 activations as floats: bf16 ones widened in registers (exact), so a bf16 step needs no float32 copy of x.
+inline __m256 load_eight(const float* v) { return _mm256_loadu_ps(v); }
+inline __m256 load_eight(const c10::BFloat16* v) {
+  const __m128i bits = _mm_loadu_si128(reinterpret_cast<const __m128i*>(v));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(bits), 16));
+}
+
 // The 8 values at v times `inverse`, rounded to nearest-even (nearbyint's default) into 8 int8 digits; returns them
 // as int32 lanes.
-inline __m256i round_eight(const float* v, __m256 inverse, int8_t* digits) {
-  const __m256i units = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(v), inverse));  // in [-127, 127]
+template <typename T>
+inline __m256i round_eight(const T* v, __m256 inverse, int8_t* digits) {
+  const __m256i units = _mm256_cvtps_epi32(_mm256_mul_ps(load_eight(v), inverse));  // in [-127, 127]
   const __m128i halves = _mm_packs_epi32(_mm256_castsi256_si128(units), _mm256_extracti128_si256(units, 1));
   _mm_storel_epi64(reinterpret_cast<__m128i*>(digits), _mm_packs_epi16(halves, halves));
   return units;
@@ -53,17 +61,17 @@ inline __m256i round_eight(const float* v, __m256 inverse, int8_t* digits) {
 // (q - 8) s + z with q in [0, 15], so the dot product splits into s sum q x + (z - 8 s) sum x, and only with both
 // halves on the same rounded x does the rounding error come out as sum w (x' - x). With the float sum it is
 // s sum q (x' - x): the error weighted by q, all positive, not by the weights (docs/quantization.md has the cost).
-void quantise_rows(const float* x, int64_t rows, int64_t K, int64_t group, int8_t* xq, float* x_scales,
-                   float* x_sums) {
+template <typename T>
+void quantise_rows(const T* x, int64_t rows, int64_t K, int64_t group, int8_t* xq, float* x_scales, float* x_sums) {
   const int64_t groups = K / group;
   const __m256 sign = _mm256_set1_ps(-0.0f);
   at::parallel_for(0, rows, 16, [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) {
       for (int64_t g = 0; g < groups; ++g) {
-        const float* v = x + r * K + g * group;
+        const T* v = x + r * K + g * group;
         __m256 top = _mm256_setzero_ps();
         for (int64_t i = 0; i < group; i += 8)
-          top = _mm256_max_ps(top, _mm256_andnot_ps(sign, _mm256_loadu_ps(v + i)));
+          top = _mm256_max_ps(top, _mm256_andnot_ps(sign, load_eight(v + i)));
         alignas(32) float tops[8];
         _mm256_store_ps(tops, top);
         const float scale = *std::max_element(tops, tops + 8) / 127.0f;
@@ -83,7 +91,7 @@ void quantise_rows(const float* x, int64_t rows, int64_t K, int64_t group, int8_
 }
 
 template <typename T>
-void int4_gemm_rows(const float* x, const uint8_t* packed, const c10::BFloat16* scales, const c10::BFloat16* zeros,
+void int4_gemm_rows(const T* x, const uint8_t* packed, const c10::BFloat16* scales, const c10::BFloat16* zeros,
                     T* y, int64_t rows, int64_t K, int64_t N, int64_t group) {
   const int64_t groups = K / group;
   std::vector<int8_t> xq(rows * K);
@@ -126,15 +134,15 @@ torch::Tensor int4_gemm(const torch::Tensor& x, const torch::Tensor& packed, int
   auto y = torch::empty({rows, N}, x.options());
 #if defined(BATCHSERVE_INT4_GEMM)
   const int64_t K = x.size(1);
-  const auto xf = x.to(torch::kFloat).contiguous();
+  const auto xc = x.contiguous();  // float32 or bfloat16, read as it is (quantise_rows widens bf16 in registers)
   const auto w = packed.contiguous();
   const auto s = scales.contiguous();
   const auto z = zeros.contiguous();
   if (x.scalar_type() == torch::kBFloat16) {
-    int4_gemm_rows<c10::BFloat16>(xf.data_ptr<float>(), w.data_ptr<uint8_t>(), s.data_ptr<c10::BFloat16>(),
+    int4_gemm_rows<c10::BFloat16>(xc.data_ptr<c10::BFloat16>(), w.data_ptr<uint8_t>(), s.data_ptr<c10::BFloat16>(),
                                   z.data_ptr<c10::BFloat16>(), y.data_ptr<c10::BFloat16>(), rows, K, N, group);
   } else {
-    int4_gemm_rows<float>(xf.data_ptr<float>(), w.data_ptr<uint8_t>(), s.data_ptr<c10::BFloat16>(),
+    int4_gemm_rows<float>(xc.data_ptr<float>(), w.data_ptr<uint8_t>(), s.data_ptr<c10::BFloat16>(),
                           z.data_ptr<c10::BFloat16>(), y.data_ptr<float>(), rows, K, N, group);
   }
 #endif
