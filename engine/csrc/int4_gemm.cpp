@@ -39,18 +39,11 @@ namespace {
 #if defined(BATCHSERVE_INT4_GEMM)
 namespace lanes = batchserve::lanes;
 
-// 8 activations as floats: bf16 ones widened in registers (exact), so a bf16 step needs no float32 copy of x.
-inline __m256 load_eight(const float* v) { return _mm256_loadu_ps(v); }
-inline __m256 load_eight(const c10::BFloat16* v) {
-  const __m128i bits = _mm_loadu_si128(reinterpret_cast<const __m128i*>(v));
-  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(bits), 16));
-}
-
 // The 8 values at v times `inverse`, rounded to nearest-even (nearbyint's default) into 8 int8 digits; returns them
-// as int32 lanes.
+// as int32 lanes. bf16 values are widened in registers (exact): a bf16 step needs no float32 copy of x.
 template <typename T>
 inline __m256i round_eight(const T* v, __m256 inverse, int8_t* digits) {
-  const __m256i units = _mm256_cvtps_epi32(_mm256_mul_ps(load_eight(v), inverse));  // in [-127, 127]
+  const __m256i units = _mm256_cvtps_epi32(_mm256_mul_ps(lanes::load8(v), inverse));  // in [-127, 127]
   const __m128i halves = _mm_packs_epi32(_mm256_castsi256_si128(units), _mm256_extracti128_si256(units, 1));
   _mm_storel_epi64(reinterpret_cast<__m128i*>(digits), _mm_packs_epi16(halves, halves));
   return units;
@@ -71,7 +64,7 @@ void quantise_rows(const T* x, int64_t rows, int64_t K, int64_t group, int8_t* x
         const T* v = x + r * K + g * group;
         __m256 top = _mm256_setzero_ps();
         for (int64_t i = 0; i < group; i += 8)
-          top = _mm256_max_ps(top, _mm256_andnot_ps(sign, load_eight(v + i)));
+          top = _mm256_max_ps(top, _mm256_andnot_ps(sign, lanes::load8(v + i)));
         alignas(32) float tops[8];
         _mm256_store_ps(tops, top);
         const float scale = *std::max_element(tops, tops + 8) / 127.0f;

@@ -17,6 +17,14 @@
 
 namespace batchserve::lanes {
 
+// 8 values as float32 in every vector build, for code written on 256-bit vectors (int4_gemm's activation
+// quantiser); the AVX2 build's `load` is this.
+inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
+inline __m256 load8(const c10::BFloat16* p) {
+  const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(raw), 16));
+}
+
 #if defined(__AVX512F__)
 using Vec = __m512;
 constexpr int64_t kWidth = 16;
@@ -62,11 +70,8 @@ inline float max_lane(Vec v) { return _mm512_reduce_max_ps(v); }
 using Vec = __m256;
 constexpr int64_t kWidth = 8;
 
-inline Vec load(const float* p) { return _mm256_loadu_ps(p); }
-inline Vec load(const c10::BFloat16* p) {
-  const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
-  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(raw), 16));
-}
+inline Vec load(const float* p) { return load8(p); }
+inline Vec load(const c10::BFloat16* p) { return load8(p); }
 inline __m256i bf16_bits(Vec v) {
   const __m256i bits = _mm256_castps_si256(v);
   const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(bits, 16), _mm256_set1_epi32(1));
