@@ -10,21 +10,27 @@ The other commit's `engine/csrc/` is taken with `git archive` and compiled once 
 own op namespace, with the flags of `--build` (default: the best build this CPU executes). Reported per shape and
 row count: each side's best time, the median over rounds of the round's after / before ratio, and the largest
 difference between the two outputs relative to the output's largest value. Writes DIR/result.json.
+
+`--stream-mb M` cycles each side through copies of the weights that together hold at least M MB, so every call
+reads its weights from memory as a decode step over a model's layers does; with the default (one copy) a shape
+small enough stays in the last-level cache and only the arithmetic is timed.
 """
 
 from __future__ import annotations
 
 import argparse
-import functools
+import dataclasses
 import hashlib
 import io
+import itertools
+import math
 import statistics
 import subprocess
 import sys
 import tarfile
 import tempfile
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -122,24 +128,33 @@ def compare(
     kernels: native.Kernels,
     op: str = "int4_dot",
     shapes: Sequence[tuple[int, int]] = SHAPES["smollm2"],
+    stream_mb: float = 0.0,
+    symmetric: bool = False,
 ) -> list[dict[str, Any]]:
     generator = torch.Generator().manual_seed(0)
     results = []
     for inputs, outputs in shapes:
-        name, operands = _operands(op, inputs, outputs, generator, kernels)
+        name, operands = _operands(op, inputs, outputs, generator, kernels, symmetric)
+        copies = _copies_of(operands, stream_mb)
         for count in rows:
             x = torch.randn(count, inputs, generator=generator).to(dtype)
+            before_args, after_args = operands
+            old, new = (
+                getattr(before_ops, name)(x, *before_args).float(),
+                getattr(after_ops, name)(x, *after_args).float(),
+            )
+            turn = itertools.cycle(copies)
             calls = {
-                "before": functools.partial(getattr(before_ops, name), x, *operands),
-                "after": functools.partial(getattr(after_ops, name), x, *operands),
+                "before": _cycling(getattr(before_ops, name), x, turn, 0),
+                "after": _cycling(getattr(after_ops, name), x, turn, 1),
             }
-            old, new = (calls[side]().float() for side in ("before", "after"))
             samples = interleaved(calls, rounds, inner)
             difference = float((new - old).abs().max() / old.abs().max().clamp_min(1e-30))
             row = {
                 "inputs": inputs,
                 "outputs": outputs,
                 "rows": count,
+                "weight_copies": len(copies),
                 **summary(samples["before"], samples["after"]),
                 "max_relative_difference": difference,
             }
@@ -148,19 +163,53 @@ def compare(
     return results
 
 
+Arguments = tuple[Any, ...]
+SideArguments = tuple[Arguments, Arguments]  # before's operands after x, after's
+
+
+def _copies_of(operands: SideArguments, stream_mb: float) -> list[SideArguments]:
+    """`operands` and as many clones of their tensors as it takes to hold `stream_mb` MB between them (at least one
+    copy): calls that take them in turn read each from memory once the set outgrows the last-level cache. A tensor
+    both sides take stays shared in each clone."""
+    tensors = {id(t): t for side in operands for t in side if isinstance(t, torch.Tensor)}
+    size = sum(t.numel() * t.element_size() for t in tensors.values())
+    copies = [operands]
+    for _ in range(max(1, math.ceil(stream_mb * 1e6 / size)) - 1):
+        clones = {key: t.clone() for key, t in tensors.items()}
+        before, after = (tuple(clones.get(id(a), a) for a in side) for side in operands)
+        copies.append((before, after))
+    return copies
+
+
+def _cycling(
+    kernel: Callable[..., object], x: torch.Tensor, turn: Iterator[SideArguments], side: int
+) -> Callable[[], object]:
+    """A call of `kernel` on x and `side`'s operands of the next copy from `turn`, which both sides share: neither
+    side reads the copies the other has just brought into the cache."""
+    return lambda: kernel(x, *next(turn)[side])
+
+
 def _operands(
-    op: str, inputs: int, outputs: int, generator: torch.Generator, kernels: native.Kernels
-) -> tuple[str, tuple[Any, ...]]:
-    """The kernel `op` calls and its operands after x, on random weights of [outputs, inputs]."""
+    op: str, inputs: int, outputs: int, generator: torch.Generator, kernels: native.Kernels, symmetric: bool = False
+) -> tuple[str, SideArguments]:
+    """The kernel `op` calls and each side's operands after x, on random weights of [outputs, inputs]. `symmetric`:
+    int4 weights whose zeros are all 0 (GGUF Q4_0's), as the working tree builds them for after and with their
+    zeros stored for before (which every earlier commit's kernels take)."""
     if op.startswith("int8_dot"):
         values = torch.randint(-127, 128, (outputs, inputs), dtype=torch.int8, generator=generator)
         head = Int8DotLinear.build(
             Int8Weight(values, torch.rand(outputs, generator=generator) * 0.01), None, torch.float32, kernels
         )
         one_digit = op == "int8_dot_one_digit"
-        return "int8_dot", (head.packed, ONE_DIGIT_GROUP if one_digit else head.group_size, head.scales, one_digit)
-    linear = Int4DotLinear.build(random_int4(outputs, inputs, generator=generator), None, kernels)
-    return op, (linear.packed, linear.group_size, linear.scales, linear.zeros)
+        arguments = (head.packed, ONE_DIGIT_GROUP if one_digit else head.group_size, head.scales, one_digit)
+        return "int8_dot", (arguments, arguments)
+    weight = random_int4(outputs, inputs, generator=generator)
+    if symmetric:
+        weight = dataclasses.replace(weight, zeros=torch.zeros_like(weight.zeros))
+    linear = Int4DotLinear.build(weight, None, kernels)
+    stored = linear.zeros if linear.zeros.numel() else torch.zeros_like(linear.scales)
+    before = (linear.packed, linear.group_size, linear.scales, stored)
+    return op, (before, (linear.packed, linear.group_size, linear.scales, linear.zeros))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -173,6 +222,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
     parser.add_argument("--rounds", type=int, default=9)
     parser.add_argument("--inner", type=int, default=20, help="calls per timed sample")
+    parser.add_argument(
+        "--stream-mb", type=float, default=0.0, help="cycle through weight copies of at least this many MB in all"
+    )
+    parser.add_argument(
+        "--symmetric",
+        action="store_true",
+        help="int4 weights whose zeros are all 0 (Q4_0's)",
+    )
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
     builds = [b for b in native.builds_for(cpu_features()) if args.build in (None, b.name)]
@@ -194,6 +251,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         kernels,
         args.op,
         shapes_for(args.op, args.shapes),
+        args.stream_mb,
+        args.symmetric,
     )
     given = list(argv) if argv is not None else sys.argv[1:]
     document = {
@@ -203,6 +262,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "dtype": args.dtype,
         "op": args.op,
         "shapes": args.shapes,
+        "stream_mb": args.stream_mb,
+        "symmetric": args.symmetric,
         "threads": torch.get_num_threads(),
         "results": results,
     }

@@ -1,7 +1,7 @@
 // int4_dot: x [rows, K] (float32 or bfloat16) times int4 weights W [N, K] with integer dot products, for a few
 // activation rows; [rows, N] in x's dtype. The weights are in the project's own layout
 // (engine.linear.Int4DotLinear writes it), with scales and zeros [N / 16, K / group, 16] bfloat16:
-// w = (q - 8) * scale + zero. Rows come in blocks of 16 (kDotBlock); a block stores, for each run of 8 inputs
+// w = (q - 8) * scale + zero (zeros empty for symmetric weights: every zero 0, as GGUF Q4_0's). Rows come in blocks of 16 (kDotBlock); a block stores, for each run of 8 inputs
 // k..k+7, 64 bytes: 4 bytes per row, byte j holding input k+j in its low nibble and k+4+j in its high one. So one
 // 64-byte load and two masks give, per row, the 4-input groups that
 // `vpdpbusd` multiplies with 4 int8 activations and sums into that row's int32 lane: 32 products per instruction,
@@ -69,7 +69,7 @@ void int4_dot_rows(const T* x, const uint8_t* packed, const c10::BFloat16* scale
     for (int64_t block = begin; block < end; ++block) {
       const uint8_t* block_bytes = packed + block * K * 8;
       const c10::BFloat16* block_scales = scales + block * groups * kDotBlock;
-      const c10::BFloat16* block_zeros = zeros + block * groups * kDotBlock;
+      const c10::BFloat16* block_zeros = zeros == nullptr ? nullptr : zeros + block * groups * kDotBlock;
       for (int64_t first = 0; first < rows; first += kDotRows) {
         const int64_t count = std::min<int64_t>(kDotRows, rows - first);
         const int8_t* xs = xq.get() + 2 * first * K;
@@ -109,10 +109,10 @@ torch::Tensor int4_dot(const torch::Tensor& x, const torch::Tensor& packed, int6
   const auto z = zeros.contiguous();
   if (x.scalar_type() == torch::kBFloat16) {
     int4_dot_rows<c10::BFloat16>(xc.data_ptr<c10::BFloat16>(), w.data_ptr<uint8_t>(), s.data_ptr<c10::BFloat16>(),
-                                 z.data_ptr<c10::BFloat16>(), y.data_ptr<c10::BFloat16>(), rows, K, N, group);
+                                 zeros_or_null(z), y.data_ptr<c10::BFloat16>(), rows, K, N, group);
   } else {
     int4_dot_rows<float>(xc.data_ptr<float>(), w.data_ptr<uint8_t>(), s.data_ptr<c10::BFloat16>(),
-                         z.data_ptr<c10::BFloat16>(), y.data_ptr<float>(), rows, K, N, group);
+                         zeros_or_null(z), y.data_ptr<float>(), rows, K, N, group);
   }
 #endif
   return y;

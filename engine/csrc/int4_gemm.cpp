@@ -97,7 +97,7 @@ void int4_gemm_rows(const T* x, const uint8_t* packed, const c10::BFloat16* scal
     for (int64_t block = begin; block < end; ++block) {
       unpack_block(packed + block * K * 8, K, block_bytes);
       const c10::BFloat16* block_scales = scales + block * groups * kDotBlock;
-      const c10::BFloat16* block_zeros = zeros + block * groups * kDotBlock;
+      const c10::BFloat16* block_zeros = zeros == nullptr ? nullptr : zeros + block * groups * kDotBlock;
       for (int64_t first = 0; first < rows; first += kGemmRows) {
         const int64_t count = std::min<int64_t>(kGemmRows, rows - first);
         const int8_t* xs = xq.data() + first * K;
@@ -133,10 +133,10 @@ torch::Tensor int4_gemm(const torch::Tensor& x, const torch::Tensor& packed, int
   const auto z = zeros.contiguous();
   if (x.scalar_type() == torch::kBFloat16) {
     int4_gemm_rows<c10::BFloat16>(xc.data_ptr<c10::BFloat16>(), w.data_ptr<uint8_t>(), s.data_ptr<c10::BFloat16>(),
-                                  z.data_ptr<c10::BFloat16>(), y.data_ptr<c10::BFloat16>(), rows, K, N, group);
+                                  zeros_or_null(z), y.data_ptr<c10::BFloat16>(), rows, K, N, group);
   } else {
     int4_gemm_rows<float>(xc.data_ptr<float>(), w.data_ptr<uint8_t>(), s.data_ptr<c10::BFloat16>(),
-                          z.data_ptr<c10::BFloat16>(), y.data_ptr<float>(), rows, K, N, group);
+                          zeros_or_null(z), y.data_ptr<float>(), rows, K, N, group);
   }
 #endif
   return y;

@@ -17,6 +17,7 @@
 #endif
 
 #include "ops.h"  // BATCHSERVE_OPS
+#include "vector_lanes.h"
 
 namespace BATCHSERVE_OPS {
 namespace {
@@ -56,6 +57,26 @@ inline bool float_or_bf16(const torch::Tensor& t) {
   return t.scalar_type() == torch::kFloat || t.scalar_type() == torch::kBFloat16;
 }
 
+// The zero term's per-output factor of group g, z - 8 s: zeros null means symmetric weights (GGUF Q4_0, w = (q - 8)
+// s), whose zero term is -8 s without reading a zero per group (a tenth of the weights' bytes).
+#if defined(__AVX512F__)
+inline __m512 zero_term16(__m512 s, const c10::BFloat16* zeros) {
+  return zeros == nullptr ? _mm512_mul_ps(_mm512_set1_ps(-8.0f), s)
+                          : _mm512_fnmadd_ps(_mm512_set1_ps(8.0f), s, batchserve::lanes::load(zeros));
+}
+#endif
+#if defined(__AVX2__)
+inline __m256 zero_term8(__m256 s, const c10::BFloat16* zeros) {
+  return zeros == nullptr ? _mm256_mul_ps(_mm256_set1_ps(-8.0f), s)
+                          : _mm256_fnmadd_ps(_mm256_set1_ps(8.0f), s, batchserve::lanes::load8(zeros));
+}
+#endif
+
+// A zeros operand's data, or null where it is empty (symmetric weights).
+inline const c10::BFloat16* zeros_or_null(const torch::Tensor& zeros) {
+  return zeros.numel() == 0 ? nullptr : zeros.data_ptr<c10::BFloat16>();
+}
+
 // The operands int4_dot and int4_gemm share (int4_dot's layout): x [rows, K] float32 or bf16, packed [N, K / 2]
 // uint8 in blocks of 16 output rows, bf16 scales and zeros per block, group and 16 outputs. `op` names the caller.
 inline void check_int4_operands(const char* op, const torch::Tensor& x, const torch::Tensor& packed, int64_t group,
@@ -67,8 +88,8 @@ inline void check_int4_operands(const char* op, const torch::Tensor& x, const to
               ": K must match the packing and the group (a multiple of 8)");
   TORCH_CHECK(N % 16 == 0, op, " packs output rows in blocks of 16");
   TORCH_CHECK(scales.scalar_type() == torch::kBFloat16 && zeros.scalar_type() == torch::kBFloat16 &&
-                  scales.numel() == N * (K / group) && zeros.numel() == N * (K / group),
-              op, ": scales and zeros must be [N / 16, K / group, 16] bfloat16");
+                  scales.numel() == N * (K / group) && (zeros.numel() == N * (K / group) || zeros.numel() == 0),
+              op, ": scales and zeros must be [N / 16, K / group, 16] bfloat16 (zeros empty: symmetric weights)");
 }
 
 }  // namespace

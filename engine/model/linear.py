@@ -123,7 +123,7 @@ class Int4DotLinear:
 
     packed: torch.Tensor  # [out, in / 2] uint8, blocks of 16 rows (engine/csrc/int4_dot.cpp)
     scales: torch.Tensor  # [out / 16, in / group, 16] bfloat16
-    zeros: torch.Tensor  # [out / 16, in / group, 16] bfloat16
+    zeros: torch.Tensor  # [out / 16, in / group, 16] bfloat16, or empty: symmetric weights (every zero 0, GGUF Q4_0)
     group_size: int
     bias: torch.Tensor | None
     in_features: int
@@ -152,10 +152,13 @@ class Int4DotLinear:
         def blocked(per_group: torch.Tensor) -> torch.Tensor:
             return per_group.view(out // cls.BLOCK, cls.BLOCK, groups).permute(0, 2, 1).contiguous().bfloat16()
 
+        # Symmetric weights (Q4_0's w = d (q - 8)) keep no zeros: the kernels take the zero term as -8 s, the same
+        # bits, and a step reads a tenth fewer bytes of weights.
+        symmetric = not bool(weight.zeros.bfloat16().any())
         return cls(
             packed.view(out, inputs // 2),
             blocked(weight.scales),
-            blocked(weight.zeros),
+            torch.empty(0, dtype=torch.bfloat16) if symmetric else blocked(weight.zeros),
             weight.group_size,
             bias,
             inputs,

@@ -7,6 +7,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+import torch
 
 from benchmarks.micro import kernel_ab
 from engine.platform import native
@@ -73,3 +74,16 @@ def test_head_against_itself_gives_the_same_bits(tmp_path: Path, op: str) -> Non
         assert row["before_best_us"] > 0 and row["after_best_us"] > 0 and row["after_over_before"] > 0
         if clean:
             assert row["max_relative_difference"] == 0.0
+
+
+def test_streamed_copies_hold_the_requested_bytes_and_keep_shared_tensors_shared() -> None:
+    """`--stream-mb`: enough clones that the set outgrows the cache; a tensor both sides take (the packed weights
+    under `--symmetric`) is one tensor in each clone, and each clone's tensors are new memory."""
+    packed, before_zeros = torch.ones(250_000, dtype=torch.uint8), torch.zeros(250_000, dtype=torch.uint8)
+    operands = ((packed, 32, before_zeros), (packed, 32, torch.empty(0, dtype=torch.uint8)))
+    copies = kernel_ab._copies_of(operands, stream_mb=2.0)  # 0.5 MB a copy
+    assert len(copies) == 4 and copies[0] is operands
+    for before, after in copies[1:]:
+        assert before[0] is after[0] and before[0].data_ptr() != packed.data_ptr()
+        assert before[1] == 32 and torch.equal(before[0], packed) and torch.equal(before[2], before_zeros)
+    assert len(kernel_ab._copies_of(operands, stream_mb=0.0)) == 1

@@ -66,10 +66,15 @@ def test_int4_gemm_is_bit_exact_on_integer_activations(kernels: native.Kernels, 
     assert got.shape == (rows, 48) and torch.equal(got, exact)
 
 
+@pytest.mark.parametrize("symmetric", [False, True])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("rows", [5, 16, 21])
-def test_int4_gemm_matches_its_scalar_reference(kernels: native.Kernels, dtype: torch.dtype, rows: int) -> None:
+def test_int4_gemm_matches_its_scalar_reference(
+    kernels: native.Kernels, dtype: torch.dtype, rows: int, symmetric: bool
+) -> None:
     weight = _int4(80, 576)
+    if symmetric:  # zeros all 0 (Q4_0's): built without zeros, the zero term -8 s in the kernel
+        weight = Int4Weight(weight.values, weight.scales, torch.zeros_like(weight.zeros), weight.group_size)
     x = torch.randn(rows, 576, generator=torch.Generator().manual_seed(rows)).to(dtype)
     got = Int4DotLinear.build(weight, None, _gemm_kernels(kernels)).gemm(x)
     reference = _reference(x, weight)

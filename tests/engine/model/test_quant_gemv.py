@@ -4,6 +4,7 @@ quantised or dense weights by a step's row count."""
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 
 import pytest
@@ -194,6 +195,20 @@ def test_int4_dot_gives_every_build_the_same_bits(kernels: native.Kernels, group
     x = torch.randn(5, 576, generator=torch.Generator().manual_seed(group)).bfloat16()
     for rows in (1, 2, 3, 5):
         assert torch.equal(linear(x[:rows]), reference(x[:rows]))
+
+
+@pytest.mark.parametrize("rows", [1, 3, 8, 21])
+def test_symmetric_weights_keep_no_zeros_and_give_the_same_bits(kernels: native.Kernels, rows: int) -> None:
+    """Weights whose zeros are all 0 (GGUF Q4_0) are built without zeros, a tenth fewer bytes a step: int4_dot and
+    int4_gemm take the zero term as -8 s, bit for bit what the same weights give with their zeros stored."""
+    weight = random_int4(64, 576, seed=rows)
+    symmetric = Int4Weight(weight.values, weight.scales, torch.zeros_like(weight.zeros), weight.group_size)
+    linear = Int4DotLinear.build(symmetric, None, _dot_kernels(kernels))
+    assert linear.zeros.numel() == 0 and Int4DotLinear.build(weight, None, kernels).zeros.numel() > 0
+    stored = dataclasses.replace(linear, zeros=torch.zeros_like(linear.scales))
+    x = torch.randn(rows, 576, generator=torch.Generator().manual_seed(rows))
+    assert torch.equal(linear(x), stored(x)) and torch.equal(linear.gemm(x), stored.gemm(x))
+    assert torch.equal(linear(x.bfloat16()), stored(x.bfloat16()))
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
