@@ -1,15 +1,14 @@
 // int4_dot: x [rows, K] (float32 or bfloat16) times int4 weights W [N, K] with integer dot products, for a few
-// activation rows; [rows, N] in x's dtype. The weights are in the project's own layout
-// (engine.linear.Int4DotLinear writes it), with scales and zeros [N / 16, K / group, 16] bfloat16:
-// w = (q - 8) * scale + zero (zeros empty for symmetric weights: every zero 0, as GGUF Q4_0's). Rows come in blocks of 16 (kDotBlock); a block stores, for each run of 8 inputs
-// k..k+7, 64 bytes: 4 bytes per row, byte j holding input k+j in its low nibble and k+4+j in its high one. So one
-// 64-byte load and two masks give, per row, the 4-input groups that
-// `vpdpbusd` multiplies with 4 int8 activations and sums into that row's int32 lane: 32 products per instruction,
-// against 16 per float FMA after converting each weight. The activations are quantised per group of the
-// weights (scale = max |x| / 127), as llama.cpp's Q8 activations are, and then once more: the rounding error
-// of each value as a second int8 digit in 127ths of a unit. Two dot products instead of one make the
-// activations good to about 1/32000 of the group's largest value (a single int8 digit cost +1.6 % perplexity on
-// the default model; two: see docs/quantization.md).
+// activation rows; [rows, N] in x's dtype. The weights are in the project's own layout (engine.linear.Int4DotLinear
+// writes it), with scales and zeros [N / 16, K / group, 16] bfloat16: w = (q - 8) * scale + zero (zeros empty for
+// symmetric weights: every zero 0, as GGUF Q4_0's). Rows come in blocks of 16 (kDotBlock); a block stores, for each run
+// of 8 inputs k..k+7, 64 bytes: 4 bytes per row, byte j holding input k+j in its low nibble and k+4+j in its high one.
+// So one 64-byte load and two masks give, per row, the 4-input groups that `vpdpbusd` multiplies with 4 int8
+// activations and sums into that row's int32 lane: 32 products per instruction, against 16 per float FMA after
+// converting each weight. The activations are quantised per group of the weights (scale = max |x| / 127), as
+// llama.cpp's Q8 activations are, and then once more: the rounding error of each value as a second int8 digit in 127ths
+// of a unit. Two dot products instead of one make the activations good to about 1/32000 of the group's largest value (a
+// single int8 digit cost +1.6 % perplexity on the default model; two: see docs/quantization.md).
 //
 // One kernel per instruction set, each in its own header: int4_dot_avx512_vnni.h (`vpdpbusd`), int4_dot_avx_vnni.h
 // (`vpdpbusd` on 256 bits) and int4_dot_avx2.h (`vpmaddubsw` + `vpmaddwd`); their integer sums are exact, so all

@@ -2,7 +2,7 @@
 // a register. Without `vpdpbusd`, `vpmaddubsw` multiplies unsigned bytes by signed ones, so each weight byte
 // (w + 128) is turned back into w, and the sign moves onto the activation digit (`vpsignb`): |w| * (sign(w) * x),
 // at most 2 * 128 * 127 a pair of int16, no saturation; `vpmaddwd` adds the pairs into the row's int32 lane. The
-// products are the true w * x, so no +128 comes back off (digit_sums is not read), and the int32 dot products are
+// products are the true w * x, so no +128 comes back off (biases are not read), and the int32 dot products are
 // the VNNI kernel's exactly.
 //
 // Everything here has internal linkage (an unnamed namespace inside the build's own namespace), as in quant.h.
@@ -20,14 +20,16 @@ namespace {
 
 constexpr int kInt8DotRows = 2;  // activation rows per pass over a block
 
-// One block of 16 output rows for R activation rows: out[r, 0..15] = sum over groups of x_scale[r, g] times
-// (127 * leading dot + residual dot), before the weights' own scales; without kResidual the residual digits are
-// left out. digit_sums is the VNNI kernel's correction for its +128, unused here. The running sums stay in `out`
-// (L1) and each 4 inputs' weights are turned into magnitudes and signs just before use: holding the sums and all
-// of a step's weights in registers took more than AVX2's 16 and spilled the int32 sums to the stack at every step.
+// One block of 16 output rows for R activation rows: out[r, 0..15] = sum over groups of x_scale[r, g] times (127 *
+// leading dot + residual dot), before the weights' own scales; without kResidual the leading dot alone (its 127 in
+// x_scale, as int8_dot_rows passes it). biases is the VNNI kernel's correction for its +128, unused here. The running
+// sums stay in `out` (L1) and each 4 inputs' weights are turned into magnitudes and signs just before use: holding the
+// sums and all of a step's weights in registers took more than AVX2's 16 and spilled the int32 sums to the stack at
+// every step.
 template <int R, bool kResidual>
 inline void int8_dot_block(const uint8_t* block, const int8_t* xq, const float* x_scales,
-                           const int32_t* /* digit_sums */, int64_t K, int64_t group, float* out /* [R, 16] */) {
+                           const int32_t* /* biases */, int64_t K, int64_t group, const uint8_t* /* next */,
+                           int64_t /* pass */, int64_t /* passes */, float* out /* [R, 16] */) {
   const int64_t groups = K / group;
   const __m256i flip = _mm256_set1_epi8(static_cast<char>(0x80)), ones = _mm256_set1_epi16(1);
   for (int r = 0; r < R; ++r)
@@ -67,9 +69,11 @@ inline void int8_dot_block(const uint8_t* block, const int8_t* xq, const float* 
     for (int r = 0; r < R; ++r) {
       const __m256 x_scale = _mm256_set1_ps(x_scales[r * groups + g]);
       for (int h = 0; h < 2; ++h) {
-        // 127 * leading + residual in int32, as the VNNI kernel folds it: the same integers, the same floats.
-        const __m256i digits =
-            _mm256_add_epi32(_mm256_mullo_epi32(leading[r][h], _mm256_set1_epi32(127)), residual[r][h]);
+        // 127 * leading + residual in int32 (one digit: leading), as the VNNI kernel folds it: the same integers,
+        // the same floats.
+        const __m256i digits = kResidual ? _mm256_add_epi32(_mm256_mullo_epi32(leading[r][h], _mm256_set1_epi32(127)),
+                                                            residual[r][h])
+                                         : leading[r][h];
         float* total = out + r * 16 + 8 * h;
         _mm256_storeu_ps(total, _mm256_fmadd_ps(_mm256_cvtepi32_ps(digits), x_scale, _mm256_loadu_ps(total)));
       }
