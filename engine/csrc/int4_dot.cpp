@@ -69,13 +69,15 @@ void int4_dot_rows(const T* x, const uint8_t* packed, const c10::BFloat16* scale
       const uint8_t* block_bytes = packed + block * K * 8;
       const c10::BFloat16* block_scales = scales + block * groups * kDotBlock;
       const c10::BFloat16* block_zeros = zeros == nullptr ? nullptr : zeros + block * groups * kDotBlock;
-      for (int64_t first = 0; first < rows; first += kDotRows) {
+      NextBlock next;  // past one row (the 1B's 4-row projections: 0.76-0.97x the time)
+      if (rows > 1 && block + 1 < end) next = {packed + (block + 1) * K * 8, 0, (rows + kDotRows - 1) / kDotRows};
+      for (int64_t first = 0; first < rows; first += kDotRows, ++next.pass) {
         const int64_t count = std::min<int64_t>(kDotRows, rows - first);
         const int8_t* xs = xq.get() + 2 * first * K;
         const float* sc = x_scales.data() + first * groups;
         const float* sm = x_sums.data() + first * groups;
         with_row_count<kDotRows>(count, [&](auto R) {
-          int4_dot_block<decltype(R)::value>(block_bytes, block_scales, block_zeros, xs, sc, sm, K, group, out);
+          int4_dot_block<decltype(R)::value>(block_bytes, block_scales, block_zeros, xs, sc, sm, K, group, next, out);
         });
         for (int64_t r = 0; r < count; ++r) store_row16(y + (first + r) * N + block * kDotBlock, out + r * kDotBlock);
       }

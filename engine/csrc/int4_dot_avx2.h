@@ -31,7 +31,7 @@ constexpr int64_t kInt16Inputs = 32;  // inputs whose pair sums int16 holds: 4 r
 template <int R>
 inline void int4_dot_block(const uint8_t* packed, const c10::BFloat16* scales, const c10::BFloat16* zeros,
                            const int8_t* xq, const float* x_scales, const float* x_sums, int64_t K, int64_t group,
-                           float* out /* [R, 16] */) {
+                           const NextBlock& /* next */, float* out /* [R, 16] */) {
   const int64_t groups = K / group;
   const __m256i ones = _mm256_set1_epi16(1), leading_weight = _mm256_set1_epi16(127);
   __m256 total[R][2];

@@ -26,7 +26,7 @@ constexpr int kDotRows = 2;
 template <int R>
 inline void int4_dot_block(const uint8_t* packed, const c10::BFloat16* scales, const c10::BFloat16* zeros,
                            const int8_t* xq, const float* x_scales, const float* x_sums, int64_t K, int64_t group,
-                           float* out /* [R, 16] */) {
+                           const NextBlock& /* next */, float* out /* [R, 16] */) {
   const int64_t groups = K / group;
   __m256 total[R][2];
   for (int r = 0; r < R; ++r) total[r][0] = total[r][1] = _mm256_setzero_ps();

@@ -64,20 +64,19 @@ void int8_dot_rows(const T* x, const uint8_t* packed, const float* scales, T* y,
     for (int64_t block = begin; block < end; ++block) {
       const uint8_t* block_bytes = packed + block * K * kDotBlock;
       const float* row_scales = scales + block * kDotBlock;  // a block's 16 rows: one vector, or two of AVX2's 8
-      // Past one row the passes request the thread's next block as they go (a row alone reads at memory's pace,
-      // and the requests ahead in its own block suffice): the 1B's 16-row head took 0.73x the time.
-      const uint8_t* next = rows > 1 && block + 1 < end ? packed + (block + 1) * K * kDotBlock : nullptr;
-      const int64_t passes = (rows + kInt8DotRows - 1) / kInt8DotRows;
-      for (int64_t first = 0; first < rows; first += kInt8DotRows) {
-        const int64_t count = std::min<int64_t>(kInt8DotRows, rows - first), pass = first / kInt8DotRows;
+      NextBlock next;  // past one row (the 1B's 16-row LM head: 0.73x the time)
+      if (rows > 1 && block + 1 < end)
+        next = {packed + (block + 1) * K * kDotBlock, 0, (rows + kInt8DotRows - 1) / kInt8DotRows};
+      for (int64_t first = 0; first < rows; first += kInt8DotRows, ++next.pass) {
+        const int64_t count = std::min<int64_t>(kInt8DotRows, rows - first);
         with_row_count<kInt8DotRows>(count, [&](auto R) {
           const int8_t* xs = xq.get() + 2 * first * K;
           const float* sc = x_scales.data() + first * groups;
           const int32_t* bias = biases.data() + first * groups;
           if (one_digit)
-            int8_dot_block<decltype(R)::value, false>(block_bytes, xs, sc, bias, K, group, next, pass, passes, out);
+            int8_dot_block<decltype(R)::value, false>(block_bytes, xs, sc, bias, K, group, next, out);
           else
-            int8_dot_block<decltype(R)::value, true>(block_bytes, xs, sc, bias, K, group, next, pass, passes, out);
+            int8_dot_block<decltype(R)::value, true>(block_bytes, xs, sc, bias, K, group, next, out);
         });
         for (int64_t r = 0; r < count; ++r)
           for (int64_t i = 0; i < kDotBlock; i += lanes::kWidth)

@@ -28,8 +28,8 @@ constexpr int kInt8DotRows = 2;  // activation rows per pass over a block
 // every step.
 template <int R, bool kResidual>
 inline void int8_dot_block(const uint8_t* block, const int8_t* xq, const float* x_scales,
-                           const int32_t* /* biases */, int64_t K, int64_t group, const uint8_t* /* next */,
-                           int64_t /* pass */, int64_t /* passes */, float* out /* [R, 16] */) {
+                           const int32_t* /* biases */, int64_t K, int64_t group, const NextBlock& /* next */,
+                           float* out /* [R, 16] */) {
   const int64_t groups = K / group;
   const __m256i flip = _mm256_set1_epi8(static_cast<char>(0x80)), ones = _mm256_set1_epi16(1);
   for (int r = 0; r < R; ++r)

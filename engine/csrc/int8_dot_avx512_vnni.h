@@ -21,20 +21,17 @@ constexpr int kInt8DotRows = 8;  // activation rows per pass over a block of wei
 // One block of 16 output rows for R activation rows: out[r, 0..15] = sum over groups of x_scale[r, g] times
 // (127 * leading dot + residual dot - biases[r, g]), before the weights' own scales; without kResidual the leading
 // dot alone, less its bias (int8_dot_rows moves the 127 into x_scale and leaves the residual out of the bias).
-// `next`: the thread's next block (or null), of which this pass (of `passes` over the block) requests its share.
 template <int R, bool kResidual>
 inline void int8_dot_block(const uint8_t* block, const int8_t* xq, const float* x_scales, const int32_t* biases,
-                           int64_t K, int64_t group, const uint8_t* next, int64_t pass, int64_t passes,
-                           float* out /* [R, 16] */) {
+                           int64_t K, int64_t group, const NextBlock& next, float* out /* [R, 16] */) {
   const int64_t groups = K / group;
   auto load_weights = [&](int64_t input, __m512i& first, __m512i& second) {
     const uint8_t* bytes = block + input * 16;  // 64 bytes per 4 inputs
     _mm_prefetch(reinterpret_cast<const char*>(bytes) + kPrefetchBytes, _MM_HINT_T0);
     _mm_prefetch(reinterpret_cast<const char*>(bytes) + kPrefetchBytes + 64, _MM_HINT_T0);
-    if (next != nullptr) {  // this pass's share of the next block, at the pace of the arithmetic
-      const int64_t at = (pass * K + input) * 16 / passes / 64 * 64;
-      _mm_prefetch(reinterpret_cast<const char*>(next) + at, _MM_HINT_T1);
-      if (passes == 1) _mm_prefetch(reinterpret_cast<const char*>(next) + at + 64, _MM_HINT_T1);
+    if (const char* ahead = next.line(input * 16, K * 16)) {  // 128 bytes of this block: 128 / passes of the next
+      _mm_prefetch(ahead, _MM_HINT_T1);
+      if (next.passes == 1) _mm_prefetch(ahead + 64, _MM_HINT_T1);
     }
     first = _mm512_loadu_si512(bytes);
     second = _mm512_loadu_si512(bytes + 64);

@@ -36,6 +36,20 @@ inline __m256i broadcast4_ymm(const int8_t* digits) {
 }
 #endif
 
+// A thread's next block of weights, of which each pass over the current block requests its share as it goes (the
+// integer-dot kernels past one row): memory streams the next block while this one's arithmetic runs, where the
+// requests a few lines ahead in the block itself left each pass waiting on memory and then computing.
+struct NextBlock {
+  const uint8_t* bytes = nullptr;  // null: no next block, or one row (memory's pace; the requests ahead suffice)
+  int64_t pass = 0, passes = 1;
+
+  // The line to request at `offset` of the current block's `block_bytes` bytes, or null.
+  const char* line(int64_t offset, int64_t block_bytes) const {
+    if (bytes == nullptr) return nullptr;
+    return reinterpret_cast<const char*>(bytes) + (pass * block_bytes + offset) / passes / 64 * 64;
+  }
+};
+
 // Calls f(std::integral_constant<int, R>{}) for R = count in 1..Max: the kernels unroll over a compile-time
 // row count, and every caller picks it the same way.
 template <int Max, typename F>
