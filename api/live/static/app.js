@@ -411,12 +411,15 @@
           const top = y + (laneH > 6 ? 1 : 0);
           const height = laneH > 6 ? laneH - 2 : laneH;
           ctx.fillRect(x0, top, width, height);
-          // A prefill read partly from the prefix cache: its cached share of the prompt, as a band on top.
+          // A prefill read partly from the prefix cache: its cached share of the prompt, as a band on top, on whole
+          // pixels and at least 2 wide, so that a short prefill's band still shows (a 1-pixel band at a fractional x
+          // blended into the bar's colour and was lost).
           const record = segment.phase === "prefill" ? this.requests.get(segment.rid) || this.recent.get(segment.rid) : null;
           if (record && record.cachedTokens > 0 && record.promptTokens > 0) {
             drawn.cached += 1;
             ctx.fillStyle = colors.cached;
-            ctx.fillRect(x0, top, Math.max(1, (width * record.cachedTokens) / record.promptTokens), Math.max(2, height / 3));
+            const band = Math.max(2, Math.round((width * record.cachedTokens) / record.promptTokens));
+            ctx.fillRect(Math.round(x0), top, band, Math.max(2, height / 3));
           }
         }
       }
