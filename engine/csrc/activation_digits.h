@@ -14,6 +14,7 @@
 #include <cstdint>
 
 #include "ops.h"  // BATCHSERVE_OPS
+#include "vector_lanes.h"
 
 #if defined(__AVX2__)
 #include <immintrin.h>
@@ -30,11 +31,7 @@ inline float sum_of_eight(const float* part) {
   return ((part[0] + part[1]) + (part[2] + part[3])) + ((part[4] + part[5]) + (part[6] + part[7]));
 }
 
-inline __m256 load8(const float* v) { return _mm256_loadu_ps(v); }
-inline __m256 load8(const c10::BFloat16* v) {
-  const __m128i bits = _mm_loadu_si128(reinterpret_cast<const __m128i*>(v));
-  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(bits), 16));  // bf16 widens exactly
-}
+using batchserve::lanes::load8;  // bf16 widens exactly
 
 // 8 integral floats in [-127, 127] to 8 int8s.
 inline void store_digits8(int8_t* out, __m256 integral) {

@@ -68,7 +68,7 @@ void int4_dot_rows(const T* x, const uint8_t* packed, const c10::BFloat16* scale
     for (int64_t block = begin; block < end; ++block) {
       const uint8_t* block_bytes = packed + block * K * 8;
       const c10::BFloat16* block_scales = scales + block * groups * kDotBlock;
-      const c10::BFloat16* block_zeros = zeros == nullptr ? nullptr : zeros + block * groups * kDotBlock;
+      const c10::BFloat16* block_zeros = offset_or_null(zeros, block * groups * kDotBlock);
       NextBlock next;  // past one row (the 1B's 4-row projections: 0.76-0.97x the time)
       if (rows > 1 && block + 1 < end) next = {packed + (block + 1) * K * 8, 0, (rows + kDotRows - 1) / kDotRows};
       for (int64_t first = 0; first < rows; first += kDotRows, ++next.pass) {

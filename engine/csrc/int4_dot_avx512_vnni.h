@@ -38,7 +38,7 @@ inline void int4_dot_block(const uint8_t* packed, const c10::BFloat16* scales, c
   auto finish = [&](int64_t g, const __m512i(&leading)[R], const __m512i(&residual)[R], __m512(&total)[R]) {
     const __m512 s = load(scales + g * kDotBlock);
     // sum_k ((q - 8) s + z) x = s sum_k q x + (z - 8 s) sum_k x
-    const __m512 z = zero_term16(s, zeros == nullptr ? nullptr : zeros + g * kDotBlock);
+    const __m512 z = zero_term16(s, offset_or_null(zeros, g * kDotBlock));
     for (int r = 0; r < R; ++r) {
       // x = scale * (leading + residual / 127): 127 * the leading dot plus the residual one, in int32 (at most
       // 32 * 15 * 127 * 128, far from overflow).

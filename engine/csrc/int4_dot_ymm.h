@@ -47,7 +47,7 @@ inline void add_group_ymm(const __m256i (&dots)[R][2], const c10::BFloat16* scal
   using batchserve::lanes::load;
   for (int h = 0; h < 2; ++h) {
     const __m256 s = load(scales + g * kDotBlock + 8 * h);
-    const __m256 z = zero_term8(s, zeros == nullptr ? nullptr : zeros + g * kDotBlock + 8 * h);
+    const __m256 z = zero_term8(s, offset_or_null(zeros, g * kDotBlock + 8 * h));
     for (int r = 0; r < R; ++r) {
       const __m256 x_dots = _mm256_mul_ps(_mm256_cvtepi32_ps(dots[r][h]), _mm256_set1_ps(x_scales[r * groups + g]));
       total[r][h] = _mm256_fmadd_ps(s, x_dots, total[r][h]);

@@ -97,7 +97,7 @@ void int4_gemm_rows(const T* x, const uint8_t* packed, const c10::BFloat16* scal
     for (int64_t block = begin; block < end; ++block) {
       unpack_block(packed + block * K * 8, K, block_bytes);
       const c10::BFloat16* block_scales = scales + block * groups * kDotBlock;
-      const c10::BFloat16* block_zeros = zeros == nullptr ? nullptr : zeros + block * groups * kDotBlock;
+      const c10::BFloat16* block_zeros = offset_or_null(zeros, block * groups * kDotBlock);
       for (int64_t first = 0; first < rows; first += kGemmRows) {
         const int64_t count = std::min<int64_t>(kGemmRows, rows - first);
         const int8_t* xs = xq.data() + first * K;

@@ -90,7 +90,7 @@ inline void int4_gemm_block(const uint8_t* unpacked, const c10::BFloat16* scales
     }
     for (int h = 0; h < 2; ++h) {
       const __m256 s = load(scales + g * kDotBlock + 8 * h);
-      const __m256 z = zero_term8(s, zeros == nullptr ? nullptr : zeros + g * kDotBlock + 8 * h);
+      const __m256 z = zero_term8(s, offset_or_null(zeros, g * kDotBlock + 8 * h));
       for (int r = 0; r < R; ++r) {
         float* total = out + r * kDotBlock + 8 * h;
         const __m256 dots = _mm256_mul_ps(_mm256_cvtepi32_ps(acc[r][h]), _mm256_set1_ps(x_scales[r * groups + g]));

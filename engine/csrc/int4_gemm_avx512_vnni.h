@@ -56,7 +56,7 @@ inline void int4_gemm_block(const uint8_t* unpacked, const c10::BFloat16* scales
     }
     const __m512 s = load(scales + g * kDotBlock);
     // sum_k ((q - 8) s + z) x = s sum_k q x + (z - 8 s) sum_k x
-    const __m512 z = zero_term16(s, zeros == nullptr ? nullptr : zeros + g * kDotBlock);
+    const __m512 z = zero_term16(s, offset_or_null(zeros, g * kDotBlock));
     for (int r = 0; r < R; ++r) {
       const __m512 dots = _mm512_mul_ps(_mm512_cvtepi32_ps(acc[r]), _mm512_set1_ps(x_scales[r * groups + g]));
       total[r] = _mm512_fmadd_ps(s, dots, total[r]);

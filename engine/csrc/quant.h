@@ -86,6 +86,12 @@ inline __m256 zero_term8(__m256 s, const c10::BFloat16* zeros) {
 }
 #endif
 
+// p + n, or null where p is null (a symmetric weight's absent zeros, at any offset).
+template <typename T>
+inline const T* offset_or_null(const T* p, int64_t n) {
+  return p == nullptr ? nullptr : p + n;
+}
+
 // A zeros operand's data, or null where it is empty (symmetric weights).
 inline const c10::BFloat16* zeros_or_null(const torch::Tensor& zeros) {
   return zeros.numel() == 0 ? nullptr : zeros.data_ptr<c10::BFloat16>();
