@@ -17,9 +17,10 @@ Speculation (`SchedulerConfig.speculative`): the real scheduler proposes drafts 
 that may draft has k with probability `draft_rate`, else none, as n-gram lookup finds a match or not; the draft-length
 rule picks how many it verifies, from the step costs it measures on the virtual clock), and a row verifying k drafts
 accepts each with probability `acceptance_rate`, independently, up to the first wrong one (vLLM's synthetic
-acceptance), then emits the bonus token. The step is charged as the engine
-runs it: a decode row and its drafts as k + 1 decode rows. The cache rolls back by the accepted length: the row's
-computed tokens grow by what it emitted less one, and only full blocks of accepted tokens are registered.
+acceptance), then emits the bonus token. The step is charged as the engine runs it: a row and its drafts are one
+sequence whose k + 1 positions are computed, sampled and attend to its context as k + 1 decode rows would (the
+profile times such steps: `Grid.draft_tokens`). The cache rolls back by the accepted length: the row's computed
+tokens grow by what it emitted less one, and only full blocks of accepted tokens are registered.
 """
 
 from __future__ import annotations
@@ -221,7 +222,7 @@ class SimEngine(CacheQueries):
             return StepOutput((), 0, 0)
         # One pass of plain integer arithmetic per row: this loop is most of the simulator's own cost.
         tokens: list[TokenOutput] = []
-        num_tokens = attention = kv_tokens = sampled = verify_rows = 0
+        num_tokens = attention = kv_tokens = sampled = 0
         block_size, seqs = self.block_size, self._seqs
         manager = self.blocks
         caching = manager.enabled
@@ -242,11 +243,9 @@ class SimEngine(CacheQueries):
             num_tokens += width
             pairs = width * computed + width * (width + 1) // 2  # chunk_attention_pairs, inlined
             attention += pairs
-            if k and count == 1:  # verified as k + 1 decode rows sharing a block table (engine/model/forward_batch)
-                verify_rows += k
-                kv_tokens += pairs  # each of them reads its own context
-            else:
-                kv_tokens += end + k
+            # A 1-token row with drafts runs as k + 1 decode rows sharing a block table (engine/model/forward_batch),
+            # each reading its context; a longer one as a chunk.
+            kv_tokens += pairs if k and count == 1 else end + k
             seq.computed = end
             if end == seq.seq_len:  # its pending tokens ran out: the engine samples one (k + 1 with drafts)
                 sampled += 1 + k
@@ -265,7 +264,7 @@ class SimEngine(CacheQueries):
         for seq_id, seq in filled:  # the engine's _register_full_blocks, after the step's tokens are computed
             full, first = seq.computed // block_size, manager.registered(seq_id)
             manager.register(seq_id, self._known(seq, first * block_size, full * block_size), full)
-        shape = StepShape(len(schedule) + verify_rows, num_tokens, sampled, attention, kv_tokens)
+        shape = StepShape(len(schedule), num_tokens, sampled, attention, kv_tokens)
         self.clock.advance(self.cost.step_time(shape, idle_s=self.clock() - self._last_step_end))
         self._last_step_end = self.clock()
         if not verified:

@@ -13,7 +13,7 @@ from typing import Any
 from benchmarks.results_io.report import write_json
 from benchmarks.sim.cost.model import FitReport, FittedCostModel, SwitchedCostModel
 
-_FORM = "t = const + tokens*T + tokens_over_knee*max(0, T - knee) + seqs*S + attention_mpairs*A/1e6"
+_FORM = "t = const + tokens*T + tokens_over_knee*max(0, T - knee) + seqs*S + attention_mpairs*A/1e6 + sampled*P"
 
 
 def save_fitted(report: FitReport, path: Path, extra: Mapping[str, Any]) -> None:

@@ -114,6 +114,12 @@ def build_parser() -> argparse.ArgumentParser:
     grid.add_argument("--contexts", type=_ints, default=g.contexts, help="context length of the decode rows")
     grid.add_argument("--repeats", type=int, default=g.repeats)
     grid.add_argument(
+        "--draft-tokens",
+        type=_non_negative,
+        default=g.draft_tokens,
+        help="drafts each row verifies at the verify points, one per batch size and context (0: none)",
+    )
+    grid.add_argument(
         "--cold-repeats",
         type=int,
         default=5,
@@ -254,6 +260,7 @@ def cost_document(
             {
                 "decode_rows": p.decode_rows,
                 "prefill_tokens": p.prefill_tokens,
+                "drafts": p.drafts,
                 "context": p.context,
                 "shape": asdict(p.shape),
                 "measured_ms": 1e3 * p.seconds,
@@ -282,6 +289,7 @@ def print_summary(
             f"fit: {name}t = {1e3 * m.const_s:.3f} ms + {1e3 * m.per_token_s:.4f} ms/token"
             f" + {1e3 * m.per_token_over_knee_s:.4f} ms/token over {m.knee_tokens} + {1e3 * m.per_seq_s:.4f} ms/seq"
             f" + {1e3 * m.per_attention_mpair_s:.3f} ms per M attention pairs"
+            f" + {1e3 * m.per_sampled_s:.4f} ms/sampled position"
         )
     engine_cold = engine_steps.cold
     print(
@@ -316,7 +324,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
-        grid = Grid(args.batch_sizes, args.prefill_tokens, args.contexts, args.repeats)
+        grid = Grid(args.batch_sizes, args.prefill_tokens, args.contexts, args.repeats, args.draft_tokens)
         modes = served_load_modes(args.served_load_modes)
         if args.served_load_requests > 0 and not 1 <= args.served_load_seats < rows_for(grid):
             raise ValueError(f"--served-load-seats must be 1 to {rows_for(grid) - 1} (max of --batch-sizes)")
@@ -329,7 +337,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     runtime = build_model_runtime(options, loaded)
     engine = runtime.engine
     if sequence_tokens(grid, max(grid.contexts)) > engine.max_model_len:
-        parser.error(f"contexts plus {grid.steps_per_context} decode steps exceed max-model-len {engine.max_model_len}")
+        parser.error(
+            f"contexts plus {grid.tokens_per_context} tokens of steps exceed max-model-len {engine.max_model_len}"
+        )
     if args.after_large_repeats > 0 and after_large_probe_tokens(args.after_large_repeats) > engine.max_model_len:
         parser.error(f"--after-large-repeats {args.after_large_repeats} needs a longer max-model-len")
     vocab = int(loaded.model.config.vocab_size)

@@ -7,7 +7,7 @@ import dataclasses
 import statistics
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -45,6 +45,10 @@ class Grid:
     prefill_tokens: tuple[int, ...] = (0, 32, 128, 512)
     contexts: tuple[int, ...] = (32, 256, 1024)
     repeats: int = 3
+    # Drafts per row at the verify points (each batch size's rows verifying this many, as n-gram speculation's
+    # default k = 4; 0: no verify points). A verify row is one sequence computing k + 1 positions: without these
+    # points a step's tokens and sequences are equal in every small step and the fit cannot tell their costs apart.
+    draft_tokens: int = 4
 
     def __post_init__(self) -> None:
         if not self.batch_sizes or min(self.batch_sizes) < 0 or max(self.batch_sizes) < 1:
@@ -55,11 +59,15 @@ class Grid:
             raise ValueError("contexts must be >= 1")
         if self.repeats < 1:
             raise ValueError("repeats must be >= 1")
+        if self.draft_tokens < 0:
+            raise ValueError("draft tokens must be >= 0")
 
     @property
-    def steps_per_context(self) -> int:
-        """Decode steps each sequence may take at one context: two a visit, a visit per grid point a round."""
-        return len(self.batch_sizes) * len(self.prefill_tokens) * self.repeats * 2
+    def tokens_per_context(self) -> int:
+        """Tokens each decoder may gain at one context: two steps a visit, a visit per grid point a round, one token
+        a decode step and up to k + 1 a verify step (its drafts are rejected unless the model happens to agree)."""
+        verify = self.draft_tokens + 1 if self.draft_tokens else 0
+        return len(self.batch_sizes) * (len(self.prefill_tokens) + verify) * self.repeats * 2
 
 
 @dataclass(frozen=True)
@@ -69,18 +77,36 @@ class Point:
     context: int
     shape: StepShape
     seconds: float
+    drafts: int = 0  # drafts each decode row verified (a verify point), 0 for a plain step
 
 
-def step_shape(engine: Engine, schedule: Sequence[tuple[int, int]]) -> StepShape:
-    """The cost model's view of a step, from the engine's state before it (as `SimEngine.step` computes it)."""
+def step_shape(
+    engine: Engine, schedule: Sequence[tuple[int, int]], drafts: Mapping[int, Sequence[int]] | None = None
+) -> StepShape:
+    """The cost model's view of a step, from the engine's state before it (as `SimEngine.step` computes it): a row
+    verifying k drafts is one sequence computing and sampling k + 1 positions, each attending to its context."""
     num_tokens = attention = kv_tokens = sampled = 0
     for seq_id, count in schedule:
         computed = engine.num_computed(seq_id)
-        num_tokens += count
-        attention += chunk_attention_pairs(computed, count)
-        kv_tokens += computed + count
-        sampled += int(engine.num_pending(seq_id) == count)
+        k = len(drafts.get(seq_id, ())) if drafts else 0
+        pairs = chunk_attention_pairs(computed, count + k)
+        num_tokens += count + k
+        attention += pairs
+        kv_tokens += pairs if k and count == 1 else computed + count + k
+        sampled += (1 + k) * int(engine.num_pending(seq_id) == count)
     return StepShape(len(schedule), num_tokens, sampled, attention, kv_tokens)
+
+
+def grid_points(grid: Grid) -> list[tuple[int, int, int, int]]:
+    """(context, decode rows, prefill tokens, drafts a row) of each grid point, in the order a round visits them: at
+    each context and batch size its plain steps, then its verify step."""
+    keys = []
+    for context in grid.contexts:
+        for batch in grid.batch_sizes:
+            keys += [(context, batch, prefill, 0) for prefill in grid.prefill_tokens if batch or prefill]
+            if batch and grid.draft_tokens:
+                keys.append((context, batch, 0, grid.draft_tokens))
+    return keys
 
 
 def _prompt(length: int, vocab: int, seed: int) -> list[int]:
@@ -102,7 +128,7 @@ def measure(engine: Engine, grid: Grid, vocab: int, clock: Callable[[], float] =
     one): a decode point is timed inside the transient after a large step (AFTER_LARGE_STEPS), as served decodes
     are."""
     rows = max(grid.batch_sizes)
-    extra = grid.steps_per_context + 2  # decode steps a sequence takes at one context, and a margin
+    extra = grid.tokens_per_context + grid.draft_tokens + 2  # what a decoder gains at one context, its drafts, a margin
     params = SamplingParams(max_tokens=extra, temperature=0.0, ignore_eos=True)  # never reached
     decoders: dict[int, list[int]] = {context: [] for context in grid.contexts}
     try:
@@ -114,30 +140,25 @@ def measure(engine: Engine, grid: Grid, vocab: int, clock: Callable[[], float] =
                 decoders[context].append(seq_id)
                 _prefill(engine, seq_id)
             next_id += rows
-        keys = [
-            (context, batch, prefill)
-            for context in grid.contexts
-            for batch in grid.batch_sizes
-            for prefill in grid.prefill_tokens
-            if batch or prefill
-        ]
-        times: dict[tuple[int, int, int], list[float]] = {key: [] for key in keys}
-        shapes: dict[tuple[int, int, int], StepShape] = {}
+        keys = grid_points(grid)
+        times: dict[tuple[int, int, int, int], list[float]] = {key: [] for key in keys}
+        shapes: dict[tuple[int, int, int, int], StepShape] = {}
         for _ in range(grid.repeats):
             for key in keys:
-                context, batch, prefill = key
+                context, batch, prefill, drafts = key
                 for timed in (False, True):
                     schedule = [(s, engine.num_pending(s)) for s in decoders[context][:batch]]
+                    row_drafts = {s: _prompt(drafts, vocab, -1 - s) for s, _ in schedule} if drafts else None
                     if prefill:
                         fresh, next_id = next_id, next_id + 1
                         prefill_params = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True)
                         too_small = "the KV cache is too small for the grid; lower --batch-sizes"
                         add_row(engine, fresh, _prompt(prefill, vocab, fresh), prefill_params, prefill + 1, too_small)
                         schedule.append((fresh, prefill))
-                    shapes[key] = step_shape(engine, schedule)
+                    shapes[key] = step_shape(engine, schedule, row_drafts)
                     try:
                         start = clock()
-                        engine.step(schedule)
+                        engine.step(schedule, row_drafts) if row_drafts else engine.step(schedule)
                         elapsed = clock() - start
                     finally:
                         if prefill:
@@ -148,11 +169,11 @@ def measure(engine: Engine, grid: Grid, vocab: int, clock: Callable[[], float] =
         for seq_ids in decoders.values():
             for seq_id in seq_ids:
                 engine.remove(seq_id)
-    points = [Point(key[1], key[2], key[0], shapes[key], statistics.median(times[key])) for key in keys]
+    points = [Point(key[1], key[2], key[0], shapes[key], statistics.median(times[key]), key[3]) for key in keys]
     for point in points:
         print(
-            f"context {point.context:5d}  decode rows {point.decode_rows:3d}  prefill {point.prefill_tokens:4d}:"
-            f" {1e3 * point.seconds:8.2f} ms",
+            f"context {point.context:5d}  decode rows {point.decode_rows:3d}  prefill {point.prefill_tokens:4d}"
+            f"  drafts {point.drafts}: {1e3 * point.seconds:8.2f} ms",
             file=sys.stderr,
         )
     return points
@@ -296,8 +317,9 @@ def rows_for(grid: Grid) -> int:
 
 
 def sequence_tokens(grid: Grid, context: int) -> int:
-    """A grid decoder's whole length at `context`: the context, every decode step `measure` takes there, a margin."""
-    return context + grid.steps_per_context + 4
+    """A grid decoder's whole length at `context`: the context, what `measure`'s steps there add, its drafts, a
+    margin."""
+    return context + grid.tokens_per_context + grid.draft_tokens + 4
 
 
 def grid_kv_tokens(grid: Grid) -> int:

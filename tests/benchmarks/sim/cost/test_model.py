@@ -29,11 +29,14 @@ TRUE = FittedCostModel(
     knee_tokens=16,
     per_seq_s=0.0007,
     per_attention_mpair_s=0.35,
+    per_sampled_s=0.0003,
 )
+DRAFTS = 4  # the profile's verify steps: each row verifies this many drafts
 
 
 def profile_grid() -> list[StepShape]:
-    """Shapes like benchmarks.sim.profiling.steps's grid: B decode rows at context L, plus a P-token prompt."""
+    """Shapes like benchmarks.sim.profiling.steps's grid: B decode rows at context L, plus a P-token prompt, and B
+    rows verifying DRAFTS drafts each (one sequence, DRAFTS + 1 positions computed and sampled a row)."""
     shapes = []
     for context in (32, 256, 1024):
         for rows in (0, 1, 2, 4, 8, 16, 32, 64):
@@ -44,6 +47,9 @@ def profile_grid() -> list[StepShape]:
                 tokens = rows + prefill
                 attention = rows * chunk_attention_pairs(context, 1) + chunk_attention_pairs(0, prefill)
                 shapes.append(StepShape(seqs, tokens, seqs, attention, rows * (context + 1) + prefill))
+            if rows:
+                width, pairs = rows * (DRAFTS + 1), rows * chunk_attention_pairs(context, DRAFTS + 1)
+                shapes.append(StepShape(rows, width, width, pairs, pairs))
     return shapes
 
 
@@ -53,7 +59,8 @@ def test_fit_recovers_known_coefficients_exactly_from_noise_free_steps() -> None
     fitted = report.model
     assert isinstance(fitted, FittedCostModel)  # one regime: no switch_tokens
     assert fitted.knee_tokens == TRUE.knee_tokens
-    for field in ("const_s", "per_token_s", "per_token_over_knee_s", "per_seq_s", "per_attention_mpair_s"):
+    fields = ("const_s", "per_token_s", "per_token_over_knee_s", "per_seq_s", "per_attention_mpair_s", "per_sampled_s")
+    for field in fields:
         assert getattr(fitted, field) == pytest.approx(getattr(TRUE, field), rel=1e-6), field
     assert report.mean_abs_pct_error < 1e-6 and report.r_squared > 0.999999
 
@@ -87,6 +94,17 @@ def test_fitted_model_round_trips_through_cost_json(tmp_path: Path) -> None:
     report = fit_cost_model(shapes, [TRUE.step_time(s) for s in shapes], source="round trip")
     save_fitted(report, tmp_path / "cost.json", {"points": []})
     assert load_fitted(tmp_path / "cost.json") == report.model
+
+
+def test_a_cost_json_fitted_before_sampled_positions_were_a_feature_loads_with_none(tmp_path: Path) -> None:
+    report = fit_cost_model(profile_grid(), [TRUE.step_time(s) for s in profile_grid()], source="older")
+    save_fitted(report, tmp_path / "cost.json", {"points": []})
+    document = json.loads((tmp_path / "cost.json").read_text())
+    del document["model"]["per_sampled_s"]  # as cost.json files written before the verify points
+    (tmp_path / "cost.json").write_text(json.dumps(document))
+    older = load_fitted(tmp_path / "cost.json")
+    assert isinstance(older, FittedCostModel) and older.per_sampled_s == 0.0
+    assert older == dataclasses.replace(report.model, per_sampled_s=0.0)
 
 
 # The engine's row switch (int4 up to 10 tokens a step, a dense copy past it): past the switch the fixed cost

@@ -8,7 +8,7 @@ decode steps from `AFTER_LARGE_SETTLED` on, as a median over its prefills.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import pytest
 
@@ -71,10 +71,13 @@ class TimedEngine:
         for table in (self.pending, self._computed, self._reserved):
             table.pop(seq_id, None)
 
-    def step(self, schedule: Sequence[tuple[int, int]]) -> None:
+    def step(self, schedule: Sequence[tuple[int, int]], drafts: Mapping[int, Sequence[int]] | None = None) -> None:
+        """Drafts are checked as the engine checks them and all rejected: the row gains one token, as plain."""
         for seq_id, count in schedule:
             assert 1 <= count <= self.pending[seq_id]
-            assert self._computed[seq_id] + count <= self._reserved[seq_id], "stepped past its reservation"
+            k = len((drafts or {}).get(seq_id, ()))
+            assert self._computed[seq_id] + count + k <= self._reserved[seq_id], "stepped past its reservation"
+            assert not k or count == self.pending[seq_id], "drafts for a row that does not sample"
         if sum(count for _, count in schedule) > SWITCH_TOKENS:
             self.now += PREFILL_S
             self._since_large, self._large_steps = 0, self._large_steps + 1
@@ -127,37 +130,48 @@ class DriftingEngine(TimedEngine):
         self.slow_steps = slow_steps
         self.steps = 0
 
-    def step(self, schedule: Sequence[tuple[int, int]]) -> None:
+    def step(self, schedule: Sequence[tuple[int, int]], drafts: Mapping[int, Sequence[int]] | None = None) -> None:
         before = self.now
-        super().step(schedule)
-        cost = STEP_S_PER_TOKEN * sum(count for _, count in schedule)
+        super().step(schedule, drafts)
+        cost = STEP_S_PER_TOKEN * sum(count + len((drafts or {}).get(seq_id, ())) for seq_id, count in schedule)
         self.now = before + cost * (SLOW if self.steps in self.slow_steps else 1.0)
         self.steps += 1
 
 
 def test_the_grid_takes_each_points_median_over_rounds_so_a_slow_stretch_bends_no_point() -> None:
-    grid = Grid(batch_sizes=(1, 2, 4), prefill_tokens=(0, 16), contexts=(8, 24), repeats=3)
-    # 12 points of 2 steps each: 24 steps a round. Any 12 steps in a row hold at most one visit of each point; these
-    # 12 (after the 8 decoders' prefill steps and a round) are the second context's whole block in the second round,
-    # so timing point by point would have put a slow stretch on each of its six points' every repeat.
-    engine = DriftingEngine(grid_kv_tokens(grid), slow_steps=range(8 + 24 + 12, 8 + 24 + 24))
+    grid = Grid(batch_sizes=(1, 2, 4), prefill_tokens=(0, 16), contexts=(8, 24), repeats=3, draft_tokens=3)
+    # 18 points (2 plain and a verify point per batch size and context) of 2 steps each: 36 steps a round. Any 18
+    # steps in a row hold at most one visit of each point; these 18 (after the 8 decoders' prefill steps and a round)
+    # are the second context's whole block in the second round, so timing point by point would have put a slow
+    # stretch on each of its nine points' every repeat.
+    engine = DriftingEngine(grid_kv_tokens(grid), slow_steps=range(8 + 36 + 18, 8 + 36 + 36))
     points = measure(engine, grid, vocab=1000, clock=engine.clock)  # type: ignore[arg-type]
-    assert [(p.context, p.decode_rows, p.prefill_tokens) for p in points] == [
-        (context, batch, prefill) for context in (8, 24) for batch in (1, 2, 4) for prefill in (0, 16)
+    assert [(p.context, p.decode_rows, p.prefill_tokens, p.drafts) for p in points] == [
+        (context, batch, prefill, drafts)
+        for context in (8, 24)
+        for batch in (1, 2, 4)
+        for prefill, drafts in ((0, 0), (16, 0), (0, 3))
     ]
     for point in points:
-        assert point.shape.num_tokens == point.decode_rows + point.prefill_tokens
+        width = point.decode_rows * (1 + point.drafts)
+        assert point.shape.num_tokens == width + point.prefill_tokens
         assert point.seconds == pytest.approx(STEP_S_PER_TOKEN * point.shape.num_tokens, rel=1e-9)
-    assert engine.steps == 8 + 3 * 24  # every step accounted for: the window fell inside the rounds
+        # A verify row is one sequence computing and sampling k + 1 positions, each attending to its context.
+        assert point.shape.num_seqs == point.decode_rows + (1 if point.prefill_tokens else 0)
+        if point.drafts:
+            assert point.shape.num_sampled == width
+            assert point.shape.attention_pairs > width * point.context
+    assert engine.steps == 8 + 3 * 36  # every step accounted for: the window fell inside the rounds
     assert engine.pending == {}  # the decoders and every prefill are gone
 
 
 def test_the_grid_fits_in_the_tokens_it_asks_for_and_cleans_up_when_it_fails() -> None:
     grid = Grid(batch_sizes=(1, 3), prefill_tokens=(0, 20), contexts=(8, 40), repeats=2)
-    needed = 3 * sum(context + grid.steps_per_context + 2 for context in grid.contexts) + 20 + 1  # and a prefill
+    # Each decoder: its context, what the steps add (verify steps up to k + 1 tokens), room for its drafts, a margin.
+    needed = 3 * sum(context + grid.tokens_per_context + 4 + 2 for context in grid.contexts) + 20 + 1  # and a prefill
     assert grid_kv_tokens(grid) >= needed
     exact = TimedEngine(needed)
-    assert len(measure(exact, grid, vocab=1000)) == 8  # type: ignore[arg-type]
+    assert len(measure(exact, grid, vocab=1000)) == 12  # type: ignore[arg-type]
     assert exact.pending == {}
     short = TimedEngine(needed - 1)  # every decoder fits; a prefill beside them does not
     with pytest.raises(ValueError, match="too small"):
