@@ -243,9 +243,7 @@ class SimEngine(CacheQueries):
             num_tokens += width
             pairs = width * computed + width * (width + 1) // 2  # chunk_attention_pairs, inlined
             attention += pairs
-            # A 1-token row with drafts runs as k + 1 decode rows sharing a block table (engine/model/forward_batch),
-            # each reading its context; a longer one as a chunk.
-            kv_tokens += pairs if k and count == 1 else end + k
+            kv_tokens += end + k  # its context, read once: a verify row's k + 1 positions share it
             seq.computed = end
             if end == seq.seq_len:  # its pending tokens ran out: the engine samples one (k + 1 with drafts)
                 sampled += 1 + k

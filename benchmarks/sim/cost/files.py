@@ -13,7 +13,10 @@ from typing import Any
 from benchmarks.results_io.report import write_json
 from benchmarks.sim.cost.model import FitReport, FittedCostModel, SwitchedCostModel
 
-_FORM = "t = const + tokens*T + tokens_over_knee*max(0, T - knee) + seqs*S + attention_mpairs*A/1e6 + sampled*P"
+_FORM = (
+    "t = const + tokens*T + tokens_over_knee*max(0, T - knee) + seqs*S + attention_mpairs*A/1e6 + sampled*P"
+    " + kv_mtokens*K/1e6"
+)
 
 
 def save_fitted(report: FitReport, path: Path, extra: Mapping[str, Any]) -> None:

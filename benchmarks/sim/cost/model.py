@@ -4,15 +4,17 @@ Every model shares one interface (`CostModel.step_time(StepShape, idle_s)`):
 
 - `FittedCostModel`, measured on this machine by `benchmarks.sim.profiling.steps` and fitted by least squares:
 
-      t = a + b*T + c*max(0, T - k) + d*S + e*A + f*P
+      t = a + b*T + c*max(0, T - k) + d*S + e*A + f*P + g*K
 
   T: tokens computed in the step (prompt chunks plus decode tokens), S: sequences in the step, A: attention
   work in millions of (query token, key position) pairs, P: positions sampled (one a decoding row, k + 1 a row
-  verifying k drafts). `a` is the fixed cost of a step, `b` the cost of a token while the weight reads dominate,
-  `c` the extra cost per token once the matmuls turn compute-bound past a knee of k tokens (on a CPU, a batch-8
-  step costs little more than batch 1, a batch-32 step about 3x), `d` the per-row cost (bookkeeping), `e`
-  attention over the context, `f` a sampled position's (the LM head's row, the sampler). In a decode step S = P
-  and every row is one token: the profile's verify steps (P = T = 5 S) and prompt chunks (P <= 1) tell b, d and f
+  verifying k drafts), K: millions of KV tokens read, each sequence's context once. `a` is the fixed cost of a
+  step, `b` the cost of a token while the weight reads dominate, `c` the extra cost per token once the matmuls
+  turn compute-bound past a knee of k tokens (on a CPU, a batch-8 step costs little more than batch 1, a
+  batch-32 step about 3x), `d` the per-row cost (bookkeeping), `e` attention's arithmetic, `f` a sampled
+  position's (the LM head's row, the sampler), `g` reading the cache (a decode row's attention waits on memory;
+  a verify row's k + 1 positions read one context, from cache after the first). In a decode step S = P, and
+  A = K: the profile's verify steps (P = T = 5 S, A = 5 K) and prompt chunks (P <= 1, A ~ K**2 / 2) tell them
   apart. All coefficients are kept non-negative; k is the best of a grid of candidate knees.
 
   Where the engine switches weights by step size (quantised up to `max_quantized_rows` tokens a step, a dense
@@ -53,7 +55,7 @@ class StepShape:
     num_tokens: int  # T: tokens computed (prompt chunks plus decode tokens)
     num_sampled: int  # sequences whose pending tokens ran out, so a token is sampled (the LM head runs for them)
     attention_pairs: int  # A: sum over computed tokens of the positions each attends to (its own included)
-    kv_tokens: int  # sum over sequences of the context held in cache after the step (KV bytes read)
+    kv_tokens: int  # sum over sequences of the context in cache after the step: KV read, each sequence's once
 
 
 def chunk_attention_pairs(computed: int, count: int) -> int:
@@ -71,7 +73,7 @@ class CostModel(Protocol):
 
 
 # ----- the fitted (measured) model -----
-FEATURES = ("const", "tokens", "tokens_over_knee", "seqs", "attention_mpairs", "sampled")
+FEATURES = ("const", "tokens", "tokens_over_knee", "seqs", "attention_mpairs", "sampled", "kv_mtokens")
 
 
 @dataclass(frozen=True)
@@ -84,11 +86,14 @@ class FittedCostModel:
     per_attention_mpair_s: float
     source: str = "synthetic"  # what was measured: machine, model, threads
     cold_step_s: float = 0.0  # extra for a step after at least COLD_AFTER_S of idle
-    per_sampled_s: float = 0.0  # 0 in cost models fitted before the profile timed verify steps (part of per_seq_s)
+    # 0 in cost models fitted before these were features (their cost fell in per_seq_s and per_attention_mpair_s)
+    per_sampled_s: float = 0.0
+    per_kv_mtoken_s: float = 0.0
 
     def __post_init__(self) -> None:
         values = (self.const_s, self.per_token_s, self.per_token_over_knee_s, self.per_seq_s, self.cold_step_s)
-        if any(not (v >= 0 and math.isfinite(v)) for v in (*values, self.per_attention_mpair_s, self.per_sampled_s)):
+        values += (self.per_attention_mpair_s, self.per_sampled_s, self.per_kv_mtoken_s)
+        if any(not (v >= 0 and math.isfinite(v)) for v in values):
             raise ValueError(f"cost coefficients must be finite and >= 0: {self}")
         if self.knee_tokens < 0:
             raise ValueError(f"knee_tokens must be >= 0, got {self.knee_tokens}")
@@ -106,6 +111,7 @@ class FittedCostModel:
             + self.per_seq_s * shape.num_seqs
             + self.per_attention_mpair_s * shape.attention_pairs * 1e-6
             + self.per_sampled_s * shape.num_sampled
+            + self.per_kv_mtoken_s * shape.kv_tokens * 1e-6
         )
 
 
@@ -138,7 +144,15 @@ class FitReport:
 
 def _design(shapes: Sequence[StepShape], knee: int) -> np.ndarray:
     rows = [
-        (1.0, s.num_tokens, max(0, s.num_tokens - knee), s.num_seqs, s.attention_pairs * 1e-6, s.num_sampled)
+        (
+            1.0,
+            s.num_tokens,
+            max(0, s.num_tokens - knee),
+            s.num_seqs,
+            s.attention_pairs * 1e-6,
+            s.num_sampled,
+            s.kv_tokens * 1e-6,
+        )
         for s in shapes
     ]
     return np.asarray(rows, dtype=np.float64)  # [points, features]
@@ -185,6 +199,7 @@ def _fit(shapes: Sequence[StepShape], seconds: Sequence[float], source: str, kne
         per_attention_mpair_s=float(coef[4]),
         source=source,
         per_sampled_s=float(coef[5]),
+        per_kv_mtoken_s=float(coef[6]),
     )
     return _report(model, shapes, times)
 
@@ -221,7 +236,7 @@ def _report(model: FittedCostModel | SwitchedCostModel, shapes: Sequence[StepSha
 
 def _nonnegative_lstsq(design: np.ndarray, target: np.ndarray) -> tuple[np.ndarray, float]:
     """Least squares with every coefficient >= 0, exactly: the optimum is the unconstrained fit on its own support,
-    so try the fit on every subset of the (six) features and keep the best one that is non-negative."""
+    so try the fit on every subset of the (seven) features and keep the best one that is non-negative."""
     features = design.shape[1]
     best_coef, best_residual = np.zeros(features), float(np.sum(target**2))
     for size in range(1, features + 1):

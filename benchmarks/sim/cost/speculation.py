@@ -5,7 +5,7 @@ row keeps drafts up to the first wrong one, plus the bonus token. A decode step 
 tokens for its cost; with speculation every row verifies k+1 positions and emits on average
 1 + R + ... + R**k = (1 - R**(k+1)) / (1 - R) tokens. A row and its k drafts are charged as the engine runs them and
 the simulator charges them (`benchmarks.sim.engine.SimEngine.step`): one sequence computing and sampling k + 1
-positions, each attending to the row's context.
+positions, each attending to the row's context, which is read once.
 Speculation pays at batch b while its tokens per second beat plain decode's; the break-even batch is the first b
 where they do not (`crossing` interpolates where the speedup passes 1).
 
@@ -41,11 +41,12 @@ def accepted_drafts(draw: Callable[[], float], rate: float, k: int) -> int:
 def decode_shape(rows: int, drafts: int, context: int, drafting: int | None = None) -> StepShape:
     """A decode step of `rows` rows after `context` cached tokens each, `drafting` of them (all by default) verifying
     `drafts` drafts: as the simulator charges it, a row and its drafts are one sequence of drafts + 1 positions, each
-    sampled, each reading its context."""
+    sampled, each attending to the row's context, which is read once."""
     verifying = rows if drafting is None else drafting
     pairs = verifying * chunk_attention_pairs(context, drafts + 1) + (rows - verifying) * (context + 1)
     width = rows + verifying * drafts
-    return StepShape(num_seqs=rows, num_tokens=width, num_sampled=width, attention_pairs=pairs, kv_tokens=pairs)
+    kv = rows * (context + 1) + verifying * drafts
+    return StepShape(num_seqs=rows, num_tokens=width, num_sampled=width, attention_pairs=pairs, kv_tokens=kv)
 
 
 def speedups(

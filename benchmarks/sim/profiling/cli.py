@@ -45,6 +45,7 @@ from api.runtime.build import build_model_runtime, load
 from benchmarks.results_io.machine import machine_facts
 from benchmarks.sim.cost.files import save_fitted
 from benchmarks.sim.cost.model import CostModel, FitReport, FittedCostModel, fit_cost_model
+from benchmarks.sim.cost.refit import refit
 from benchmarks.sim.cost.served import (
     ServedStepExtra,
     served_load_json,
@@ -108,6 +109,12 @@ def build_parser() -> argparse.ArgumentParser:
     g = Grid()
     parser = argparse.ArgumentParser(prog="python -m benchmarks fit-cost", description=_DESCRIPTION)
     parser.add_argument("--out", type=Path, required=True, help="cost.json to write")
+    parser.add_argument(
+        "--refit",
+        type=Path,
+        metavar="COST_JSON",
+        help="measure nothing: fit the current form to the points this cost.json measured (sim/cost/refit.py)",
+    )
     grid = parser.add_argument_group("grid")
     grid.add_argument("--batch-sizes", type=_ints, default=g.batch_sizes, help="decode rows per step")
     grid.add_argument("--prefill-tokens", type=_ints, default=g.prefill_tokens, help="prompt tokens per step")
@@ -271,14 +278,7 @@ def cost_document(
     }
 
 
-def print_summary(
-    report: FitReport,
-    engine_steps: EngineSteps,
-    cold: ColdSteps,
-    loads: dict[str, Load],
-    served_probe: ServedProbe | None,
-    out: Path,
-) -> None:
+def print_fit(report: FitReport) -> None:
     regimes = (
         [("", report.model)]
         if isinstance(report.model, FittedCostModel)
@@ -289,8 +289,19 @@ def print_summary(
             f"fit: {name}t = {1e3 * m.const_s:.3f} ms + {1e3 * m.per_token_s:.4f} ms/token"
             f" + {1e3 * m.per_token_over_knee_s:.4f} ms/token over {m.knee_tokens} + {1e3 * m.per_seq_s:.4f} ms/seq"
             f" + {1e3 * m.per_attention_mpair_s:.3f} ms per M attention pairs"
-            f" + {1e3 * m.per_sampled_s:.4f} ms/sampled position"
+            f" + {1e3 * m.per_sampled_s:.4f} ms/sampled position + {1e3 * m.per_kv_mtoken_s:.3f} ms per M KV tokens"
         )
+
+
+def print_summary(
+    report: FitReport,
+    engine_steps: EngineSteps,
+    cold: ColdSteps,
+    loads: dict[str, Load],
+    served_probe: ServedProbe | None,
+    out: Path,
+) -> None:
+    print_fit(report)
     engine_cold = engine_steps.cold
     print(
         f"cold step (after {COLD_IDLE_S:g} s idle, engine alone): decode +{1e3 * engine_cold.decode_s:.2f} ms,"
@@ -323,6 +334,16 @@ def print_summary(
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    command = " ".join([sys.executable, "-m", "benchmarks", "fit-cost", *(argv or sys.argv[1:])])
+    if args.refit is not None:
+        try:
+            report = refit(args.refit, args.out, command)
+        except (OSError, ValueError) as exc:
+            parser.error(f"--refit {args.refit}: {exc}")
+        print_fit(report)
+        errors = f"mean {100 * report.mean_abs_pct_error:.1f}%, max {100 * report.max_abs_pct_error:.1f}%"
+        print(f"fit error: {errors}, R^2 {report.r_squared:.4f}; wrote {args.out}")
+        return 0
     try:
         grid = Grid(args.batch_sizes, args.prefill_tokens, args.contexts, args.repeats, args.draft_tokens)
         modes = served_load_modes(args.served_load_modes)
@@ -356,7 +377,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         extras = {mode: extra for mode, (*_, extra) in loads.items()}
         cold = served_cold_steps(with_served_extra(report.model, extras, "continuous"), cold, served_probe)
     report = dataclasses.replace(report, model=with_cold_steps(report.model, cold))
-    command = " ".join([sys.executable, "-m", "benchmarks", "fit-cost", *(argv or sys.argv[1:])])
     seconds = time.perf_counter() - started
     document = cost_document(command, args, served, grid, seconds, engine_steps, report.model, loads, served_probe)
     save_fitted(report, args.out, document)

@@ -84,15 +84,15 @@ def step_shape(
     engine: Engine, schedule: Sequence[tuple[int, int]], drafts: Mapping[int, Sequence[int]] | None = None
 ) -> StepShape:
     """The cost model's view of a step, from the engine's state before it (as `SimEngine.step` computes it): a row
-    verifying k drafts is one sequence computing and sampling k + 1 positions, each attending to its context."""
+    verifying k drafts is one sequence computing and sampling k + 1 positions, each attending to its context, which
+    is read once."""
     num_tokens = attention = kv_tokens = sampled = 0
     for seq_id, count in schedule:
         computed = engine.num_computed(seq_id)
         k = len(drafts.get(seq_id, ())) if drafts else 0
-        pairs = chunk_attention_pairs(computed, count + k)
         num_tokens += count + k
-        attention += pairs
-        kv_tokens += pairs if k and count == 1 else computed + count + k
+        attention += chunk_attention_pairs(computed, count + k)
+        kv_tokens += computed + count + k
         sampled += (1 + k) * int(engine.num_pending(seq_id) == count)
     return StepShape(len(schedule), num_tokens, sampled, attention, kv_tokens)
 

@@ -338,7 +338,7 @@ def test_request_overhead_delays_what_the_client_sees_and_changes_no_decision() 
 
 
 def test_simulate_adds_the_cost_files_served_overhead(tmp_path: Path) -> None:
-    shapes = [StepShape(n, n * t, n, n * t * t, n * t) for n in (1, 2, 4) for t in (1, 16)]
+    shapes = [StepShape(n, n * t, n, n * t * t, n * t) for n in (1, 2, 4) for t in (1, 4, 16)]
     report = fit_cost_model(shapes, [COST.step_time(s) for s in shapes], "test")
     save_fitted(report, tmp_path / "bare.json", {})
     save_fitted(report, tmp_path / "served.json", {"served": {"outside_step_s": 0.02}})
@@ -400,7 +400,7 @@ def test_arrivals_within_one_step_stall_it_once() -> None:
 
 
 def test_simulate_reads_the_busy_arrival_from_the_cost_file(tmp_path: Path) -> None:
-    shapes = [StepShape(n, n * t, n, n * t * t, n * t) for n in (1, 2, 4) for t in (1, 16)]
+    shapes = [StepShape(n, n * t, n, n * t * t, n * t) for n in (1, 2, 4) for t in (1, 4, 16)]
     report = fit_cost_model(shapes, [COST.step_time(s) for s in shapes], "test")
     save_fitted(report, tmp_path / "cost.json", {"served": {"busy_stall_s": 0.004, "busy_outside_s": 0.009}})
     assert load_busy_arrival(tmp_path / "cost.json") == BusyArrival(0.004, 0.009)

@@ -70,9 +70,9 @@ def test_all_drafts_accepted_emit_k_plus_one_tokens_and_keep_their_keys() -> Non
     assert out.drafts.accepted_per_pos == (1, 1, 1, 1) and out.drafts.by_seq == ((0, 4, 4),)
     # 11 known tokens before; 5 emitted: 16 known, 15 computed (the bonus token is pending), as the engine's rollback.
     assert engine.num_computed(0) == 15 and engine.num_pending(0) == 1
-    # Charged as the engine runs it: one sequence whose 5 positions are computed and sampled, each reading its own
-    # context (11, 12, ... 15 keys), as the profile's verify points are timed.
-    assert shapes.seen[-1] == StepShape(1, 5, 5, 11 + 12 + 13 + 14 + 15, 11 + 12 + 13 + 14 + 15)
+    # Charged as the engine runs it: one sequence whose 5 positions are computed and sampled, each attending to its
+    # own context (11, 12, ... 15 keys), which is read once (15 keys), as the profile's verify points are timed.
+    assert shapes.seen[-1] == StepShape(1, 5, 5, 11 + 12 + 13 + 14 + 15, 15)
     assert shapes.seen[-1] == decode_shape(1, 4, 10)  # as the break-even prediction charges it
     engine.step([(0, 1)])
     assert shapes.seen[-1] == decode_shape(1, 0, 15)

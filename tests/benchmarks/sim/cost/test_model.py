@@ -20,37 +20,9 @@ from benchmarks.sim.cost.model import (
     chunk_attention_pairs,
     fit_cost_model,
 )
+from benchmarks.sim.cost.refit import refit
 from benchmarks.sim.cost.roofline import BUILTIN_CONFIGS, GPUS, RooflineCostModel, load_model_shape
-
-TRUE = FittedCostModel(
-    const_s=0.012,
-    per_token_s=0.0004,
-    per_token_over_knee_s=0.0021,
-    knee_tokens=16,
-    per_seq_s=0.0007,
-    per_attention_mpair_s=0.35,
-    per_sampled_s=0.0003,
-)
-DRAFTS = 4  # the profile's verify steps: each row verifies this many drafts
-
-
-def profile_grid() -> list[StepShape]:
-    """Shapes like benchmarks.sim.profiling.steps's grid: B decode rows at context L, plus a P-token prompt, and B
-    rows verifying DRAFTS drafts each (one sequence, DRAFTS + 1 positions computed and sampled a row)."""
-    shapes = []
-    for context in (32, 256, 1024):
-        for rows in (0, 1, 2, 4, 8, 16, 32, 64):
-            for prefill in (0, 32, 128, 512):
-                if rows == 0 and prefill == 0:
-                    continue
-                seqs = rows + (1 if prefill else 0)
-                tokens = rows + prefill
-                attention = rows * chunk_attention_pairs(context, 1) + chunk_attention_pairs(0, prefill)
-                shapes.append(StepShape(seqs, tokens, seqs, attention, rows * (context + 1) + prefill))
-            if rows:
-                width, pairs = rows * (DRAFTS + 1), rows * chunk_attention_pairs(context, DRAFTS + 1)
-                shapes.append(StepShape(rows, width, width, pairs, pairs))
-    return shapes
+from tests.benchmarks.sim.cost.helpers import FIELDS, TRUE, older_profile, profile_grid
 
 
 def test_fit_recovers_known_coefficients_exactly_from_noise_free_steps() -> None:
@@ -59,8 +31,7 @@ def test_fit_recovers_known_coefficients_exactly_from_noise_free_steps() -> None
     fitted = report.model
     assert isinstance(fitted, FittedCostModel)  # one regime: no switch_tokens
     assert fitted.knee_tokens == TRUE.knee_tokens
-    fields = ("const_s", "per_token_s", "per_token_over_knee_s", "per_seq_s", "per_attention_mpair_s", "per_sampled_s")
-    for field in fields:
+    for field in FIELDS:
         assert getattr(fitted, field) == pytest.approx(getattr(TRUE, field), rel=1e-6), field
     assert report.mean_abs_pct_error < 1e-6 and report.r_squared > 0.999999
 
@@ -96,15 +67,47 @@ def test_fitted_model_round_trips_through_cost_json(tmp_path: Path) -> None:
     assert load_fitted(tmp_path / "cost.json") == report.model
 
 
-def test_a_cost_json_fitted_before_sampled_positions_were_a_feature_loads_with_none(tmp_path: Path) -> None:
+def test_a_cost_json_fitted_before_sampled_positions_and_kv_reads_were_features_loads_with_none(
+    tmp_path: Path,
+) -> None:
     report = fit_cost_model(profile_grid(), [TRUE.step_time(s) for s in profile_grid()], source="older")
     save_fitted(report, tmp_path / "cost.json", {"points": []})
     document = json.loads((tmp_path / "cost.json").read_text())
-    del document["model"]["per_sampled_s"]  # as cost.json files written before the verify points
+    del document["model"]["per_sampled_s"], document["model"]["per_kv_mtoken_s"]  # as older cost.json files
     (tmp_path / "cost.json").write_text(json.dumps(document))
     older = load_fitted(tmp_path / "cost.json")
-    assert isinstance(older, FittedCostModel) and older.per_sampled_s == 0.0
-    assert older == dataclasses.replace(report.model, per_sampled_s=0.0)
+    assert isinstance(older, FittedCostModel) and older.per_sampled_s == older.per_kv_mtoken_s == 0.0
+    assert older == dataclasses.replace(report.model, per_sampled_s=0.0, per_kv_mtoken_s=0.0)
+
+
+def test_refit_fits_the_current_form_to_a_profiles_points_and_keeps_what_it_measured(tmp_path: Path) -> None:
+    shapes = older_profile(tmp_path / "older.json", switch=None)
+    report = refit(tmp_path / "older.json", tmp_path / "new.json", "fit-cost --refit older.json --out new.json")
+    model = load_fitted(tmp_path / "new.json")
+    assert model == report.model and isinstance(model, FittedCostModel)
+    for field in FIELDS:
+        assert getattr(model, field) == pytest.approx(getattr(TRUE, field), rel=1e-6), field
+    assert model.cold_step_s == 0.005  # measured after idle: not in the points, carried over
+    document = json.loads((tmp_path / "new.json").read_text())
+    assert document["served"] == {"outside_step_s": 0.004}
+    assert document["refit"]["from"] == str(tmp_path / "older.json")
+    assert document["refit"]["profile_command"] == "fit-cost --out older.json"
+    assert [p["fitted_ms"] for p in document["points"]] == pytest.approx([1e3 * TRUE.step_time(s) for s in shapes])
+
+
+def test_refit_keeps_a_switched_profiles_regimes_and_their_cold_steps(tmp_path: Path) -> None:
+    older_profile(tmp_path / "older.json", switch=8)
+    model = refit(tmp_path / "older.json", tmp_path / "new.json", "refit").model
+    assert isinstance(model, SwitchedCostModel) and model.max_small_tokens == 8
+    assert (model.small.cold_step_s, model.large.cold_step_s) == (0.002, 0.005)
+    assert model.large.per_kv_mtoken_s == pytest.approx(TRUE.per_kv_mtoken_s, rel=1e-6)
+
+
+def test_refit_of_a_file_without_points_is_an_error_naming_it(tmp_path: Path) -> None:
+    report = fit_cost_model(profile_grid(), [TRUE.step_time(s) for s in profile_grid()], source="no points")
+    save_fitted(report, tmp_path / "bare.json", {"points": []})
+    with pytest.raises(ValueError, match=r"bare\.json holds no measured points"):
+        refit(tmp_path / "bare.json", tmp_path / "new.json", "refit")
 
 
 # The engine's row switch (int4 up to 10 tokens a step, a dense copy past it): past the switch the fixed cost

@@ -1,0 +1,52 @@
+"""`python -m benchmarks fit-cost --refit OLD.json --out NEW.json`: the current model form fitted to the steps a
+cost.json measured, without measuring again. A profile keeps every timed point's shape and time, so one taken on a
+machine out of reach today (another CPU class) takes a new feature of the form; features its grid never varied
+(the per-sampled-position cost needs verify points) fit as the least-squares split allows. The cold-step costs and
+the served sections carry over as measured."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any
+
+from benchmarks.sim.cost.files import load_fitted, save_fitted
+from benchmarks.sim.cost.model import FitReport, FittedCostModel, StepShape, SwitchedCostModel, fit_cost_model
+
+_REPLACED = ("form", "model", "fit")  # what save_fitted writes anew
+
+
+def refit(source: Path, out: Path, command: str) -> FitReport:
+    document: dict[str, Any] = json.loads(source.read_text())
+    points = document.get("points") or []
+    if not points:
+        raise ValueError(f"{source} holds no measured points to fit")
+    shapes = [StepShape(**point["shape"]) for point in points]
+    seconds = [point["measured_ms"] / 1e3 for point in points]
+    old = load_fitted(source)
+    switch = old.max_small_tokens if isinstance(old, SwitchedCostModel) else None
+    label = old.small.source if isinstance(old, SwitchedCostModel) else old.source
+    report = fit_cost_model(shapes, seconds, label, switch_tokens=switch)
+    report = dataclasses.replace(report, model=_with_cold_steps_of(report.model, old))
+    extra = {key: value for key, value in document.items() if key not in _REPLACED}
+    extra["points"] = [
+        {**point, "fitted_ms": 1e3 * report.model.step_time(shape)} for point, shape in zip(points, shapes, strict=True)
+    ]
+    extra["refit"] = {"from": str(source), "command": command, "profile_command": document.get("command")}
+    save_fitted(report, out, extra)
+    return report
+
+
+def _with_cold_steps_of(
+    model: FittedCostModel | SwitchedCostModel, old: FittedCostModel | SwitchedCostModel
+) -> FittedCostModel | SwitchedCostModel:
+    """`model` with `old`'s cold-step costs, regime by regime (the same points split at the same switch)."""
+    if isinstance(model, SwitchedCostModel) and isinstance(old, SwitchedCostModel):
+        small = dataclasses.replace(model.small, cold_step_s=old.small.cold_step_s)
+        return dataclasses.replace(
+            model, small=small, large=dataclasses.replace(model.large, cold_step_s=old.large.cold_step_s)
+        )
+    if isinstance(model, FittedCostModel) and isinstance(old, FittedCostModel):
+        return dataclasses.replace(model, cold_step_s=old.cold_step_s)
+    raise ValueError("the refit's regimes differ from the profile's")
