@@ -91,8 +91,8 @@ class FittedCostModel:
     per_kv_mtoken_s: float = 0.0
 
     def __post_init__(self) -> None:
-        values = (self.const_s, self.per_token_s, self.per_token_over_knee_s, self.per_seq_s, self.cold_step_s)
-        values += (self.per_attention_mpair_s, self.per_sampled_s, self.per_kv_mtoken_s)
+        values = [self.const_s, self.per_token_s, self.per_token_over_knee_s, self.per_seq_s, self.cold_step_s]
+        values += [self.per_attention_mpair_s, self.per_sampled_s, self.per_kv_mtoken_s]
         if any(not (v >= 0 and math.isfinite(v)) for v in values):
             raise ValueError(f"cost coefficients must be finite and >= 0: {self}")
         if self.knee_tokens < 0:
