@@ -3,9 +3,10 @@
 
 For each folder and each mode it ran with and without speculation (`<mode>` and `<mode>-spec`), the measured speedup
 is the spec run's output tokens per second over the plain run's. The simulator then runs the same requests at the same
-concurrency (min of --seats and --max-concurrency: a closed loop of c clients keeps at most c requests in the
-server) with the folder's --speculative-config, replaying the folder's exported traces when it has them
-(`--export-workload`; a closed loop's all at once), else the workload its settings name, over SEEDS seeds. The
+concurrency (min of --seats, --max-concurrency and --num-prompts: a closed loop of c clients keeps at most c
+requests in the server, and never more than it has) with the folder's --speculative-config, replaying the folder's
+exported traces when it has them (`--export-workload`; a closed loop's all at once), else the workload its settings
+name, over SEEDS seeds. The
 acceptance rate R is --acceptance-rate, else the spec run's counters (accepted / drafted = (R + ... + R**k) / k
 under synthetic acceptance with k drafts a row, solved for R), and the draft rate D is --draft-rate, else the spec
 run's rows that verified drafts over its sampling row-steps (generated tokens less accepted ones; runs that predate
@@ -168,7 +169,9 @@ def points(
         if not settings.get("speculative_config"):
             raise ValueError(f"{folder}: not an `ab --speculation both` run (no speculative_config)")
         k = SpeculativeConfig.from_json(settings["speculative_config"]).num_speculative_tokens
-        concurrency = min(int(settings["seats"]), int(settings.get("max_concurrency") or settings["seats"]))
+        # A closed loop of c clients over n < c requests never has more than n in the server.
+        bounds = (settings["seats"], settings.get("max_concurrency"), settings.get("num_prompts"))
+        concurrency = min(int(bound) for bound in bounds if bound)
         pairs = [name for name in runs if name + SPEC_SUFFIX in runs]
         if not pairs:
             raise ValueError(f"{folder}: no <mode> and <mode>{SPEC_SUFFIX} runs side by side")

@@ -181,6 +181,13 @@ def test_check_sets_the_measured_break_even_beside_the_simulated(tmp_path, capsy
         main(["--cost-model", str(cost), "--check", str(tmp_path)])  # no result.json there
 
 
+def test_a_loop_over_fewer_requests_than_seats_is_placed_at_its_requests(tmp_path) -> None:
+    cost = tmp_path / "cost.json"
+    cost.write_text(json.dumps({"model": {f: getattr(CPU, f) for f in CPU.__dataclass_fields__}}))
+    folder = _ab_folder(tmp_path, 16, 400.0, 320.0)  # 16 seats, 8 requests: at most 8 in the server
+    assert [p.concurrency for p in points(cost, [folder], None)] == [8]
+
+
 def test_check_takes_the_draft_rate_from_the_runs_counters(tmp_path) -> None:
     cost = tmp_path / "cost.json"
     cost.write_text(json.dumps({"model": {f: getattr(CPU, f) for f in CPU.__dataclass_fields__}}))
