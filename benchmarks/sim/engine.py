@@ -17,10 +17,11 @@ Speculation (`SchedulerConfig.speculative`): the real scheduler proposes drafts 
 that may draft has k with probability `draft_rate`, else none, as n-gram lookup finds a match or not; the draft-length
 rule picks how many it verifies, from the step costs it measures on the virtual clock), and a row verifying k drafts
 accepts each with probability `acceptance_rate`, independently, up to the first wrong one (vLLM's synthetic
-acceptance), then emits the bonus token. The step is charged as the engine runs it: a row and its drafts are one
-sequence whose k + 1 positions are computed, sampled and attend to its context as k + 1 decode rows would (the
-profile times such steps: `Grid.draft_tokens`). The cache rolls back by the accepted length: the row's computed
-tokens grow by what it emitted less one, and only full blocks of accepted tokens are registered.
+acceptance), then emits the bonus token. The step is charged as one sequence whose k + 1 positions are computed,
+sampled and attend to its context, read once (the engine runs them as k + 1 decode-kernel rows over one block table:
+the later ones read it from cache), which is how the profile's verify steps are described (`Grid.draft_tokens`).
+The cache rolls back by the accepted length: the row's computed tokens grow by what it emitted less one, and only
+full blocks of accepted tokens are registered.
 """
 
 from __future__ import annotations

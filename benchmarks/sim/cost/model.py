@@ -13,9 +13,11 @@ Every model shares one interface (`CostModel.step_time(StepShape, idle_s)`):
   turn compute-bound past a knee of k tokens (on a CPU, a batch-8 step costs little more than batch 1, a
   batch-32 step about 3x), `d` the per-row cost (bookkeeping), `e` attention's arithmetic, `f` a sampled
   position's (the LM head's row, the sampler), `g` reading the cache (a decode row's attention waits on memory;
-  a verify row's k + 1 positions read one context, from cache after the first). In a decode step S = P, and
-  A = K: the profile's verify steps (P = T = 5 S, A = 5 K) and prompt chunks (P <= 1, A ~ K**2 / 2) tell them
-  apart. All coefficients are kept non-negative; k is the best of a grid of candidate knees.
+  a verify row's k + 1 positions read one context, from cache after the first: a modelling assumption, the
+  engine runs them as k + 1 decode-kernel rows). In a decode step S = P, and A = K: the profile's verify steps
+  (P = T = 5 S, A ~ 5 K) and prompt chunks (A ~ K**2 / 2) tell them apart. Where no measured step has S != P (a
+  profile without verify points), f is held at 0 and d carries a sampled position's cost, as it did before P was
+  a feature. All coefficients are kept non-negative; k is the best of a grid of candidate knees.
 
   Where the engine switches weights by step size (quantised up to `max_quantized_rows` tokens a step, a dense
   copy past it: engine.model.linear.RowSwitchedLinear), cost is not one smooth function of T: past the switch the
@@ -53,7 +55,8 @@ class StepShape:
 
     num_seqs: int  # S: sequences computed
     num_tokens: int  # T: tokens computed (prompt chunks plus decode tokens)
-    num_sampled: int  # sequences whose pending tokens ran out, so a token is sampled (the LM head runs for them)
+    num_sampled: int  # positions sampled (the LM head runs for them): 1 a row whose pending tokens ran out, k + 1 a
+    # row verifying k drafts
     attention_pairs: int  # A: sum over computed tokens of the positions each attends to (its own included)
     kv_tokens: int  # sum over sequences of the context in cache after the step: KV read, each sequence's once
 
@@ -183,8 +186,13 @@ def _fit(shapes: Sequence[StepShape], seconds: Sequence[float], source: str, kne
         top = max(s.num_tokens for s in shapes)
         knees = sorted({0, *(int(k) for k in np.unique([s.num_tokens for s in shapes]) if k < top)})
     best: tuple[float, int, np.ndarray] | None = None
+    # Without a step whose sampled positions differ from its sequences, the two columns are one: least squares would
+    # split their cost evenly, which no measurement says. P is left out and S carries it (as before P was a feature).
+    sampled_told_apart = any(s.num_sampled != s.num_seqs for s in shapes)
     for knee in knees:
         design = _design(shapes, knee) / times[:, None]
+        if not sampled_told_apart:
+            design[:, FEATURES.index("sampled")] = 0.0
         coef, residual = _nonnegative_lstsq(design, np.ones_like(times))
         if best is None or residual < best[0] - 1e-15:
             best = (residual, knee, coef)

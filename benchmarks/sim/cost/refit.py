@@ -1,8 +1,9 @@
 """`python -m benchmarks fit-cost --refit OLD.json --out NEW.json`: the current model form fitted to the steps a
 cost.json measured, without measuring again. A profile keeps every timed point's shape and time, so one taken on a
 machine out of reach today (another CPU class) takes a new feature of the form; features its grid never varied
-(the per-sampled-position cost needs verify points) fit as the least-squares split allows. The cold-step costs and
-the served sections carry over as measured."""
+(the per-sampled-position cost needs verify points) stay out of it (`fit_cost_model`). The served sections and the
+decode cold cost carry over as measured; the prefill cold cost, which the profile took as the served lone prefill
+less the old fit's time for it, is taken against the new fit."""
 
 from __future__ import annotations
 
@@ -12,7 +13,14 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.sim.cost.files import load_fitted, save_fitted
-from benchmarks.sim.cost.model import FitReport, FittedCostModel, StepShape, SwitchedCostModel, fit_cost_model
+from benchmarks.sim.cost.model import (
+    FitReport,
+    FittedCostModel,
+    StepShape,
+    SwitchedCostModel,
+    chunk_attention_pairs,
+    fit_cost_model,
+)
 
 _REPLACED = ("form", "model", "fit")  # what save_fitted writes anew
 
@@ -22,13 +30,17 @@ def refit(source: Path, out: Path, command: str) -> FitReport:
     points = document.get("points") or []
     if not points:
         raise ValueError(f"{source} holds no measured points to fit")
-    shapes = [StepShape(**point["shape"]) for point in points]
-    seconds = [point["measured_ms"] / 1e3 for point in points]
+    try:
+        shapes = [StepShape(**point["shape"]) for point in points]
+        seconds = [point["measured_ms"] / 1e3 for point in points]
+    except (KeyError, TypeError) as exc:
+        raise ValueError(f"{source}: a point without a step shape and its measured_ms: {exc}") from exc
     old = load_fitted(source)
     switch = old.max_small_tokens if isinstance(old, SwitchedCostModel) else None
     label = old.small.source if isinstance(old, SwitchedCostModel) else old.source
     report = fit_cost_model(shapes, seconds, label, switch_tokens=switch)
-    report = dataclasses.replace(report, model=_with_cold_steps_of(report.model, old))
+    model = _with_cold_steps_of(report.model, old, (document.get("served") or {}).get("prompt_tokens"))
+    report = dataclasses.replace(report, model=model)
     extra = {key: value for key, value in document.items() if key not in _REPLACED}
     extra["points"] = [
         {**point, "fitted_ms": 1e3 * report.model.step_time(shape)} for point, shape in zip(points, shapes, strict=True)
@@ -39,14 +51,18 @@ def refit(source: Path, out: Path, command: str) -> FitReport:
 
 
 def _with_cold_steps_of(
-    model: FittedCostModel | SwitchedCostModel, old: FittedCostModel | SwitchedCostModel
+    model: FittedCostModel | SwitchedCostModel, old: FittedCostModel | SwitchedCostModel, served_prompt: int | None
 ) -> FittedCostModel | SwitchedCostModel:
-    """`model` with `old`'s cold-step costs, regime by regime (the same points split at the same switch)."""
+    """`model` with `old`'s cold-step costs, regime by regime (the same points split at the same switch). With a
+    served probe (`served_prompt` tokens), the prefill regime's was served minus the old warm time of that prompt:
+    here served minus the new one, the same served time (`benchmarks.sim.profiling.steps.served_cold_steps`)."""
+    prefill_cold = old.large.cold_step_s if isinstance(old, SwitchedCostModel) else old.cold_step_s
+    if served_prompt:
+        lone = StepShape(1, served_prompt, 1, chunk_attention_pairs(0, served_prompt), served_prompt)
+        prefill_cold = max(0.0, prefill_cold + old.step_time(lone) - model.step_time(lone))
     if isinstance(model, SwitchedCostModel) and isinstance(old, SwitchedCostModel):
         small = dataclasses.replace(model.small, cold_step_s=old.small.cold_step_s)
-        return dataclasses.replace(
-            model, small=small, large=dataclasses.replace(model.large, cold_step_s=old.large.cold_step_s)
-        )
+        return dataclasses.replace(model, small=small, large=dataclasses.replace(model.large, cold_step_s=prefill_cold))
     if isinstance(model, FittedCostModel) and isinstance(old, FittedCostModel):
-        return dataclasses.replace(model, cold_step_s=old.cold_step_s)
+        return dataclasses.replace(model, cold_step_s=prefill_cold)
     raise ValueError("the refit's regimes differ from the profile's")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
+from typing import Any
 
 from benchmarks.sim.cost.files import save_fitted
 from benchmarks.sim.cost.model import (
@@ -38,9 +39,9 @@ FIELDS = (
 )
 
 
-def profile_grid() -> list[StepShape]:
-    """Shapes like benchmarks.sim.profiling.steps's grid: B decode rows at context L, plus a P-token prompt, and B
-    rows verifying DRAFTS drafts each (one sequence, DRAFTS + 1 positions computed and sampled a row)."""
+def profile_grid(verify: bool = True) -> list[StepShape]:
+    """Shapes like benchmarks.sim.profiling.steps's grid: B decode rows at context L, plus a P-token prompt, and
+    (`verify`) B rows verifying DRAFTS drafts each (one sequence, DRAFTS + 1 positions computed and sampled a row)."""
     shapes = []
     for context in (32, 256, 1024):
         for rows in (0, 1, 2, 4, 8, 16, 32, 64):
@@ -51,16 +52,19 @@ def profile_grid() -> list[StepShape]:
                 tokens = rows + prefill
                 attention = rows * chunk_attention_pairs(context, 1) + chunk_attention_pairs(0, prefill)
                 shapes.append(StepShape(seqs, tokens, seqs, attention, rows * (context + 1) + prefill))
-            if rows:  # a verify row's positions attend to its context, which is read once
+            if rows and verify:  # a verify row's positions attend to its context, which is read once
                 width, pairs = rows * (DRAFTS + 1), rows * chunk_attention_pairs(context, DRAFTS + 1)
                 shapes.append(StepShape(rows, width, width, pairs, rows * (context + DRAFTS + 1)))
     return shapes
 
 
-def older_profile(path: Path, switch: int | None) -> list[StepShape]:
-    """A cost.json as an older fit-cost wrote it: the measured points, a model of the form before K (kv reads) and
-    P (sampled positions), with its cold-step costs and served section."""
-    shapes = profile_grid()
+def older_profile(
+    path: Path, switch: int | None, served: dict[str, Any] | None = None, verify: bool = True
+) -> list[StepShape]:
+    """A cost.json as an older fit-cost wrote it: the measured points (`verify`: with verify steps, which older
+    profiles lack), a model of the form before K (kv reads) and P (sampled positions), with its cold-step costs and
+    `served` section."""
+    shapes = profile_grid(verify)
     report = fit_cost_model(shapes, [TRUE.step_time(s) for s in shapes], source="older", switch_tokens=switch)
     older = report.model
     if isinstance(older, SwitchedCostModel):
@@ -75,6 +79,7 @@ def older_profile(path: Path, switch: int | None) -> list[StepShape]:
         {"decode_rows": 0, "shape": dataclasses.asdict(s), "measured_ms": 1e3 * TRUE.step_time(s), "fitted_ms": 0.0}
         for s in shapes
     ]
-    document = {"command": "fit-cost --out older.json", "served": {"outside_step_s": 0.004}, "points": points}
+    served = {"outside_step_s": 0.004} if served is None else served
+    document = {"command": "fit-cost --out older.json", "served": served, "points": points}
     save_fitted(dataclasses.replace(report, model=older), path, document)
     return shapes

@@ -67,7 +67,7 @@ def test_fitted_model_round_trips_through_cost_json(tmp_path: Path) -> None:
     assert load_fitted(tmp_path / "cost.json") == report.model
 
 
-def test_a_cost_json_fitted_before_sampled_positions_and_kv_reads_were_features_loads_with_none(
+def test_a_cost_json_fitted_before_sampled_positions_and_kv_reads_were_features_loads_them_as_zero(
     tmp_path: Path,
 ) -> None:
     report = fit_cost_model(profile_grid(), [TRUE.step_time(s) for s in profile_grid()], source="older")
@@ -101,6 +101,37 @@ def test_refit_keeps_a_switched_profiles_regimes_and_their_cold_steps(tmp_path: 
     assert isinstance(model, SwitchedCostModel) and model.max_small_tokens == 8
     assert (model.small.cold_step_s, model.large.cold_step_s) == (0.002, 0.005)
     assert model.large.per_kv_mtoken_s == pytest.approx(TRUE.per_kv_mtoken_s, rel=1e-6)
+
+
+def test_a_profile_without_verify_points_leaves_sampled_positions_to_the_row_cost() -> None:
+    # Every step samples as many positions as it holds sequences: nothing tells the two costs apart, so the fit keeps
+    # the sampled position's cost in the row's rather than halving it between them.
+    shapes = profile_grid(verify=False)
+    assert all(s.num_sampled == s.num_seqs for s in shapes)
+    fitted = fit_cost_model(shapes, [TRUE.step_time(s) for s in shapes], source="no verify points").model
+    assert isinstance(fitted, FittedCostModel) and fitted.per_sampled_s == 0.0
+    assert fitted.per_seq_s == pytest.approx(TRUE.per_seq_s + TRUE.per_sampled_s, rel=1e-6)
+    assert fitted.per_kv_mtoken_s == pytest.approx(TRUE.per_kv_mtoken_s, rel=1e-6)  # prompt chunks tell K from A
+
+
+def test_refit_takes_the_served_prefills_cold_cost_against_the_new_fit(tmp_path: Path) -> None:
+    older_profile(tmp_path / "older.json", switch=None, served={"prompt_tokens": 30, "prefill_s": 0.05})
+    old = load_fitted(tmp_path / "older.json")
+    model = refit(tmp_path / "older.json", tmp_path / "new.json", "refit").model
+    lone = StepShape(1, 30, 1, chunk_attention_pairs(0, 30), 30)
+    # The profile set it as served minus the old warm time; the same served time less the new warm time.
+    assert model.step_time(lone) != pytest.approx(old.step_time(lone))
+    assert isinstance(old, FittedCostModel) and isinstance(model, FittedCostModel)
+    assert model.cold_step_s == pytest.approx(old.cold_step_s + old.step_time(lone) - model.step_time(lone))
+
+
+def test_refit_of_a_point_without_its_shape_is_an_error_naming_the_file(tmp_path: Path) -> None:
+    older_profile(tmp_path / "older.json", switch=None)
+    document = json.loads((tmp_path / "older.json").read_text())
+    del document["points"][0]["shape"]
+    (tmp_path / "older.json").write_text(json.dumps(document))
+    with pytest.raises(ValueError, match=r"older\.json: a point without a step shape"):
+        refit(tmp_path / "older.json", tmp_path / "new.json", "refit")
 
 
 def test_refit_of_a_file_without_points_is_an_error_naming_it(tmp_path: Path) -> None:

@@ -12,6 +12,7 @@ from collections.abc import Mapping, Sequence
 
 import pytest
 
+from benchmarks.sim.cost.speculation import decode_shape
 from benchmarks.sim.profiling.steps import (
     AFTER_LARGE_SETTLED,
     AFTER_LARGE_STEPS,
@@ -21,6 +22,7 @@ from benchmarks.sim.profiling.steps import (
     grid_kv_tokens,
     measure,
     measure_after_large,
+    step_shape,
 )
 from engine.sample.sampling_params import SamplingParams
 
@@ -163,6 +165,15 @@ def test_the_grid_takes_each_points_median_over_rounds_so_a_slow_stretch_bends_n
             assert point.shape.attention_pairs > width * point.context
     assert engine.steps == 8 + 3 * 36  # every step accounted for: the window fell inside the rounds
     assert engine.pending == {}  # the decoders and every prefill are gone
+
+
+def test_the_profile_sees_a_verify_row_as_the_simulator_charges_it() -> None:
+    engine = TimedEngine()
+    engine.add(0, list(range(41)), SamplingParams(max_tokens=8))
+    assert engine.reserve(0, 50)
+    engine.step([(0, 40)])  # 40 keys cached, the 41st token pending
+    assert step_shape(engine, [(0, 1)], {0: [7, 7, 7, 7]}) == decode_shape(1, 4, 40)  # type: ignore[arg-type]
+    assert step_shape(engine, [(0, 1)]) == decode_shape(1, 0, 40)  # type: ignore[arg-type]
 
 
 def test_the_grid_fits_in_the_tokens_it_asks_for_and_cleans_up_when_it_fails() -> None:
