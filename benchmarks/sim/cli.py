@@ -34,7 +34,13 @@ from benchmarks.loadgen.workloads import WORKLOADS, WorkloadConfig
 from benchmarks.results_io.report import NO_CACHE_SUFFIX, ABOutcome, columns_table
 from benchmarks.results_io.tables import format_run
 from benchmarks.sim.cluster import ROUTERS
-from benchmarks.sim.cost.files import BusyArrival, load_busy_arrival, load_fitted, load_request_overhead
+from benchmarks.sim.cost.files import (
+    BusyArrival,
+    load_busy_arrival,
+    load_fitted,
+    load_request_overhead,
+    verify_steps_note,
+)
 from benchmarks.sim.cost.model import CostModel
 from benchmarks.sim.cost.roofline import GPUS, RooflineCostModel, load_model_shape
 from benchmarks.sim.cost.served import load_served_extras, served_load_modes, with_served_extra
@@ -322,6 +328,9 @@ def simulation_settings(args: argparse.Namespace) -> tuple[CostModel, dict[str, 
     if args.served_load and args.cost_model is not None and (unmeasured := set(charged) - set(extras)):
         print(f"note: {args.cost_model} has no load probe of {sorted(unmeasured)}: not charged", file=sys.stderr)
     extras = {mode: extra for mode, extra in extras.items() if mode in charged}
+    speculating = args.speculative_config and args.speculation != "off"
+    if speculating and args.cost_model is not None and (note := verify_steps_note(args.cost_model)) is not None:
+        print(note, file=sys.stderr)
     busy = load_busy_arrival(args.cost_model) if args.cost_model is not None and args.busy_arrival else BusyArrival()
     settings = {
         name: SimSettings(

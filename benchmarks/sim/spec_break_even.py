@@ -7,12 +7,20 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from benchmarks.sim.cost.files import load_fitted
+from benchmarks.sim.cost.files import load_fitted, verify_steps_note
 from benchmarks.sim.cost.speculation import crossing, speedups
 from benchmarks.sim.spec_check import check
+
+
+def _verify_note(path: Path) -> str | None:
+    try:
+        return verify_steps_note(path)
+    except (OSError, ValueError):
+        return None  # the cost model's own loading reports a bad file
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -46,6 +54,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         parser.error("--acceptance-rate must be in [0, 1)")
     if args.draft_rate is not None and not 0.0 <= args.draft_rate <= 1.0:
         parser.error("--draft-rate must be in [0, 1]")
+    if (note := _verify_note(args.cost_model)) is not None:
+        print(note, file=sys.stderr)
     if args.check is not None:
         try:
             print(check(args.cost_model, args.check, args.acceptance_rate, args.draft_rate))

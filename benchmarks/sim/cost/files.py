@@ -47,6 +47,23 @@ def load_fitted(path: Path) -> FittedCostModel | SwitchedCostModel:
         raise ValueError(f"{path} is not a cost model written by `python -m benchmarks fit-cost`: {exc}") from exc
 
 
+def timed_verify_steps(path: Path) -> bool:
+    """Whether the profile behind cost.json timed steps that verify drafts (`fit-cost --draft-tokens`): without them
+    its fit cannot tell a sampled position's cost from a row's, and a verify row's charge is a guess."""
+    points = json.loads(Path(path).read_text()).get("points") or []
+    return any(point.get("drafts") for point in points)
+
+
+def verify_steps_note(path: Path) -> str | None:
+    """The warning for a speculation run over a profile without verify steps, or None."""
+    if timed_verify_steps(path):
+        return None
+    return (
+        f"note: {path} timed no verify steps (a profile before fit-cost --draft-tokens): a verify row's cost is "
+        "extrapolated from plain steps"
+    )
+
+
 def served_section(path: Path) -> dict[str, Any]:
     """cost.json's `served` section: what the profile measured through a real server (empty when it did not)."""
     served: dict[str, Any] = json.loads(Path(path).read_text()).get("served") or {}

@@ -181,6 +181,17 @@ def test_check_sets_the_measured_break_even_beside_the_simulated(tmp_path, capsy
         main(["--cost-model", str(cost), "--check", str(tmp_path)])  # no result.json there
 
 
+def test_a_profile_without_verify_steps_is_named_in_a_note(tmp_path, capsys) -> None:
+    cost = tmp_path / "cost.json"
+    model = {f: getattr(CPU, f) for f in CPU.__dataclass_fields__}
+    cost.write_text(json.dumps({"model": model, "points": [{"drafts": 0}]}))
+    main(["--cost-model", str(cost), "--acceptance-rate", "0.6"])
+    assert "timed no verify steps" in capsys.readouterr().err
+    cost.write_text(json.dumps({"model": model, "points": [{"drafts": 0}, {"drafts": 4}]}))
+    main(["--cost-model", str(cost), "--acceptance-rate", "0.6"])
+    assert "verify steps" not in capsys.readouterr().err
+
+
 def test_a_loop_over_fewer_requests_than_seats_is_placed_at_its_requests(tmp_path) -> None:
     cost = tmp_path / "cost.json"
     cost.write_text(json.dumps({"model": {f: getattr(CPU, f) for f in CPU.__dataclass_fields__}}))
