@@ -45,7 +45,6 @@ from api.runtime.build import build_model_runtime, load
 from benchmarks.results_io.machine import machine_facts
 from benchmarks.sim.cost.files import save_fitted
 from benchmarks.sim.cost.model import CostModel, FitReport, FittedCostModel, fit_cost_model
-from benchmarks.sim.cost.refit import refit
 from benchmarks.sim.cost.served import (
     ServedStepExtra,
     served_load_json,
@@ -53,6 +52,7 @@ from benchmarks.sim.cost.served import (
     with_served_extra,
 )
 from benchmarks.sim.profiling.engine_replay import AloneReplay
+from benchmarks.sim.profiling.refit import refit
 from benchmarks.sim.profiling.served_probe import (
     LOAD_PROBE_ROW_TOKENS,
     ServedLoad,
@@ -113,7 +113,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--refit",
         type=Path,
         metavar="COST_JSON",
-        help="measure nothing: fit the current form to the points this cost.json measured (sim/cost/refit.py)",
+        help="measure nothing: fit the current form to the points this cost.json measured (sim/profiling/refit.py)",
     )
     grid = parser.add_argument_group("grid")
     grid.add_argument("--batch-sizes", type=_ints, default=g.batch_sizes, help="decode rows per step")
@@ -325,6 +325,10 @@ def print_summary(
             f" arriving mid-step: the step +{1e3 * served_probe.busy_stall_s:.2f} ms,"
             f" outside +{1e3 * served_probe.busy_outside_s:.2f} ms"
         )
+    print_fit_error(report, out)
+
+
+def print_fit_error(report: FitReport, out: Path) -> None:
     print(
         f"fit error: mean {100 * report.mean_abs_pct_error:.1f}%, max {100 * report.max_abs_pct_error:.1f}%,"
         f" R^2 {report.r_squared:.4f}; wrote {out}"
@@ -341,8 +345,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         except (OSError, ValueError) as exc:
             parser.error(f"--refit {args.refit}: {exc}")
         print_fit(report)
-        errors = f"mean {100 * report.mean_abs_pct_error:.1f}%, max {100 * report.max_abs_pct_error:.1f}%"
-        print(f"fit error: {errors}, R^2 {report.r_squared:.4f}; wrote {args.out}")
+        print_fit_error(report, args.out)
         return 0
     try:
         grid = Grid(args.batch_sizes, args.prefill_tokens, args.contexts, args.repeats, args.draft_tokens)

@@ -158,7 +158,7 @@ def measure(engine: Engine, grid: Grid, vocab: int, clock: Callable[[], float] =
                     shapes[key] = step_shape(engine, schedule, row_drafts)
                     try:
                         start = clock()
-                        engine.step(schedule, row_drafts) if row_drafts else engine.step(schedule)
+                        engine.step(schedule, row_drafts)
                         elapsed = clock() - start
                     finally:
                         if prefill:
@@ -277,11 +277,15 @@ def measure_after_large(
     return tuple(max(0.0, t - settled) for t in by_position_median[:AFTER_LARGE_STEPS])
 
 
+def lone_prefill(tokens: int) -> StepShape:
+    """A step that prefills one `tokens`-token prompt and samples its first token: the served probe's prefill."""
+    return StepShape(1, tokens, 1, chunk_attention_pairs(0, tokens), tokens)
+
+
 def served_cold_steps(model: CostModel, engine_cold: ColdSteps, served: ServedProbe) -> ColdSteps:
     """The prefill's cold cost as served: the served lone prefill minus the model's warm time for that prompt
     (the fit plus, where measured, the served continuous step's extra)."""
-    tokens = served.prompt_tokens
-    lone = StepShape(1, tokens, 1, chunk_attention_pairs(0, tokens), tokens)
+    lone = lone_prefill(served.prompt_tokens)
     return ColdSteps(decode_s=engine_cold.decode_s, prefill_s=max(0.0, served.prefill_s - model.step_time(lone)))
 
 

@@ -20,8 +20,8 @@ from benchmarks.sim.cost.model import (
     chunk_attention_pairs,
     fit_cost_model,
 )
-from benchmarks.sim.cost.refit import refit
 from benchmarks.sim.cost.roofline import BUILTIN_CONFIGS, GPUS, RooflineCostModel, load_model_shape
+from benchmarks.sim.profiling.refit import refit
 from tests.benchmarks.sim.cost.helpers import FIELDS, TRUE, older_profile, profile_grid
 
 

@@ -193,10 +193,10 @@ def test_the_grid_fits_in_the_tokens_it_asks_for_and_cleans_up_when_it_fails() -
 class FailingEngine(TimedEngine):
     """A step of decode rows beside a fresh prompt raises, as one that runs out of memory would."""
 
-    def step(self, schedule: Sequence[tuple[int, int]]) -> None:
+    def step(self, schedule: Sequence[tuple[int, int]], drafts: Mapping[int, Sequence[int]] | None = None) -> None:
         if len(schedule) > 1 and any(count > 1 for _, count in schedule):
             raise RuntimeError("the step failed")
-        super().step(schedule)
+        super().step(schedule, drafts)
 
 
 def test_a_step_that_raises_leaves_no_row_behind() -> None:

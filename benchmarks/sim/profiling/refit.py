@@ -3,7 +3,7 @@ cost.json measured, without measuring again. A profile keeps every timed point's
 machine out of reach today (another CPU class) takes a new feature of the form; features its grid never varied
 (the per-sampled-position cost needs verify points) stay out of it (`fit_cost_model`). The served sections and the
 decode cold cost carry over as measured; the prefill cold cost, which the profile took as the served lone prefill
-less the old fit's time for it, is taken against the new fit."""
+less the old fit's time for it, is taken against the new fit (`steps.with_cold_steps` sets them, as a profile's)."""
 
 from __future__ import annotations
 
@@ -13,14 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.sim.cost.files import load_fitted, save_fitted
-from benchmarks.sim.cost.model import (
-    FitReport,
-    FittedCostModel,
-    StepShape,
-    SwitchedCostModel,
-    chunk_attention_pairs,
-    fit_cost_model,
-)
+from benchmarks.sim.cost.model import FitReport, FittedCostModel, StepShape, SwitchedCostModel, fit_cost_model
+from benchmarks.sim.profiling.steps import ColdSteps, lone_prefill, with_cold_steps
 
 _REPLACED = ("form", "model", "fit")  # what save_fitted writes anew
 
@@ -39,8 +33,8 @@ def refit(source: Path, out: Path, command: str) -> FitReport:
     switch = old.max_small_tokens if isinstance(old, SwitchedCostModel) else None
     label = old.small.source if isinstance(old, SwitchedCostModel) else old.source
     report = fit_cost_model(shapes, seconds, label, switch_tokens=switch)
-    model = _with_cold_steps_of(report.model, old, (document.get("served") or {}).get("prompt_tokens"))
-    report = dataclasses.replace(report, model=model)
+    cold = _cold_steps_of(old, report.model, (document.get("served") or {}).get("prompt_tokens"))
+    report = dataclasses.replace(report, model=with_cold_steps(report.model, cold))
     extra = {key: value for key, value in document.items() if key not in _REPLACED}
     extra["points"] = [
         {**point, "fitted_ms": 1e3 * report.model.step_time(shape)} for point, shape in zip(points, shapes, strict=True)
@@ -50,19 +44,18 @@ def refit(source: Path, out: Path, command: str) -> FitReport:
     return report
 
 
-def _with_cold_steps_of(
-    model: FittedCostModel | SwitchedCostModel, old: FittedCostModel | SwitchedCostModel, served_prompt: int | None
-) -> FittedCostModel | SwitchedCostModel:
-    """`model` with `old`'s cold-step costs, regime by regime (the same points split at the same switch). With a
-    served probe (`served_prompt` tokens), the prefill regime's was served minus the old warm time of that prompt:
-    here served minus the new one, the same served time (`benchmarks.sim.profiling.steps.served_cold_steps`)."""
-    prefill_cold = old.large.cold_step_s if isinstance(old, SwitchedCostModel) else old.cold_step_s
+def _cold_steps_of(
+    old: FittedCostModel | SwitchedCostModel, new: FittedCostModel | SwitchedCostModel, served_prompt: int | None
+) -> ColdSteps:
+    """`old`'s cold-step costs, the decode regime's and the prefill regime's. With a served probe (`served_prompt`
+    tokens), the prefill one was served minus the old warm time of that prompt (`steps.served_cold_steps`): the same
+    served time less the new warm time."""
+    decode, prefill = (
+        (old.small.cold_step_s, old.large.cold_step_s)
+        if isinstance(old, SwitchedCostModel)
+        else (old.cold_step_s, old.cold_step_s)
+    )
     if served_prompt:
-        lone = StepShape(1, served_prompt, 1, chunk_attention_pairs(0, served_prompt), served_prompt)
-        prefill_cold = max(0.0, prefill_cold + old.step_time(lone) - model.step_time(lone))
-    if isinstance(model, SwitchedCostModel) and isinstance(old, SwitchedCostModel):
-        small = dataclasses.replace(model.small, cold_step_s=old.small.cold_step_s)
-        return dataclasses.replace(model, small=small, large=dataclasses.replace(model.large, cold_step_s=prefill_cold))
-    if isinstance(model, FittedCostModel) and isinstance(old, FittedCostModel):
-        return dataclasses.replace(model, cold_step_s=prefill_cold)
-    raise ValueError("the refit's regimes differ from the profile's")
+        lone = lone_prefill(served_prompt)
+        prefill = max(0.0, prefill + old.step_time(lone) - new.step_time(lone))
+    return ColdSteps(decode_s=decode, prefill_s=prefill)
