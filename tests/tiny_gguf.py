@@ -68,10 +68,11 @@ def write_tiny_gguf(
     model: PreTrainedModel | None = None,
     kinds: ProjectionKinds | None = None,
     file_type: LlamaFileType | None = None,
+    head_kind: GGMLQuantizationType = GGMLQuantizationType.Q8_0,
 ) -> Path:
     """The tiny Llama (tests.server_harness; or `model`, with its tokenizer) with its projections as Q4_1 blocks
-    (or as `kinds` says), its LM head Q8_0, the rest F32, and its byte-level BPE tokenizer and chat template, as
-    SmolLM2's GGUF holds them."""
+    (or as `kinds` says), its LM head Q8_0 (or `head_kind`), the rest F32, and its byte-level BPE tokenizer and chat
+    template, as SmolLM2's GGUF holds them."""
     model, tokenizer = model or tiny_loaded_model().model, tiny_tokenizer()
     config = model.config
     heads, kv_heads = int(config.num_attention_heads), int(config.num_key_value_heads)
@@ -110,7 +111,7 @@ def write_tiny_gguf(
     state = {name: tensor.detach().float().numpy() for name, tensor in model.state_dict().items()}
     add("token_embd.weight", state["model.embed_tokens.weight"], GGMLQuantizationType.F32)
     add("output_norm.weight", state["model.norm.weight"], GGMLQuantizationType.F32)
-    add("output.weight", state["lm_head.weight"], GGMLQuantizationType.Q8_0)
+    add("output.weight", state["lm_head.weight"], head_kind)
     for layer in range(config.num_hidden_layers):
         for ours, theirs in _LAYER_TENSORS.items():
             weight = state[f"model.layers.{layer}.{ours}.weight"]
@@ -138,12 +139,13 @@ def _q4_k_m_kinds(layer: int, name: str) -> GGMLQuantizationType:
 
 
 def write_tiny_q4_k_m_gguf(path: Path, only_q4_k: bool = False) -> Path:
-    """A tiny Llama as a Q4_K_M file (`only_q4_k`: every projection Q4_K): hidden size 256 and intermediate 512, so
-    that every projection's input is whole Q4_K super-blocks (256 weights)."""
+    """A tiny Llama as a Q4_K_M file (`only_q4_k`: every projection Q4_K), its LM head Q6_K as llama.cpp writes it:
+    hidden size 256 and intermediate 512, so that every projection's input is whole K-quant super-blocks (256
+    weights)."""
     tokenizer = tiny_tokenizer()
     model = build_tiny_causal_lm("llama", vocab_size=len(tokenizer), hidden_size=256, intermediate_size=512)
     kinds = (lambda layer, name: GGMLQuantizationType.Q4_K) if only_q4_k else _q4_k_m_kinds
-    return write_tiny_gguf(path, model, kinds, LlamaFileType.MOSTLY_Q4_K_M)
+    return write_tiny_gguf(path, model, kinds, LlamaFileType.MOSTLY_Q4_K_M, GGMLQuantizationType.Q6_K)
 
 
 def quantize_q6_k(weight: np.ndarray) -> np.ndarray:

@@ -112,7 +112,7 @@ def input_dtype(linear: AnyLinear) -> torch.dtype:
     """The activations' dtype the matmul takes (its weights' or scales')."""
     if isinstance(linear, matmuls.RowSwitchedLinear):
         return input_dtype(linear.dense or linear.quantized)
-    if isinstance(linear, matmuls.Int4DotLinear):
+    if isinstance(linear, matmuls.Int4DotLinear | matmuls.Int6DotLinear):
         return torch.bfloat16
     if isinstance(linear, matmuls.Int4Linear):
         return linear.scales_and_zeros.dtype
@@ -135,6 +135,8 @@ def linear_bytes(linear: AnyLinear) -> int:
         tensors = [linear.values, linear.scales]
     elif isinstance(linear, matmuls.Int8DotLinear):
         tensors = [linear.packed, linear.scales]
+    elif isinstance(linear, matmuls.Int6DotLinear):
+        tensors = [linear.packed, linear.sub_scales, linear.super_scales]
     else:
         tensors = [linear.weight]
     return sum(t.numel() * t.element_size() for t in tensors)

@@ -38,7 +38,8 @@ import torch
 
 from benchmarks.results_io.report import write_json
 from benchmarks.scripts.int4_gemm_bench import random_int4
-from engine.model.linear import ONE_DIGIT_GROUP, Int4DotLinear, Int8DotLinear
+from engine.model.head_linear import ONE_DIGIT_GROUP, Int8DotLinear
+from engine.model.linear import Int4DotLinear
 from engine.platform import native
 from engine.platform.cpu_features import cpu_features
 from engine.weights.quantization import Int8Weight

@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <vector>
 
 #include "ops.h"  // BATCHSERVE_OPS
 #include "vector_lanes.h"
@@ -83,6 +84,25 @@ template <typename T>
         quantise_group(x + r * K + g * group, group, xq + 2 * (r * K + g * group), x_scales + r * groups + g,
                        x_sums + r * groups + g);
   });
+}
+
+// What unsigned weight codes stored `offset` above their value add to each row's and group's integer dot product:
+// offset times the digits' sum, with the leading digit counted 127 times (one_digit: the leading digit alone, its 127
+// moved into the scale, so once). The kernels subtract it and get the signed weights' dot product exactly.
+[[maybe_unused]] std::vector<int32_t> digit_biases(const int8_t* xq, int64_t rows, int64_t K, int64_t group,
+                                                   int32_t offset, bool one_digit) {
+  const int64_t groups = K / group;
+  const int32_t leading_weight = one_digit ? 1 : 127, residual_weight = one_digit ? 0 : 1;
+  std::vector<int32_t> biases(rows * groups, 0);
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t g = 0; g < groups; ++g) {
+      const int8_t* digits = xq + 2 * (r * K + g * group);
+      int32_t sum = 0;
+      for (int64_t i = 0; i < 2 * group; i += 16)
+        for (int64_t j = 0; j < 8; ++j) sum += leading_weight * digits[i + j] + residual_weight * digits[i + 8 + j];
+      biases[r * groups + g] = offset * sum;
+    }
+  return biases;
 }
 
 }  // namespace

@@ -26,10 +26,12 @@ TORCH_LIBRARY(BATCHSERVE_OPS, m) {
   m.def("int8_gemv(Tensor x, Tensor values, Tensor scales) -> Tensor");
   m.def("int4_dot(Tensor x, Tensor packed, int group, Tensor scales, Tensor zeros) -> Tensor");
   m.def("int8_dot(Tensor x, Tensor packed, int group, Tensor scales, bool one_digit=False) -> Tensor");
+  m.def("int6_dot(Tensor x, Tensor packed, Tensor sub_scales, Tensor super_scales, bool one_digit=False) -> Tensor");
   m.def("int4_gemm(Tensor x, Tensor packed, int group, Tensor scales, Tensor zeros) -> Tensor");
   // No tensor arguments, so no dispatch key: registered with its function (a CPU kernel would never be chosen).
   m.def("int4_dot_available() -> bool", &BATCHSERVE_OPS::int4_dot_available);
   m.def("int8_dot_available() -> bool", &BATCHSERVE_OPS::int8_dot_available);
+  m.def("int6_dot_available() -> bool", &BATCHSERVE_OPS::int6_dot_available);
   m.def(
       "decode_layers(Tensor(a!) x, Tensor(b!) cache, Tensor[] layers, Tensor cos, Tensor sin, Tensor slot_mapping, "
       "Tensor block_table, Tensor context_lens, int heads, int kv_heads, int block_size, float scale, "
@@ -49,6 +51,7 @@ TORCH_LIBRARY_IMPL(BATCHSERVE_OPS, CPU, m) {
   m.impl("int8_gemv", &BATCHSERVE_OPS::int8_gemv);
   m.impl("int4_dot", &BATCHSERVE_OPS::int4_dot);
   m.impl("int8_dot", &BATCHSERVE_OPS::int8_dot);
+  m.impl("int6_dot", &BATCHSERVE_OPS::int6_dot);
   m.impl("int4_gemm", &BATCHSERVE_OPS::int4_gemm);
   m.impl("decode_layers", &BATCHSERVE_OPS::decode_layers);
 }

@@ -44,19 +44,10 @@ void int8_dot_rows(const T* x, const uint8_t* packed, const float* scales, T* y,
   const std::unique_ptr<int8_t[]> xq(new int8_t[2 * rows * K]);  // every digit is written: no zeroing
   std::vector<float> x_scales(rows * groups), x_sums(rows * groups);
   quantise_activations(x, rows, K, group, xq.get(), x_scales.data(), x_sums.data());
-  // What the weights' +128 adds to each group's integer dot product: 128 times the digits' sum, 127 * leading +
-  // residual with two digits. One digit is the leading digit alone, its 127 moved into the scale: its dot product
-  // needs no multiply before it turns float (two integer operations fewer per row and group of the LM head).
-  const int32_t leading_weight = one_digit ? 1 : 127, residual_weight = one_digit ? 0 : 1;
-  std::vector<int32_t> biases(rows * groups, 0);
-  for (int64_t r = 0; r < rows; ++r)
-    for (int64_t g = 0; g < groups; ++g) {
-      const int8_t* digits = xq.get() + 2 * (r * K + g * group);
-      int32_t sum = 0;
-      for (int64_t i = 0; i < 2 * group; i += 16)
-        for (int64_t j = 0; j < 8; ++j) sum += leading_weight * digits[i + j] + residual_weight * digits[i + 8 + j];
-      biases[r * groups + g] = 128 * sum;
-    }
+  // The weights' +128 comes back off as 128 times the digits' sum. One digit is the leading digit alone, its 127
+  // moved into the scale: its dot product needs no multiply before it turns float (two integer operations fewer per
+  // row and group of the LM head).
+  const std::vector<int32_t> biases = digit_biases(xq.get(), rows, K, group, 128, one_digit);
   if (one_digit)
     for (float& scale : x_scales) scale *= 127.0f;
   at::parallel_for(0, N / kDotBlock, 4, [&](int64_t begin, int64_t end) {

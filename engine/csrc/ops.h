@@ -64,6 +64,11 @@ torch::Tensor int8_dot(const torch::Tensor& x, const torch::Tensor& packed, int6
                        bool one_digit);
 bool int8_dot_available();
 
+// int6_dot.cpp (GGUF Q6_K weights by integer dot products: a 4-bit file's LM head)
+torch::Tensor int6_dot(const torch::Tensor& x, const torch::Tensor& packed, const torch::Tensor& sub_scales,
+                       const torch::Tensor& super_scales, bool one_digit);
+bool int6_dot_available();
+
 // int4_gemm.cpp (int4_dot's weights, many rows, one int8 digit per activation)
 torch::Tensor int4_gemm(const torch::Tensor& x, const torch::Tensor& packed, int64_t group, const torch::Tensor& scales,
                         const torch::Tensor& zeros);

@@ -25,6 +25,12 @@ namespace {
 constexpr int64_t kPrefetchBytes = 1024;  // int4 bytes requested ahead of use (the next groups)
 constexpr int64_t kBlockN = 64;  // output rows per block of int4_gemv's layout (int4_gemv.cpp)
 constexpr int64_t kDotBlock = 16;  // output rows per block of int4_dot's layout (int4_dot.cpp)
+constexpr int64_t kInt6Run = 16;  // int6_dot.cpp: inputs per sub-scale, per activation scale, per 192 bytes of a block
+constexpr int64_t kInt6RunBytes = 192;  // a run of 16 inputs for a block's 16 output rows
+constexpr int64_t kInt6RunsPerSuper = 16;  // runs per super-scale (Q6_K's 256 weights)
+// int6 bytes requested ahead of use: with int4's 1 KB, the 1B's LM head at one row read 43 GB/s against int8_dot's 47
+// on Zen 5; 4 KB ahead took its time to its bytes' share of int8's (0.82x).
+constexpr int64_t kInt6PrefetchBytes = 4096;
 
 #if defined(__AVX2__)
 // Four int8 activation digits, repeated across a 256-bit register: one 32-bit lane per output row (the AVX2

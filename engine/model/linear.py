@@ -5,8 +5,9 @@ On the CPU, `F.linear` goes to MKL's sgemm, which on AMD processors takes a gene
 decode step's projections ran 2x faster (batch 1 to 64) and 1.3x faster (prefill) through oneDNN with the
 weight reordered into its blocked layout ahead of time (the op torch's inductor emits for frozen CPU linears
 with dynamic batch sizes). The reordered copy is extra memory (one more copy of the projection weights), so
-it is optional. bfloat16 weights are reordered the same way. The quantised kernels and the measurements that chose
-between them are in docs/quantization.md.
+it is optional. bfloat16 weights are reordered the same way. The LM head's int8 and Q6_K matmuls are in
+engine/model/head_linear.py. The quantised kernels and the measurements that chose between them are in
+docs/quantization.md.
 """
 
 from __future__ import annotations
@@ -17,9 +18,10 @@ import torch
 import torch.nn.functional as F
 
 from engine.config import check_int4_gemm_scope
+from engine.model.head_linear import Int6DotLinear, Int8DotLinear, Int8Linear, int6_head
 from engine.platform.cpu_features import cpu_features
 from engine.platform.native import Kernels
-from engine.weights.quantization import Int4Weight, Int8Weight, QuantizedWeight
+from engine.weights.quantization import Int4Weight, Int6Weight, Int8Weight, QuantizedWeight
 
 
 def onednn_available(device: torch.device, dtype: torch.dtype) -> bool:
@@ -61,8 +63,6 @@ class Linear:
 
 
 INT4_BLOCK_ROWS = 64  # output rows per block of the kernels' int4_gemv layout
-INT8_DOT_BLOCK_ROWS = 16  # output rows per block of int8_dot's layout
-ONE_DIGIT_GROUP = 32  # inputs per activation scale with one int8 digit (int4_gemm's, llama.cpp's Q8_0 blocks)
 
 
 def pack_int4_blocks(values: torch.Tensor) -> torch.Tensor:
@@ -176,94 +176,8 @@ class Int4DotLinear:
         return y if self.bias is None else y + self.bias
 
 
-@dataclass(frozen=True)
-class Int8Linear:
-    """y = x (q * scale)^T + b with int8 weights and one scale per output row (`_weight_int8pack_mm`)."""
-
-    values: torch.Tensor  # [out, in] int8
-    scales: torch.Tensor  # [out] in the activations' dtype
-    bias: torch.Tensor | None
-    kernels: Kernels | None = None  # through their int8_gemv where it is measured faster (see __call__)
-    max_kernel_bf16_rows: int | None = None  # bfloat16 steps of more rows run torch's kernel; None: never
-
-    # Where the CPU has bf16 in hardware, up to this many bfloat16 rows the compiled kernel's prefetching streams the
-    # weights faster than torch's (an LM head step: 2.0 ms against 2.8 cold) and past it torch's is as fast. Without
-    # it torch's bf16 kernel is emulated: ours was 2x faster at 1 to 32 rows on an AVX2 EPYC (27.7 against 53.1 ms
-    # for a [32, 576] x [49152, 576] head). On float32 ours is 9x faster at any size.
-    NATIVE_BF16_ROWS = 8
-
-    @classmethod
-    def build(
-        cls, weight: Int8Weight, bias: torch.Tensor | None, dtype: torch.dtype, kernels: Kernels | None = None
-    ) -> Int8Linear:
-        limit = cls.NATIVE_BF16_ROWS if cpu_features().native_bf16 else None
-        return cls(weight.values.contiguous(), weight.scales.to(dtype), bias, kernels, limit)
-
-    @property
-    def in_features(self) -> int:
-        return int(self.values.shape[1])
-
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        limit = self.max_kernel_bf16_rows
-        if self.kernels and (x.dtype == torch.float32 or limit is None or x.shape[0] <= limit):
-            y = self.kernels.ops.int8_gemv(x, self.values, self.scales)
-        else:
-            y = torch.ops.aten._weight_int8pack_mm(x, self.values, self.scales)
-        return y if self.bias is None else y + self.bias
-
-
-@dataclass(frozen=True)
-class Int8DotLinear:
-    """Int8Linear's function by integer dot products (engine/csrc/int8_dot.cpp: AVX2, VNNI), for int8 weights where
-    activations may be quantised: each row's as two int8 digits per group of inputs, as Int4DotLinear's. Two
-    `vpdpbusd` cover 64 weights of a row where float FMAs cover 16 each, so the LM head's extra rows (a verify
-    step's drafts, a batch) cost a fraction of what they did; one row reads the same bytes."""
-
-    packed: torch.Tensor  # [out, in] uint8: w + 128, in blocks of 16 output rows (int8_dot.cpp has the layout)
-    scales: torch.Tensor  # [out] float32
-    group_size: int  # inputs per activation scale
-    bias: torch.Tensor | None
-    kernels: Kernels
-    dtype: torch.dtype  # the activations'
-    wide: Int8Linear | None = None  # steps of more rows than the build's int8_dot_max_rows run it (AVX2)
-
-    @staticmethod
-    def supports(weight: Int8Weight) -> bool:
-        out, inputs = weight.values.shape
-        return out % INT8_DOT_BLOCK_ROWS == 0 and inputs % 32 == 0
-
-    @classmethod
-    def build(
-        cls, weight: Int8Weight, bias: torch.Tensor | None, dtype: torch.dtype, kernels: Kernels
-    ) -> Int8DotLinear:
-        out, inputs = weight.values.shape
-        # w + 128 is w's byte with its top bit flipped: no wider copy of the weights on the way.
-        unsigned = weight.values.contiguous().view(torch.uint8).bitwise_xor(128)
-        blocks = unsigned.view(out // INT8_DOT_BLOCK_ROWS, INT8_DOT_BLOCK_ROWS, inputs // 4, 4).transpose(1, 2)
-        packed = blocks.contiguous().view(out, inputs)
-        group = 64 if inputs % 64 == 0 else 32
-        wide = None if kernels.int8_dot_max_rows is None else Int8Linear.build(weight, bias, dtype, kernels)
-        return cls(packed, weight.scales.float().contiguous(), group, bias, kernels, dtype, wide)
-
-    @property
-    def in_features(self) -> int:
-        return int(self.packed.shape[1])
-
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        limit = self.kernels.int8_dot_max_rows
-        if self.wide is not None and limit is not None and x.shape[0] > limit:
-            return self.wide(x)
-        y = self.kernels.ops.int8_dot(x, self.packed, self.group_size, self.scales)
-        return y if self.bias is None else y + self.bias
-
-    def gemm(self, x: torch.Tensor) -> torch.Tensor:
-        """The same weights for many rows: one int8 digit per activation in groups of 32 (as int4_gemm's), half
-        the integer work of two (`--int4-gemm`'s LM head; its quality: docs/quantization.md)."""
-        y = self.kernels.ops.int8_dot(x, self.packed, ONE_DIGIT_GROUP, self.scales, True)
-        return y if self.bias is None else y + self.bias
-
-
-QuantizedLinear = Int4Linear | Int4DotLinear | Int8Linear | Int8DotLinear
+IntegerDotLinear = Int4DotLinear | Int8DotLinear | Int6DotLinear  # those that run large steps on one digit (`gemm`)
+QuantizedLinear = Int4Linear | Int8Linear | IntegerDotLinear
 
 
 @dataclass(frozen=True)
@@ -284,7 +198,7 @@ class RowSwitchedLinear:
     min_gemm_rows: int | None = None  # steps of this many rows or more run one digit (`gemm`) where the weights allow
 
     def __post_init__(self) -> None:
-        if self.dense is None and not isinstance(self.quantized, Int4DotLinear | Int8DotLinear):
+        if self.dense is None and not isinstance(self.quantized, IntegerDotLinear):
             raise ValueError("only weights with integer dot products run large steps without a dense copy")
 
     @property
@@ -296,7 +210,7 @@ class RowSwitchedLinear:
         if rows <= self.max_quantized_rows:
             return self.quantized(x)
         gemm = self.dense is None or (self.min_gemm_rows is not None and rows >= self.min_gemm_rows)
-        if gemm and isinstance(self.quantized, Int4DotLinear | Int8DotLinear):
+        if gemm and isinstance(self.quantized, IntegerDotLinear):
             return self.quantized.gemm(x)
         assert self.dense is not None  # __post_init__: only the integer-dot linears go without
         return self.dense(x)
@@ -332,6 +246,11 @@ def build_linear(
         if kernels and int8_activations and kernels.has_int4_dot and Int4DotLinear.supports(weight, dtype):
             return Int4DotLinear.build(weight, bias, kernels)
         return Int4Linear.build(weight, bias, dtype, kernels)
+    if isinstance(weight, Int6Weight):
+        if kernels and int8_activations and kernels.has_int6_dot and Int6DotLinear.supports(weight):
+            return int6_head(weight, bias, dtype, kernels)
+        # No kernel here: its own values, dense (int8 would be another function than the file's and the reference's).
+        return Linear.build(weight.dequantize().to(dtype), bias, prepack)
     if isinstance(weight, Int8Weight):
         if kernels and int8_activations and kernels.has_int8_dot and Int8DotLinear.supports(weight):
             return Int8DotLinear.build(weight, bias, dtype, kernels)

@@ -26,10 +26,7 @@ from engine.model.forward_batch import ForwardBatch
 from engine.model.fused_decode import FusedDecode, LayerWeights
 from engine.model.linear import (
     AnyLinear,
-    Int4DotLinear,
-    Int4Linear,
-    Int8DotLinear,
-    Int8Linear,
+    IntegerDotLinear,
     Linear,
     RowSwitchedLinear,
     build_linear,
@@ -185,11 +182,10 @@ class TransformersRunner:
             return build_linear(weight, bias, self.dtype, self.prepack_weights)
         weights = concat_rows([self.quantized[name] for name in names])
         kernels = self.kernels if self.native_matmuls else None
-        quantized = build_linear(weights, bias, self.dtype, False, kernels, self.int8_activations)
-        assert isinstance(quantized, Int4Linear | Int4DotLinear | Int8Linear | Int8DotLinear)
-        if self.max_quantized_rows is None:
+        quantized = build_linear(weights, bias, self.dtype, self.prepack_weights, kernels, self.int8_activations)
+        if self.max_quantized_rows is None or isinstance(quantized, Linear):  # Linear: a Q6_K head without its kernel
             return quantized
-        if gemm_without_dense_copy(self.int4_gemm, names) and isinstance(quantized, Int4DotLinear | Int8DotLinear):
+        if gemm_without_dense_copy(self.int4_gemm, names) and isinstance(quantized, IntegerDotLinear):
             return RowSwitchedLinear(quantized, None, self.max_quantized_rows)
         # The dense copy holds the quantised weights' own values (as the kernels read them), not the checkpoint's:
         # large and small steps compute the same function.

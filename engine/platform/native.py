@@ -50,6 +50,7 @@ _SOURCES = tuple(
         "int8_gemv.cpp",
         "int4_dot.cpp",
         "int8_dot.cpp",  # the int8 LM head by integer dot products (AVX2 and VNNI builds)
+        "int6_dot.cpp",  # a GGUF's Q6_K LM head as the file holds it (AVX2 and VNNI builds)
         "int4_gemm.cpp",
         "decode_layers.cpp",
     )
@@ -72,6 +73,8 @@ _HEADERS = tuple(
         "int4_dot_ymm.h",
         "int8_dot_avx512_vnni.h",
         "int8_dot_avx2.h",
+        "int6_dot_avx512_vnni.h",
+        "int6_dot_avx2.h",
         "digit_dot_avx512_vnni.h",
         "int4_gemm_avx512_vnni.h",
         "int4_gemm_avx2.h",
@@ -167,6 +170,12 @@ class Kernels:
     def has_int8_dot(self) -> bool:
         """Integer dot products for int8 weights (engine.model.linear.Int8DotLinear): AVX2, or AVX-512 with VNNI."""
         return bool(self.ops.int8_dot_available())
+
+    @property
+    def has_int6_dot(self) -> bool:
+        """Integer dot products for GGUF Q6_K weights (engine.model.linear.Int6DotLinear): AVX2, or AVX-512 with
+        VNNI."""
+        return bool(self.ops.int6_dot_available())
 
     @property
     def int8_dot_max_rows(self) -> int | None:

@@ -1,8 +1,13 @@
-"""GGUF K-quant (Q4_K) blocks as `Int4Weight`, and which GGUF files load as int4.
+"""GGUF K-quant blocks: Q4_K as `Int4Weight`, Q6_K (a 4-bit file's LM head) as `Int6Weight`, and which GGUF files
+load as int4.
 
 A Q4_K super-block holds 256 weights: f16 d and dmin, 12 bytes packing eight 6-bit scales and mins, and 128 bytes
 of nibbles. Each 32-weight sub-block j dequantises as w = d * sc[j] * q - dmin * m[j], which is an `Int4Weight`
 group of 32 exactly: scale = d * sc[j], zero = 8 * scale - dmin * m[j], the 4-bit codes unchanged.
+
+A Q6_K super-block holds 256 weights in 210 bytes: 128 of low nibbles, 64 of top two bits, 16 signed 8-bit scales
+(one per 16 weights) and an f16 d; w = d * sc[j] * (q - 32). llama.cpp's 4-bit files keep the LM head (or the tied
+token embedding) in it.
 """
 
 from __future__ import annotations
@@ -12,10 +17,12 @@ from typing import Any
 import numpy as np
 import torch
 
-from engine.weights.quantization import Int4Weight
+from engine.weights.quantization import Int4Weight, Int6Weight
 
 Q4_K = "Q4_K"
+Q6_K = "Q6_K"
 _BLOCK_BYTES = 144  # f16 d, f16 dmin, 12 bytes of scales/mins, 128 bytes of nibbles
+_Q6_K_BLOCK_BYTES = 210  # 128 bytes of low nibbles, 64 of top bits, 16 scales, f16 d
 # llama.cpp's general.file_type codes (gguf.LlamaFileType) whose 4-bit projections load as int4.
 _INT4_FILE_TYPES = {2: "Q4_0", 3: "Q4_1", 14: "Q4_K_S", 15: "Q4_K_M"}
 
@@ -42,6 +49,33 @@ def decode_q4_k(data: np.ndarray, rows: int) -> Int4Weight:
     values = torch.from_numpy(np.ascontiguousarray(codes).reshape(rows, -1))
     scales = torch.from_numpy(scale.reshape(rows, -1))
     return Int4Weight(values, scales, 8 * scales - torch.from_numpy(low.reshape(rows, -1)))
+
+
+def decode_q6_k(data: np.ndarray, rows: int) -> Int6Weight:
+    """A Q6_K tensor's blocks as an `Int6Weight` (no requantisation). Per 128-weight half of a super-block, 32-weight
+    runs m = 0..3 take their low nibbles from bytes 0-31 / 32-63 of the half's 64 (low, low, high, high nibbles) and
+    their top two bits from bits 2m..2m+1 of the half's 32 bytes of `qh`."""
+    blocks = np.ascontiguousarray(data).view(np.uint8).reshape(rows, -1, _Q6_K_BLOCK_BYTES)
+    supers = blocks.shape[1]
+    low = blocks[..., :128].reshape(rows, supers, 2, 1, 64) >> np.array([0, 4], dtype=np.uint8).reshape(2, 1)
+    top = blocks[..., 128:192].reshape(rows, supers, 2, 1, 32) >> np.array([0, 2, 4, 6], dtype=np.uint8).reshape(4, 1)
+    codes = (low & 0x0F).reshape(rows, supers, 2, 4, 32) | (top & 0x03) << 4
+    sub_scales = np.ascontiguousarray(blocks[..., 192:208]).view(np.int8).reshape(rows, -1)
+    d = np.ascontiguousarray(blocks[..., 208:210]).view(np.float16).astype(np.float32).reshape(rows, supers)
+    return Int6Weight(
+        torch.from_numpy(np.ascontiguousarray(codes).reshape(rows, -1)),
+        torch.from_numpy(sub_scales.copy()),
+        torch.from_numpy(d),
+    )
+
+
+def read_q6_k_head(reader: Any) -> Int6Weight | None:
+    """The file's LM head (`output.weight`, else the token embedding it is tied to) if it is Q6_K, else None."""
+    tensors = {tensor.name: tensor for tensor in reader.tensors}
+    head = tensors.get("output.weight", tensors.get("token_embd.weight"))
+    if head is None or head.tensor_type.name != Q6_K:
+        return None
+    return decode_q6_k(head.data, int(head.shape[1]))  # GGUF lists dimensions innermost first: [in, out]
 
 
 def gguf_file_type(reader: Any) -> int | None:

@@ -32,7 +32,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, P
 
 from engine.config import LoadConfig
 from engine.phases import phase
-from engine.weights.kquants import Q4_K, decode_q4_k, loads_as_int4
+from engine.weights.kquants import Q4_K, decode_q4_k, loads_as_int4, read_q6_k_head
 from engine.weights.quantization import (
     GROUP_SIZE,
     QuantizedWeight,
@@ -206,9 +206,10 @@ def checkpoint_dtype(directory: Path) -> torch.dtype | None:
 def _quantize(model: PreTrainedModel, weight_format: WeightFormat, gguf: Any) -> dict[str, QuantizedWeight]:
     """int4/int8 weights for every projection and the LM head, from the model's float32 weights (before any cast).
 
-    int4 takes a GGUF's Q4_0/Q4_1/Q4_K blocks as they are (a Q4_K_M file's other types are requantised).
-    The LM head (SmolLM2's is the Q8_0 tied embedding) is int8
-    per row under both, with either activations: int4 at groups of 32 cost 9% perplexity on it, int8 0.2%."""
+    int4 takes a GGUF's Q4_0/Q4_1/Q4_K blocks as they are (a Q4_K_M file's other types are requantised), and a Q6_K
+    LM head too (llama.cpp's 4-bit files keep it so; where the kernels cannot run it, the runner reads it as int8).
+    Other LM heads (SmolLM2's is the Q8_0 tied embedding) are int8 per row under both, with either activations: int4
+    at groups of 32 cost 9% perplexity on it, int8 0.2%."""
     quantization = weight_format.quantization
     if quantization == "none":
         return {}
@@ -217,9 +218,12 @@ def _quantize(model: PreTrainedModel, weight_format: WeightFormat, gguf: Any) ->
     if quantization == "int4" and gguf is not None:
         config = model.config
         heads = int(config.num_attention_heads)
-        from_file = read_gguf_int4(
-            gguf, heads, int(getattr(config, "num_key_value_heads", None) or heads), {Q4_K: decode_q4_k}
+        from_file: dict[str, QuantizedWeight] = dict(
+            read_gguf_int4(gguf, heads, int(getattr(config, "num_key_value_heads", None) or heads), {Q4_K: decode_q4_k})
         )
+        head = read_q6_k_head(gguf)
+        if head is not None:
+            from_file["lm_head"] = head
         check_matches(from_file, dense)
         quantized.update(from_file)
     for name, weight in dense.items():

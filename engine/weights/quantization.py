@@ -7,6 +7,8 @@ along the output rows before packing them for torch's kernels (engine/model/line
   zero, dequantised as torch's int4 kernels do: w = (q - 8) * scale + zero.
   GGUF Q4_1 (w = d * q + m) maps exactly with scale = d, zero = m + 8d; Q4_0 (w = d * (q - 8)) with zero = 0.
 - `Int8Weight`: int8 values with one scale per output row (torch's `_weight_int8pack_mm` has no groups).
+- `Int6Weight`: GGUF Q6_K's values as the file holds them (engine/weights/kquants.py reads them), w = d * s * (q - 32),
+  what llama.cpp keeps a 4-bit file's LM head in.
 
 GGUF Q8_0 keeps a scale per 32 values, which a per-row int8 scale cannot hold; such tensors are requantised per
 row (`int8_from_dense`) from their dequantised values, the loss measured in docs/quantization.md.
@@ -50,12 +52,27 @@ class Int8Weight:
         return self.values.float() * self.scales[:, None]
 
 
-QuantizedWeight = Int4Weight | Int8Weight
+@dataclass(frozen=True)
+class Int6Weight:
+    values: torch.Tensor  # [out, in] uint8 in 0..63
+    sub_scales: torch.Tensor  # [out, in // 16] int8, one per 16 inputs
+    super_scales: torch.Tensor  # [out, in // 256] float32, one per 256 inputs
+
+    def dequantize(self) -> torch.Tensor:
+        """[out, in] float32: d * s * (q - 32), as gguf's dequantizer computes it."""
+        out, inputs = self.values.shape
+        scales = self.super_scales.repeat_interleave(16, dim=1) * self.sub_scales.float()  # [out, in / 16]
+        return ((self.values.float() - 32).view(out, inputs // 16, 16) * scales[..., None]).view(out, inputs)
+
+
+QuantizedWeight = Int4Weight | Int8Weight | Int6Weight
 
 
 def concat_rows(weights: list[QuantizedWeight]) -> QuantizedWeight:
     """Stack several weights' output rows (fused q/k/v, gate/up); all must have the same kind and groups."""
     first = weights[0]
+    if len(weights) == 1:
+        return first
     if isinstance(first, Int4Weight):
         int4 = [w for w in weights if isinstance(w, Int4Weight) and w.group_size == first.group_size]
         if len(int4) != len(weights):

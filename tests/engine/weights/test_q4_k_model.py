@@ -1,6 +1,6 @@
 """A Q4_K_M GGUF end to end (tests/tiny_gguf.py writes a tiny one): its Q4_K projections load as int4 from the file's
-own blocks, its other types are requantised to int4, `auto` offers the int4 candidates, and the engine on the int4
-weights answers as on the same file dequantised to float32."""
+own blocks, its other types are requantised to int4, its Q6_K LM head loads as the file holds it, `auto` offers the
+int4 candidates, and the engine on the int4 weights answers as on the same file dequantised to float32."""
 
 from __future__ import annotations
 
@@ -16,11 +16,11 @@ from gguf.quants import dequantize
 from api.runtime.format_probe import load_auto
 from api.runtime.format_rule import candidates
 from api.runtime.offline import LLM
-from engine.model.linear import Int4DotLinear
+from engine.model.linear import Int4DotLinear, Int6DotLinear, Linear
 from engine.sample.sampling_params import SamplingParams
 from engine.weights.kquants import decode_q4_k
 from engine.weights.loader import LoadedModel, load_model
-from engine.weights.quantization import Int4Weight, Int8Weight, gguf_projection_types, int4_from_dense, open_gguf
+from engine.weights.quantization import Int4Weight, Int6Weight, gguf_projection_types, int4_from_dense, open_gguf
 from engine.weights.weight_format import WeightFormat
 from tests.reference_models import dequantized_model, generate_exactly
 from tests.tiny_gguf import quantize_q4_k, quantize_q6_k, write_tiny_q4_k_m_gguf
@@ -46,8 +46,9 @@ def test_q4_k_projections_load_as_int4_bit_for_bit_and_the_rest_requantised(q4_k
     loaded = load_model(q4_k_m, dtype="float32", quantization="auto")
     assert loaded.weight_format == WeightFormat(torch.float32, "int4")
     dense = {name: module.weight.data for name, module in loaded.model.named_modules() if name in loaded.quantized}
-    assert len(loaded.quantized) == 2 * 7 + 1  # every projection, and the LM head (int8)
-    assert isinstance(loaded.quantized["lm_head"], Int8Weight)
+    assert len(loaded.quantized) == 2 * 7 + 1  # every projection, and the LM head (the file's Q6_K)
+    head = loaded.quantized["lm_head"]
+    assert isinstance(head, Int6Weight) and torch.equal(head.dequantize(), dense["lm_head"])
     for name, weight in loaded.quantized.items():
         if name == "lm_head":
             continue
@@ -99,7 +100,7 @@ def only_q4_k(tmp_path_factory: pytest.TempPathFactory) -> tuple[LoadedModel, Lo
     path = write_tiny_q4_k_m_gguf(folder / "tiny.Q4_K.gguf", only_q4_k=True)
     exact = load_model(path, cache_dir=folder, dtype="float32", quantization="none")
     int4 = load_model(path, cache_dir=folder, dtype="float32", quantization="int4")
-    assert int4.weight_format.quantization == "int4" and len(int4.quantized) == 15  # and the int8 LM head
+    assert int4.weight_format.quantization == "int4" and len(int4.quantized) == 15  # and the Q6_K LM head
     return exact, int4
 
 
@@ -107,7 +108,7 @@ def test_the_engine_on_an_all_q4_k_file_in_int4_answers_as_on_it_dequantised_to_
     only_q4_k: tuple[LoadedModel, LoadedModel],
 ) -> None:
     """Through torch's int4 kernel (float32 scales and activations) the int4 weights are the file's float32 ones; the
-    LM head is int8 per row, so the reference (transformers' generate) holds its values there."""
+    Q6_K LM head, without the compiled kernels, runs its own values dense: the reference is the file dequantised."""
     _, int4 = only_q4_k
     reference = dequantized_model(int4)
     assert _greedy(int4, cpu_kernels=False) == [generate_exactly(reference, p, NEW_TOKENS) for p in PROMPTS]
@@ -117,9 +118,10 @@ def test_the_integer_dot_kernel_on_an_all_q4_k_file_stays_within_its_rounding_of
     only_q4_k: tuple[LoadedModel, LoadedModel],
 ) -> None:
     """The compiled kernels' integer-dot int4 matmul rounds the scales to bf16 and the activations to two int8 digits
-    (engine/model/linear.py Int4DotLinear), so greedy tokens may part where two logits are that close: scored
-    teacher-forced against the float32 model, every prompt token's log-probability is within 0.05 and every greedy
-    pick within 0.05 of the top one. The prompts run through int4 too (no switch to the dense copy)."""
+    (engine/model/linear.py Int4DotLinear), and the Q6_K head's activations too (Int6DotLinear), so greedy tokens may
+    part where two logits are that close: scored teacher-forced against the float32 model, every prompt token's
+    log-probability is within 0.05 and every greedy pick within 0.05 of the top one. The prompts run through int4 too
+    (no switch to the dense copy)."""
     exact, int4 = only_q4_k
     params = SamplingParams(max_tokens=NEW_TOKENS, temperature=0.0, ignore_eos=True, prompt_logprobs=0)
     everywhere = int4.with_row_switch(1 << 20)
@@ -128,6 +130,8 @@ def test_the_integer_dot_kernel_on_an_all_q4_k_file_stays_within_its_rounding_of
         linears = runner.layer_linears(runner.layers[0])  # type: ignore[attr-defined]
         if not any(isinstance(getattr(lin, "quantized", lin), Int4DotLinear) for lin in linears):
             pytest.skip("no integer-dot int4 kernel on this CPU")
+        head = getattr(runner.lm_head, "quantized", runner.lm_head)  # type: ignore[attr-defined]
+        assert isinstance(head, Int6DotLinear if runner.kernels.has_int6_dot else Linear)  # type: ignore[attr-defined]
         outputs = llm.generate(PROMPTS, params)
     worst_prompt, worst_pick = 0.0, 0.0
     for prompt, output in zip(PROMPTS, outputs, strict=True):
