@@ -2,7 +2,9 @@
 int4_gemm`, the one-digit kernel of large steps) on SmolLM2-135M's projection shapes (or `--shapes llama-3.2-1b`),
 or the int8 LM head's `int8_dot` (two digits, or `int8_dot_one_digit` as large steps run it) on its shape,
 the working tree's build and the other commit's build of the same instruction set called in turn, round by round,
-so the VM's drift (up to 3x within an hour on these machines) moves both alike.
+so the VM's drift (up to 3x within an hour on these machines) moves both alike. `--op int6_dot` (or
+`int6_dot_one_digit`) times a Q6_K head on the working tree's `int6_dot` against the other commit's `int8_dot` on the
+same values requantised per row: the head a GGUF's Q6_K runs on now against the int8 one it ran on before.
 
     python -m benchmarks kernel-ab --against HEAD~1 [--build avx2] [--op int4_gemm] [--rows 1,4,16,32] --out DIR
 
@@ -38,11 +40,11 @@ import torch
 
 from benchmarks.results_io.report import write_json
 from benchmarks.scripts.int4_gemm_bench import random_int4
-from engine.model.head_linear import ONE_DIGIT_GROUP, Int8DotLinear
+from engine.model.head_linear import ONE_DIGIT_GROUP, Int6DotLinear, Int8DotLinear
 from engine.model.linear import Int4DotLinear
 from engine.platform import native
 from engine.platform.cpu_features import cpu_features
-from engine.weights.quantization import Int8Weight
+from engine.weights.quantization import Int6Weight, Int8Weight, int8_from_dense
 
 REPOSITORY = Path(__file__).resolve().parents[2]
 # [inputs, outputs] of each model's int4 projections: fused q/k/v, attention output, fused gate/up, down.
@@ -52,12 +54,16 @@ SHAPES = {
 }
 # [inputs, outputs] of each model's LM head (int8 weights).
 HEADS = {"smollm2": (576, 49152), "llama-3.2-1b": (2048, 128256)}
-OPS = ("int4_dot", "int4_gemm", "int8_dot", "int8_dot_one_digit")
+OPS = ("int4_dot", "int4_gemm", "int8_dot", "int8_dot_one_digit", "int6_dot", "int6_dot_one_digit")
 
 
 def shapes_for(op: str, model: str) -> tuple[tuple[int, int], ...]:
-    """The [inputs, outputs] shapes `op` is timed on for `model`: its LM head for int8_dot, else its projections."""
-    return (HEADS[model],) if op.startswith("int8_dot") else SHAPES[model]
+    """The [inputs, outputs] shapes `op` is timed on for `model`: its LM head for int8_dot and int6_dot, else its
+    projections. A Q6_K head needs whole 256-input super-blocks: SmolLM2's (576 inputs, and Q8_0 in its file) has
+    none to time."""
+    if op.startswith("int6_dot") and HEADS[model][0] % 256:
+        raise ValueError(f"{op} times a Q6_K head, which {model}'s is not (its inputs are not a multiple of 256)")
+    return (HEADS[model],) if op.startswith(("int8_dot", "int6_dot")) else SHAPES[model]
 
 
 def revision_sources(revision: str, into: Path) -> str:
@@ -135,19 +141,19 @@ def compare(
     generator = torch.Generator().manual_seed(0)
     results = []
     for inputs, outputs in shapes:
-        name, operands = _operands(op, inputs, outputs, generator, kernels, symmetric)
+        (before_name, after_name), operands = _operands(op, inputs, outputs, generator, kernels, symmetric)
         copies = _copies_of(operands, stream_mb)
         for count in rows:
             x = torch.randn(count, inputs, generator=generator).to(dtype)
             before_args, after_args = operands
             old, new = (
-                getattr(before_ops, name)(x, *before_args).float(),
-                getattr(after_ops, name)(x, *after_args).float(),
+                getattr(before_ops, before_name)(x, *before_args).float(),
+                getattr(after_ops, after_name)(x, *after_args).float(),
             )
             turn = itertools.cycle(copies)
             calls = {
-                "before": _cycling(getattr(before_ops, name), x, turn, 0),
-                "after": _cycling(getattr(after_ops, name), x, turn, 1),
+                "before": _cycling(getattr(before_ops, before_name), x, turn, 0),
+                "after": _cycling(getattr(after_ops, after_name), x, turn, 1),
             }
             samples = interleaved(calls, rounds, inner)
             difference = float((new - old).abs().max() / old.abs().max().clamp_min(1e-30))
@@ -192,10 +198,19 @@ def _cycling(
 
 def _operands(
     op: str, inputs: int, outputs: int, generator: torch.Generator, kernels: native.Kernels, symmetric: bool = False
-) -> tuple[str, SideArguments]:
-    """The kernel `op` calls and each side's operands after x, on random weights of [outputs, inputs]. `symmetric`:
-    int4 weights whose zeros are all 0 (GGUF Q4_0's), as the working tree builds them for after and with their
-    zeros stored for before (which every earlier commit's kernels take)."""
+) -> tuple[tuple[str, str], SideArguments]:
+    """The kernels before and after call for `op`, and each side's operands after x, on random weights of [outputs,
+    inputs]. `symmetric`: int4 weights whose zeros are all 0 (GGUF Q4_0's), as the working tree builds them for after
+    and with their zeros stored for before (which every earlier commit's kernels take)."""
+    if op.startswith("int6_dot"):
+        codes = torch.randint(0, 64, (outputs, inputs), dtype=torch.uint8, generator=generator)
+        subs = torch.randint(-128, 128, (outputs, inputs // 16), dtype=torch.int8, generator=generator)
+        weight = Int6Weight(codes, subs, torch.rand(outputs, inputs // 256, generator=generator) * 1e-4)
+        six = Int6DotLinear.build(weight, None, kernels)
+        eight = Int8DotLinear.build(int8_from_dense(weight.dequantize()), None, torch.float32, kernels)
+        one_digit = op == "int6_dot_one_digit"
+        before = (eight.packed, ONE_DIGIT_GROUP if one_digit else eight.group_size, eight.scales, one_digit)
+        return ("int8_dot", "int6_dot"), (before, (six.packed, six.sub_scales, six.super_scales, one_digit))
     if op.startswith("int8_dot"):
         values = torch.randint(-127, 128, (outputs, inputs), dtype=torch.int8, generator=generator)
         head = Int8DotLinear.build(
@@ -203,14 +218,14 @@ def _operands(
         )
         one_digit = op == "int8_dot_one_digit"
         arguments = (head.packed, ONE_DIGIT_GROUP if one_digit else head.group_size, head.scales, one_digit)
-        return "int8_dot", (arguments, arguments)
-    weight = random_int4(outputs, inputs, generator=generator)
+        return ("int8_dot", "int8_dot"), (arguments, arguments)
+    weight4 = random_int4(outputs, inputs, generator=generator)
     if symmetric:
-        weight = dataclasses.replace(weight, zeros=torch.zeros_like(weight.zeros))
-    linear = Int4DotLinear.build(weight, None, kernels)
+        weight4 = dataclasses.replace(weight4, zeros=torch.zeros_like(weight4.zeros))
+    linear = Int4DotLinear.build(weight4, None, kernels)
     stored = linear.zeros if linear.zeros.numel() else torch.zeros_like(linear.scales)
-    before = (linear.packed, linear.group_size, linear.scales, stored)
-    return op, (before, (linear.packed, linear.group_size, linear.scales, linear.zeros))
+    before4 = (linear.packed, linear.group_size, linear.scales, stored)
+    return (op, op), (before4, (linear.packed, linear.group_size, linear.scales, linear.zeros))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -233,6 +248,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
+    try:
+        shapes = shapes_for(args.op, args.shapes)
+    except ValueError as error:
+        parser.error(str(error))
     builds = [b for b in native.builds_for(cpu_features()) if args.build in (None, b.name)]
     kernels = next((k for k in map(native.load_kernels, builds) if k is not None and k.has_int4_dot), None)
     if kernels is None:
@@ -251,7 +270,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.inner,
         kernels,
         args.op,
-        shapes_for(args.op, args.shapes),
+        shapes,
         args.stream_mb,
         args.symmetric,
     )
