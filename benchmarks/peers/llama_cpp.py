@@ -55,6 +55,20 @@ _ISA_OPTIONS = {
         "GGML_AVX_VNNI": "OFF",
         "GGML_AVX512": "OFF",
     },
+    # The Xeon class with AVX-512 VNNI and no BF16 (Cascade Lake), as BATCHSERVE_CPU_ISA=avx512_vnni caps batchserve.
+    "avx512_vnni": {
+        "GGML_NATIVE": "OFF",
+        "GGML_AVX": "ON",
+        "GGML_AVX2": "ON",
+        "GGML_FMA": "ON",
+        "GGML_F16C": "ON",
+        "GGML_BMI2": "ON",
+        "GGML_AVX_VNNI": "OFF",
+        "GGML_AVX512": "ON",
+        "GGML_AVX512_VNNI": "ON",
+        "GGML_AVX512_VBMI": "OFF",
+        "GGML_AVX512_BF16": "OFF",
+    },
 }
 
 
@@ -100,9 +114,11 @@ def model_stem(model: Path) -> str:
 
 
 def default_cache(version: str = LLAMA_CPP_PYTHON_VERSION, isa: str | None = None) -> LlamaCppCache:
-    """`isa`: None follows BATCHSERVE_CPU_ISA (an "avx2" cap builds and runs an AVX2-only binary), else native."""
+    """`isa`: None follows BATCHSERVE_CPU_ISA where llama.cpp has a build for that cap (an "avx2" cap builds and runs
+    an AVX2-only binary, "avx512_vnni" one without BF16), else native."""
     if isa is None:
-        isa = "avx2" if os.environ.get("BATCHSERVE_CPU_ISA", "").strip().lower() == "avx2" else "native"
+        cap = os.environ.get("BATCHSERVE_CPU_ISA", "").strip().lower()
+        isa = cap if cap in _ISA_OPTIONS else "native"
     return LlamaCppCache(resolve_cache_dir() / "llama.cpp" / version, isa)
 
 

@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "ops.h"  // BATCHSERVE_OPS
@@ -103,6 +104,27 @@ template <typename T>
       biases[r * groups + g] = offset * sum;
     }
   return biases;
+}
+
+// A step's activations as int8_dot and int6_dot read them: the digits, each group's scale (with one digit, the
+// leading digit's 127 moved into it) and each group's bias for weights stored `offset` above their value.
+struct DigitActivations {
+  std::unique_ptr<int8_t[]> digits;
+  std::vector<float> scales;
+  std::vector<int32_t> biases;
+};
+
+template <typename T>
+[[maybe_unused]] DigitActivations digit_activations(const T* x, int64_t rows, int64_t K, int64_t group, int32_t offset,
+                                                    bool one_digit) {
+  DigitActivations out{std::unique_ptr<int8_t[]>(new int8_t[2 * rows * K]), std::vector<float>(rows * (K / group)),
+                       {}};  // every digit is written: no zeroing
+  std::vector<float> sums(rows * (K / group));
+  quantise_activations(x, rows, K, group, out.digits.get(), out.scales.data(), sums.data());
+  out.biases = digit_biases(out.digits.get(), rows, K, group, offset, one_digit);
+  if (one_digit)
+    for (float& scale : out.scales) scale *= 127.0f;
+  return out;
 }
 
 }  // namespace

@@ -3,7 +3,7 @@
 // 256. What llama.cpp keeps a 4-bit file's LM head in: the 1B's 128256 x 2048 head reads 216 MB a token this way and
 // 263 MB as int8, at memory's pace either way (docs/kernels.md).
 //
-// The layout (engine.model.dot_linear.Int6DotLinear packs it at load): blocks of 16 output rows; a block stores, for
+// The layout (engine.model.head_linear.Int6DotLinear packs it at load): blocks of 16 output rows; a block stores, for
 // each run of 16 inputs k..k+15, 192 bytes. Bytes 0-63: byte b holds row b / 4's input k + b % 4 in its low nibble and
 // k + 4 + b % 4 in its high one; bytes 64-127 the same for k + 8.. and k + 12..; bytes 128-191: byte b holds the top
 // two bits of those four codes, k + b % 4's in bits 0-1, k + 4's in 2-3, k + 8's in 4-5, k + 12's in 6-7. Unpacked,
@@ -14,7 +14,7 @@
 // turns float once with the run's weight scale; the codes' +32 comes back off as 32 times the digits' sum. One digit
 // (`one_digit`) halves the integer work for many rows, as int8_dot's. Builds: AVX-512 VNNI (int6_dot_avx512_vnni.h)
 // and AVX2 (int6_dot_avx2.h), the same int32 sums and float steps; the others have none (int6_dot_available()), and
-// the engine reads such a head as int8.
+// the engine runs such a head's values dense. Past 5 rows the engine runs an int8 copy instead (head_linear.py).
 
 #include <ATen/Parallel.h>
 #include <c10/util/BFloat16.h>
@@ -48,12 +48,7 @@ template <typename T>
 void int6_dot_rows(const T* x, const uint8_t* packed, const int8_t* sub_scales, const float* super_scales, T* y,
                    int64_t rows, int64_t K, int64_t N, bool one_digit) {
   const int64_t runs = K / kInt6Run;
-  const std::unique_ptr<int8_t[]> xq(new int8_t[2 * rows * K]);  // every digit is written: no zeroing
-  std::vector<float> x_scales(rows * runs), x_sums(rows * runs);
-  quantise_activations(x, rows, K, kInt6Run, xq.get(), x_scales.data(), x_sums.data());
-  const std::vector<int32_t> biases = digit_biases(xq.get(), rows, K, kInt6Run, 32, one_digit);
-  if (one_digit)
-    for (float& scale : x_scales) scale *= 127.0f;
+  const DigitActivations xq = digit_activations(x, rows, K, kInt6Run, 32, one_digit);  // the codes' +32 comes off
   const int64_t block_bytes = runs * kInt6RunBytes;
   at::parallel_for(0, N / kDotBlock, 4, [&](int64_t begin, int64_t end) {
     alignas(64) float out[kInt6DotRows * kDotBlock];
@@ -66,9 +61,9 @@ void int6_dot_rows(const T* x, const uint8_t* packed, const int8_t* sub_scales, 
       for (int64_t first = 0; first < rows; first += kInt6DotRows, ++next.pass) {
         const int64_t count = std::min<int64_t>(kInt6DotRows, rows - first);
         with_row_count<kInt6DotRows>(count, [&](auto R) {
-          const int8_t* xs = xq.get() + 2 * first * K;
-          const float* sc = x_scales.data() + first * runs;
-          const int32_t* bias = biases.data() + first * runs;
+          const int8_t* xs = xq.digits.get() + 2 * first * K;
+          const float* sc = xq.scales.data() + first * runs;
+          const int32_t* bias = xq.biases.data() + first * runs;
           if (one_digit)
             int6_dot_block<decltype(R)::value, false>(bytes, subs, supers, xs, sc, bias, K, next, out);
           else

@@ -41,15 +41,10 @@ template <typename T>
 void int8_dot_rows(const T* x, const uint8_t* packed, const float* scales, T* y, int64_t rows, int64_t K, int64_t N,
                    int64_t group, bool one_digit) {
   const int64_t groups = K / group;
-  const std::unique_ptr<int8_t[]> xq(new int8_t[2 * rows * K]);  // every digit is written: no zeroing
-  std::vector<float> x_scales(rows * groups), x_sums(rows * groups);
-  quantise_activations(x, rows, K, group, xq.get(), x_scales.data(), x_sums.data());
   // The weights' +128 comes back off as 128 times the digits' sum. One digit is the leading digit alone, its 127
   // moved into the scale: its dot product needs no multiply before it turns float (two integer operations fewer per
   // row and group of the LM head).
-  const std::vector<int32_t> biases = digit_biases(xq.get(), rows, K, group, 128, one_digit);
-  if (one_digit)
-    for (float& scale : x_scales) scale *= 127.0f;
+  const DigitActivations xq = digit_activations(x, rows, K, group, 128, one_digit);
   at::parallel_for(0, N / kDotBlock, 4, [&](int64_t begin, int64_t end) {
     alignas(64) float out[kInt8DotRows * kDotBlock];
     for (int64_t block = begin; block < end; ++block) {
@@ -61,9 +56,9 @@ void int8_dot_rows(const T* x, const uint8_t* packed, const float* scales, T* y,
       for (int64_t first = 0; first < rows; first += kInt8DotRows, ++next.pass) {
         const int64_t count = std::min<int64_t>(kInt8DotRows, rows - first);
         with_row_count<kInt8DotRows>(count, [&](auto R) {
-          const int8_t* xs = xq.get() + 2 * first * K;
-          const float* sc = x_scales.data() + first * groups;
-          const int32_t* bias = biases.data() + first * groups;
+          const int8_t* xs = xq.digits.get() + 2 * first * K;
+          const float* sc = xq.scales.data() + first * groups;
+          const int32_t* bias = xq.biases.data() + first * groups;
           if (one_digit)
             int8_dot_block<decltype(R)::value, false>(block_bytes, xs, sc, bias, K, group, next, out);
           else

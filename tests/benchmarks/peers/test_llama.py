@@ -293,3 +293,27 @@ def test_the_int4_gemm_servers_are_the_default_model_with_the_flag(server: str, 
     flag = gemm.argv.index("--int4-gemm")
     assert gemm.argv[flag + 1] == scope
     assert gemm.argv[:flag] + gemm.argv[flag + 2 :] == plain.argv
+
+
+@pytest.mark.parametrize(
+    ("cap", "isa", "on", "off"),
+    [
+        ("", "native", ["-DGGML_NATIVE=ON"], []),
+        ("avx2", "avx2", ["-DGGML_AVX2=ON"], ["-DGGML_AVX512=ON"]),
+        ("avx512_vnni", "avx512_vnni", ["-DGGML_AVX512=ON", "-DGGML_AVX512_VNNI=ON"], ["-DGGML_AVX512_BF16=ON"]),
+        ("avx512_bf16", "native", ["-DGGML_NATIVE=ON"], []),  # no capped llama.cpp build for it: the CPU's own
+    ],
+)
+def test_a_cap_builds_and_runs_llama_cpp_for_the_same_class(
+    monkeypatch: pytest.MonkeyPatch, cap: str, isa: str, on: list[str], off: list[str]
+) -> None:
+    """BATCHSERVE_CPU_ISA picks llama.cpp's binary too, so a capped comparison runs both on one class's paths: AVX2
+    only, or the Xeon class with AVX-512 VNNI and no BF16."""
+    monkeypatch.setenv("BATCHSERVE_CPU_ISA", cap)
+    cache = llama_cpp.default_cache()
+    assert cache.isa == isa
+    assert cache.server.name == ("llama-server" if isa == "native" else f"llama-server-{isa}")
+    argv = llama_cpp.configure_argv(Path("/src"), Path("/build"), cache.isa)
+    assert all(option in argv for option in on) and not any(option in argv for option in off)
+    if isa != "native":
+        assert "-DGGML_NATIVE=OFF" in argv
