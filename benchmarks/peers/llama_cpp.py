@@ -43,32 +43,22 @@ _NO_AMX = "-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
 
 # llama.cpp's own switches for a build capped at an instruction set, so it runs the paths batchserve runs with
 # BATCHSERVE_CPU_ISA set to the same value (engine/platform/cpu_features.py); "native" is whatever this CPU has.
+_AVX2_OPTIONS = {
+    "GGML_NATIVE": "OFF",
+    "GGML_AVX": "ON",
+    "GGML_AVX2": "ON",
+    "GGML_FMA": "ON",
+    "GGML_F16C": "ON",
+    "GGML_BMI2": "ON",
+    "GGML_AVX_VNNI": "OFF",
+    "GGML_AVX512": "OFF",
+}
 _ISA_OPTIONS = {
     "native": {"GGML_NATIVE": "ON"},
-    "avx2": {
-        "GGML_NATIVE": "OFF",
-        "GGML_AVX": "ON",
-        "GGML_AVX2": "ON",
-        "GGML_FMA": "ON",
-        "GGML_F16C": "ON",
-        "GGML_BMI2": "ON",
-        "GGML_AVX_VNNI": "OFF",
-        "GGML_AVX512": "OFF",
-    },
-    # The Xeon class with AVX-512 VNNI and no BF16 (Cascade Lake), as BATCHSERVE_CPU_ISA=avx512_vnni caps batchserve.
-    "avx512_vnni": {
-        "GGML_NATIVE": "OFF",
-        "GGML_AVX": "ON",
-        "GGML_AVX2": "ON",
-        "GGML_FMA": "ON",
-        "GGML_F16C": "ON",
-        "GGML_BMI2": "ON",
-        "GGML_AVX_VNNI": "OFF",
-        "GGML_AVX512": "ON",
-        "GGML_AVX512_VNNI": "ON",
-        "GGML_AVX512_VBMI": "OFF",
-        "GGML_AVX512_BF16": "OFF",
-    },
+    "avx2": _AVX2_OPTIONS,
+    # The Xeon class with AVX-512 VNNI and no BF16 (Cascade Lake).
+    "avx512_vnni": _AVX2_OPTIONS
+    | {"GGML_AVX512": "ON", "GGML_AVX512_VNNI": "ON", "GGML_AVX512_VBMI": "OFF", "GGML_AVX512_BF16": "OFF"},
 }
 
 
