@@ -28,9 +28,10 @@ constexpr int64_t kDotBlock = 16;  // output rows per block of int4_dot's layout
 constexpr int64_t kInt6Run = 16;  // int6_dot.cpp: inputs per sub-scale, per activation scale, per 192 bytes of a block
 constexpr int64_t kInt6RunBytes = 192;  // a run of 16 inputs for a block's 16 output rows
 constexpr int64_t kInt6RunsPerSuper = 16;  // runs per super-scale (Q6_K's 256 weights)
-// int6 bytes requested ahead of use: with int4's 1 KB, the 1B's LM head at one row read 43 GB/s against int8_dot's 47
-// on Zen 5; 4 KB ahead took its time to its bytes' share of int8's (0.82x).
-constexpr int64_t kInt6PrefetchBytes = 4096;
+// The LM head kernels' (int8_dot, int6_dot) bytes requested ahead of use. A head is read once a step in one long run,
+// memory's pace at one row: on Zen 5, 4 KB ahead took the 1B's at one row to 0.91x the time of int4's 1 KB with
+// int8_dot (SmolLM2's 0.91x) and int6_dot from 43 GB/s to its bytes' share of int8's time (kernel-ab, docs/kernels.md).
+constexpr int64_t kHeadPrefetchBytes = 4096;
 
 #if defined(__AVX2__)
 // Four int8 activation digits, repeated across a 256-bit register: one 32-bit lane per output row (the AVX2
