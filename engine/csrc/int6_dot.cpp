@@ -14,7 +14,7 @@
 // turns float once with the run's weight scale; the codes' +32 comes back off as 32 times the digits' sum. One digit
 // (`one_digit`) halves the integer work for many rows, as int8_dot's. Builds: AVX-512 VNNI (int6_dot_avx512_vnni.h)
 // and AVX2 (int6_dot_avx2.h), the same int32 sums and float steps; the others have none (int6_dot_available()), and
-// the engine runs such a head's values dense. Past 5 rows the engine runs an int8 copy instead (head_linear.py).
+// the engine runs such a head's values dense. Past 3 rows the engine runs an int8 copy instead (head_linear.py).
 
 #include <ATen/Parallel.h>
 #include <c10/util/BFloat16.h>

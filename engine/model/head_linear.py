@@ -14,11 +14,10 @@ from engine.weights.quantization import Int6Weight, Int8Weight, int8_from_dense
 
 INT8_DOT_BLOCK_ROWS = 16  # output rows per block of int8_dot's (and int6_dot's) layout
 ONE_DIGIT_GROUP = 32  # inputs per activation scale with one int8 digit (int4_gemm's, llama.cpp's Q8_0 blocks)
-# Steps of up to this many rows run a Q6_K head on int6_dot, more on an int8 copy. One row reads the 1B's head in 0.81x
-# int8_dot's time (its bytes' share is 0.82); past 5 rows the per-16-input scales' float work outgrows the bytes saved
-# (1.17x and 1.12x int8_dot's time at 8 and 16 rows on Zen 5, docs/kernels.md). 5 keeps a batch-1 verify step of 4
-# drafts on the kernel a plain step runs, so its rows get the same logits.
-INT6_DOT_MAX_ROWS = 5
+# Steps of up to this many rows run a Q6_K head on int6_dot, more on an int8 copy. On Zen 5 the 1B's head took 0.89x,
+# 0.74x and 0.92x int8_dot's time at 1, 2 and 3 rows, 1.32x and 1.21x at 4 and 5, where the float work of a scale
+# per 16 inputs outgrows the bytes saved (kernel-ab, docs/kernels.md).
+INT6_DOT_MAX_ROWS = 3
 
 
 @dataclass(frozen=True)
