@@ -10,7 +10,7 @@ import torch
 
 from engine.platform.cpu_features import cpu_features
 from engine.platform.native import Kernels
-from engine.weights.quantization import Int6Weight, Int8Weight, int8_from_dense
+from engine.weights.quantization import Int6Weight, Int8Weight
 
 INT8_DOT_BLOCK_ROWS = 16  # output rows per block of int8_dot's (and int6_dot's) layout
 ONE_DIGIT_GROUP = 32  # inputs per activation scale with one int8 digit (int4_gemm's, llama.cpp's Q8_0 blocks)
@@ -170,11 +170,3 @@ class Int6DotLinear:
             return self.wide.gemm(x) if isinstance(self.wide, Int8DotLinear) else self.wide(x)
         y = self.kernels.ops.int6_dot(x, self.packed, self.sub_scales, self.super_scales, True)
         return y if self.bias is None else y + self.bias
-
-
-def int6_head(weight: Int6Weight, bias: torch.Tensor | None, dtype: torch.dtype, kernels: Kernels) -> Int6DotLinear:
-    """A Q6_K head on int6_dot for small steps and on its values as int8 per row for large ones."""
-    wide = int8_from_dense(weight.dequantize())
-    if kernels.has_int8_dot and Int8DotLinear.supports(wide):
-        return Int6DotLinear.build(weight, bias, kernels, Int8DotLinear.build(wide, bias, dtype, kernels))
-    return Int6DotLinear.build(weight, bias, kernels, Int8Linear.build(wide, bias, dtype, kernels))

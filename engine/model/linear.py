@@ -18,10 +18,10 @@ import torch
 import torch.nn.functional as F
 
 from engine.config import check_int4_gemm_scope
-from engine.model.head_linear import Int6DotLinear, Int8DotLinear, Int8Linear, int6_head
+from engine.model.head_linear import Int6DotLinear, Int8DotLinear, Int8Linear
 from engine.platform.cpu_features import cpu_features
 from engine.platform.native import Kernels
-from engine.weights.quantization import Int4Weight, Int6Weight, Int8Weight, QuantizedWeight
+from engine.weights.quantization import Int4Weight, Int6Weight, Int8Weight, QuantizedWeight, int8_from_dense
 
 
 def onednn_available(device: torch.device, dtype: torch.dtype) -> bool:
@@ -248,7 +248,10 @@ def build_linear(
         return Int4Linear.build(weight, bias, dtype, kernels)
     if isinstance(weight, Int6Weight):
         if kernels and int8_activations and kernels.has_int6_dot and Int6DotLinear.supports(weight):
-            return int6_head(weight, bias, dtype, kernels)
+            # Large steps run its values as int8 per row, on whichever int8 matmul this build would choose.
+            wide = build_linear(int8_from_dense(weight.dequantize()), bias, dtype, prepack, kernels, int8_activations)
+            assert isinstance(wide, Int8DotLinear | Int8Linear)
+            return Int6DotLinear.build(weight, bias, kernels, wide)
         # No kernel here: its own values, dense (int8 would be another function than the file's and the reference's).
         return Linear.build(weight.dequantize().to(dtype), bias, prepack)
     if isinstance(weight, Int8Weight):

@@ -168,12 +168,13 @@ class Kernels:
 
     @property
     def has_int8_dot(self) -> bool:
-        """Integer dot products for int8 weights (engine.model.linear.Int8DotLinear): AVX2, or AVX-512 with VNNI."""
+        """Integer dot products for int8 weights (engine.model.head_linear.Int8DotLinear): AVX2, or AVX-512 with
+        VNNI."""
         return bool(self.ops.int8_dot_available())
 
     @property
     def has_int6_dot(self) -> bool:
-        """Integer dot products for GGUF Q6_K weights (engine.model.linear.Int6DotLinear): AVX2, or AVX-512 with
+        """Integer dot products for GGUF Q6_K weights (engine.model.head_linear.Int6DotLinear): AVX2, or AVX-512 with
         VNNI."""
         return bool(self.ops.int6_dot_available())
 

@@ -207,9 +207,9 @@ def _quantize(model: PreTrainedModel, weight_format: WeightFormat, gguf: Any) ->
     """int4/int8 weights for every projection and the LM head, from the model's float32 weights (before any cast).
 
     int4 takes a GGUF's Q4_0/Q4_1/Q4_K blocks as they are (a Q4_K_M file's other types are requantised), and a Q6_K
-    LM head too (llama.cpp's 4-bit files keep it so; where the kernels cannot run it, the runner reads it as int8).
-    Other LM heads (SmolLM2's is the Q8_0 tied embedding) are int8 per row under both, with either activations: int4
-    at groups of 32 cost 9% perplexity on it, int8 0.2%."""
+    LM head too (llama.cpp's 4-bit files keep it so; where the kernels cannot run it, the runner runs its values
+    dense). Other LM heads (SmolLM2's is the Q8_0 tied embedding) are int8 per row under both, with either
+    activations: int4 at groups of 32 cost 9% perplexity on it, int8 0.2%."""
     quantization = weight_format.quantization
     if quantization == "none":
         return {}
