@@ -130,7 +130,9 @@ def test_profile_measures_a_served_server_and_the_simulator_reads_it(tiny_checkp
         alone = entry["alone"]
         assert (entry["seats"], entry["requests"]) == (3, 6), mode
         assert alone["generated_tokens"] == 6 * LOAD_PROBE_MAX_TOKENS, mode  # every answer ran to its length
-        assert alone["steps"] <= 2 * (LOAD_PROBE_MAX_TOKENS + 2), mode  # 3 seats at a time: the cache holds them
+        # 3 seats at a time (the cache holds them): two seats could give at most 2 tokens a step. Arrivals replay
+        # as the server stamped them, so a staggered burst takes a few steps past two waves' 2 x (96 + 1)
+        assert alone["steps"] < alone["generated_tokens"] // 2, mode
         assert 0 < alone["engine_s"] <= alone["span_s"] and entry["served_span_s"] > 0, mode
         rebuilt = ServedLoad(3, (), entry["served_span_s"])
         assert extras[mode] == served_extra(rebuilt, AloneReplay(**alone)), mode  # stored as measured
