@@ -56,7 +56,7 @@ def describe(path: Path, entry: CacheEntry | None) -> str:
 def formats(args: argparse.Namespace) -> None:
     from api.runtime.format_choice import CHOICE_DIR, cached_entries
     from api.runtime.format_probe import load_auto
-    from engine.weights.loader import resolve_cache_dir
+    from engine.weights.checkpoints import resolve_cache_dir
 
     if args.reprobe:
         load_auto(args.model, dtype=args.dtype, quantization=args.quantization, reprobe=True)

@@ -69,10 +69,12 @@ def write_tiny_gguf(
     kinds: ProjectionKinds | None = None,
     file_type: LlamaFileType | None = None,
     head_kind: GGMLQuantizationType = GGMLQuantizationType.Q8_0,
+    tied: bool = False,
 ) -> Path:
     """The tiny Llama (tests.server_harness; or `model`, with its tokenizer) with its projections as Q4_1 blocks
     (or as `kinds` says), its LM head Q8_0 (or `head_kind`), the rest F32, and its byte-level BPE tokenizer and chat
-    template, as SmolLM2's GGUF holds them."""
+    template, as SmolLM2's GGUF holds them. `tied`: one tensor for the embedding and the head, `token_embd` in
+    `head_kind` (the model's embedding), as llama.cpp writes Llama-3.2-1B."""
     model, tokenizer = model or tiny_loaded_model().model, tiny_tokenizer()
     config = model.config
     heads, kv_heads = int(config.num_attention_heads), int(config.num_key_value_heads)
@@ -109,9 +111,10 @@ def write_tiny_gguf(
             writer.add_tensor(name, blocks, raw_shape=blocks.shape, raw_dtype=kind)
 
     state = {name: tensor.detach().float().numpy() for name, tensor in model.state_dict().items()}
-    add("token_embd.weight", state["model.embed_tokens.weight"], GGMLQuantizationType.F32)
+    add("token_embd.weight", state["model.embed_tokens.weight"], head_kind if tied else GGMLQuantizationType.F32)
     add("output_norm.weight", state["model.norm.weight"], GGMLQuantizationType.F32)
-    add("output.weight", state["lm_head.weight"], head_kind)
+    if not tied:
+        add("output.weight", state["lm_head.weight"], head_kind)
     for layer in range(config.num_hidden_layers):
         for ours, theirs in _LAYER_TENSORS.items():
             weight = state[f"model.layers.{layer}.{ours}.weight"]
@@ -146,6 +149,15 @@ def write_tiny_q4_k_m_gguf(path: Path, only_q4_k: bool = False) -> Path:
     model = build_tiny_causal_lm("llama", vocab_size=len(tokenizer), hidden_size=256, intermediate_size=512)
     kinds = (lambda layer, name: GGMLQuantizationType.Q4_K) if only_q4_k else _q4_k_m_kinds
     return write_tiny_gguf(path, model, kinds, LlamaFileType.MOSTLY_Q4_K_M, GGMLQuantizationType.Q6_K)
+
+
+def write_tiny_tied_q6_k_gguf(path: Path) -> Path:
+    """A tiny Llama as llama.cpp's `llama-quantize Q4_0` writes Llama-3.2-1B: Q4_0 projections, and one Q6_K tensor
+    for the tied embedding and LM head (hidden size 256: whole Q6_K super-blocks)."""
+    tokenizer = tiny_tokenizer()
+    model = build_tiny_causal_lm("llama", vocab_size=len(tokenizer), hidden_size=256, intermediate_size=512)
+    q4_0 = lambda layer, name: GGMLQuantizationType.Q4_0  # noqa: E731
+    return write_tiny_gguf(path, model, q4_0, LlamaFileType.MOSTLY_Q4_0, GGMLQuantizationType.Q6_K, tied=True)
 
 
 def quantize_q6_k(weight: np.ndarray) -> np.ndarray:

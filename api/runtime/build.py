@@ -41,7 +41,7 @@ def load(options: RuntimeOptions) -> LoadedModel:
         quantization=options.quantization,
         one_digit=options.int4_gemm == "auto",  # a named scope or off: the switch is measured against the dense copy
     )
-    if options.cpu_kernels and next(loaded.model.parameters()).device.type == "cpu":
+    if options.cpu_kernels and loaded.device.type == "cpu":
         load_kernels()
     return loaded
 
@@ -95,15 +95,14 @@ def build_model_runtime(
     the mode's built-in policy takes over from one that raised. `runner`: one shared with another engine
     (`batchserve compare`: one copy of the weights, stepped by one thread); default: a new one. `compile_workers`:
     grammar compile workers shared with other runtimes of this process; default: its own."""
-    parameter = next(loaded.model.parameters())
-    device = str(parameter.device)
+    device = str(loaded.device)
     runner = runner if runner is not None else build_runner(options, loaded)
     engine = Engine(
         runner,
         options.engine_config(loaded.max_model_len, device),
         loaded.eos_token_ids,
         loaded.max_model_len,
-        dtype=parameter.dtype,  # the KV cache in the activations' dtype (the loader cast the model to it)
+        dtype=loaded.dtype,  # the KV cache in the activations' dtype (the loader cast the model to it)
     )
     scheduler = Scheduler(engine, options.scheduler, on_step=on_step, on_policy_fallback=on_policy_fallback)
     return ModelRuntime(

@@ -19,7 +19,7 @@ import torch
 
 from engine.platform.cpu_features import cpu_features
 from engine.platform.native import best_build
-from engine.weights.loader import file_sha256, resolve_cache_dir
+from engine.weights.checkpoints import file_sha256, resolve_cache_dir
 
 PROBE_VERSION = 6  # bump when what is measured changes: old choices are then measured again
 CHOICE_DIR = "format-choice"

@@ -75,14 +75,8 @@ from api.runtime.format_timing import (
 )
 from engine.phases import phase
 from engine.platform.native import load_kernels
-from engine.weights.loader import (
-    LoadedModel,
-    checkpoint_dtype,
-    convert_gguf,
-    load_model,
-    resolve_device,
-    resolve_source,
-)
+from engine.weights.checkpoints import checkpoint_dtype, convert_gguf, gguf_checkpoint_dir, parameter_count
+from engine.weights.loader import LoadedModel, load_model, resolve_device, resolve_source, resolved_format
 
 logger = logging.getLogger("batchserve.loader")
 
@@ -143,11 +137,15 @@ def measured_format(
         )
         previous = entry.choice
 
+    if groups is not None and len(groups) > 1:
+        logger.info(
+            "weights: the %d candidates do not fit in memory at once: timed in %d groups", len(pairs), len(groups)
+        )
     load_kernels()  # the candidates' kernels, logged as their own phase when they build (engine/platform/native.py)
     if prepare is None:
 
         def load_and_prepare(dtype: str, quantization: str) -> Stepper:
-            loaded = load_model(source, device, cache_dir, dtype, quantization, quiet=True)
+            loaded = load_model(source, device, cache_dir, dtype, quantization, quiet=True, dense_reference=False)
             return EngineStepper(loaded, decode_steps=decode_steps(plan))
 
         prepare = load_and_prepare
@@ -241,44 +239,28 @@ def load_auto(
     reprobe: bool = False,
     one_digit: bool = True,
 ) -> LoadedModel:
-    """`load_model`, with whatever is `auto` measured on a CPU where more than one candidate is left (`reprobe`:
-    measured even where a choice is cached). A first start's slow steps are logged as phases, one after the other
-    (engine/phases.py): the GGUF's conversion, loading the weights, the kernel build and the measurement
-    (engine/platform/native.py builds the kernels before it times them). `one_digit`: measured_format's."""
+    """`load_model` for serving (no dense copy of what is quantised), with whatever is `auto` measured on a CPU where
+    more than one candidate is left (`reprobe`: measured even where a choice is cached). Only the chosen format is
+    loaded to serve: a cached choice is read before any weight is. A first start's slow steps are logged as phases,
+    one after the other (engine/phases.py): the GGUF's conversion, the kernel build, the measurement and loading the
+    weights (engine/platform/native.py builds the kernels before it times them). `one_digit`: measured_format's."""
     source = resolve_source(path)
     if source.is_file():
         convert_gguf(source, cache_dir)  # before the load's phase, not inside it
     measuring = "auto" in (dtype, quantization) and resolve_device(device).type == "cpu"
-    with phase(logger, "loading the weights", announce=False):
-        loaded = load_model(source, device, cache_dir, dtype, quantization, quiet=measuring)
-    if not measuring:
-        return loaded
-    stored_float32 = source.is_dir() and checkpoint_dtype(source) in (None, torch.float32)
-    pairs = candidates(dtype, quantization, loaded.weight_format.quantization == "int4", stored_float32)
+    pairs: list[Pair] = []
+    if measuring:
+        stored_float32 = source.is_dir() and checkpoint_dtype(source) in (None, torch.float32)
+        loads_int4 = resolved_format(source, device, dtype, quantization).quantization == "int4"
+        pairs = candidates(dtype, quantization, loads_int4, stored_float32)
     if len(pairs) < 2:
-        logger.info("weights: %s (%d quantised matmuls)", loaded.weight_format.label, len(loaded.quantized))
-        return loaded
-    weights = sum(parameter.numel() for parameter in loaded.model.parameters())
-    plan = DEFAULT_PLAN
-
-    def prepare(dtype: str, quantization: str) -> Stepper:
-        # The format already loaded is one of the candidates: timed as it is, not loaded twice.
-        same = format_label(dtype, quantization) == loaded.weight_format.label
-        model = loaded if same else load_model(source, device, cache_dir, dtype, quantization, quiet=True)
-        return EngineStepper(model, decode_steps=decode_steps(plan))
-
-    groups = resident_groups(pairs, weights, available_memory())
-    if len(groups) > 1:
-        logger.info(
-            "weights: the %d candidates do not fit in memory at once: timed in %d groups", len(pairs), len(groups)
+        with phase(logger, "loading the weights", announce=False):
+            return load_model(source, device, cache_dir, dtype, quantization, dense_reference=False)
+    checkpoint = source if source.is_dir() else gguf_checkpoint_dir(source, cache_dir)
+    groups = resident_groups(pairs, parameter_count(checkpoint), available_memory())
+    choice = measured_format(source, pairs, device, cache_dir, groups=groups, reprobe=reprobe, one_digit=one_digit)
+    with phase(logger, "loading the weights", announce=False):
+        chosen = load_model(
+            source, device, cache_dir, choice.dtype, choice.quantization, quiet=True, dense_reference=False
         )
-    choice = measured_format(
-        source, pairs, device, cache_dir, prepare, plan=plan, groups=groups, reprobe=reprobe, one_digit=one_digit
-    )
-    if choice.label == loaded.weight_format.label:
-        chosen = loaded
-    else:
-        del loaded, prepare
-        with phase(logger, f"loading the weights as {choice.label}", announce=False):
-            chosen = load_model(source, device, cache_dir, choice.dtype, choice.quantization, quiet=True)
     return chosen.with_row_switch(choice.max_quantized_rows, choice.min_gemm_rows)

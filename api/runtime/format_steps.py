@@ -58,7 +58,7 @@ class EngineStepper:
         one_digit: bool = False,
         min_gemm_rows: int | None = None,
     ) -> None:
-        dtype = next(loaded.model.parameters()).dtype
+        dtype = loaded.dtype
         switch = 0 if one_digit else max_quantized_rows
         int4_gemm, gemm_from = ("all", None) if one_digit else gemm_steps("auto", min_gemm_rows, switch)
         runner = TransformersRunner(

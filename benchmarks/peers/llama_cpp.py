@@ -30,7 +30,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from engine.weights.loader import default_model_path, gguf_checkpoint_dir, load_model, resolve_cache_dir
+from engine.weights.checkpoints import gguf_checkpoint_dir, resolve_cache_dir
+from engine.weights.loader import default_model_path, load_model
 
 LLAMA_CPP_PYTHON_VERSION = "0.3.36"
 _VENDOR_PREFIX = "vendor/llama.cpp/"

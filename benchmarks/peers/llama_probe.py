@@ -23,7 +23,8 @@ sets `ignore_eos`, so each produces exactly `--tokens` tokens.
 - long prompt: `--repeats` requests of `--long-prompt-words` words (about one token each), each a different text so
   no prefix cache helps, one after another; the median time from sending to the first streamed token.
 - start: seconds from launch to a healthy server (a first start includes batchserve's conversion and `auto`);
-  peak memory: the server process's VmHWM after the run.
+  memory: the server process's peak (VmHWM) and resident set (VmRSS) after the run, the second what serving
+  holds once loading's transients are gone.
 
 A warm-up (N concurrent 4-token requests) precedes the measurement, as the first requests pay for lazy set-up.
 """
@@ -111,6 +112,7 @@ class ProbeResult:
     long_prompt_ttft_ms: float | None = None  # median over the repeats
     start_s: float | None = None  # launch to healthy
     peak_rss_mib: float | None = None  # the server process's VmHWM
+    rss_mib: float | None = None  # its VmRSS after the run
 
 
 def decode_ms_per_token(record: RequestRecord) -> float:
@@ -194,20 +196,29 @@ async def probe(base_url: str, config: ProbeConfig) -> ProbeRecords:
     return ProbeRecords(single, list(batch), long_prompts)
 
 
-def peak_rss_mib(pid: int) -> float | None:
-    """The process's peak resident memory (VmHWM), or None where /proc does not say."""
+def memory_mib(pid: int) -> tuple[float | None, float | None]:
+    """The process's peak and present resident memory (VmHWM, VmRSS), each None where /proc does not say."""
     try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) / 1024
-    except (OSError, ValueError, IndexError):
-        return None
-    return None
+        lines = Path(f"/proc/{pid}/status").read_text().splitlines()
+    except OSError:
+        return None, None
+    found = {line.split(":")[0]: line.split()[1:2] for line in lines if line.startswith(("VmHWM:", "VmRSS:"))}
+
+    def mib(key: str) -> float | None:
+        value = found.get(key)
+        return int(value[0]) / 1024 if value and value[0].isdigit() else None
+
+    return mib("VmHWM"), mib("VmRSS")
 
 
 def summarise(
-    name: str, command: str, records: ProbeRecords, start_s: float | None = None, peak_rss: float | None = None
+    name: str,
+    command: str,
+    records: ProbeRecords,
+    start_s: float | None = None,
+    memory: tuple[float | None, float | None] = (None, None),
 ) -> ProbeResult:
+    """`memory`: the server's peak and present resident MiB after the run (`memory_mib`)."""
     single, batch, long_prompts = records.single, records.batch, records.long_prompts
     own = [ms for ms in (server_ms_per_token(r) for r in single) if ms is not None]
     steady = steady_decode(batch)
@@ -224,7 +235,8 @@ def summarise(
         long_prompt_tokens=long_prompts[0].prompt_tokens if long_prompts else None,
         long_prompt_ttft_ms=statistics.median(ttfts) * 1000 if ttfts else None,
         start_s=start_s,
-        peak_rss_mib=peak_rss,
+        peak_rss_mib=memory[0],
+        rss_mib=memory[1],
     )
 
 
@@ -266,6 +278,7 @@ def combine_rounds(rounds: Sequence[ProbeResult]) -> ProbeResult:
         long_prompt_ttft_ms=_median_or_none([r.long_prompt_ttft_ms for r in rounds]),
         start_s=first.start_s,  # the first start is the one that converts and measures
         peak_rss_mib=_median_or_none([r.peak_rss_mib for r in rounds]),
+        rss_mib=_median_or_none([r.rss_mib for r in rounds]),
     )
 
 
@@ -281,14 +294,16 @@ def format_table(results: Sequence[ProbeResult]) -> str:
     batch = ref.batch
     lines = [
         f"| server | batch 1 ms/token | server's own ms/token | batch {batch} tok/s | long prompt TTFT ms | "
-        f"first start s | peak RSS MiB | batch-1 time vs {ref.server} | batch-{batch} tok/s vs {ref.server} |",
-        "|---|---|---|---|---|---|---|---|---|",
+        f"first start s | peak RSS MiB | RSS after MiB | batch-1 time vs {ref.server} | "
+        f"batch-{batch} tok/s vs {ref.server} |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in results:
         lines.append(
             f"| {r.server} | {r.batch1_ms_per_token:.1f} | {_cell(r.batch1_server_ms_per_token, '.1f')} | "
             f"{r.batch_tok_s:.1f} | {_cell(r.long_prompt_ttft_ms, '.0f')} | {_cell(r.start_s, '.0f')} | "
-            f"{_cell(r.peak_rss_mib, '.0f')} | {r.batch1_ms_per_token / ref.batch1_ms_per_token:.2f}x | "
+            f"{_cell(r.peak_rss_mib, '.0f')} | {_cell(r.rss_mib, '.0f')} | "
+            f"{r.batch1_ms_per_token / ref.batch1_ms_per_token:.2f}x | "
             f"{r.batch_tok_s / ref.batch_tok_s:.2f}x |"
         )
     return "\n".join(lines)
@@ -330,8 +345,8 @@ def run_target(target: Target, config: ProbeConfig, health_timeout: float, log_p
     with server:
         start_s = time.monotonic() - launched
         records = asyncio.run(probe(server.base_url, config))
-        rss = peak_rss_mib(server.pid)
-    return summarise(target.name, command, records, start_s, rss)
+        memory = memory_mib(server.pid)
+    return summarise(target.name, command, records, start_s, memory)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

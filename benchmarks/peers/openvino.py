@@ -27,7 +27,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from benchmarks.peers.peer_venv import PeerVenv
-from engine.weights.loader import default_model_path, gguf_checkpoint_dir, load_model, resolve_cache_dir
+from engine.weights.checkpoints import gguf_checkpoint_dir, resolve_cache_dir
+from engine.weights.loader import default_model_path, load_model
 
 OPENVINO_GENAI_VERSION = "2026.4.1.0"
 # torch first, alone: pip takes it from the default index (on the development VM a local CPU wheel), and the

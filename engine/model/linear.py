@@ -42,15 +42,18 @@ def onednn_available(device: torch.device, dtype: torch.dtype) -> bool:
 class Linear:
     """y = x W^T + b, with W optionally held in oneDNN's reordered layout."""
 
-    weight: torch.Tensor  # [out, in], the model's own (kept: it is what the fallback and generate() use)
+    weight: torch.Tensor  # [out, in]: the model's own (what the fallback and generate() use), or only its shape
     bias: torch.Tensor | None
     packed: torch.Tensor | None = None  # opaque oneDNN tensor, None when not packed
 
     @classmethod
-    def build(cls, weight: torch.Tensor, bias: torch.Tensor | None, prepack: bool) -> Linear:
+    def build(cls, weight: torch.Tensor, bias: torch.Tensor | None, prepack: bool, own_copy: bool = False) -> Linear:
+        """`own_copy`: the weight is the caller's own copy (a dense copy of quantised weights), which nothing else
+        reads: where it is packed, only its shape is kept (a meta tensor), not a second copy in memory."""
         if not (prepack and onednn_available(weight.device, weight.dtype)):
             return cls(weight, bias)
-        return cls(weight, bias, torch.ops.mkldnn._reorder_linear_weight(weight.detach()))
+        packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach())
+        return cls(weight.to("meta") if own_copy else weight, bias, packed)
 
     @property
     def in_features(self) -> int:
@@ -249,7 +252,7 @@ def build_linear(
     if isinstance(weight, Int6Weight):
         if kernels and int8_activations and kernels.has_int6_dot and Int6DotLinear.supports(weight):
             # Large steps run its values as int8 per row, on whichever int8 matmul this build would choose.
-            wide = build_linear(int8_from_dense(weight.dequantize()), bias, dtype, prepack, kernels, int8_activations)
+            wide = build_linear(int8_from_dense(weight), bias, dtype, prepack, kernels, int8_activations)
             assert isinstance(wide, Int8DotLinear | Int8Linear)
             return Int6DotLinear.build(weight, bias, kernels, wide)
         # No kernel here: its own values, dense (int8 would be another function than the file's and the reference's).

@@ -33,7 +33,9 @@ from engine.model.linear import (
     gemm_without_dense_copy,
 )
 from engine.model.prompt_scoring import DEFAULT_SLICE, PromptScores, score_positions
+from engine.model.token_embedding import build_embedding
 from engine.platform.native import KernelBuild, Kernels, load_kernels, torch_runs_amx
+from engine.weights.loader import held_parameter
 from engine.weights.quantization import Int4Weight, QuantizedWeight, concat_rows
 
 
@@ -106,7 +108,9 @@ class TransformersRunner:
         `fused_ops`: with `native_attention`, also the compiled element-wise kernels (engine/model/elementwise.py):
         residual add + RMSNorm, SiLU * up, RoPE + cache write.
         `quantized`: int4/int8 weights replacing the dense ones, keyed by module name (`lm_head`,
-        `model.layers.N.self_attn.q_proj`, ...; engine/weights/loader.py); the model's dense weights stay the reference.
+        `model.layers.N.self_attn.q_proj`, ...; engine/weights/loader.py). The runner keeps neither them nor the
+        model: only the matmuls it builds and the modules it runs (embedding, norms, rotary), so that what the loader
+        held for building them is freed with the loaded model.
         `max_quantized_rows`: steps of more rows than this run the dense weights (linear.RowSwitchedLinear);
         None: every step runs the quantised ones.
         `int8_activations`: int4 matmuls quantise the activations to int8 digits for integer dot products where the
@@ -134,30 +138,31 @@ class TransformersRunner:
             raise UnsupportedModelError(
                 f"{type(model).__name__} is not a Llama-family decoder (needs model.layers and model.rotary_emb)"
             )
-        self.model = model
-        self.device = next(model.parameters()).device
-        self.dtype = next(model.parameters()).dtype
+        held = held_parameter(model)
+        self.device, self.dtype = held.device, held.dtype
         self.vocab_size = int(config.vocab_size)
         self.num_heads = int(config.num_attention_heads)
         self.num_kv_heads = int(getattr(config, "num_key_value_heads", None) or self.num_heads)
         self.head_dim = int(getattr(config, "head_dim", None) or config.hidden_size // self.num_heads)
         self.eps = float(config.rms_norm_eps)
-        self.embed = inner.embed_tokens
         self.rotary = inner.rotary_emb
         self.final_norm = inner.norm.weight
         self.prepack_weights = prepack_weights
         self.score_slice = score_slice
-        self.quantized = dict(quantized or {})
+        quantized = dict(quantized or {})  # consumed here: the runner keeps only the matmuls built from them
+        self.embed = build_embedding(inner.embed_tokens, config, quantized, self.dtype)
         self.max_quantized_rows = max_quantized_rows
         use_kernel = native_attention and self.device.type == "cpu" and self.dtype in (torch.float32, torch.bfloat16)
         self.kernels = load_kernels(kernel_build) if use_kernel else None
-        self.native_matmuls = self.kernels is not None and bool(self.quantized)
+        self.native_matmuls = self.kernels is not None and bool(quantized)
         self.int8_activations = int8_activations and self.kernels is not None and self.kernels.has_int4_dot
         self.min_gemm_rows = min_gemm_rows
         check_int4_gemm_scope(int4_gemm)  # before any weight is built
         self.int4_gemm = int4_gemm
-        self.lm_head = self._linear(model.lm_head, "lm_head")
-        self.layers = [self._prepare_layer(layer, f"model.layers.{i}") for i, layer in enumerate(inner.layers)]
+        self.lm_head = self._linear(model.lm_head, "lm_head", quantized)
+        self.layers = [
+            self._prepare_layer(layer, f"model.layers.{i}", quantized) for i, layer in enumerate(inner.layers)
+        ]
         attention = inner.layers[0].self_attn
         self.scale = float(getattr(attention, "scaling", self.head_dim**-0.5))
         self.act = inner.layers[0].mlp.act_fn
@@ -173,14 +178,20 @@ class TransformersRunner:
         use_fused = fused_decode and self.decode_kernel is not None
         self.fused_decode = FusedDecode.build(self.layers, self.ops, self.act) if use_fused else None
 
-    def _linear(self, module: nn.Linear, name: str) -> AnyLinear:
-        return self._build(module.weight.data, None if module.bias is None else module.bias.data, [name])
+    def _linear(self, module: nn.Linear, name: str, quantized: Mapping[str, QuantizedWeight]) -> AnyLinear:
+        return self._build(module.weight.data, None if module.bias is None else module.bias.data, [name], quantized)
 
-    def _build(self, weight: torch.Tensor, bias: torch.Tensor | None, names: list[str]) -> AnyLinear:
+    def _build(
+        self,
+        weight: torch.Tensor,
+        bias: torch.Tensor | None,
+        names: list[str],
+        quantized_weights: Mapping[str, QuantizedWeight],
+    ) -> AnyLinear:
         """The matmul for the (fused) modules `names`: their quantised weights if all have one, else dense."""
-        if not (self.quantized and all(name in self.quantized for name in names)):
+        if not (quantized_weights and all(name in quantized_weights for name in names)):
             return build_linear(weight, bias, self.dtype, self.prepack_weights)
-        weights = concat_rows([self.quantized[name] for name in names])
+        weights = concat_rows([quantized_weights[name] for name in names])
         kernels = self.kernels if self.native_matmuls else None
         quantized = build_linear(weights, bias, self.dtype, self.prepack_weights, kernels, self.int8_activations)
         if self.max_quantized_rows is None or isinstance(quantized, Linear):  # Linear: a Q6_K head without its kernel
@@ -190,11 +201,10 @@ class TransformersRunner:
         # The dense copy holds the quantised weights' own values (as the kernels read them), not the checkpoint's:
         # large and small steps compute the same function.
         values = weights.dequantize(self.dtype) if isinstance(weights, Int4Weight) else weights.dequantize()
-        dense = build_linear(values.to(self.dtype), bias, self.dtype, self.prepack_weights)
-        assert isinstance(dense, Linear)
+        dense = Linear.build(values.to(self.dtype), bias, self.prepack_weights, own_copy=True)
         return RowSwitchedLinear(quantized, dense, self.max_quantized_rows, self.min_gemm_rows)
 
-    def _prepare_layer(self, layer: Any, prefix: str) -> LayerWeights:
+    def _prepare_layer(self, layer: Any, prefix: str, quantized: Mapping[str, QuantizedWeight]) -> LayerWeights:
         attn, mlp = layer.self_attn, layer.mlp
         for name in ("q_proj", "k_proj", "v_proj", "o_proj"):
             if not isinstance(getattr(attn, name, None), nn.Linear):
@@ -206,11 +216,13 @@ class TransformersRunner:
         gate_up_weight, gate_up_bias = _fuse([mlp.gate_proj, mlp.up_proj])
         return LayerWeights(
             input_norm=layer.input_layernorm.weight,
-            qkv_proj=self._build(qkv_weight, qkv_bias, [f"{prefix}.self_attn.{n}_proj" for n in "qkv"]),
-            o_proj=self._linear(attn.o_proj, f"{prefix}.self_attn.o_proj"),
+            qkv_proj=self._build(qkv_weight, qkv_bias, [f"{prefix}.self_attn.{n}_proj" for n in "qkv"], quantized),
+            o_proj=self._linear(attn.o_proj, f"{prefix}.self_attn.o_proj", quantized),
             post_norm=layer.post_attention_layernorm.weight,
-            gate_up_proj=self._build(gate_up_weight, gate_up_bias, [f"{prefix}.mlp.{n}_proj" for n in ("gate", "up")]),
-            down_proj=self._linear(mlp.down_proj, f"{prefix}.mlp.down_proj"),
+            gate_up_proj=self._build(
+                gate_up_weight, gate_up_bias, [f"{prefix}.mlp.{n}_proj" for n in ("gate", "up")], quantized
+            ),
+            down_proj=self._linear(mlp.down_proj, f"{prefix}.mlp.down_proj", quantized),
         )
 
     @staticmethod

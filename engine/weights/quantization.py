@@ -58,14 +58,23 @@ class Int6Weight:
     sub_scales: torch.Tensor  # [out, in // 16] int8, one per 16 inputs
     super_scales: torch.Tensor  # [out, in // 256] float32, one per 256 inputs
 
-    def dequantize(self) -> torch.Tensor:
-        """[out, in] float32: d * s * (q - 32), as gguf's dequantizer computes it."""
-        out, inputs = self.values.shape
-        scales = self.super_scales.repeat_interleave(16, dim=1) * self.sub_scales.float()  # [out, in / 16]
-        return ((self.values.float() - 32).view(out, inputs // 16, 16) * scales[..., None]).view(out, inputs)
+    def dequantize(self, rows: slice | torch.Tensor = slice(None)) -> torch.Tensor:
+        """[out, in] float32 (those `rows`: a slice, or token ids to look up): d * s * (q - 32), as gguf's
+        dequantizer computes it."""
+        codes = self.values[rows]
+        out, inputs = codes.shape
+        scales = self.super_scales[rows].repeat_interleave(16, dim=1) * self.sub_scales[rows].float()  # [out, in/16]
+        return ((codes.float() - 32).view(out, inputs // 16, 16) * scales[..., None]).view(out, inputs)
 
 
 QuantizedWeight = Int4Weight | Int8Weight | Int6Weight
+
+
+def tied_q6_k_embedding(config: Any, quantized: Mapping[str, QuantizedWeight]) -> Int6Weight | None:
+    """The Q6_K values a model's token embedding is looked up in: its LM head's, where the model ties the two
+    (llama.cpp's 4-bit files keep that one tensor in Q6_K, a 128k-token vocabulary's 216 MB). None otherwise."""
+    head = quantized.get("lm_head")
+    return head if isinstance(head, Int6Weight) and getattr(config, "tie_word_embeddings", False) else None
 
 
 def concat_rows(weights: list[QuantizedWeight]) -> QuantizedWeight:
@@ -101,11 +110,21 @@ def int4_from_dense(weight: torch.Tensor, group_size: int = GROUP_SIZE) -> Int4W
     return Int4Weight(values.to(torch.uint8).reshape(out_features, in_features), scales, low + 8 * scales, group_size)
 
 
-def int8_from_dense(weight: torch.Tensor) -> Int8Weight:
-    """Symmetric per-row int8: w ~ scale * q, q in -127..127."""
-    dense = weight.detach().float()
-    scales = (dense.abs().amax(dim=1) / 127).clamp(min=torch.finfo(torch.float32).tiny)
-    values = torch.round(dense / scales[:, None]).clamp(-127, 127).to(torch.int8)
+# Rows converted at a time: bounds a conversion's float32 temporaries (a 128k-token vocabulary's head: 100 MB, not
+# the 3 GB that converting it whole held at the load's peak).
+_CONVERT_ROWS = 4096
+
+
+def int8_from_dense(weight: torch.Tensor | Int6Weight) -> Int8Weight:
+    """Symmetric per-row int8: w ~ scale * q, q in -127..127, of a dense weight or an Int6Weight's values."""
+    out, inputs = weight.values.shape if isinstance(weight, Int6Weight) else weight.shape
+    values = torch.empty(out, inputs, dtype=torch.int8)
+    scales = torch.empty(out, dtype=torch.float32)
+    for start in range(0, out, _CONVERT_ROWS):
+        rows = slice(start, min(start + _CONVERT_ROWS, out))
+        dense = weight.dequantize(rows) if isinstance(weight, Int6Weight) else weight[rows].detach().float()
+        scales[rows] = (dense.abs().amax(dim=1) / 127).clamp(min=torch.finfo(torch.float32).tiny)
+        values[rows] = torch.round(dense / scales[rows, None]).clamp(-127, 127).to(torch.int8)
     return Int8Weight(values, scales)
 
 

@@ -85,7 +85,6 @@ def test_a_first_start_logs_its_phases_in_order_each_with_its_time_and_cache(tin
             "loading torch and transformers, then the model",
             f"converting the GGUF into a float32 checkpoint, once per model file: {tiny_gguf}",
             ("converting the GGUF into a float32 checkpoint: done in ", f"cached in {converted}; delete it to convert"),
-            "loading the weights: done in ",
             *kernels,
             "measuring weight formats once for this CPU, 4 candidates (float32, bfloat16, int4/float32, int4/bfloat16)",
             "measuring weight formats once for this CPU: 1 of 4 (float32)",
@@ -95,6 +94,7 @@ def test_a_first_start_logs_its_phases_in_order_each_with_its_time_and_cache(tin
             "measuring weight formats once for this CPU: round 1 of ",
             "chosen by auto",
             ("measuring weight formats once for this CPU: done in ", end),
+            "loading the weights: done in ",  # the chosen format only, once chosen
             "preparing the engine: done in ",
             _READY,
         ],

@@ -11,7 +11,7 @@ import pytest
 from api.cli import main
 from api.runtime.format_choice import write_entry
 from api.runtime.format_rule import choose
-from engine.weights.loader import CACHE_DIR_ENV
+from engine.weights.checkpoints import CACHE_DIR_ENV
 
 PAIRS = [("bfloat16", "none"), ("bfloat16", "int4")]
 STEP_MS = {

@@ -23,7 +23,8 @@ from langchain_openai import ChatOpenAI, OpenAI
 from openai.types import Completion
 from openai.types.chat import ChatCompletion, ChatCompletionFunctionToolParam, ChatCompletionMessageParam
 
-from engine.weights.loader import LoadedModel, default_model_path, gguf_checkpoint_dir
+from engine.weights.checkpoints import gguf_checkpoint_dir
+from engine.weights.loader import LoadedModel, default_model_path
 from tests.server_harness import (
     RunningServer,
     as_dicts,

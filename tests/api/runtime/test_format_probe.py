@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from api.runtime import format_probe
 from api.runtime.format_choice import (
     EVERY_STEP,
     FormatChoice,
@@ -27,7 +28,7 @@ from api.runtime.format_probe import load_auto, measured_format
 from api.runtime.format_rule import candidates, choose
 from api.runtime.format_steps import MEASURED_ROWS, resident_groups, time_steps
 from api.runtime.format_timing import Stepper
-from engine.weights.loader import load_model
+from engine.weights.loader import LoadedModel, load_model
 from tests.api.runtime.fake_machine import FakeMachine
 
 ALL = [("float32", "none"), ("bfloat16", "none"), ("float32", "int4"), ("bfloat16", "int4")]
@@ -423,6 +424,28 @@ def test_a_group_of_candidates_is_freed_before_the_next_group_loads(tmp_path: Pa
 def test_time_steps_runs_real_decode_steps_at_each_row_count(tiny_checkpoint: Path) -> None:
     times = time_steps(load_model(tiny_checkpoint), rows=(1, 3), prefill_tokens=20, repeats=2)
     assert set(times) == {1, 3, 20} and all(t > 0 for t in times.values())
+
+
+def test_auto_loads_only_the_chosen_format_and_for_serving(
+    tiny_gguf: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A start reads no weights before the choice (a cached one costs a load of only the format it names: loading
+    the file's own first held both in memory, 10.4 GB at the 1B's peak), and serves them without dense copies."""
+    loads: list[tuple[str, str, bool]] = []
+    real_load = format_probe.load_model
+
+    def spy(*args: object, **kwargs: object) -> LoadedModel:
+        loaded = real_load(*args, **kwargs)  # type: ignore[arg-type]
+        loads.append((loaded.weight_format.label, str(args[4]), bool(kwargs.get("dense_reference", True))))
+        return loaded
+
+    choice = FormatChoice("bfloat16", "int4", 8, {}, "cached", min_gemm_rows=9)
+    monkeypatch.setattr(format_probe, "load_model", spy)
+    monkeypatch.setattr(format_probe, "measured_format", lambda *args, **kwargs: choice)
+    loaded = load_auto(tiny_gguf, cache_dir=tmp_path)
+    assert loads == [("int4/bfloat16", "int4", False)]
+    assert (loaded.measured_max_quantized_rows, loaded.measured_min_gemm_rows) == (8, 9)
+    assert loaded.model.lm_head.weight.is_meta  # its int8 copy is what serves
 
 
 def test_a_float32_checkpoint_leaves_auto_nothing_to_measure(tiny_checkpoint: Path, tmp_path: Path) -> None:

@@ -236,11 +236,11 @@ def test_summary_takes_the_long_prompts_median_ttft_and_the_rounds_median() -> N
     batch = [_record(1, [1.0 + 0.1 * i for i in range(9)]), _record(2, [1.0 + 0.1 * i for i in range(9)])]
     long_prompts = [_record(3, [t, t + 0.01]) for t in (0.2, 0.4, 0.3)]  # sent at 0: TTFT 200, 400, 300 ms
     records = llama_probe.ProbeRecords(single, batch, long_prompts)
-    result = llama_probe.summarise("batchserve-q4_0", "cmd", records, start_s=12.0, peak_rss=300.0)
+    result = llama_probe.summarise("batchserve-q4_0", "cmd", records, start_s=12.0, memory=(300.0, 200.0))
     assert result.long_prompt_ttft_ms == pytest.approx(300.0)
     assert result.long_prompt_tokens == 8  # the server's own count, from usage
     assert result.batch1_ms_per_token == pytest.approx(10.0)
-    assert (result.start_s, result.peak_rss_mib) == (12.0, 300.0)
+    assert (result.start_s, result.peak_rss_mib, result.rss_mib) == (12.0, 300.0, 200.0)
     slower = dataclasses.replace(result, batch1_ms_per_token=30.0, long_prompt_ttft_ms=None, start_s=5.0)
     faster = dataclasses.replace(result, batch1_ms_per_token=20.0, long_prompt_ttft_ms=100.0, start_s=4.0)
     combined = llama_probe.combine_rounds([result, slower, faster])
@@ -272,10 +272,11 @@ def test_batchserve_format_servers_load_the_llama_file(llama_cache: tuple[llama_
     assert isinstance(q4_1, Target) and _flag(q4_1.argv, "--model") == str(q4)  # the shipped file itself
 
 
-def test_peak_memory_reads_this_process() -> None:
-    peak = llama_probe.peak_rss_mib(os.getpid())
-    assert peak is not None and peak > 10  # an interpreter with torch imported holds more than 10 MiB
-    assert llama_probe.peak_rss_mib(2**22 + 7) is None  # no such process
+def test_memory_reads_this_process() -> None:
+    peak, resident = llama_probe.memory_mib(os.getpid())
+    assert resident is not None and resident > 10  # an interpreter with torch imported holds more than 10 MiB
+    assert peak is not None and peak >= resident
+    assert llama_probe.memory_mib(2**22 + 7) == (None, None)  # no such process
 
 
 @pytest.mark.parametrize(

@@ -42,6 +42,18 @@ def test_packed_linear_accepts_a_strided_slice() -> None:
     torch.testing.assert_close(packed(x), F.linear(x, weight, bias), rtol=1e-5, atol=1e-5)
 
 
+@needs_onednn
+def test_a_packed_copy_of_the_callers_own_keeps_only_the_weights_shape() -> None:
+    """A dense copy made for the runner (of quantised weights) is read only through its oneDNN copy: holding the
+    plain one too would be a second copy in memory. Unpacked, the weight is what runs, and is kept."""
+    weight, bias = _weights(96, 40, seed=4)
+    own = Linear.build(weight.clone(), bias, prepack=True, own_copy=True)
+    assert own.weight.is_meta and own.weight.shape == weight.shape and own.in_features == 40
+    x = torch.randn(5, 40)
+    assert torch.equal(own(x), Linear.build(weight, bias, prepack=True)(x))
+    assert not Linear.build(weight, bias, prepack=False, own_copy=True).weight.is_meta
+
+
 def test_unpacked_linear_is_exactly_f_linear() -> None:
     weight, bias = _weights(32, 16, seed=2)
     plain = Linear.build(weight, bias, prepack=False)

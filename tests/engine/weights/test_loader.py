@@ -15,16 +15,9 @@ from tokenizers.models import WordLevel
 from tokenizers.pre_tokenizers import Whitespace
 from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
-from engine.weights import loader
-from engine.weights.loader import (
-    LoadedModel,
-    ModelNotFoundError,
-    default_model_path,
-    gguf_cache_key,
-    load_model,
-    resolve_cache_dir,
-    resolve_device,
-)
+from engine.weights import checkpoints, loader
+from engine.weights.checkpoints import gguf_cache_key, resolve_cache_dir
+from engine.weights.loader import LoadedModel, ModelNotFoundError, default_model_path, load_model, resolve_device
 
 WORDS = ["<unk>", "<eos>", "<pad>", "hello", "world", "the", "cat", "sat", "on", "mat", "<end_turn>"]
 EOS_ID = 1
@@ -212,7 +205,7 @@ def test_atomic_write_leaves_nothing_when_writer_fails(tmp_path: Path) -> None:
         raise RuntimeError("disk full")
 
     with pytest.raises(RuntimeError, match="disk full"):
-        loader._write_dir_atomically(final, crash_halfway)
+        checkpoints._write_dir_atomically(final, crash_halfway)
 
     assert not final.exists()
     assert list(final.parent.iterdir()) == []
@@ -224,7 +217,7 @@ def test_atomic_write_publishes_complete_dir(tmp_path: Path) -> None:
     def write_config(directory: Path) -> None:
         (directory / "config.json").write_text("{}")
 
-    loader._write_dir_atomically(final, write_config)
+    checkpoints._write_dir_atomically(final, write_config)
 
     assert (final / "config.json").read_text() == "{}"
     assert [p.name for p in final.parent.iterdir()] == ["entry"]
@@ -238,7 +231,7 @@ def test_atomic_write_keeps_entry_finished_concurrently(tmp_path: Path) -> None:
         final.mkdir()  # another process published first
         (final / "config.json").write_text("theirs")
 
-    loader._write_dir_atomically(final, racing_writer)
+    checkpoints._write_dir_atomically(final, racing_writer)
 
     assert (final / "config.json").read_text() == "theirs"
     assert [p.name for p in final.parent.iterdir()] == ["entry"]
@@ -256,7 +249,7 @@ def test_clearing_gguf_quantization_markers_lets_save_pretrained_work(tmp_path: 
     with pytest.raises(ValueError, match="not serializable"):
         model.save_pretrained(tmp_path / "refused")
 
-    loader._clear_quantization_markers(model)
+    checkpoints._clear_quantization_markers(model)
     model.save_pretrained(tmp_path / "saved")
 
     assert (tmp_path / "saved" / "model.safetensors").is_file()

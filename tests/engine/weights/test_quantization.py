@@ -23,6 +23,7 @@ from engine.sample.sampling_params import SamplingParams
 from engine.weights.loader import LoadedModel, load_model
 from engine.weights.quantization import (
     Int4Weight,
+    Int6Weight,
     Int8Weight,
     concat_rows,
     gguf_projection_types,
@@ -121,6 +122,21 @@ def test_int8_quantisation_error_is_within_half_a_step_per_row() -> None:
     weight = torch.randn(48, 96, generator=torch.Generator().manual_seed(2))
     int8 = int8_from_dense(weight)
     assert bool(((int8.dequantize() - weight).abs() <= int8.scales[:, None] / 2 + 1e-6).all())
+
+
+def test_int8_conversion_by_blocks_of_rows_is_the_whole_weights_and_reads_int6_values_as_dense() -> None:
+    """Converted a block of rows at a time (bounding the float32 temporaries a 128k-row head would need), the
+    result is bit for bit the one-pass formula's, past a block's edge too; an Int6Weight converts as its values."""
+    weight = torch.randn(5000, 64, generator=torch.Generator().manual_seed(3))
+    scales = (weight.abs().amax(dim=1) / 127).clamp(min=torch.finfo(torch.float32).tiny)
+    int8 = int8_from_dense(weight)
+    assert torch.equal(int8.scales, scales)
+    assert torch.equal(int8.values, torch.round(weight / scales[:, None]).clamp(-127, 127).to(torch.int8))
+    codes = torch.randint(0, 64, (4100, 256), dtype=torch.uint8, generator=torch.Generator().manual_seed(4))
+    sub = torch.randint(-127, 128, (4100, 16), dtype=torch.int8, generator=torch.Generator().manual_seed(5))
+    int6 = Int6Weight(codes, sub, torch.rand(4100, 1) * 1e-3)
+    from_int6, from_values = int8_from_dense(int6), int8_from_dense(int6.dequantize())
+    assert torch.equal(from_int6.values, from_values.values) and torch.equal(from_int6.scales, from_values.scales)
 
 
 def test_int4_refuses_inputs_that_are_not_whole_groups() -> None:
