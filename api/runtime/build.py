@@ -80,6 +80,7 @@ def build_runner(options: RuntimeOptions, loaded: LoadedModel) -> TransformersRu
         int8_activations=options.int8_activations,
         min_gemm_rows=min_gemm_rows,
         int4_gemm=int4_gemm,
+        keep_model_weights=loaded.dense_reference,
     )
 
 

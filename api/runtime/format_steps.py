@@ -67,6 +67,7 @@ class EngineStepper:
             max_quantized_rows=switch,
             min_gemm_rows=gemm_from,
             int4_gemm=int4_gemm,
+            keep_model_weights=loaded.dense_reference,
         )
         self.loaded = loaded
         self.decode_steps = decode_steps

@@ -10,6 +10,7 @@ On the CPU the projections run through oneDNN on reordered weight copies (see en
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -67,6 +68,10 @@ class UnsupportedModelError(ValueError):
 PREFILL_ATTENTION = ("auto", "kernel", "sdpa")
 
 
+def _bias(module: nn.Linear) -> torch.Tensor | None:
+    return None if module.bias is None else module.bias.data
+
+
 def _fuse(linears: list[nn.Linear]) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Concatenate the output rows of several Linear layers and make each layer's weight a view of them."""
     weight = torch.cat([lin.weight.data for lin in linears], dim=0)
@@ -100,6 +105,7 @@ class TransformersRunner:
         kernel_build: KernelBuild | None = None,
         fused_decode: bool = True,
         prefill_attention: str = "auto",
+        keep_model_weights: bool = True,
     ) -> None:
         """`prepack_weights`: run the projections through oneDNN on reordered weight copies (CPU, float32).
         `native_attention`: decode attention and prompt scoring through the compiled CPU kernels where they build
@@ -131,6 +137,9 @@ class TransformersRunner:
         `native_attention`); "sdpa", torch's; "auto", torch's where it runs on AMX tiles (native.torch_runs_amx:
         2.1-2.8x the kernel's speed at 1,024 tokens on a Sapphire Rapids Xeon, docs/prefill_attention.md), else the
         kernel.
+        `keep_model_weights`: False where the model is no reference anyone runs (a serving load,
+        engine/weights/loader.py): each dense weight packed for oneDNN is taken from the model once packed, so one copy
+        is held, not two. The model cannot run, nor build another runner, after.
         """
         config = model.config
         inner = getattr(model, "model", None)
@@ -148,6 +157,7 @@ class TransformersRunner:
         self.rotary = inner.rotary_emb
         self.final_norm = inner.norm.weight
         self.prepack_weights = prepack_weights
+        self.keep_model_weights = keep_model_weights
         self.score_slice = score_slice
         quantized = dict(quantized or {})  # consumed here: the runner keeps only the matmuls built from them
         self.embed = build_embedding(inner.embed_tokens, config, quantized, self.dtype)
@@ -159,7 +169,7 @@ class TransformersRunner:
         self.min_gemm_rows = min_gemm_rows
         check_int4_gemm_scope(int4_gemm)  # before any weight is built
         self.int4_gemm = int4_gemm
-        self.lm_head = self._linear(model.lm_head, "lm_head", quantized)
+        self.lm_head = self._build([model.lm_head], ["lm_head"], quantized)
         self.layers = [
             self._prepare_layer(layer, f"model.layers.{i}", quantized) for i, layer in enumerate(inner.layers)
         ]
@@ -178,31 +188,38 @@ class TransformersRunner:
         use_fused = fused_decode and self.decode_kernel is not None
         self.fused_decode = FusedDecode.build(self.layers, self.ops, self.act) if use_fused else None
 
-    def _linear(self, module: nn.Linear, name: str, quantized: Mapping[str, QuantizedWeight]) -> AnyLinear:
-        return self._build(module.weight.data, None if module.bias is None else module.bias.data, [name], quantized)
-
-    def _build(
-        self,
-        weight: torch.Tensor,
-        bias: torch.Tensor | None,
-        names: list[str],
-        quantized_weights: Mapping[str, QuantizedWeight],
-    ) -> AnyLinear:
-        """The matmul for the (fused) modules `names`: their quantised weights if all have one, else dense."""
-        if not (quantized_weights and all(name in quantized_weights for name in names)):
-            return build_linear(weight, bias, self.dtype, self.prepack_weights)
-        weights = concat_rows([quantized_weights[name] for name in names])
+    def _build(self, modules: list[nn.Linear], names: list[str], quantized: Mapping[str, QuantizedWeight]) -> AnyLinear:
+        """The matmul for the modules `names` (fused along output rows where several): their quantised weights if
+        all have one, else dense."""
+        weight, bias = _fuse(modules) if len(modules) > 1 else (modules[0].weight.data, _bias(modules[0]))
+        if not (quantized and all(name in quantized for name in names)):
+            return self._dense(modules, names[0], weight, bias)
+        weights = concat_rows([quantized[name] for name in names])
         kernels = self.kernels if self.native_matmuls else None
-        quantized = build_linear(weights, bias, self.dtype, self.prepack_weights, kernels, self.int8_activations)
-        if self.max_quantized_rows is None or isinstance(quantized, Linear):  # Linear: a Q6_K head without its kernel
-            return quantized
-        if gemm_without_dense_copy(self.int4_gemm, names) and isinstance(quantized, IntegerDotLinear):
-            return RowSwitchedLinear(quantized, None, self.max_quantized_rows)
+        matmul = build_linear(weights, bias, self.dtype, self.prepack_weights, kernels, self.int8_activations)
+        if self.max_quantized_rows is None or isinstance(matmul, Linear):  # Linear: a Q6_K head without its kernel
+            return matmul
+        if gemm_without_dense_copy(self.int4_gemm, names) and isinstance(matmul, IntegerDotLinear):
+            return RowSwitchedLinear(matmul, None, self.max_quantized_rows)
         # The dense copy holds the quantised weights' own values (as the kernels read them), not the checkpoint's:
         # large and small steps compute the same function.
         values = weights.dequantize(self.dtype) if isinstance(weights, Int4Weight) else weights.dequantize()
         dense = Linear.build(values.to(self.dtype), bias, self.prepack_weights, own_copy=True)
-        return RowSwitchedLinear(quantized, dense, self.max_quantized_rows, self.min_gemm_rows)
+        return RowSwitchedLinear(matmul, dense, self.max_quantized_rows, self.min_gemm_rows)
+
+    def _dense(self, modules: list[nn.Linear], name: str, weight: torch.Tensor, bias: torch.Tensor | None) -> Linear:
+        """The model's own weight; packed for oneDNN, and taken from the model where it is not kept (a serving
+        load's), so that one copy is held, not two. A head tied to the embedding stays: tokens are looked up in it."""
+        if weight.is_meta:
+            raise ValueError(f"{name}: the model's weights were taken by a runner built before (keep_model_weights)")
+        linear = build_linear(weight, bias, self.dtype, self.prepack_weights)
+        assert isinstance(linear, Linear)
+        tied = isinstance(self.embed, nn.Embedding) and any(m.weight is self.embed.weight for m in modules)
+        if self.keep_model_weights or linear.packed is None or tied:
+            return linear
+        for module in modules:
+            module.weight = nn.Parameter(module.weight.data.to("meta"), requires_grad=False)
+        return dataclasses.replace(linear, weight=weight.to("meta"))
 
     def _prepare_layer(self, layer: Any, prefix: str, quantized: Mapping[str, QuantizedWeight]) -> LayerWeights:
         attn, mlp = layer.self_attn, layer.mlp
@@ -212,17 +229,17 @@ class TransformersRunner:
         for name in ("gate_proj", "up_proj", "down_proj"):
             if not isinstance(getattr(mlp, name, None), nn.Linear):
                 raise UnsupportedModelError(f"MLP module {type(mlp).__name__} has no Linear {name}")
-        qkv_weight, qkv_bias = _fuse([attn.q_proj, attn.k_proj, attn.v_proj])
-        gate_up_weight, gate_up_bias = _fuse([mlp.gate_proj, mlp.up_proj])
         return LayerWeights(
             input_norm=layer.input_layernorm.weight,
-            qkv_proj=self._build(qkv_weight, qkv_bias, [f"{prefix}.self_attn.{n}_proj" for n in "qkv"], quantized),
-            o_proj=self._linear(attn.o_proj, f"{prefix}.self_attn.o_proj", quantized),
+            qkv_proj=self._build(
+                [attn.q_proj, attn.k_proj, attn.v_proj], [f"{prefix}.self_attn.{n}_proj" for n in "qkv"], quantized
+            ),
+            o_proj=self._build([attn.o_proj], [f"{prefix}.self_attn.o_proj"], quantized),
             post_norm=layer.post_attention_layernorm.weight,
             gate_up_proj=self._build(
-                gate_up_weight, gate_up_bias, [f"{prefix}.mlp.{n}_proj" for n in ("gate", "up")], quantized
+                [mlp.gate_proj, mlp.up_proj], [f"{prefix}.mlp.{n}_proj" for n in ("gate", "up")], quantized
             ),
-            down_proj=self._linear(mlp.down_proj, f"{prefix}.mlp.down_proj", quantized),
+            down_proj=self._build([mlp.down_proj], [f"{prefix}.mlp.down_proj"], quantized),
         )
 
     @staticmethod

@@ -66,6 +66,9 @@ class LoadedModel:
     # The row count up to which the quantised weights run, where `auto` measured it (api/runtime/format_probe.py).
     measured_max_quantized_rows: int | None = None
     measured_min_gemm_rows: int | None = None  # from this many rows, one int8 digit per activation (`auto` measured)
+    # False: a serving load. Its model keeps no dense copy of what is quantised, and its runner takes the dense
+    # weights it packs (engine/model/model_runner.py `keep_model_weights`): the model is no reference to run.
+    dense_reference: bool = True
 
     @property
     def device(self) -> torch.device:
@@ -163,6 +166,7 @@ def load_model(
         max_model_len=_max_model_len(model),
         weight_format=weight_format,
         quantized=quantized,
+        dense_reference=dense_reference,
     )
 
 

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from api.runtime.offline import LLM
+from engine.model.linear import Linear, onednn_available
 from engine.model.model_runner import TransformersRunner
 from engine.model.token_embedding import Int6Embedding
 from engine.sample.sampling_params import SamplingParams
@@ -100,3 +101,34 @@ def test_the_runner_keeps_neither_the_model_nor_the_loaders_weights(tied_q6_k: P
     gc.collect()
     assert model() is None and projection() is None
     assert runner.vocab_size > 0 and isinstance(runner.embed, Int6Embedding)  # still whole
+
+
+@pytest.mark.skipif(not onednn_available(torch.device("cpu"), torch.float32), reason="this torch build has no oneDNN")
+def test_a_runner_on_a_serving_load_takes_the_dense_weights_it_packs(tiny_gguf: Path) -> None:
+    """Dense, a served weight lives in oneDNN's packed copy only (two copies of a 1B's float32 made the first start's
+    format measurement peak at 12.8 GB); a head tied to the embedding would stay (SmolLM2's). The same answers; and a
+    second runner on that model is refused by name rather than run on shapes."""
+    reference = load_model(tiny_gguf, dtype="float32", quantization="none")
+    serving = load_model(tiny_gguf, dtype="float32", quantization="none", dense_reference=False)
+    expected = _greedy(reference)
+    with LLM(mode="continuous", loaded=serving, max_num_seqs=4) as llm:
+        runner = llm.runtime.engine.runner
+        assert isinstance(runner, TransformersRunner)
+        layer = runner.layers[0]
+        assert isinstance(layer.qkv_proj, Linear) and layer.qkv_proj.weight.is_meta
+        assert layer.qkv_proj.packed is not None and serving.model.model.layers[0].mlp.down_proj.weight.is_meta
+        assert not serving.model.get_input_embeddings().weight.is_meta  # looked up, not packed
+        assert runner.lm_head.weight.is_meta  # type: ignore[union-attr]  # an untied head, packed like the rest
+        params = SamplingParams(max_tokens=NEW_TOKENS, temperature=0.0, ignore_eos=True)
+        assert [out.token_ids for out in llm.generate(PROMPTS, params)] == expected
+    with pytest.raises(ValueError, match="taken by a runner built before"):
+        TransformersRunner(serving.model, keep_model_weights=False)
+
+
+def test_a_dense_head_tied_to_the_embedding_stays_with_it(tied_q6_k: Path) -> None:
+    serving = load_model(tied_q6_k, dtype="float32", quantization="none", dense_reference=False)
+    runner = TransformersRunner(serving.model, keep_model_weights=False)
+    assert isinstance(runner.embed, torch.nn.Embedding) and not runner.embed.weight.is_meta
+    assert isinstance(runner.lm_head, Linear) and runner.lm_head.weight.data_ptr() == runner.embed.weight.data_ptr()
+    ids = torch.tensor([3, 7])
+    assert torch.equal(runner.embed(ids), load_model(tied_q6_k).model.get_input_embeddings()(ids))
