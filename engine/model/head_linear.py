@@ -157,6 +157,21 @@ class Int6DotLinear:
     def in_features(self) -> int:
         return int(self.packed.shape[1]) * 4 // 3
 
+    def rows(self, ids: torch.Tensor) -> torch.Tensor:
+        """[len(ids), in] float32: the weight's rows `ids` read back from the layout, Int6Weight.dequantize's values
+        bit for bit (a tied embedding's lookup, engine/model/token_embedding.py)."""
+        blocks, runs = self.sub_scales.shape[:2]
+        block, row = ids // INT8_DOT_BLOCK_ROWS, ids % INT8_DOT_BLOCK_ROWS
+        # [tokens, run, byte k of (low 0|1, low 2|3, tops), input i of register v]
+        data = self.packed.view(blocks, runs, 3, INT8_DOT_BLOCK_ROWS, 4)[block, :, :, row]
+        pairs, tops = data[:, :, :2], data[:, :, 2:3]
+        low = torch.stack((pairs & 0x0F, pairs >> 4), dim=3).flatten(2, 3)  # [tokens, run, v, i], v = 2k + nibble
+        top = torch.cat([(tops >> shift) & 0x03 for shift in (0, 2, 4, 6)], dim=2)
+        codes = (low | top << 4).flatten(1)  # input 16 run + 4 v + i
+        supers = self.super_scales[block, :, row].repeat_interleave(16, dim=1)  # [tokens, in / 16]
+        scales = supers * self.sub_scales[block, :, row].float()
+        return ((codes.float() - 32).view(len(ids), runs, 16) * scales[..., None]).flatten(1)
+
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if self.wide is not None and x.shape[0] > INT6_DOT_MAX_ROWS:
             return self.wide(x)

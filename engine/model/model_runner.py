@@ -34,7 +34,7 @@ from engine.model.linear import (
     gemm_without_dense_copy,
 )
 from engine.model.prompt_scoring import DEFAULT_SLICE, PromptScores, score_positions
-from engine.model.token_embedding import build_embedding
+from engine.model.token_embedding import TokenEmbedding, build_embedding
 from engine.platform.native import KernelBuild, Kernels, load_kernels, torch_runs_amx
 from engine.weights.loader import held_parameter
 from engine.weights.quantization import Int4Weight, QuantizedWeight, concat_rows
@@ -160,7 +160,7 @@ class TransformersRunner:
         self.keep_model_weights = keep_model_weights
         self.score_slice = score_slice
         quantized = dict(quantized or {})  # consumed here: the runner keeps only the matmuls built from them
-        self.embed = build_embedding(inner.embed_tokens, config, quantized, self.dtype)
+        self.embed: TokenEmbedding = inner.embed_tokens  # the model's table, unless the head's rows replace it below
         self.max_quantized_rows = max_quantized_rows
         use_kernel = native_attention and self.device.type == "cpu" and self.dtype in (torch.float32, torch.bfloat16)
         self.kernels = load_kernels(kernel_build) if use_kernel else None
@@ -170,6 +170,7 @@ class TransformersRunner:
         check_int4_gemm_scope(int4_gemm)  # before any weight is built
         self.int4_gemm = int4_gemm
         self.lm_head = self._build([model.lm_head], ["lm_head"], quantized)
+        self.embed = build_embedding(inner.embed_tokens, config, quantized, self.lm_head, self.dtype)
         self.layers = [
             self._prepare_layer(layer, f"model.layers.{i}", quantized) for i, layer in enumerate(inner.layers)
         ]

@@ -1,9 +1,9 @@
-"""Token ids to the first layer's input rows: the model's embedding table, or a tied LM head's Q6_K values.
+"""Token ids to the first layer's input rows: the model's embedding table, or a tied Q6_K head's own rows.
 
-A tied Q6_K head (llama.cpp's 4-bit files of Llama-3.2-1B) holds the embedding too: looking tokens up in its
-values, as gguf's dequantizer gives them, is the dense table's function bit for bit (the table is those values in
-the activations' dtype), so the dense table is not needed at all: 525 MB of bfloat16 for a 128k-token vocabulary,
-and the 1 GB of float32 the load would read to make it.
+A tied Q6_K head (llama.cpp's 4-bit files of Llama-3.2-1B) holds the embedding too. Its rows read back from the
+layout the head runs in (or from its dense values, where it runs dense) are the dense table's values bit for bit (the
+table is gguf's dequantisation of the same blocks, in the activations' dtype), so no table is held at all: 525 MB
+of bfloat16 for a 128k-token vocabulary, and the 1 GB of float32 the load would have read to make it.
 """
 
 from __future__ import annotations
@@ -12,29 +12,38 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
-from engine.weights.quantization import Int6Weight, QuantizedWeight, tied_q6_k_embedding
+from engine.model.head_linear import Int6DotLinear
+from engine.model.linear import AnyLinear, Linear, RowSwitchedLinear
+from engine.weights.quantization import QuantizedWeight, tied_q6_k_embedding
 
 
 @dataclass(frozen=True)
-class Int6Embedding:
-    """Rows of an Int6Weight, dequantised per lookup into the activations' dtype."""
+class HeadRows:
+    """Rows of a tied head's weight, looked up per step in the activations' dtype."""
 
-    weight: Int6Weight
+    head: Int6DotLinear | Linear
     dtype: torch.dtype
 
     def __call__(self, ids: torch.Tensor) -> torch.Tensor:
-        return self.weight.dequantize(ids).to(self.dtype)
+        if isinstance(self.head, Int6DotLinear):
+            return self.head.rows(ids).to(self.dtype)
+        return F.embedding(ids, self.head.weight)
 
 
-TokenEmbedding = nn.Embedding | Int6Embedding
+TokenEmbedding = nn.Embedding | HeadRows
 
 
 def build_embedding(
-    module: nn.Embedding, config: Any, quantized: dict[str, QuantizedWeight], dtype: torch.dtype
+    table: nn.Embedding, config: Any, quantized: dict[str, QuantizedWeight], head: AnyLinear, dtype: torch.dtype
 ) -> TokenEmbedding:
-    """The tied head's Q6_K values where the model has them (engine.weights.quantization.tied_q6_k_embedding),
-    else the model's own table."""
-    values = tied_q6_k_embedding(config, quantized)
-    return module if values is None else Int6Embedding(values, dtype)
+    """The built `head`'s rows where the model ties its embedding to a Q6_K head
+    (engine.weights.quantization.tied_q6_k_embedding; a serving load keeps no `table` then), else the `table`."""
+    if tied_q6_k_embedding(config, quantized) is None:
+        return table
+    source = head.quantized if isinstance(head, RowSwitchedLinear) else head
+    if isinstance(source, Int6DotLinear) or (isinstance(source, Linear) and not source.weight.is_meta):
+        return HeadRows(source, dtype)
+    raise ValueError(f"the tied Q6_K head runs as {type(source).__name__}, which holds no rows to look up")

@@ -127,6 +127,15 @@ def test_the_layout_is_blocks_of_16_rows_and_runs_of_16_inputs(kernels: native.K
         assert low | top << 4 == int(codes[row, column])
 
 
+def test_rows_read_back_from_the_layout_are_the_weights_values_bit_for_bit(kernels: native.Kernels) -> None:
+    """A tied embedding's lookup (engine/model/token_embedding.py): any rows, in any order, repeated, across blocks."""
+    weight = _int6(48, 768, seed=3)
+    linear = Int6DotLinear.build(weight, None, _dot(kernels))
+    ids = torch.tensor([0, 47, 16, 5, 5, 31, 17, 15])
+    assert torch.equal(linear.rows(ids), weight.dequantize(ids))
+    assert torch.equal(linear.rows(torch.arange(48)), weight.dequantize())
+
+
 def test_build_linear_chooses_it_with_an_int8_copy_for_large_steps_or_dense_without_a_kernel(
     kernels: native.Kernels,
 ) -> None:

@@ -14,7 +14,7 @@ import torch
 from api.runtime.offline import LLM
 from engine.model.linear import Linear, onednn_available
 from engine.model.model_runner import TransformersRunner
-from engine.model.token_embedding import Int6Embedding
+from engine.model.token_embedding import HeadRows
 from engine.sample.sampling_params import SamplingParams
 from engine.weights.loader import LoadedModel, load_model
 from engine.weights.quantization import Int6Weight, Int8Weight
@@ -44,12 +44,14 @@ def test_a_tied_q6_k_file_loads_one_q6_k_tensor_as_head_and_embedding(tied_q6_k:
     assert isinstance(head, Int6Weight) and torch.equal(head.dequantize(), loaded.model.lm_head.weight.data)
 
 
+@pytest.mark.parametrize("kernels", [True, False])
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_tokens_are_looked_up_in_the_heads_q6_k_values_bit_for_bit(tied_q6_k: Path, dtype: str) -> None:
-    """The dense table is the Q6_K values in the activations' dtype: a lookup in them is the table's, every token."""
+def test_tokens_are_looked_up_in_the_heads_q6_k_values_bit_for_bit(tied_q6_k: Path, dtype: str, kernels: bool) -> None:
+    """The dense table is the Q6_K values in the activations' dtype: the head's rows, read back from int6_dot's
+    layout (or from its dense values without the kernels), are the table's, every token."""
     loaded = load_model(tied_q6_k, dtype=dtype, quantization="int4")
-    runner = TransformersRunner(loaded.model, quantized=loaded.quantized)
-    assert isinstance(runner.embed, Int6Embedding)
+    runner = TransformersRunner(loaded.model, quantized=loaded.quantized, native_attention=kernels)
+    assert isinstance(runner.embed, HeadRows)
     ids = torch.arange(loaded.model.config.vocab_size)
     table = loaded.model.get_input_embeddings()(ids)
     assert table.dtype == getattr(torch, dtype) and torch.equal(runner.embed(ids), table)
@@ -100,7 +102,7 @@ def test_the_runner_keeps_neither_the_model_nor_the_loaders_weights(tied_q6_k: P
     del loaded
     gc.collect()
     assert model() is None and projection() is None
-    assert runner.vocab_size > 0 and isinstance(runner.embed, Int6Embedding)  # still whole
+    assert runner.vocab_size > 0 and isinstance(runner.embed, HeadRows)  # still whole
 
 
 @pytest.mark.skipif(not onednn_available(torch.device("cpu"), torch.float32), reason="this torch build has no oneDNN")
