@@ -166,6 +166,18 @@ BUILTIN_CONFIGS: Mapping[str, dict[str, Any]] = {
         "rope_theta": 500000.0,
         "tie_word_embeddings": True,
     },
+    "llama-3.2-3b": {
+        "hidden_size": 3072,
+        "intermediate_size": 8192,
+        "num_hidden_layers": 28,
+        "num_attention_heads": 24,
+        "num_key_value_heads": 8,
+        "head_dim": 128,
+        "vocab_size": 128256,
+        "max_position_embeddings": 8192,
+        "rope_theta": 500000.0,
+        "tie_word_embeddings": True,
+    },
     "llama-3-8b": {
         "hidden_size": 4096,
         "intermediate_size": 14336,

@@ -108,7 +108,7 @@ def test_the_runner_keeps_neither_the_model_nor_the_loaders_weights(tied_q6_k: P
 @pytest.mark.skipif(not onednn_available(torch.device("cpu"), torch.float32), reason="this torch build has no oneDNN")
 def test_a_runner_on_a_serving_load_takes_the_dense_weights_it_packs(tiny_gguf: Path) -> None:
     """Dense, a served weight lives in oneDNN's packed copy only (two copies of a 1B's float32 made the first start's
-    format measurement peak at 12.8 GB); a head tied to the embedding would stay (SmolLM2's). The same answers; and a
+    format measurement peak at 12.5 GiB); a head tied to the embedding would stay (SmolLM2's). The same answers; and a
     second runner on that model is refused by name rather than run on shapes."""
     reference = load_model(tiny_gguf, dtype="float32", quantization="none")
     serving = load_model(tiny_gguf, dtype="float32", quantization="none", dense_reference=False)
