@@ -55,6 +55,7 @@ from api.runtime.format_steps import (
     EngineStepper,
     Pair,
     available_memory,
+    fitting,
     resident_groups,
 )
 from api.runtime.format_timing import (
@@ -253,11 +254,19 @@ def load_auto(
         stored_float32 = source.is_dir() and checkpoint_dtype(source) in (None, torch.float32)
         loads_int4 = resolved_format(source, device, dtype, quantization).quantization == "int4"
         pairs = candidates(dtype, quantization, loads_int4, stored_float32)
-    if len(pairs) < 2:
+    checkpoint = source if source.is_dir() else gguf_checkpoint_dir(source, cache_dir)
+    weights, available = (parameter_count(checkpoint), available_memory()) if len(pairs) > 1 else (0, None)
+    fit = fitting(pairs, weights, available)
+    if len(fit) < len(pairs):
+        left_out = ", ".join(format_label(*pair) for pair in pairs if pair not in fit)
+        gigabytes = (available or 0) / 1e9
+        logger.info("weights: %s not measured: they would hold more than the %.1f GB available", left_out, gigabytes)
+    if len(fit) < 2:
+        dtype, quantization = fit[0] if fit else (dtype, quantization)
         with phase(logger, "loading the weights", announce=False):
             return load_model(source, device, cache_dir, dtype, quantization, dense_reference=False)
-    checkpoint = source if source.is_dir() else gguf_checkpoint_dir(source, cache_dir)
-    groups = resident_groups(pairs, parameter_count(checkpoint), available_memory())
+    pairs = fit
+    groups = resident_groups(pairs, weights, available)
     choice = measured_format(source, pairs, device, cache_dir, groups=groups, reprobe=reprobe, one_digit=one_digit)
     with phase(logger, "loading the weights", announce=False):
         chosen = load_model(

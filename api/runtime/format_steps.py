@@ -142,6 +142,21 @@ def time_steps(
     return times
 
 
+def held_bytes(pair: Pair, weights: int) -> int:
+    """What a candidate of `weights` parameters holds while it is timed, by the table above."""
+    return _BYTES_PER_WEIGHT.get(pair, 8) * weights
+
+
+def fitting(pairs: Sequence[Pair], weights: int, available: int | None) -> list[Pair]:
+    """The candidates that fit in the `available` memory as they are timed (bytes; None: unknown, all of them), or
+    the least demanding one where none does. Timing one that cannot fit would push a first start into swap or the
+    OOM killer: a 3B model's float32 candidate holds some 26 GB, its int4/float32 22."""
+    if available is None:
+        return list(pairs)
+    fit = [pair for pair in pairs if held_bytes(pair, weights) <= available]
+    return fit or [min(pairs, key=lambda pair: held_bytes(pair, weights))]
+
+
 def resident_groups(pairs: Sequence[Pair], weights: int, available: int | None) -> list[list[Pair]]:
     """The candidates to hold loaded at once, in turn: all of them where their `weights` (parameters) fit in half
     of the `available` memory (bytes; None: unknown, all of them), else consecutive groups that do (one at least)."""
@@ -150,7 +165,7 @@ def resident_groups(pairs: Sequence[Pair], weights: int, available: int | None) 
     groups: list[list[Pair]] = [[]]
     held = 0
     for pair in pairs:
-        need = _BYTES_PER_WEIGHT.get(pair, 8) * weights
+        need = held_bytes(pair, weights)
         if groups[-1] and held + need > available // 2:
             groups.append([])
             held = 0

@@ -26,7 +26,7 @@ from api.runtime.format_choice import (
 )
 from api.runtime.format_probe import load_auto, measured_format
 from api.runtime.format_rule import candidates, choose
-from api.runtime.format_steps import MEASURED_ROWS, resident_groups, time_steps
+from api.runtime.format_steps import MEASURED_ROWS, fitting, resident_groups, time_steps
 from api.runtime.format_timing import Stepper
 from engine.weights.loader import LoadedModel, load_model
 from tests.api.runtime.fake_machine import FakeMachine
@@ -396,6 +396,35 @@ def test_candidates_held_at_once_fit_in_half_the_memory() -> None:
     assert resident_groups(ALL, 100, 10_000) == [ALL]  # 8 + 4 + 7 + 4 bytes a weight: 2300 of 5000
     assert resident_groups(ALL, 100, 2_400) == [ALL[:2], ALL[2:]]  # 1200 of 1200, then 1100
     assert resident_groups(ALL, 100, 10) == [[pair] for pair in ALL]
+
+
+def test_only_candidates_that_fit_in_memory_are_measured() -> None:
+    # 8, 4, 7 and 4 bytes a weight held while timed
+    assert fitting(ALL, 100, None) == ALL
+    assert fitting(ALL, 100, 800) == ALL
+    assert fitting(ALL, 100, 500) == [("bfloat16", "none"), ("bfloat16", "int4")]
+    assert fitting(ALL, 100, 10) == [("bfloat16", "none")]  # none fits: the least demanding alone
+
+
+def test_auto_leaves_out_what_would_not_fit_and_says_so(
+    tiny_gguf: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    measured: list[list[tuple[str, str]]] = []
+
+    def measure(source: Path, pairs: list[tuple[str, str]], *args: object, **kwargs: object) -> FormatChoice:
+        measured.append(list(pairs))
+        return FormatChoice("bfloat16", "int4", 8, {}, "measured")
+
+    monkeypatch.setattr(format_probe, "measured_format", measure)
+    monkeypatch.setattr(format_probe, "parameter_count", lambda checkpoint: 100)
+    monkeypatch.setattr(format_probe, "available_memory", lambda: 500)
+    with caplog.at_level(logging.INFO):
+        load_auto(tiny_gguf, cache_dir=tmp_path)
+    assert measured == [[("bfloat16", "none"), ("bfloat16", "int4")]]
+    assert "float32, int4/float32 not measured: they would hold more than the 0.0 GB available" in caplog.text
+    monkeypatch.setattr(format_probe, "available_memory", lambda: 1)  # nothing fits: one candidate, loaded as is
+    alone = load_auto(tiny_gguf, cache_dir=tmp_path)
+    assert len(measured) == 1 and alone.weight_format.label == "bfloat16"
 
 
 def test_a_group_of_candidates_is_freed_before_the_next_group_loads(tmp_path: Path) -> None:
