@@ -260,7 +260,7 @@ def load_auto(
     if len(fit) < len(pairs):
         left_out = ", ".join(format_label(*pair) for pair in pairs if pair not in fit)
         gigabytes = (available or 0) / 1e9
-        logger.info("weights: %s not measured: they would hold more than the %.1f GB available", left_out, gigabytes)
+        logger.info("weights: not measured, holding more than the %.1f GB available: %s", gigabytes, left_out)
     if len(fit) < 2:
         dtype, quantization = fit[0] if fit else (dtype, quantization)
         with phase(logger, "loading the weights", announce=False):

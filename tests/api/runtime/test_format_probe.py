@@ -421,7 +421,7 @@ def test_auto_leaves_out_what_would_not_fit_and_says_so(
     with caplog.at_level(logging.INFO):
         load_auto(tiny_gguf, cache_dir=tmp_path)
     assert measured == [[("bfloat16", "none"), ("bfloat16", "int4")]]
-    assert "float32, int4/float32 not measured: they would hold more than the 0.0 GB available" in caplog.text
+    assert "not measured, holding more than the 0.0 GB available: float32, int4/float32" in caplog.text
     monkeypatch.setattr(format_probe, "available_memory", lambda: 1)  # nothing fits: one candidate, loaded as is
     alone = load_auto(tiny_gguf, cache_dir=tmp_path)
     assert len(measured) == 1 and alone.weight_format.label == "bfloat16"
