@@ -30,7 +30,8 @@ MEASURED_ROWS = (*PROBE_ROWS, PREFILL_ROWS)
 _PROMPT_TOKENS = 8
 Pair = tuple[str, str]  # (dtype, quantization)
 # Bytes per weight a candidate holds while it is timed, its model and its runner's copy (docs/quantization.md's
-# memory table: 1076, 538, 646 and 364 MB for SmolLM2-135M's 134.5 M weights), rounded up; int4/float32 keeps the
+# memory table before one copy of each weight, 5466b42: 1076, 538, 646 and 364 MB for SmolLM2-135M's 134.5 M
+# weights; a serving load holds less now, so the table errs on the side of room), rounded up; int4/float32 keeps the
 # 6 of its float32 LM head's 731 MB, an allowance above its figure. An int4 format's one-digit steps add a runner
 # with its own packed weights (about half a byte a weight, an int8 head): one more.
 _BYTES_PER_WEIGHT: Mapping[Pair, int] = {

@@ -141,7 +141,8 @@ def load_model(
     `dtype` (auto, float32, bfloat16) and `quantization` (auto, none, int8, int4) as vLLM names them; the defaults
     here are the exact ones, the server's are `auto`. `quiet`: the routine lines (a cache hit, the format loaded)
     at debug level, for the loads that measure formats (api/runtime/format_probe.py). `dense_reference`: False for
-    serving, where the model's modules that have quantised weights keep only their shapes (`drop_superseded`)."""
+    serving, where the model's modules that have quantised weights keep only their shapes (`_detach_superseded`) and
+    a runner built on it takes the dense weights it packs."""
     level = logging.DEBUG if quiet else logging.INFO
     target = resolve_device(device)
     source = resolve_source(path)
