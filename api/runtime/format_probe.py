@@ -254,9 +254,11 @@ def load_auto(
         stored_float32 = source.is_dir() and checkpoint_dtype(source) in (None, torch.float32)
         loads_int4 = resolved_format(source, device, dtype, quantization).quantization == "int4"
         pairs = candidates(dtype, quantization, loads_int4, stored_float32)
-    checkpoint = source if source.is_dir() else gguf_checkpoint_dir(source, cache_dir)
-    weights, available = (parameter_count(checkpoint), available_memory()) if len(pairs) > 1 else (0, None)
-    fit = fitting(pairs, weights, available)
+    fit, weights, available = pairs, 0, None
+    if len(pairs) > 1:  # sized only where there is a choice: a GGUF's checkpoint path hashes the whole file
+        checkpoint = source if source.is_dir() else gguf_checkpoint_dir(source, cache_dir)
+        weights, available = parameter_count(checkpoint), available_memory()
+        fit = fitting(pairs, weights, available)
     if len(fit) < len(pairs):
         left_out = ", ".join(format_label(*pair) for pair in pairs if pair not in fit)
         gigabytes = (available or 0) / 1e9

@@ -168,9 +168,7 @@ class Int6DotLinear:
         low = torch.stack((pairs & 0x0F, pairs >> 4), dim=3).flatten(2, 3)  # [tokens, run, v, i], v = 2k + nibble
         top = torch.cat([(tops >> shift) & 0x03 for shift in (0, 2, 4, 6)], dim=2)
         codes = (low | top << 4).flatten(1)  # input 16 run + 4 v + i
-        supers = self.super_scales[block, :, row].repeat_interleave(16, dim=1)  # [tokens, in / 16]
-        scales = supers * self.sub_scales[block, :, row].float()
-        return ((codes.float() - 32).view(len(ids), runs, 16) * scales[..., None]).flatten(1)
+        return Int6Weight(codes, self.sub_scales[block, :, row], self.super_scales[block, :, row]).dequantize()
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if self.wide is not None and x.shape[0] > INT6_DOT_MAX_ROWS:

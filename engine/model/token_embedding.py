@@ -17,7 +17,7 @@ from torch import nn
 
 from engine.model.head_linear import Int6DotLinear
 from engine.model.linear import AnyLinear, Linear, RowSwitchedLinear
-from engine.weights.quantization import QuantizedWeight, tied_q6_k_embedding
+from engine.weights.quantization import QuantizedWeight, embedding_in_q6_k_head
 
 
 @dataclass(frozen=True)
@@ -40,8 +40,8 @@ def build_embedding(
     table: nn.Embedding, config: Any, quantized: dict[str, QuantizedWeight], head: AnyLinear, dtype: torch.dtype
 ) -> TokenEmbedding:
     """The built `head`'s rows where the model ties its embedding to a Q6_K head
-    (engine.weights.quantization.tied_q6_k_embedding; a serving load keeps no `table` then), else the `table`."""
-    if tied_q6_k_embedding(config, quantized) is None:
+    (engine.weights.quantization.embedding_in_q6_k_head; a serving load keeps no `table` then), else the `table`."""
+    if not embedding_in_q6_k_head(config, quantized):
         return table
     source = head.quantized if isinstance(head, RowSwitchedLinear) else head
     if isinstance(source, Int6DotLinear) or (isinstance(source, Linear) and not source.weight.is_meta):

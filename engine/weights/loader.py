@@ -35,12 +35,12 @@ from engine.weights.quantization import (
     GROUP_SIZE,
     QuantizedWeight,
     check_matches,
+    embedding_in_q6_k_head,
     gguf_projection_types,
     int4_from_dense,
     int8_from_dense,
     open_gguf,
     read_gguf_int4,
-    tied_q6_k_embedding,
 )
 from engine.weights.weight_format import EXACT, WeightFormat, resolve
 
@@ -191,7 +191,7 @@ def _detach_superseded(model: PreTrainedModel, quantized: Mapping[str, Quantized
     tensor after the cast). A head tied to the embedding keeps it, as tokens are looked up in it, unless the
     runner looks them up in the head's Q6_K values (engine/model/token_embedding.py): then neither is kept."""
     embeddings = model.get_input_embeddings()
-    looked_up_in_head = tied_q6_k_embedding(model.config, quantized) is not None
+    looked_up_in_head = embedding_in_q6_k_head(model.config, quantized)
     superseded = {
         module: module.weight.shape
         for name, module in model.named_modules()

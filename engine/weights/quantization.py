@@ -59,8 +59,8 @@ class Int6Weight:
     super_scales: torch.Tensor  # [out, in // 256] float32, one per 256 inputs
 
     def dequantize(self, rows: slice | torch.Tensor = slice(None)) -> torch.Tensor:
-        """[out, in] float32 (those `rows`: a slice, or token ids to look up): d * s * (q - 32), as gguf's
-        dequantizer computes it."""
+        """[out, in] float32 (those `rows`: a slice or row indices): d * s * (q - 32), as gguf's dequantizer computes
+        it."""
         codes = self.values[rows]
         out, inputs = codes.shape
         scales = self.super_scales[rows].repeat_interleave(16, dim=1) * self.sub_scales[rows].float()  # [out, in/16]
@@ -70,11 +70,11 @@ class Int6Weight:
 QuantizedWeight = Int4Weight | Int8Weight | Int6Weight
 
 
-def tied_q6_k_embedding(config: Any, quantized: Mapping[str, QuantizedWeight]) -> Int6Weight | None:
-    """The Q6_K values a model's token embedding is looked up in: its LM head's, where the model ties the two
-    (llama.cpp's 4-bit files keep that one tensor in Q6_K, a 128k-token vocabulary's 216 MB). None otherwise."""
-    head = quantized.get("lm_head")
-    return head if isinstance(head, Int6Weight) and getattr(config, "tie_word_embeddings", False) else None
+def embedding_in_q6_k_head(config: Any, quantized: Mapping[str, QuantizedWeight]) -> bool:
+    """Whether the model's token embedding is its LM head's Q6_K values, tokens looked up in the head's rows: where
+    the model ties the two and the head is Q6_K (llama.cpp's 4-bit files keep that one tensor so, a 128k-token
+    vocabulary's 216 MB)."""
+    return isinstance(quantized.get("lm_head"), Int6Weight) and bool(getattr(config, "tie_word_embeddings", False))
 
 
 def concat_rows(weights: list[QuantizedWeight]) -> QuantizedWeight:
