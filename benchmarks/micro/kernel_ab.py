@@ -51,9 +51,10 @@ REPOSITORY = Path(__file__).resolve().parents[2]
 SHAPES = {
     "smollm2": ((576, 960), (576, 576), (576, 3072), (1536, 576)),
     "llama-3.2-1b": ((2048, 3072), (2048, 2048), (2048, 16384), (8192, 2048)),
+    "llama-3.2-3b": ((3072, 5120), (3072, 3072), (3072, 16384), (8192, 3072)),
 }
 # [inputs, outputs] of each model's LM head (int8 weights).
-HEADS = {"smollm2": (576, 49152), "llama-3.2-1b": (2048, 128256)}
+HEADS = {"smollm2": (576, 49152), "llama-3.2-1b": (2048, 128256), "llama-3.2-3b": (3072, 128256)}
 OPS = ("int4_dot", "int4_gemm", "int8_dot", "int8_dot_one_digit", "int6_dot", "int6_dot_one_digit")
 
 

@@ -68,12 +68,13 @@ inline void int16_pairs(const uint8_t* unpacked, const int8_t* xq, int64_t K, in
 template <int R>
 inline void int4_gemm_block(const uint8_t* unpacked, const c10::BFloat16* scales, const c10::BFloat16* zeros,
                             const int8_t* xq, const float* x_scales, const float* x_sums, int64_t K, int64_t group,
-                            float* out /* [R, 16] */) {
+                            const NextBlock& next, float* out /* [R, 16] */) {
   using batchserve::lanes::load;
   const int64_t groups = K / group;
   const __m256i ones = _mm256_set1_epi16(1);
   for (int r = 0; r < R; ++r) std::memset(out + r * kDotBlock, 0, kDotBlock * sizeof(float));
   for (int64_t g = 0; g < groups; ++g) {
+    next.request(g * group * 8, (g + 1) * group * 8, K * 8);  // 8 packed bytes per input
     __m256i acc[R][2];
     if (group == kInt16Inputs) {
       int16_pairs<R>(unpacked, xq, K, g * group, g * group + group, acc);

@@ -36,7 +36,7 @@ inline void unpack_block(const uint8_t* packed, int64_t K, uint8_t* unpacked) {
 template <int R>
 inline void int4_gemm_block(const uint8_t* unpacked, const c10::BFloat16* scales, const c10::BFloat16* zeros,
                             const int8_t* xq, const float* x_scales, const float* x_sums, int64_t K, int64_t group,
-                            float* out /* [R, 16] */) {
+                            const NextBlock& next, float* out /* [R, 16] */) {
   using batchserve::lanes::load;
   const int64_t groups = K / group;
   __m512 total[R];
@@ -44,6 +44,7 @@ inline void int4_gemm_block(const uint8_t* unpacked, const c10::BFloat16* scales
   for (int64_t g = 0; g < groups; ++g) {
     __m512i acc[R];
     for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_si512();
+    next.request(g * group * 8, (g + 1) * group * 8, K * 8);  // 8 packed bytes per input
     const uint8_t* bytes = unpacked + g * group * kUnpackedBytesPerInput;  // 128 bytes per 8 inputs
     for (int64_t k = 0; k < group; k += 8, bytes += 128) {
       const __m512i first = _mm512_load_si512(bytes);

@@ -55,6 +55,15 @@ struct NextBlock {
     if (bytes == nullptr) return nullptr;
     return reinterpret_cast<const char*>(bytes) + (pass * block_bytes + offset) / passes / 64 * 64;
   }
+
+#if defined(__AVX2__)
+  // Requests into L2 this pass's share of the lines that offsets [from, to) of the current block stand for, each
+  // line once (int4_gemm, a group of inputs at a time: its unpacked block is in L1 and must stay there).
+  void request(int64_t from, int64_t to, int64_t block_bytes) const {
+    if (bytes == nullptr) return;
+    for (int64_t offset = from; offset < to; offset += 64 * passes) _mm_prefetch(line(offset, block_bytes), _MM_HINT_T1);
+  }
+#endif
 };
 
 // Calls f(std::integral_constant<int, R>{}) for R = count in 1..Max: the kernels unroll over a compile-time
