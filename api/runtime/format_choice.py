@@ -58,7 +58,8 @@ class FormatChoice:
     step_ms: Mapping[str, Mapping[int, float]]  # per candidate label, per row count: its best step time
     reason: str  # each candidate's own figures at the scored sizes
     runner_up: str = ""  # the candidate that came second ("": there was one candidate)
-    margin: float = 0.0  # the runner-up's score over the winner's, minus 1 (0.12: 12 % behind)
+    margin: float = 0.0  # the runner-up's score over the winner's, minus 1 (0.12: 12 % behind; negative: the
+    # faster one inside the noise, served with float32 activations where this serves bfloat16, format_rule.choose)
     noise: float = 0.0  # the largest noise among the figures that tell the two apart
     provisional: bool = False  # the lead is inside the noise: served, not cached
     spread: Mapping[str, Mapping[int, float]] = field(default_factory=dict)  # each figure's noise
@@ -88,6 +89,11 @@ class FormatChoice:
             rows += f", one int8 digit from {self.min_gemm_rows} rows"
         if not self.runner_up:
             return f"{self.label}{rows}"
+        if self.margin < 0:
+            return (
+                f"{self.label}{rows}, {-self.margin:.0%} behind {self.runner_up} inside the noise "
+                f"({self.noise:.0%}), in half the activations' memory"
+            )
         return f"{self.label}{rows}, {self.margin:.0%} ahead of {self.runner_up} (noise {self.noise:.0%})"
 
 

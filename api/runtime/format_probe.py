@@ -201,7 +201,7 @@ def measured_format(
                 running.result = redo
                 return kept
             logger.info(
-                "weights: %s, chosen by auto provisionally: its lead is inside the noise measured (%s; %s); kept as "
+                "weights: %s, chosen by auto provisionally: the lead is inside the noise measured (%s; %s); kept as "
                 "provisional, measured again at the next start and cached once two measurements agree",
                 choice.summary(),
                 rounds_said,

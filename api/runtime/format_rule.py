@@ -137,6 +137,13 @@ def _contested(
     return _ranking(_scores(shifted, pairs))[0] != chosen, noise
 
 
+def _lighter_twin(pair: Pair, other: Pair) -> bool:
+    """Whether `pair` runs `other`'s quantised weights (the same values) with bfloat16 activations where `other`
+    runs float32: both within the quality bar, in half the activations' memory (the KV cache, any dense copy). A
+    3B model's int4/float32, served by a 2 % lead inside 25 % noise, held 12.2 GB where int4/bfloat16 held 6.6."""
+    return pair[1] == other[1] != "none" and pair[0] == "bfloat16" and other[0] == "float32"
+
+
 def _figures(sizes: Mapping[int, float]) -> str:
     return "/".join(f"{sizes[rows]:.1f}" for rows in _SCORED_ROWS)
 
@@ -165,10 +172,17 @@ def choose(
 ) -> FormatChoice:
     """The format whose worst ratio to the fastest, at 1 row, 16 rows and a prefill chunk, is smallest, with its
     row switch, its margin over the runner-up and, given each figure's noise (`spread`), whether that margin is
-    inside it (provisional)."""
+    inside it (provisional). Where that lead is inside the noise over the same quantised weights with bfloat16
+    activations, those are served (still provisional): at no measurable cost in speed, half the activations'
+    memory."""
     scores = _scores(step_ms, pairs)
     ranking = _ranking(scores)
-    chosen = ranking[0]
+    chosen, rival = ranking[0], ranking[1] if len(ranking) > 1 else None
+    provisional, noise = False, 0.0
+    if rival is not None and spread:
+        provisional, noise = _contested(step_ms, spread, pairs, scores, chosen, rival)
+        if provisional and _lighter_twin(rival, chosen):
+            chosen, rival = rival, chosen  # its margin over the faster one comes out negative
     dtype, quantization = chosen
     limit, gemm_from = scores[chosen].limit, scores[chosen].gemm_from
     if quantization != "none" and limit == 0 and gemm_from is None:
@@ -179,11 +193,9 @@ def choose(
         figures.append(f"{label} {_figures(step_ms[label])}{_large_note(pair, score, step_ms)}")
     reason = f"ms at 1/16 rows/{PREFILL_ROWS}-token prefill: {', '.join(figures)}"
     choice = FormatChoice(dtype, quantization, limit, step_ms, reason, spread=spread or {}, min_gemm_rows=gemm_from)
-    if len(ranking) < 2:
+    if rival is None:
         return choice
-    rival = ranking[1]
     margin = scores[rival].worst / scores[chosen].worst - 1
-    provisional, noise = _contested(step_ms, spread, pairs, scores, chosen, rival) if spread else (False, 0.0)
     return dataclasses.replace(
         choice, runner_up=format_label(*rival), margin=margin, noise=noise, provisional=provisional
     )

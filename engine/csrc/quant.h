@@ -61,7 +61,8 @@ struct NextBlock {
   // line once (int4_gemm, a group of inputs at a time: its unpacked block is in L1 and must stay there).
   void request(int64_t from, int64_t to, int64_t block_bytes) const {
     if (bytes == nullptr) return;
-    for (int64_t offset = from; offset < to; offset += 64 * passes) _mm_prefetch(line(offset, block_bytes), _MM_HINT_T1);
+    for (int64_t offset = from; offset < to; offset += 64 * passes)
+      _mm_prefetch(line(offset, block_bytes), _MM_HINT_T1);
   }
 #endif
 };

@@ -17,7 +17,7 @@ from scheduler.lineup import parse_lineup
 LOG = """batchserve.loader: weights: the previous start's choice (int4/bfloat16, quantised at every size) was
 provisional: measuring again
 batchserve.loader: weights: int4/float32, quantised up to 16 rows, 3% ahead of float32 (noise 9%), chosen by auto
-provisionally: its lead is inside the noise measured (ms at 1/16 rows/128-token prefill: float32 41.5/69.3/212.0)
+provisionally: the lead is inside the noise measured (ms at 1/16 rows/128-token prefill: float32 41.5/69.3/212.0)
 """
 
 
