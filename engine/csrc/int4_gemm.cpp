@@ -40,7 +40,6 @@ namespace {
 namespace lanes = batchserve::lanes;
 
 constexpr int64_t kPrefetchPasses = 2;  // passes over a block that request the next one (the rest request nothing)
-constexpr NextBlock kNoNextBlock{};
 
 // The 8 values at v times `inverse`, rounded to nearest-even (nearbyint's default) into 8 int8 digits; returns them
 // as int32 lanes. bf16 values are widened in registers (exact): a bf16 step needs no float32 copy of x.
@@ -107,14 +106,12 @@ void int4_gemm_rows(const T* x, const uint8_t* packed, const c10::BFloat16* scal
       const int64_t passes = std::min<int64_t>((rows + kGemmRows - 1) / kGemmRows, kPrefetchPasses);
       if (block + 1 < end) next = {packed + (block + 1) * K * 8, 0, passes};
       for (int64_t first = 0; first < rows; first += kGemmRows, ++next.pass) {
-        const NextBlock& requests = next.pass < passes ? next : kNoNextBlock;
         const int64_t count = std::min<int64_t>(kGemmRows, rows - first);
         const int8_t* xs = xq.data() + first * K;
         const float* sc = x_scales.data() + first * groups;
         const float* sm = x_sums.data() + first * groups;
         with_row_count<kGemmRows>(count, [&](auto R) {
-          int4_gemm_block<decltype(R)::value>(block_bytes, block_scales, block_zeros, xs, sc, sm, K, group, requests,
-                                              out);
+          int4_gemm_block<decltype(R)::value>(block_bytes, block_scales, block_zeros, xs, sc, sm, K, group, next, out);
         });
         for (int64_t r = 0; r < count; ++r) {
           T* row = y + (first + r) * N + block * kDotBlock;

@@ -58,9 +58,10 @@ struct NextBlock {
 
 #if defined(__AVX2__)
   // Requests into L2 this pass's share of the lines that offsets [from, to) of the current block stand for, each
-  // line once (int4_gemm, a group of inputs at a time: its unpacked block is in L1 and must stay there).
+  // line once (int4_gemm, a group of inputs at a time: its unpacked block is in L1 and must stay there). Passes
+  // past `passes` have no share: the next block was requested whole by then.
   void request(int64_t from, int64_t to, int64_t block_bytes) const {
-    if (bytes == nullptr) return;
+    if (bytes == nullptr || pass >= passes) return;
     for (int64_t offset = from; offset < to; offset += 64 * passes)
       _mm_prefetch(line(offset, block_bytes), _MM_HINT_T1);
   }
