@@ -16,7 +16,9 @@ which they beat the dense copy, and the switch then compares its two-digit steps
 The choice is cached (api/runtime/format_choice.py) by the CPU (under BATCHSERVE_CPU_ISA), the kernel build, torch and
 the model file, when it would still win with the runner-up's figures lowered by their noise (a best over rounds
 can only be too slow, so the winner's own need no allowance); else it is served and kept as provisional, measured
-again at the next start, and settled once two measurements pick the same format. A later start re-times the
+again at the next start, and settled once two measurements pick the same format. Inside that noise, the same int4
+weights with bfloat16 activations are served where no scored size says they are slower (api/runtime/format_rule.py):
+half the activations' memory. A later start re-times the
 calibration op and measures again when the machine's speed no longer matches the cached one (another CPU with the
 same flags, or a VM slowed for hours), unless other processes are using the CPU: a busy start keeps it. That
 measurement counts as the second one for the cached choice: the same format, even by a lead inside the noise, is
