@@ -35,7 +35,7 @@ TORCH_LIBRARY(BATCHSERVE_OPS, m) {
   m.def(
       "decode_layers(Tensor(a!) x, Tensor(b!) cache, Tensor[] layers, Tensor cos, Tensor sin, Tensor slot_mapping, "
       "Tensor block_table, Tensor context_lens, int heads, int kv_heads, int block_size, float scale, "
-      "float eps, bool fused_silu) -> ()");
+      "float eps, bool fused_silu, bool one_digit) -> ()");
 }
 
 TORCH_LIBRARY_IMPL(BATCHSERVE_OPS, CPU, m) {

@@ -12,7 +12,9 @@
 //                    mlp_out = int4_dot(silu_mul(int4_dot(h, gate_up)), down)
 //                  and finally x += mlp_out. x, the residual stream [rows, hidden], is updated in place.
 //                  Without `fused_silu`, SiLU * up is ATen's silu and mul, as torch's modules compute it (the
-//                  compiled one gives torch's bits only where torch runs the same instruction set).
+//                  compiled one gives torch's bits only where torch runs the same instruction set). With
+//                  `one_digit`, every projection is int4_gemm (one int8 digit per activation) where int4_dot is
+//                  named above, as the per-op path runs a step past the quantised weights' row switch.
 
 #include <ATen/ATen.h>
 #include <torch/types.h>
@@ -38,10 +40,12 @@ enum LayerTensor : int64_t {
   kLayerTensors = 14,
 };
 
-torch::Tensor project(const torch::Tensor& x, const torch::Tensor* weight /* packed, scales, zeros */) {
+torch::Tensor project(const torch::Tensor& x, const torch::Tensor* weight /* packed, scales, zeros */,
+                      bool one_digit) {
   // The group size follows from the shapes: packed is [N, K / 2], scales [N / 16, K / group, 16].
-  const int64_t inputs = weight[0].size(1) * 2;
-  return int4_dot(x, weight[0], inputs / weight[1].size(1), weight[1], weight[2]);
+  const int64_t group = weight[0].size(1) * 2 / weight[1].size(1);
+  return one_digit ? int4_gemm(x, weight[0], group, weight[1], weight[2])
+                   : int4_dot(x, weight[0], group, weight[1], weight[2]);
 }
 
 }  // namespace
@@ -49,7 +53,7 @@ torch::Tensor project(const torch::Tensor& x, const torch::Tensor* weight /* pac
 void decode_layers(torch::Tensor x, const torch::Tensor& cache, at::TensorList layers, const torch::Tensor& cos,
                    const torch::Tensor& sin, const torch::Tensor& slot_mapping, const torch::Tensor& block_table,
                    const torch::Tensor& context_lens, int64_t heads, int64_t kv_heads, int64_t block_size,
-                   double scale, double eps, bool fused_silu) {
+                   double scale, double eps, bool fused_silu, bool one_digit) {
   TORCH_CHECK(x.dim() == 2 && x.is_contiguous(), "x must be a contiguous [rows, hidden] tensor");
   TORCH_CHECK(cache.dim() == 5 && cache.size(1) == 2 && cache.is_contiguous(),
               "cache must be a contiguous [layers, 2, kv_heads, slots, dim] tensor");
@@ -64,12 +68,13 @@ void decode_layers(torch::Tensor x, const torch::Tensor& cache, at::TensorList l
     const torch::Tensor key_cache = cache.select(0, i).select(0, 0);
     const torch::Tensor value_cache = cache.select(0, i).select(0, 1);
     torch::Tensor h = add_rms_norm(x, mlp_out, w[kInputNorm], eps);
+    const torch::Tensor qkv = project(h, w + kQkvProj, one_digit);
     const torch::Tensor query =
-        rope_write_cache(project(h, w + kQkvProj), cos, sin, key_cache, value_cache, slot_mapping, heads, kv_heads);
+        rope_write_cache(qkv, cos, sin, key_cache, value_cache, slot_mapping, heads, kv_heads);
     const torch::Tensor attended =
         paged_decode_attention(query, key_cache, value_cache, block_table, context_lens, block_size, scale);
-    h = add_rms_norm(x, project(attended.view({rows, -1}), w + kOProj), w[kPostNorm], eps);
-    const torch::Tensor gate_up = project(h, w + kGateUpProj);
+    h = add_rms_norm(x, project(attended.view({rows, -1}), w + kOProj, one_digit), w[kPostNorm], eps);
+    const torch::Tensor gate_up = project(h, w + kGateUpProj, one_digit);
     torch::Tensor gated;
     if (fused_silu) {
       gated = silu_mul(gate_up);
@@ -77,7 +82,7 @@ void decode_layers(torch::Tensor x, const torch::Tensor& cache, at::TensorList l
       const auto halves = gate_up.chunk(2, -1);
       gated = at::silu(halves[0]) * halves[1];
     }
-    mlp_out = project(gated, w + kDownProj);
+    mlp_out = project(gated, w + kDownProj, one_digit);
   }
   if (mlp_out.has_value()) x.add_(*mlp_out);
 }

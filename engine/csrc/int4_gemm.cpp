@@ -3,7 +3,7 @@
 // are quantised once per row and group of the weights to one int8 digit (scale = max |x| / 127, llama.cpp's Q8
 // activations), where int4_dot writes two: half the integer work, at a quality docs/quantization.md states. Each
 // block of 16 output rows' weights is unpacked to bytes once (K * 16 bytes, a per-thread buffer in L1 or L2) and
-// read by every kGemmRows activation rows.
+// read by every kGemmRows activation rows; a step of a few rows (kPackedRows) reads the packed bytes instead.
 //
 // One kernel per instruction set, each in its own header: int4_gemm_avx512_vnni.h (`vpdpbusd`) and
 // int4_gemm_avx2.h (`vpmaddubsw` + `vpmaddwd`); their integer sums are exact and quantise_rows rounds the same way
@@ -17,6 +17,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 #include <vector>
 
 #include "ops.h"
@@ -92,33 +93,47 @@ void int4_gemm_rows(const T* x, const uint8_t* packed, const c10::BFloat16* scal
   std::vector<int8_t> xq(rows * K);
   std::vector<float> x_scales(rows * groups), x_sums(rows * groups);
   quantise_rows(x, rows, K, group, xq.data(), x_scales.data(), x_sums.data());
+  // Rows [first, first + count) of one block's 16 outputs, from its weights as `Packed` says.
+  auto pass = [&](auto packed_weights, const uint8_t* weights, int64_t block, int64_t first, int64_t count,
+                  const NextBlock& next, float* out) {
+    constexpr bool kPacked = decltype(packed_weights)::value;
+    const c10::BFloat16* block_scales = scales + block * groups * kDotBlock;
+    const c10::BFloat16* block_zeros = offset_or_null(zeros, block * groups * kDotBlock);
+    const int8_t* xs = xq.data() + first * K;
+    const float* sc = x_scales.data() + first * groups;
+    const float* sm = x_sums.data() + first * groups;
+    with_row_count<kGemmRows>(count, [&](auto R) {
+      int4_gemm_block<decltype(R)::value, kPacked>(weights, block_scales, block_zeros, xs, sc, sm, K, group, next, out);
+    });
+    for (int64_t r = 0; r < count; ++r) {
+      T* row = y + (first + r) * N + block * kDotBlock;
+      const float* sums = out + r * kDotBlock;
+      for (int64_t i = 0; i < kDotBlock; i += lanes::kWidth) lanes::store(row + i, lanes::load(sums + i));
+    }
+  };
+  if (rows <= kPackedRows) {
+    // One pass over each block (a decode step's few rows): its packed bytes are read as they are, with nothing
+    // unpacked to store and read again (docs/kernels.md has the times).
+    at::parallel_for(0, N / kDotBlock, 4, [&](int64_t begin, int64_t end) {
+      alignas(64) float out[kGemmRows * kDotBlock];
+      for (int64_t block = begin; block < end; ++block)
+        pass(std::true_type{}, packed + block * K * 8, block, 0, rows, NextBlock{}, out);
+    });
+    return;
+  }
   at::parallel_for(0, N / kDotBlock, 1, [&](int64_t begin, int64_t end) {
     alignas(64) float out[kGemmRows * kDotBlock];
     std::vector<uint8_t> buffer(K * kUnpackedBytesPerInput + 64);
     uint8_t* block_bytes = buffer.data() + (64 - reinterpret_cast<uintptr_t>(buffer.data()) % 64) % 64;
     for (int64_t block = begin; block < end; ++block) {
       unpack_block(packed + block * K * 8, K, block_bytes);
-      const c10::BFloat16* block_scales = scales + block * groups * kDotBlock;
-      const c10::BFloat16* block_zeros = offset_or_null(zeros, block * groups * kDotBlock);
       // The next block streams in over the first kPrefetchPasses passes over this one: read cold when unpacked, it
       // held each 16-row step of the 3B's weights at 0.72-0.83x the speed of the same call on weights in cache.
       NextBlock next;
       const int64_t passes = std::min<int64_t>((rows + kGemmRows - 1) / kGemmRows, kPrefetchPasses);
       if (block + 1 < end) next = {packed + (block + 1) * K * 8, 0, passes};
-      for (int64_t first = 0; first < rows; first += kGemmRows, ++next.pass) {
-        const int64_t count = std::min<int64_t>(kGemmRows, rows - first);
-        const int8_t* xs = xq.data() + first * K;
-        const float* sc = x_scales.data() + first * groups;
-        const float* sm = x_sums.data() + first * groups;
-        with_row_count<kGemmRows>(count, [&](auto R) {
-          int4_gemm_block<decltype(R)::value>(block_bytes, block_scales, block_zeros, xs, sc, sm, K, group, next, out);
-        });
-        for (int64_t r = 0; r < count; ++r) {
-          T* row = y + (first + r) * N + block * kDotBlock;
-          const float* sums = out + r * kDotBlock;
-          for (int64_t i = 0; i < kDotBlock; i += lanes::kWidth) lanes::store(row + i, lanes::load(sums + i));
-        }
-      }
+      for (int64_t first = 0; first < rows; first += kGemmRows, ++next.pass)
+        pass(std::false_type{}, block_bytes, block, first, std::min<int64_t>(kGemmRows, rows - first), next, out);
     }
   });
 }

@@ -77,6 +77,6 @@ torch::Tensor int4_gemm(const torch::Tensor& x, const torch::Tensor& packed, int
 void decode_layers(torch::Tensor x, const torch::Tensor& cache, at::TensorList layers, const torch::Tensor& cos,
                    const torch::Tensor& sin, const torch::Tensor& slot_mapping, const torch::Tensor& block_table,
                    const torch::Tensor& context_lens, int64_t heads, int64_t kv_heads, int64_t block_size,
-                   double scale, double eps, bool fused_silu);
+                   double scale, double eps, bool fused_silu, bool one_digit);
 
 }  // namespace BATCHSERVE_OPS

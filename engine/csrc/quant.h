@@ -22,7 +22,10 @@
 namespace BATCHSERVE_OPS {
 namespace {
 
-constexpr int64_t kPrefetchBytes = 1024;  // int4 bytes requested ahead of use (the next groups)
+// int4 bytes requested ahead of use. At one row a kernel streams its weights at memory's pace, and 1 KB ahead was
+// too close to hide the latency: 8 KB took 0.71-0.82x the time of 1 KB at one row on the 3B's shapes, 0.86-0.88x at
+// four capped to AVX2 (kernel-ab, streamed; docs/kernels.md).
+constexpr int64_t kPrefetchBytes = 8192;
 constexpr int64_t kBlockN = 64;  // output rows per block of int4_gemv's layout (int4_gemv.cpp)
 constexpr int64_t kDotBlock = 16;  // output rows per block of int4_dot's layout (int4_dot.cpp)
 constexpr int64_t kInt6Run = 16;  // int6_dot.cpp: inputs per sub-scale, per activation scale, per 192 bytes of a block

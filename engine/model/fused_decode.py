@@ -4,8 +4,10 @@ At batch 1 a layer is about ten op calls, and each costs microseconds of Python 
 tens: on a 2-core AVX2 machine that was about a fifth of a step. Where every projection of every layer is an int4
 integer-dot matmul without bias (engine.model.linear.Int4DotLinear), the activation is SiLU and the element-wise ops are
 the compiled ones, one call runs the same kernels with the same arguments in the same order, so its result is the
-per-op path's bit for bit. Every other step (prefill, a mixed step, more rows than the quantised weights serve)
-keeps the per-op path.
+per-op path's bit for bit: int4_dot where every projection's row switch serves the step's rows from the int4
+weights, int4_gemm (one digit) where every one runs them on one digit (`--int4-gemm`, or `auto`'s choice where one
+digit was the faster at a few rows). Every other step (prefill, a mixed step, a projection on its dense copy) keeps
+the per-op path.
 """
 
 from __future__ import annotations
@@ -55,10 +57,10 @@ def layer_offsets() -> dict[str, int]:
     return dict(zip(names, accumulate((count for _, count in LAYER_TENSORS), initial=0), strict=True))
 
 
-def _int4_dot(linear: AnyLinear) -> tuple[Int4DotLinear, int | None] | None:
-    """The integer-dot matmul behind `linear` and the most rows it serves (None: any), or None if it has none."""
+def _int4_dot(linear: AnyLinear) -> tuple[Int4DotLinear, RowSwitchedLinear | None] | None:
+    """The integer-dot matmul behind `linear` and its row switch (None: every step runs it), or None if it has none."""
     if isinstance(linear, RowSwitchedLinear) and isinstance(linear.quantized, Int4DotLinear):
-        return linear.quantized, linear.max_quantized_rows
+        return linear.quantized, linear
     if isinstance(linear, Int4DotLinear):
         return linear, None
     return None
@@ -68,7 +70,8 @@ def _int4_dot(linear: AnyLinear) -> tuple[Int4DotLinear, int | None] | None:
 class FusedDecode:
     kernels: Kernels
     tensors: list[torch.Tensor]  # per layer, in LAYER_TENSORS's order
-    max_rows: int | None  # steps of more rows run the dense weights, through the per-op path
+    switches: tuple[RowSwitchedLinear, ...]  # one projection per distinct row switch
+    unswitched: bool  # some projection has no row switch: it runs int4_dot at every step
     fused_silu: bool  # SiLU * up through the compiled kernel (else ATen's ops, as the per-op path does)
 
     @classmethod
@@ -79,7 +82,8 @@ class FusedDecode:
         if kernels is None or not is_silu(act) or not layers:
             return None
         tensors: list[torch.Tensor] = []
-        limits: set[int | None] = set()
+        switches: dict[tuple[int, int | None, bool], RowSwitchedLinear] = {}
+        unswitched = False
         for layer in layers:
             for name, _ in LAYER_TENSORS:
                 part: torch.Tensor | AnyLinear = getattr(layer, name)
@@ -89,21 +93,31 @@ class FusedDecode:
                 found = _int4_dot(part)
                 if found is None or found[0].bias is not None or found[0].kernels.build != kernels.build:
                     return None
-                dot, limit = found
-                limits.add(limit)
+                dot, switch = found
                 tensors.extend((dot.packed, dot.scales, dot.zeros))
-        if len(limits) != 1:
+                if switch is None:
+                    unswitched = True
+                else:
+                    key = (switch.max_quantized_rows, switch.min_gemm_rows, switch.dense is None)
+                    switches.setdefault(key, switch)
+        return cls(kernels, tensors, tuple(switches.values()), unswitched, ops.fuses_silu(act))
+
+    def kernel(self, rows: int) -> str | None:
+        """Which int4 kernel every projection runs a step of `rows` rows on: "int4_dot", "int4_gemm" (one digit), or
+        None where they differ or one runs its dense copy."""
+        paths = {switch.path(rows) for switch in self.switches} | ({"quantized"} if self.unswitched else set())
+        if len(paths) != 1:
             return None
-        return cls(kernels, tensors, limits.pop(), ops.fuses_silu(act))
+        return {"quantized": "int4_dot", "gemm": "int4_gemm"}.get(paths.pop())
 
     def accepts(self, groups: tuple[PreparedGroup, ...], rows: int) -> bool:
         """Whether a step with these attention groups and rows runs here: decode rows only, read in place by the
-        native attention kernel, and no more rows than the quantised weights serve."""
+        native attention kernel, and every projection on the same int4 kernel."""
         return (
             len(groups) == 1
             and groups[0].group.is_decode
             and groups[0].block_index is None
-            and (self.max_rows is None or rows <= self.max_rows)
+            and self.kernel(rows) is not None
         )
 
     def __call__(
@@ -119,6 +133,7 @@ class FusedDecode:
         eps: float,
     ) -> None:
         """Runs every layer over the residual stream x ([rows, hidden], updated in place), writing the cache."""
+        one_digit = self.kernel(x.shape[0]) == "int4_gemm"
         self.kernels.ops.decode_layers(
             x,
             cache_data,
@@ -134,4 +149,5 @@ class FusedDecode:
             scale,
             eps,
             self.fused_silu,
+            one_digit,
         )

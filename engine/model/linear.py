@@ -208,12 +208,18 @@ class RowSwitchedLinear:
     def in_features(self) -> int:
         return self.quantized.in_features
 
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        rows = x.shape[0]
+    def path(self, rows: int) -> str:
+        """What a step of `rows` rows runs: "quantized", "gemm" (one digit on the same weights) or "dense"."""
         if rows <= self.max_quantized_rows:
-            return self.quantized(x)
+            return "quantized"
         gemm = self.dense is None or (self.min_gemm_rows is not None and rows >= self.min_gemm_rows)
-        if gemm and isinstance(self.quantized, IntegerDotLinear):
+        return "gemm" if gemm and isinstance(self.quantized, IntegerDotLinear) else "dense"
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        path = self.path(x.shape[0])
+        if path == "quantized":
+            return self.quantized(x)
+        if path == "gemm" and isinstance(self.quantized, IntegerDotLinear):
             return self.quantized.gemm(x)
         assert self.dense is not None  # __post_init__: only the integer-dot linears go without
         return self.dense(x)

@@ -166,7 +166,8 @@ def test_steps_past_the_row_switch_run_per_op(kernels: native.Kernels, tiny_chec
     """With quantised weights for up to 2 rows, the 3-row steps run the dense copy, one op at a time."""
     build = _dot_build(kernels)
     runner = _runner(tiny_checkpoint, "float32", build, max_quantized_rows=2)
-    assert runner.fused_decode is not None and runner.fused_decode.max_rows == 2
+    assert runner.fused_decode is not None
+    assert [runner.fused_decode.kernel(rows) for rows in (1, 2, 3)] == ["int4_dot", "int4_dot", None]
     per_op_steps = _count_per_op_steps(runner)
     got = _greedy(runner, torch.float32)
     assert per_op_steps() == 1 + (NEW_TOKENS - 1 - 3)  # the prefill and every 3-row step
@@ -183,3 +184,34 @@ def test_layers_without_integer_dot_weights_keep_the_per_op_path(
     assert TransformersRunner(dense.model, kernel_build=kernels.build).fused_decode is None
     int4 = _runner(tiny_checkpoint, "float32", kernels.build)
     assert (int4.fused_decode is not None) == kernels.has_int4_dot
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("switch", [0, 2])
+def test_one_digit_steps_run_fused_with_the_per_op_paths_bits(
+    kernels: native.Kernels, tiny_checkpoint: Path, dtype: str, switch: int
+) -> None:
+    """Without a dense copy (`--int4-gemm all`), steps past the row switch run int4_gemm's one digit; they run fused
+    too (every step, where the switch is 0 rows: `auto`'s choice where one digit was faster at one row), with the
+    per-op path's tokens and logprobs."""
+    build = _dot_build(kernels)
+    options = {"max_quantized_rows": switch, "int4_gemm": "all"}
+    fused = _runner(tiny_checkpoint, dtype, build, **options)
+    assert fused.fused_decode is not None
+    assert [fused.fused_decode.kernel(rows) for rows in (1, 3)] == [
+        "int4_dot" if rows <= switch else "int4_gemm" for rows in (1, 3)
+    ]
+    per_op_steps = _count_per_op_steps(fused)
+    got = _greedy(fused, getattr(torch, dtype))
+    assert per_op_steps() == 1  # the prefill only
+    expected = _greedy(_runner(tiny_checkpoint, dtype, build, fused_decode=False, **options), getattr(torch, dtype))
+    assert got == expected
+
+
+def test_a_projection_on_its_dense_copy_keeps_the_step_per_op(kernels: native.Kernels, tiny_checkpoint: Path) -> None:
+    """`--int4-gemm except-qkv`: past the switch q/k/v run their dense copy and the rest one digit, so those steps
+    are not fused."""
+    build = _dot_build(kernels)
+    runner = _runner(tiny_checkpoint, "float32", build, max_quantized_rows=2, int4_gemm="except-qkv")
+    assert runner.fused_decode is not None
+    assert [runner.fused_decode.kernel(rows) for rows in (2, 3)] == ["int4_dot", None]

@@ -84,6 +84,24 @@ def test_int4_gemm_matches_its_scalar_reference(
     assert bool(((got.double() - reference).abs() <= relative * reference.abs() + floor).all())
 
 
+@pytest.mark.parametrize("symmetric", [False, True])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_few_rows_read_packed_give_the_bits_of_the_same_rows_among_many(
+    kernels: native.Kernels, dtype: torch.dtype, symmetric: bool
+) -> None:
+    """A step of at most one pass's rows (a decode step) reads the packed weights as they are; more rows unpack each
+    block once and pass over it again. Each row's outputs are the same bits either way, so a sequence's one-digit
+    step does not depend on how many others share it (1 to 3 rows against 24: past both builds' rows a pass)."""
+    weight = _int4(48, 576, seed=5)
+    if symmetric:
+        weight = Int4Weight(weight.values, weight.scales, torch.zeros_like(weight.zeros), weight.group_size)
+    linear = Int4DotLinear.build(weight, None, _gemm_kernels(kernels))
+    x = torch.randn(24, 576, generator=torch.Generator().manual_seed(6)).to(dtype)
+    many = linear.gemm(x)
+    for rows in (1, 2, 3):
+        assert torch.equal(linear.gemm(x[5 : 5 + rows]), many[5 : 5 + rows])
+
+
 def test_int4_gemm_rounds_only_the_activations(kernels: native.Kernels) -> None:
     """The output is the exact product of the weights with the rounded activations (each one digit times its group's
     scale): the zero term takes the rounded values' sum too. With the float sum instead, the rounding error would be
