@@ -102,13 +102,16 @@ def compile_revision(sources: Path, build: native.KernelBuild, commit: str) -> A
 
 
 def interleaved(calls: Mapping[str, Callable[[], object]], rounds: int, inner: int) -> dict[str, list[float]]:
-    """Each call's time per call in microseconds, `rounds` samples of `inner` calls, the calls taken in turn."""
+    """Each call's time per call in microseconds, `rounds` samples of `inner` calls, the calls taken in turn, in
+    reverse order every other round: taken in one order, the second of the same kernel measured 0.87-0.92x the
+    first's time (int4_dot streamed at one row), a bias that would pass for a change."""
     for call in calls.values():
         for _ in range(3):
             call()
     samples: dict[str, list[float]] = {name: [] for name in calls}
-    for _ in range(rounds):
-        for name, call in calls.items():
+    for round_index in range(rounds):
+        order = list(calls.items())
+        for name, call in order if round_index % 2 == 0 else reversed(order):
             started = time.perf_counter()
             for _ in range(inner):
                 call()
