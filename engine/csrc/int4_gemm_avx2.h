@@ -50,16 +50,12 @@ inline void int16_pairs(const uint8_t* weights, const int8_t* xq, int64_t K, int
                         __m256i (&pairs)[R][2]) {
   for (int r = 0; r < R; ++r) pairs[r][0] = pairs[r][1] = _mm256_setzero_si256();
   for (int64_t k = from; k < to; k += 8) {
-    __m256i first[2], second[2];  // inputs k..k+3 and k+4..k+7 of rows 0-7 (h = 0) and 8-15 (h = 1)
-    if constexpr (Packed) {
-      load_int4_weights_ymm(weights + k * 8, first, second);
-    } else {
-      const uint8_t* bytes = weights + k * kUnpackedBytesPerInput;
-      for (int h = 0; h < 2; ++h) {
-        first[h] = load32(bytes + 32 * h);
-        second[h] = load32(bytes + 64 + 32 * h);
-      }
-    }
+    // Inputs k..k+3 (`first`) and k+4..k+7 (`second`) of rows 0-7 (h = 0) and 8-15 (h = 1). Packed: split once
+    // into registers; unpacked: read where each row uses them (as memory operands, no registers held: at 4 rows
+    // a pass, 4 held weight registers spill).
+    __m256i first[2], second[2];
+    if constexpr (Packed) load_int4_weights_ymm(weights + k * 8, first, second);
+    const uint8_t* bytes = weights + k * kUnpackedBytesPerInput;
     for (int r = 0; r < R; ++r) {
       const int8_t* xs = xq + r * K + k;
       int32_t a, b;
@@ -67,8 +63,10 @@ inline void int16_pairs(const uint8_t* weights, const int8_t* xq, int64_t K, int
       std::memcpy(&b, xs + 4, 4);
       const __m256i va = _mm256_set1_epi32(a), vb = _mm256_set1_epi32(b);
       for (int h = 0; h < 2; ++h) {
-        pairs[r][h] = _mm256_add_epi16(pairs[r][h], _mm256_maddubs_epi16(first[h], va));
-        pairs[r][h] = _mm256_add_epi16(pairs[r][h], _mm256_maddubs_epi16(second[h], vb));
+        const __m256i low = Packed ? first[h] : load32(bytes + 32 * h);
+        const __m256i high = Packed ? second[h] : load32(bytes + 64 + 32 * h);
+        pairs[r][h] = _mm256_add_epi16(pairs[r][h], _mm256_maddubs_epi16(low, va));
+        pairs[r][h] = _mm256_add_epi16(pairs[r][h], _mm256_maddubs_epi16(high, vb));
       }
     }
   }
