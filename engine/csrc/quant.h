@@ -23,8 +23,8 @@ namespace BATCHSERVE_OPS {
 namespace {
 
 // int4 bytes requested ahead of use. At one row a kernel streams its weights at memory's pace, and 1 KB ahead was
-// too close to hide the latency: 8 KB took 0.71-0.82x the time of 1 KB at one row on the 3B's shapes, 0.86-0.88x at
-// four capped to AVX2 (kernel-ab, streamed; docs/kernels.md).
+// too close to cover the wait: 8 KB took 0.69-0.74x the time of 1 KB at one row on the 3B's shapes capped to AVX2,
+// 0.85-0.86x natively (kernel-ab, streamed; docs/kernels.md).
 constexpr int64_t kPrefetchBytes = 8192;
 constexpr int64_t kBlockN = 64;  // output rows per block of int4_gemv's layout (int4_gemv.cpp)
 constexpr int64_t kDotBlock = 16;  // output rows per block of int4_dot's layout (int4_dot.cpp)
@@ -32,7 +32,7 @@ constexpr int64_t kInt6Run = 16;  // int6_dot.cpp: inputs per sub-scale, per act
 constexpr int64_t kInt6RunBytes = 192;  // a run of 16 inputs for a block's 16 output rows
 constexpr int64_t kInt6RunsPerSuper = 16;  // runs per super-scale (Q6_K's 256 weights)
 // The LM head kernels' (int8_dot, int6_dot) bytes requested ahead of use. A head is read once a step in one long run,
-// memory's pace at one row: on Zen 5, 4 KB ahead took the 1B's at one row to 0.91x the time of int4's 1 KB with
+// memory's pace at one row: on Zen 5, 4 KB ahead took the 1B's at one row to 0.91x the time of 1 KB (then int4's) with
 // int8_dot (SmolLM2's 0.91x) and int6_dot from 43 GB/s to its bytes' share of int8's time (kernel-ab, docs/kernels.md).
 constexpr int64_t kHeadPrefetchBytes = 4096;
 
