@@ -22,23 +22,17 @@ using batchserve::lanes::load;
 constexpr int kDotRows = 8;  // activation rows per pass over the weights
 
 template <int R>
-inline void int4_dot_block(const uint8_t* packed, const c10::BFloat16* scales, const c10::BFloat16* zeros,
-                           const int8_t* xq, const float* x_scales, const float* x_sums, int64_t K, int64_t group,
+inline void int4_dot_block(const uint8_t* packed, const GroupTerms& terms, const int8_t* xq, const float* x_scales, const float* x_sums, int64_t K, int64_t group,
                            const NextBlock& next, float* out /* [R, 16] */) {
   const int64_t groups = K / group;
-  const __m512i low = _mm512_set1_epi8(0x0F);
   auto load_weights = [&](int64_t input, __m512i& first, __m512i& second) {
-    const uint8_t* bytes = packed + input * 8;  // 64 bytes per 8 inputs
-    _mm_prefetch(reinterpret_cast<const char*>(bytes) + kPrefetchBytes, _MM_HINT_T0);
     if (const char* ahead = next.line(input * 8, K * 8)) _mm_prefetch(ahead, _MM_HINT_T1);
-    const __m512i v = _mm512_loadu_si512(bytes);
-    first = _mm512_and_si512(v, low);
-    second = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
+    load_int4_weights_zmm(packed + input * 8, first, second);  // 64 bytes per 8 inputs
   };
   auto finish = [&](int64_t g, const __m512i(&leading)[R], const __m512i(&residual)[R], __m512(&total)[R]) {
-    const __m512 s = load(scales + g * kDotBlock);
     // sum_k ((q - 8) s + z) x = s sum_k q x + (z - 8 s) sum_k x
-    const __m512 z = zero_term16(s, offset_or_null(zeros, g * kDotBlock));
+    __m512 s, z;
+    terms.load16(g, s, z);
     for (int r = 0; r < R; ++r) {
       // x = scale * (leading + residual / 127): 127 * the leading dot plus the residual one, in int32 (at most
       // 32 * 15 * 127 * 128, far from overflow).

@@ -37,8 +37,7 @@ inline void unpack_block(const uint8_t* packed, int64_t K, uint8_t* unpacked) {
 }
 
 template <int R, bool Packed>
-inline void int4_gemm_block(const uint8_t* weights, const c10::BFloat16* scales, const c10::BFloat16* zeros,
-                            const int8_t* xq, const float* x_scales, const float* x_sums, int64_t K, int64_t group,
+inline void int4_gemm_block(const uint8_t* weights, const GroupTerms& terms, const int8_t* xq, const float* x_scales, const float* x_sums, int64_t K, int64_t group,
                             const NextBlock& next, float* out /* [R, 16] */) {
   using batchserve::lanes::load;
   const int64_t groups = K / group;
@@ -51,11 +50,7 @@ inline void int4_gemm_block(const uint8_t* weights, const c10::BFloat16* scales,
     for (int64_t k = g * group; k < (g + 1) * group; k += 8) {
       __m512i first, second;
       if constexpr (Packed) {
-        const uint8_t* bytes = weights + k * 8;  // 64 bytes per 8 inputs
-        _mm_prefetch(reinterpret_cast<const char*>(bytes) + kPrefetchBytes, _MM_HINT_T0);
-        const __m512i v = _mm512_loadu_si512(bytes);
-        first = _mm512_and_si512(v, _mm512_set1_epi8(0x0F));
-        second = _mm512_and_si512(_mm512_srli_epi16(v, 4), _mm512_set1_epi8(0x0F));
+        load_int4_weights_zmm(weights + k * 8, first, second);  // 64 bytes per 8 inputs
       } else {
         const uint8_t* bytes = weights + k * kUnpackedBytesPerInput;  // 128 bytes per 8 inputs
         first = _mm512_load_si512(bytes);
@@ -67,9 +62,9 @@ inline void int4_gemm_block(const uint8_t* weights, const c10::BFloat16* scales,
         acc[r] = dot4_accumulate(acc[r], second, xs + 4);
       }
     }
-    const __m512 s = load(scales + g * kDotBlock);
     // sum_k ((q - 8) s + z) x = s sum_k q x + (z - 8 s) sum_k x
-    const __m512 z = zero_term16(s, offset_or_null(zeros, g * kDotBlock));
+    __m512 s, z;
+    terms.load16(g, s, z);
     for (int r = 0; r < R; ++r) {
       const __m512 dots = _mm512_mul_ps(_mm512_cvtepi32_ps(acc[r]), _mm512_set1_ps(x_scales[r * groups + g]));
       total[r] = _mm512_fmadd_ps(s, dots, total[r]);
