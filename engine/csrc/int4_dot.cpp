@@ -58,7 +58,8 @@ inline void store_row16(T* y, const float* out) {
 }
 
 template <typename T>
-void int4_dot_rows(const T* x, const uint8_t* packed, const GroupTerms& terms, T* y, int64_t rows, int64_t K, int64_t N, int64_t group) {
+void int4_dot_rows(const T* x, const uint8_t* packed, const GroupTerms& terms, T* y, int64_t rows, int64_t K, int64_t N,
+                   int64_t group) {
   const int64_t groups = K / group;
   const std::unique_ptr<int8_t[]> xq(new int8_t[2 * rows * K]);  // every digit is written: no zeroing
   std::vector<float> x_scales(rows * groups), x_sums(rows * groups);

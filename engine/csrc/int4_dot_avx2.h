@@ -29,7 +29,8 @@ constexpr int kDotRows = 2;
 constexpr int64_t kInt16Inputs = 32;  // inputs whose pair sums int16 holds: 4 runs of 8
 
 template <int R>
-inline void int4_dot_block(const uint8_t* packed, const GroupTerms& terms, const int8_t* xq, const float* x_scales, const float* x_sums, int64_t K, int64_t group,
+inline void int4_dot_block(const uint8_t* packed, const GroupTerms& terms, const int8_t* xq, const float* x_scales,
+                           const float* x_sums, int64_t K, int64_t group,
                            const NextBlock& /* next */, float* out /* [R, 16] */) {
   const int64_t groups = K / group;
   const __m256i ones = _mm256_set1_epi16(1), leading_weight = _mm256_set1_epi16(127);

@@ -24,7 +24,8 @@ namespace {
 constexpr int kDotRows = 2;
 
 template <int R>
-inline void int4_dot_block(const uint8_t* packed, const GroupTerms& terms, const int8_t* xq, const float* x_scales, const float* x_sums, int64_t K, int64_t group,
+inline void int4_dot_block(const uint8_t* packed, const GroupTerms& terms, const int8_t* xq, const float* x_scales,
+                           const float* x_sums, int64_t K, int64_t group,
                            const NextBlock& /* next */, float* out /* [R, 16] */) {
   const int64_t groups = K / group;
   __m256 total[R][2];

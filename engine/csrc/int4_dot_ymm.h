@@ -41,7 +41,8 @@ inline DigitsYmm broadcast_digits_ymm(const int8_t* digits) {
 // Group g's term of R rows' running sums, from its int32 dot products (127 * leading + residual):
 // sum_k ((q - 8) s + z) x = s sum_k q x + (z - 8 s) sum_k x, with x = x_scale * digits.
 template <int R>
-inline void add_group_ymm(const __m256i (&dots)[R][2], const GroupTerms& terms, const float* x_scales, const float* x_sums, int64_t g, int64_t groups,
+inline void add_group_ymm(const __m256i (&dots)[R][2], const GroupTerms& terms, const float* x_scales,
+                          const float* x_sums, int64_t g, int64_t groups,
                           __m256 (&total)[R][2]) {
   using batchserve::lanes::load;
   for (int h = 0; h < 2; ++h) {

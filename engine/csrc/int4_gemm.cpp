@@ -87,7 +87,8 @@ void quantise_rows(const T* x, int64_t rows, int64_t K, int64_t group, int8_t* x
 }
 
 template <typename T>
-void int4_gemm_rows(const T* x, const uint8_t* packed, const GroupTerms& terms, T* y, int64_t rows, int64_t K, int64_t N, int64_t group) {
+void int4_gemm_rows(const T* x, const uint8_t* packed, const GroupTerms& terms, T* y, int64_t rows, int64_t K,
+                    int64_t N, int64_t group) {
   const int64_t groups = K / group;
   std::vector<int8_t> xq(rows * K);
   std::vector<float> x_scales(rows * groups), x_sums(rows * groups);

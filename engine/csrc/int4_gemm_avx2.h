@@ -77,7 +77,8 @@ inline void int16_pairs(const uint8_t* weights, const int8_t* xq, int64_t K, int
 // kInt16Inputs (every GGUF's 32) goes from its int16 sums straight to floats: no int32 sums held across a loop,
 // whose 8 more registers spilled 7 others to the stack at every group.
 template <int R, bool Packed>
-inline void int4_gemm_block(const uint8_t* weights, const GroupTerms& terms, const int8_t* xq, const float* x_scales, const float* x_sums, int64_t K, int64_t group,
+inline void int4_gemm_block(const uint8_t* weights, const GroupTerms& terms, const int8_t* xq, const float* x_scales,
+                            const float* x_sums, int64_t K, int64_t group,
                             const NextBlock& next, float* out /* [R, 16] */) {
   using batchserve::lanes::load;
   const int64_t groups = K / group;

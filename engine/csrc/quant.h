@@ -110,10 +110,10 @@ inline const T* offset_or_null(const T* p, int64_t n) {
 }
 
 // Q4_K's own terms (engine.model.linear.q4_k_records): per block of 16 rows and super-block of 8 groups, each
-// group's 16 scale codes and 16 min codes, then 16 f16 d and 16 f16 dmin.
+// group's 16 scale codes and 16 min codes, then the rows' 16 f16 d and 16 f16 -dmin.
 constexpr int64_t kSuperGroups = 8;
 constexpr int64_t kSuperRecordBytes = 320;
-constexpr int64_t kSuperFactors = 256;  // offset of d in a record; dmin follows 32 bytes on
+constexpr int64_t kSuperFactors = 256;  // offset of d in a record; -dmin follows 32 bytes on
 
 // Each group's scale s and zero term z - 8 s, per output row of a block, in one of three forms: bf16 scales and
 // zeros; bf16 scales alone (symmetric weights, GGUF Q4_0: z - 8 s = -8 s without reading a zero, a tenth of the
@@ -129,37 +129,16 @@ struct GroupTerms {
     return {scales + b * groups * kDotBlock, offset_or_null(zeros, b * groups * kDotBlock), nullptr};
   }
 
-#if defined(__AVX512F__)
-  // Group g's s and z - 8 s for the block's 16 rows.
-  void load16(int64_t g, __m512& s, __m512& zero_term) const {
-    if (records != nullptr) {
-      const uint8_t* super = records + g / kSuperGroups * kSuperRecordBytes;
-      const uint8_t* codes = super + g % kSuperGroups * 2 * kDotBlock;
-      const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(super + kSuperFactors)));
-      const __m512 dmin =
-          _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(super + kSuperFactors + 32)));
-      s = _mm512_mul_ps(d, codes16(codes));
-      zero_term = _mm512_mul_ps(_mm512_sub_ps(_mm512_setzero_ps(), dmin), codes16(codes + kDotBlock));
-      return;
-    }
-    s = batchserve::lanes::load(scales + g * kDotBlock);
-    zero_term = zeros == nullptr ? _mm512_mul_ps(_mm512_set1_ps(-8.0f), s)
-                                 : _mm512_fnmadd_ps(_mm512_set1_ps(8.0f), s, batchserve::lanes::load(zeros + g * kDotBlock));
-  }
-  static __m512 codes16(const uint8_t* codes) {
-    return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(codes))));
-  }
-#endif
+  const uint8_t* super_record(int64_t g) const { return records + g / kSuperGroups * kSuperRecordBytes; }
+  const uint8_t* codes(int64_t g) const { return super_record(g) + g % kSuperGroups * 2 * kDotBlock; }
+
 #if defined(__AVX2__)
-  // The same for rows 8h..8h+7 of the block.
+  // Group g's s and z - 8 s for rows 8h..8h+7 of the block.
   void load8(int64_t g, int h, __m256& s, __m256& zero_term) const {
     if (records != nullptr) {
-      const uint8_t* super = records + g / kSuperGroups * kSuperRecordBytes;
-      const uint8_t* codes = super + g % kSuperGroups * 2 * kDotBlock + 8 * h;
-      const uint8_t* d = super + kSuperFactors + 16 * h;
-      s = _mm256_mul_ps(_mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(d))), codes8(codes));
-      const __m256 dmin = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(d + 32)));
-      zero_term = _mm256_mul_ps(_mm256_sub_ps(_mm256_setzero_ps(), dmin), codes8(codes + kDotBlock));
+      const uint8_t* factors = super_record(g) + kSuperFactors + 16 * h;
+      s = _mm256_mul_ps(halves8(factors), codes8(codes(g) + 8 * h));
+      zero_term = _mm256_mul_ps(halves8(factors + 32), codes8(codes(g) + kDotBlock + 8 * h));
       return;
     }
     const int64_t at = g * kDotBlock + 8 * h;
@@ -170,8 +149,47 @@ struct GroupTerms {
   static __m256 codes8(const uint8_t* codes) {
     return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(codes))));
   }
+  static __m256 halves8(const uint8_t* f16) {
+    return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(f16)));
+  }
 #endif
 };
+
+#if defined(__AVX512F__)
+// A block's GroupTerms for its 16 rows, read group by group in order from 0: a Q4_K record's d and -dmin are
+// converted once per super-block, not per group (at one row a group's terms are a fifth of its instructions).
+class GroupTermReader16 {
+ public:
+  explicit GroupTermReader16(const GroupTerms& terms) : terms_(terms) {}
+
+  // Group g's s and z - 8 s.
+  void next(int64_t g, __m512& s, __m512& zero_term) {
+    if (terms_.records != nullptr) {
+      if (g % kSuperGroups == 0) {
+        const uint8_t* factors = terms_.super_record(g) + kSuperFactors;
+        d_ = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(factors)));
+        neg_dmin_ = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(factors + 32)));
+      }
+      const uint8_t* codes = terms_.codes(g);
+      s = _mm512_mul_ps(d_, codes16(codes));
+      zero_term = _mm512_mul_ps(neg_dmin_, codes16(codes + kDotBlock));
+      return;
+    }
+    s = batchserve::lanes::load(terms_.scales + g * kDotBlock);
+    zero_term = terms_.zeros == nullptr
+                    ? _mm512_mul_ps(_mm512_set1_ps(-8.0f), s)
+                    : _mm512_fnmadd_ps(_mm512_set1_ps(8.0f), s, batchserve::lanes::load(terms_.zeros + g * kDotBlock));
+  }
+
+ private:
+  static __m512 codes16(const uint8_t* codes) {
+    return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(codes))));
+  }
+
+  GroupTerms terms_;
+  __m512 d_ = _mm512_setzero_ps(), neg_dmin_ = _mm512_setzero_ps();
+};
+#endif
 
 // The terms of an int4_dot / int4_gemm call's `scales` and `zeros` operands (check_int4_operands has checked them).
 inline GroupTerms group_terms(const torch::Tensor& scales, const torch::Tensor& zeros) {

@@ -127,8 +127,9 @@ Q4K_SUPER_GROUPS = 8  # groups of 32 per Q4_K super-block: one d and dmin each
 def q4_k_records(terms: Q4KTerms, block: int) -> torch.Tensor:
     """Q4_K's terms in the integer-dot kernels' layout (engine/csrc/quant.h, GroupTerms): per block of `block` output
     rows and super-block, 320 bytes: each of its 8 groups' scale codes then min codes (a byte per row), then the
-    rows' f16 d, then their dmin. The kernels read a group's terms with its weights, 2.5 bytes a row where bf16
-    scales and zeros take 4 (4.625 bits a weight in all, against 5), and compute them exactly in float32."""
+    rows' f16 d, then their -dmin (negated exactly). The kernels read a group's terms with its weights, 2.5 bytes a
+    row where bf16 scales and zeros take 4 (4.625 bits a weight in all, against 5), and compute them exactly in
+    float32."""
     out, groups = terms.scale_codes.shape
     blocks, supers = out // block, groups // Q4K_SUPER_GROUPS
 
@@ -138,7 +139,7 @@ def q4_k_records(terms: Q4KTerms, block: int) -> torch.Tensor:
     codes = torch.stack(
         (by_block(terms.scale_codes, Q4K_SUPER_GROUPS), by_block(terms.min_codes, Q4K_SUPER_GROUPS)), dim=3
     )
-    factors = torch.stack((by_block(terms.d, 1), by_block(terms.dmin, 1)), dim=2).contiguous().view(torch.uint8)
+    factors = torch.stack((by_block(terms.d, 1), by_block(-terms.dmin, 1)), dim=2).contiguous().view(torch.uint8)
     return torch.cat((codes.reshape(blocks, supers, -1), factors.reshape(blocks, supers, -1)), dim=2).contiguous()
 
 
