@@ -44,7 +44,7 @@ from engine.model.head_linear import ONE_DIGIT_GROUP, Int6DotLinear, Int8DotLine
 from engine.model.linear import Int4DotLinear
 from engine.platform import native
 from engine.platform.cpu_features import cpu_features
-from engine.weights.quantization import Int4Weight, Int6Weight, Int8Weight, Q4KTerms, int8_from_dense
+from engine.weights.quantization import Int6Weight, Int8Weight, int8_from_dense
 
 REPOSITORY = Path(__file__).resolve().parents[2]
 # [inputs, outputs] of each model's int4 projections: fused q/k/v, attention output, fused gate/up, down.
@@ -140,12 +140,12 @@ def compare(
     op: str = "int4_dot",
     shapes: Sequence[tuple[int, int]] = SHAPES["smollm2"],
     stream_mb: float = 0.0,
-    weights: str = "asymmetric",
+    symmetric: bool = False,
 ) -> list[dict[str, Any]]:
     generator = torch.Generator().manual_seed(0)
     results = []
     for inputs, outputs in shapes:
-        (before_name, after_name), operands = _operands(op, inputs, outputs, generator, kernels, weights)
+        (before_name, after_name), operands = _operands(op, inputs, outputs, generator, kernels, symmetric)
         copies = _copies_of(operands, stream_mb)
         for count in rows:
             x = torch.randn(count, inputs, generator=generator).to(dtype)
@@ -200,28 +200,12 @@ def _cycling(
     return lambda: kernel(x, *next(turn)[side])
 
 
-def _random_q4_k(outputs: int, inputs: int, generator: torch.Generator) -> Int4Weight:
-    """Random int4 codes with Q4_K's terms: 6-bit scale and min codes per group of 32, f16 d and dmin per 256."""
-    codes = torch.randint(0, 16, (outputs, inputs), dtype=torch.uint8, generator=generator)
-    sc, mins = (torch.randint(0, 64, (outputs, inputs // 32), dtype=torch.uint8, generator=generator) for _ in "sm")
-    d, dmin = ((torch.rand(outputs, inputs // 256, generator=generator) * 1e-3).half() for _ in "dm")
-    scales = d.float().repeat_interleave(8, dim=1) * sc.float()
-    low = dmin.float().repeat_interleave(8, dim=1) * mins.float()
-    return Int4Weight(codes, scales, 8 * scales - low, 32, Q4KTerms(sc, mins, d, dmin))
-
-
 def _operands(
-    op: str,
-    inputs: int,
-    outputs: int,
-    generator: torch.Generator,
-    kernels: native.Kernels,
-    weights: str = "asymmetric",
+    op: str, inputs: int, outputs: int, generator: torch.Generator, kernels: native.Kernels, symmetric: bool = False
 ) -> tuple[tuple[str, str], SideArguments]:
     """The kernels before and after call for `op`, and each side's operands after x, on random weights of [outputs,
-    inputs]. int4 `weights` "symmetric" (zeros all 0, GGUF Q4_0's) or "q4_k" (Q4_K's own codes) are built as the
-    working tree builds them for after, and as bf16 scales with their zeros stored for before (which every earlier
-    commit's kernels take: for "q4_k" the same values rounded to bf16)."""
+    inputs]. `symmetric`: int4 weights whose zeros are all 0 (GGUF Q4_0's), as the working tree builds them for after
+    and with their zeros stored for before (which every earlier commit's kernels take)."""
     if op.startswith("int6_dot"):
         codes = torch.randint(0, 64, (outputs, inputs), dtype=torch.uint8, generator=generator)
         subs = torch.randint(-128, 128, (outputs, inputs // 16), dtype=torch.int8, generator=generator)
@@ -239,16 +223,12 @@ def _operands(
         one_digit = op == "int8_dot_one_digit"
         arguments = (head.packed, ONE_DIGIT_GROUP if one_digit else head.group_size, head.scales, one_digit)
         return ("int8_dot", "int8_dot"), (arguments, arguments)
-    if weights == "q4_k":
-        weight4 = _random_q4_k(outputs, inputs, generator)
-    else:
-        weight4 = random_int4(outputs, inputs, generator=generator)
-        if weights == "symmetric":
-            weight4 = dataclasses.replace(weight4, zeros=torch.zeros_like(weight4.zeros))
+    weight4 = random_int4(outputs, inputs, generator=generator)
+    if symmetric:
+        weight4 = dataclasses.replace(weight4, zeros=torch.zeros_like(weight4.zeros))
     linear = Int4DotLinear.build(weight4, None, kernels)
-    plain = Int4DotLinear.build(dataclasses.replace(weight4, q4_k=None), None, kernels)
-    stored = plain.zeros if plain.zeros.numel() else torch.zeros_like(plain.scales)
-    before4 = (linear.packed, plain.group_size, plain.scales, stored)  # the same packing: one tensor
+    stored = linear.zeros if linear.zeros.numel() else torch.zeros_like(linear.scales)
+    before4 = (linear.packed, linear.group_size, linear.scales, stored)
     return (op, op), (before4, (linear.packed, linear.group_size, linear.scales, linear.zeros))
 
 
@@ -265,9 +245,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--stream-mb", type=float, default=0.0, help="cycle through weight copies of at least this many MB in all"
     )
-    kind = parser.add_mutually_exclusive_group()
-    kind.add_argument("--symmetric", action="store_true", help="int4 weights whose zeros are all 0 (Q4_0's)")
-    kind.add_argument("--q4-k", action="store_true", help="int4 weights with Q4_K's own scale and min codes")
+    parser.add_argument(
+        "--symmetric",
+        action="store_true",
+        help="int4 weights whose zeros are all 0 (Q4_0's)",
+    )
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
     try:
@@ -282,7 +264,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         commit = revision_sources(args.against, Path(scratch))
         before_ops = compile_revision(Path(scratch) / "engine" / "csrc", kernels.build, commit)
     rows = [int(r) for r in args.rows.split(",")]
-    weights = "q4_k" if args.q4_k else "symmetric" if args.symmetric else "asymmetric"
     dtype = getattr(torch, args.dtype)
     results = compare(
         before_ops,
@@ -295,7 +276,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.op,
         shapes,
         args.stream_mb,
-        weights,
+        args.symmetric,
     )
     given = list(argv) if argv is not None else sys.argv[1:]
     document = {
@@ -306,7 +287,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "op": args.op,
         "shapes": args.shapes,
         "stream_mb": args.stream_mb,
-        "weights": weights,
+        "symmetric": args.symmetric,
         "threads": torch.get_num_threads(),
         "results": results,
     }

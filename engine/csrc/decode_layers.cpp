@@ -23,7 +23,6 @@
 #include <optional>
 
 #include "ops.h"
-#include "quant.h"  // int4_group_size
 
 namespace BATCHSERVE_OPS {
 namespace {
@@ -43,7 +42,8 @@ enum LayerTensor : int64_t {
 
 torch::Tensor project(const torch::Tensor& x, const torch::Tensor* weight /* packed, scales, zeros */,
                       bool one_digit) {
-  const int64_t group = int4_group_size(weight[0], weight[1]);  // from the shapes
+  // The group size follows from the shapes: packed is [N, K / 2], scales [N / 16, K / group, 16].
+  const int64_t group = weight[0].size(1) * 2 / weight[1].size(1);
   return one_digit ? int4_gemm(x, weight[0], group, weight[1], weight[2])
                    : int4_dot(x, weight[0], group, weight[1], weight[2]);
 }

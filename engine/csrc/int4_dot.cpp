@@ -1,9 +1,8 @@
 // int4_dot: x [rows, K] (float32 or bfloat16) times int4 weights W [N, K] with integer dot products, for a few
 // activation rows; [rows, N] in x's dtype. The weights are in the project's own layout (engine.linear.Int4DotLinear
 // writes it), with scales and zeros [N / 16, K / group, 16] bfloat16: w = (q - 8) * scale + zero (zeros empty for
-// symmetric weights: every zero 0, as GGUF Q4_0's), or a Q4_K tensor's own scale and min codes (quant.h's
-// GroupTerms). Rows come in blocks of 16 (kDotBlock); a block stores, for each run of 8 inputs k..k+7, 64 bytes: 4
-// bytes per row, byte j holding input k+j in its low nibble and k+4+j in its high one.
+// symmetric weights: every zero 0, as GGUF Q4_0's). Rows come in blocks of 16 (kDotBlock); a block stores, for each run
+// of 8 inputs k..k+7, 64 bytes: 4 bytes per row, byte j holding input k+j in its low nibble and k+4+j in its high one.
 // So one 64-byte load and two masks give, per row, the 4-input groups that `vpdpbusd` multiplies with 4 int8
 // activations and sums into that row's int32 lane: 32 products per instruction, against 16 per float FMA after
 // converting each weight. The activations are quantised per group of the weights (scale = max |x| / 127), as
@@ -58,8 +57,8 @@ inline void store_row16(T* y, const float* out) {
 }
 
 template <typename T>
-void int4_dot_rows(const T* x, const uint8_t* packed, const GroupTerms& terms, T* y, int64_t rows, int64_t K, int64_t N,
-                   int64_t group) {
+void int4_dot_rows(const T* x, const uint8_t* packed, const c10::BFloat16* scales, const c10::BFloat16* zeros, T* y,
+                   int64_t rows, int64_t K, int64_t N, int64_t group) {
   const int64_t groups = K / group;
   const std::unique_ptr<int8_t[]> xq(new int8_t[2 * rows * K]);  // every digit is written: no zeroing
   std::vector<float> x_scales(rows * groups), x_sums(rows * groups);
@@ -68,7 +67,8 @@ void int4_dot_rows(const T* x, const uint8_t* packed, const GroupTerms& terms, T
     alignas(64) float out[kDotRows * kDotBlock];
     for (int64_t block = begin; block < end; ++block) {
       const uint8_t* block_bytes = packed + block * K * 8;
-      const GroupTerms block_terms = terms.block(block, groups);
+      const c10::BFloat16* block_scales = scales + block * groups * kDotBlock;
+      const c10::BFloat16* block_zeros = offset_or_null(zeros, block * groups * kDotBlock);
       NextBlock next;  // past one row (the 1B's 4-row projections: 0.76-0.97x the time)
       if (rows > 1 && block + 1 < end) next = {packed + (block + 1) * K * 8, 0, (rows + kDotRows - 1) / kDotRows};
       for (int64_t first = 0; first < rows; first += kDotRows, ++next.pass) {
@@ -77,7 +77,7 @@ void int4_dot_rows(const T* x, const uint8_t* packed, const GroupTerms& terms, T
         const float* sc = x_scales.data() + first * groups;
         const float* sm = x_sums.data() + first * groups;
         with_row_count<kDotRows>(count, [&](auto R) {
-          int4_dot_block<decltype(R)::value>(block_bytes, block_terms, xs, sc, sm, K, group, next, out);
+          int4_dot_block<decltype(R)::value>(block_bytes, block_scales, block_zeros, xs, sc, sm, K, group, next, out);
         });
         for (int64_t r = 0; r < count; ++r) store_row16(y + (first + r) * N + block * kDotBlock, out + r * kDotBlock);
       }
@@ -109,11 +109,11 @@ torch::Tensor int4_dot(const torch::Tensor& x, const torch::Tensor& packed, int6
   const auto s = scales.contiguous();
   const auto z = zeros.contiguous();
   if (x.scalar_type() == torch::kBFloat16) {
-    int4_dot_rows<c10::BFloat16>(xc.data_ptr<c10::BFloat16>(), w.data_ptr<uint8_t>(), group_terms(s, z),
-                                 y.data_ptr<c10::BFloat16>(), rows, K, N, group);
+    int4_dot_rows<c10::BFloat16>(xc.data_ptr<c10::BFloat16>(), w.data_ptr<uint8_t>(), s.data_ptr<c10::BFloat16>(),
+                                 zeros_or_null(z), y.data_ptr<c10::BFloat16>(), rows, K, N, group);
   } else {
-    int4_dot_rows<float>(xc.data_ptr<float>(), w.data_ptr<uint8_t>(), group_terms(s, z), y.data_ptr<float>(), rows,
-                         K, N, group);
+    int4_dot_rows<float>(xc.data_ptr<float>(), w.data_ptr<uint8_t>(), s.data_ptr<c10::BFloat16>(),
+                         zeros_or_null(z), y.data_ptr<float>(), rows, K, N, group);
   }
 #endif
   return y;

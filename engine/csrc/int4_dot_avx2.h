@@ -29,8 +29,8 @@ constexpr int kDotRows = 2;
 constexpr int64_t kInt16Inputs = 32;  // inputs whose pair sums int16 holds: 4 runs of 8
 
 template <int R>
-inline void int4_dot_block(const uint8_t* packed, const GroupTerms& terms, const int8_t* xq, const float* x_scales,
-                           const float* x_sums, int64_t K, int64_t group,
+inline void int4_dot_block(const uint8_t* packed, const c10::BFloat16* scales, const c10::BFloat16* zeros,
+                           const int8_t* xq, const float* x_scales, const float* x_sums, int64_t K, int64_t group,
                            const NextBlock& /* next */, float* out /* [R, 16] */) {
   const int64_t groups = K / group;
   const __m256i ones = _mm256_set1_epi16(1), leading_weight = _mm256_set1_epi16(127);
@@ -67,7 +67,7 @@ inline void int4_dot_block(const uint8_t* packed, const GroupTerms& terms, const
           acc[r][h] = _mm256_add_epi32(acc[r][h], _mm256_add_epi32(_mm256_madd_epi16(leading[r][h], leading_weight),
                                                                   _mm256_madd_epi16(residual[r][h], ones)));
     }
-    add_group_ymm<R>(acc, terms, x_scales, x_sums, g, groups, total);
+    add_group_ymm<R>(acc, scales, zeros, x_scales, x_sums, g, groups, total);
   }
   for (int r = 0; r < R; ++r)
     for (int h = 0; h < 2; ++h) _mm256_storeu_ps(out + r * kDotBlock + 8 * h, total[r][h]);

@@ -22,19 +22,18 @@ using batchserve::lanes::load;
 constexpr int kDotRows = 8;  // activation rows per pass over the weights
 
 template <int R>
-inline void int4_dot_block(const uint8_t* packed, const GroupTerms& terms, const int8_t* xq, const float* x_scales,
-                           const float* x_sums, int64_t K, int64_t group,
+inline void int4_dot_block(const uint8_t* packed, const c10::BFloat16* scales, const c10::BFloat16* zeros,
+                           const int8_t* xq, const float* x_scales, const float* x_sums, int64_t K, int64_t group,
                            const NextBlock& next, float* out /* [R, 16] */) {
   const int64_t groups = K / group;
-  GroupTermReader16 reader(terms);  // groups in order from 0
   auto load_weights = [&](int64_t input, __m512i& first, __m512i& second) {
     if (const char* ahead = next.line(input * 8, K * 8)) _mm_prefetch(ahead, _MM_HINT_T1);
     load_int4_weights_zmm(packed + input * 8, first, second);  // 64 bytes per 8 inputs
   };
   auto finish = [&](int64_t g, const __m512i(&leading)[R], const __m512i(&residual)[R], __m512(&total)[R]) {
+    const __m512 s = load(scales + g * kDotBlock);
     // sum_k ((q - 8) s + z) x = s sum_k q x + (z - 8 s) sum_k x
-    __m512 s, z;
-    reader.next(g, s, z);
+    const __m512 z = zero_term16(s, offset_or_null(zeros, g * kDotBlock));
     for (int r = 0; r < R; ++r) {
       // x = scale * (leading + residual / 127): 127 * the leading dot plus the residual one, in int32 (at most
       // 32 * 15 * 127 * 128, far from overflow).

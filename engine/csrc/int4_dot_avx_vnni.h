@@ -24,8 +24,8 @@ namespace {
 constexpr int kDotRows = 2;
 
 template <int R>
-inline void int4_dot_block(const uint8_t* packed, const GroupTerms& terms, const int8_t* xq, const float* x_scales,
-                           const float* x_sums, int64_t K, int64_t group,
+inline void int4_dot_block(const uint8_t* packed, const c10::BFloat16* scales, const c10::BFloat16* zeros,
+                           const int8_t* xq, const float* x_scales, const float* x_sums, int64_t K, int64_t group,
                            const NextBlock& /* next */, float* out /* [R, 16] */) {
   const int64_t groups = K / group;
   __m256 total[R][2];
@@ -54,7 +54,7 @@ inline void int4_dot_block(const uint8_t* packed, const GroupTerms& terms, const
       for (int h = 0; h < 2; ++h)
         dots[r][h] = _mm256_add_epi32(_mm256_sub_epi32(_mm256_slli_epi32(leading[r][h], 7), leading[r][h]),
                                       residual[r][h]);
-    add_group_ymm<R>(dots, terms, x_scales, x_sums, g, groups, total);
+    add_group_ymm<R>(dots, scales, zeros, x_scales, x_sums, g, groups, total);
   }
   for (int r = 0; r < R; ++r)
     for (int h = 0; h < 2; ++h) _mm256_storeu_ps(out + r * kDotBlock + 8 * h, total[r][h]);

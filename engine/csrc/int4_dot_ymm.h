@@ -41,13 +41,13 @@ inline DigitsYmm broadcast_digits_ymm(const int8_t* digits) {
 // Group g's term of R rows' running sums, from its int32 dot products (127 * leading + residual):
 // sum_k ((q - 8) s + z) x = s sum_k q x + (z - 8 s) sum_k x, with x = x_scale * digits.
 template <int R>
-inline void add_group_ymm(const __m256i (&dots)[R][2], const GroupTerms& terms, const float* x_scales,
-                          const float* x_sums, int64_t g, int64_t groups,
+inline void add_group_ymm(const __m256i (&dots)[R][2], const c10::BFloat16* scales, const c10::BFloat16* zeros,
+                          const float* x_scales, const float* x_sums, int64_t g, int64_t groups,
                           __m256 (&total)[R][2]) {
   using batchserve::lanes::load;
   for (int h = 0; h < 2; ++h) {
-    __m256 s, z;
-    terms.load8(g, h, s, z);
+    const __m256 s = load(scales + g * kDotBlock + 8 * h);
+    const __m256 z = zero_term8(s, offset_or_null(zeros, g * kDotBlock + 8 * h));
     for (int r = 0; r < R; ++r) {
       const __m256 x_dots = _mm256_mul_ps(_mm256_cvtepi32_ps(dots[r][h]), _mm256_set1_ps(x_scales[r * groups + g]));
       total[r][h] = _mm256_fmadd_ps(s, x_dots, total[r][h]);

@@ -87,8 +87,8 @@ void quantise_rows(const T* x, int64_t rows, int64_t K, int64_t group, int8_t* x
 }
 
 template <typename T>
-void int4_gemm_rows(const T* x, const uint8_t* packed, const GroupTerms& terms, T* y, int64_t rows, int64_t K,
-                    int64_t N, int64_t group) {
+void int4_gemm_rows(const T* x, const uint8_t* packed, const c10::BFloat16* scales, const c10::BFloat16* zeros,
+                    T* y, int64_t rows, int64_t K, int64_t N, int64_t group) {
   const int64_t groups = K / group;
   std::vector<int8_t> xq(rows * K);
   std::vector<float> x_scales(rows * groups), x_sums(rows * groups);
@@ -97,12 +97,13 @@ void int4_gemm_rows(const T* x, const uint8_t* packed, const GroupTerms& terms, 
   auto pass = [&](auto packed_weights, const uint8_t* weights, int64_t block, int64_t first, int64_t count,
                   const NextBlock& next, float* out) {
     constexpr bool kPacked = decltype(packed_weights)::value;
-    const GroupTerms block_terms = terms.block(block, groups);
+    const c10::BFloat16* block_scales = scales + block * groups * kDotBlock;
+    const c10::BFloat16* block_zeros = offset_or_null(zeros, block * groups * kDotBlock);
     const int8_t* xs = xq.data() + first * K;
     const float* sc = x_scales.data() + first * groups;
     const float* sm = x_sums.data() + first * groups;
     with_row_count<kGemmRows>(count, [&](auto R) {
-      int4_gemm_block<decltype(R)::value, kPacked>(weights, block_terms, xs, sc, sm, K, group, next, out);
+      int4_gemm_block<decltype(R)::value, kPacked>(weights, block_scales, block_zeros, xs, sc, sm, K, group, next, out);
     });
     for (int64_t r = 0; r < count; ++r) {
       T* row = y + (first + r) * N + block * kDotBlock;
@@ -153,11 +154,11 @@ torch::Tensor int4_gemm(const torch::Tensor& x, const torch::Tensor& packed, int
   const auto s = scales.contiguous();
   const auto z = zeros.contiguous();
   if (x.scalar_type() == torch::kBFloat16) {
-    int4_gemm_rows<c10::BFloat16>(xc.data_ptr<c10::BFloat16>(), w.data_ptr<uint8_t>(), group_terms(s, z),
-                                  y.data_ptr<c10::BFloat16>(), rows, K, N, group);
+    int4_gemm_rows<c10::BFloat16>(xc.data_ptr<c10::BFloat16>(), w.data_ptr<uint8_t>(), s.data_ptr<c10::BFloat16>(),
+                                  zeros_or_null(z), y.data_ptr<c10::BFloat16>(), rows, K, N, group);
   } else {
-    int4_gemm_rows<float>(xc.data_ptr<float>(), w.data_ptr<uint8_t>(), group_terms(s, z), y.data_ptr<float>(), rows,
-                          K, N, group);
+    int4_gemm_rows<float>(xc.data_ptr<float>(), w.data_ptr<uint8_t>(), s.data_ptr<c10::BFloat16>(),
+                          zeros_or_null(z), y.data_ptr<float>(), rows, K, N, group);
   }
 #endif
   return y;

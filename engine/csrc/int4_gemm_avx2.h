@@ -77,8 +77,8 @@ inline void int16_pairs(const uint8_t* weights, const int8_t* xq, int64_t K, int
 // kInt16Inputs (every GGUF's 32) goes from its int16 sums straight to floats: no int32 sums held across a loop,
 // whose 8 more registers spilled 7 others to the stack at every group.
 template <int R, bool Packed>
-inline void int4_gemm_block(const uint8_t* weights, const GroupTerms& terms, const int8_t* xq, const float* x_scales,
-                            const float* x_sums, int64_t K, int64_t group,
+inline void int4_gemm_block(const uint8_t* weights, const c10::BFloat16* scales, const c10::BFloat16* zeros,
+                            const int8_t* xq, const float* x_scales, const float* x_sums, int64_t K, int64_t group,
                             const NextBlock& next, float* out /* [R, 16] */) {
   using batchserve::lanes::load;
   const int64_t groups = K / group;
@@ -102,8 +102,8 @@ inline void int4_gemm_block(const uint8_t* weights, const GroupTerms& terms, con
       }
     }
     for (int h = 0; h < 2; ++h) {
-      __m256 s, z;
-      terms.load8(g, h, s, z);
+      const __m256 s = load(scales + g * kDotBlock + 8 * h);
+      const __m256 z = zero_term8(s, offset_or_null(zeros, g * kDotBlock + 8 * h));
       for (int r = 0; r < R; ++r) {
         float* total = out + r * kDotBlock + 8 * h;
         const __m256 dots = _mm256_mul_ps(_mm256_cvtepi32_ps(acc[r][h]), _mm256_set1_ps(x_scales[r * groups + g]));

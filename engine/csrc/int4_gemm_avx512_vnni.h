@@ -37,12 +37,11 @@ inline void unpack_block(const uint8_t* packed, int64_t K, uint8_t* unpacked) {
 }
 
 template <int R, bool Packed>
-inline void int4_gemm_block(const uint8_t* weights, const GroupTerms& terms, const int8_t* xq, const float* x_scales,
-                            const float* x_sums, int64_t K, int64_t group,
+inline void int4_gemm_block(const uint8_t* weights, const c10::BFloat16* scales, const c10::BFloat16* zeros,
+                            const int8_t* xq, const float* x_scales, const float* x_sums, int64_t K, int64_t group,
                             const NextBlock& next, float* out /* [R, 16] */) {
   using batchserve::lanes::load;
   const int64_t groups = K / group;
-  GroupTermReader16 reader(terms);  // groups in order from 0
   __m512 total[R];
   for (int r = 0; r < R; ++r) total[r] = _mm512_setzero_ps();
   for (int64_t g = 0; g < groups; ++g) {
@@ -64,9 +63,9 @@ inline void int4_gemm_block(const uint8_t* weights, const GroupTerms& terms, con
         acc[r] = dot4_accumulate(acc[r], second, xs + 4);
       }
     }
+    const __m512 s = load(scales + g * kDotBlock);
     // sum_k ((q - 8) s + z) x = s sum_k q x + (z - 8 s) sum_k x
-    __m512 s, z;
-    reader.next(g, s, z);
+    const __m512 z = zero_term16(s, offset_or_null(zeros, g * kDotBlock));
     for (int r = 0; r < R; ++r) {
       const __m512 dots = _mm512_mul_ps(_mm512_cvtepi32_ps(acc[r]), _mm512_set1_ps(x_scales[r * groups + g]));
       total[r] = _mm512_fmadd_ps(s, dots, total[r]);

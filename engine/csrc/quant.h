@@ -103,103 +103,34 @@ inline bool float_or_bf16(const torch::Tensor& t) {
   return t.scalar_type() == torch::kFloat || t.scalar_type() == torch::kBFloat16;
 }
 
+// The zero term's per-output factor of group g, z - 8 s: zeros null means symmetric weights (GGUF Q4_0, w = (q - 8)
+// s), whose zero term is -8 s without reading a zero per group (a tenth of the weights' bytes).
+#if defined(__AVX512F__)
+inline __m512 zero_term16(__m512 s, const c10::BFloat16* zeros) {
+  return zeros == nullptr ? _mm512_mul_ps(_mm512_set1_ps(-8.0f), s)
+                          : _mm512_fnmadd_ps(_mm512_set1_ps(8.0f), s, batchserve::lanes::load(zeros));
+}
+#endif
+#if defined(__AVX2__)
+inline __m256 zero_term8(__m256 s, const c10::BFloat16* zeros) {
+  return zeros == nullptr ? _mm256_mul_ps(_mm256_set1_ps(-8.0f), s)
+                          : _mm256_fnmadd_ps(_mm256_set1_ps(8.0f), s, batchserve::lanes::load8(zeros));
+}
+#endif
+
 // p + n, or null where p is null (a symmetric weight's absent zeros, at any offset).
 template <typename T>
 inline const T* offset_or_null(const T* p, int64_t n) {
   return p == nullptr ? nullptr : p + n;
 }
 
-// Q4_K's own terms (engine.model.linear.q4_k_records): per block of 16 rows and super-block of 8 groups, each
-// group's 16 scale codes and 16 min codes, then the rows' 16 f16 d and 16 f16 -dmin.
-constexpr int64_t kSuperGroups = 8;
-constexpr int64_t kSuperRecordBytes = 320;
-constexpr int64_t kSuperFactors = 256;  // offset of d in a record; -dmin follows 32 bytes on
-
-// Each group's scale s and zero term z - 8 s, per output row of a block, in one of three forms: bf16 scales and
-// zeros; bf16 scales alone (symmetric weights, GGUF Q4_0: z - 8 s = -8 s without reading a zero, a tenth of the
-// weights' bytes); or Q4_K's records, s = d * scale code and z - 8 s = -dmin * min code (exact in float32).
-struct GroupTerms {
-  const c10::BFloat16* scales = nullptr;
-  const c10::BFloat16* zeros = nullptr;  // null: symmetric, or Q4_K records
-  const uint8_t* records = nullptr;  // non-null: Q4_K records (scales and zeros null)
-
-  // Block b's terms, of a weight with `groups` groups per row.
-  GroupTerms block(int64_t b, int64_t groups) const {
-    if (records != nullptr) return {nullptr, nullptr, records + b * (groups / kSuperGroups) * kSuperRecordBytes};
-    return {scales + b * groups * kDotBlock, offset_or_null(zeros, b * groups * kDotBlock), nullptr};
-  }
-
-  const uint8_t* super_record(int64_t g) const { return records + g / kSuperGroups * kSuperRecordBytes; }
-  const uint8_t* codes(int64_t g) const { return super_record(g) + g % kSuperGroups * 2 * kDotBlock; }
-
-#if defined(__AVX2__)
-  // Group g's s and z - 8 s for rows 8h..8h+7 of the block.
-  void load8(int64_t g, int h, __m256& s, __m256& zero_term) const {
-    if (records != nullptr) {
-      const uint8_t* factors = super_record(g) + kSuperFactors + 16 * h;
-      s = _mm256_mul_ps(halves8(factors), codes8(codes(g) + 8 * h));
-      zero_term = _mm256_mul_ps(halves8(factors + 32), codes8(codes(g) + kDotBlock + 8 * h));
-      return;
-    }
-    const int64_t at = g * kDotBlock + 8 * h;
-    s = batchserve::lanes::load8(scales + at);
-    zero_term = zeros == nullptr ? _mm256_mul_ps(_mm256_set1_ps(-8.0f), s)
-                                 : _mm256_fnmadd_ps(_mm256_set1_ps(8.0f), s, batchserve::lanes::load8(zeros + at));
-  }
-  static __m256 codes8(const uint8_t* codes) {
-    return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(codes))));
-  }
-  static __m256 halves8(const uint8_t* f16) {
-    return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(f16)));
-  }
-#endif
-};
-
-#if defined(__AVX512F__)
-// A block's GroupTerms for its 16 rows, read group by group in order from 0: a Q4_K record's d and -dmin are
-// converted once per super-block, not per group (at one row a group's terms are a fifth of its instructions).
-class GroupTermReader16 {
- public:
-  explicit GroupTermReader16(const GroupTerms& terms) : terms_(terms) {}
-
-  // Group g's s and z - 8 s.
-  void next(int64_t g, __m512& s, __m512& zero_term) {
-    if (terms_.records != nullptr) {
-      if (g % kSuperGroups == 0) {
-        const uint8_t* factors = terms_.super_record(g) + kSuperFactors;
-        d_ = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(factors)));
-        neg_dmin_ = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(factors + 32)));
-      }
-      const uint8_t* codes = terms_.codes(g);
-      s = _mm512_mul_ps(d_, codes16(codes));
-      zero_term = _mm512_mul_ps(neg_dmin_, codes16(codes + kDotBlock));
-      return;
-    }
-    s = batchserve::lanes::load(terms_.scales + g * kDotBlock);
-    zero_term = terms_.zeros == nullptr
-                    ? _mm512_mul_ps(_mm512_set1_ps(-8.0f), s)
-                    : _mm512_fnmadd_ps(_mm512_set1_ps(8.0f), s, batchserve::lanes::load(terms_.zeros + g * kDotBlock));
-  }
-
- private:
-  static __m512 codes16(const uint8_t* codes) {
-    return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(codes))));
-  }
-
-  GroupTerms terms_;
-  __m512 d_ = _mm512_setzero_ps(), neg_dmin_ = _mm512_setzero_ps();
-};
-#endif
-
-// The terms of an int4_dot / int4_gemm call's `scales` and `zeros` operands (check_int4_operands has checked them).
-inline GroupTerms group_terms(const torch::Tensor& scales, const torch::Tensor& zeros) {
-  if (scales.scalar_type() == torch::kByte) return {nullptr, nullptr, scales.data_ptr<uint8_t>()};
-  return {scales.data_ptr<c10::BFloat16>(), zeros.numel() == 0 ? nullptr : zeros.data_ptr<c10::BFloat16>(), nullptr};
+// A zeros operand's data, or null where it is empty (symmetric weights).
+inline const c10::BFloat16* zeros_or_null(const torch::Tensor& zeros) {
+  return zeros.numel() == 0 ? nullptr : zeros.data_ptr<c10::BFloat16>();
 }
 
 // The operands int4_dot and int4_gemm share (int4_dot's layout): x [rows, K] float32 or bf16, packed [N, K / 2]
-// uint8 in blocks of 16 output rows, and GroupTerms: bf16 scales and zeros per block, group and 16 outputs, or Q4_K
-// records [N / 16, K / group / 8, 320] uint8 with zeros empty. `op` names the caller.
+// uint8 in blocks of 16 output rows, bf16 scales and zeros per block, group and 16 outputs. `op` names the caller.
 inline void check_int4_operands(const char* op, const torch::Tensor& x, const torch::Tensor& packed, int64_t group,
                                 const torch::Tensor& scales, const torch::Tensor& zeros) {
   TORCH_CHECK(x.device().is_cpu() && x.dim() == 2 && float_or_bf16(x), op, ": x must be [rows, K] float32 or bfloat16");
@@ -208,23 +139,9 @@ inline void check_int4_operands(const char* op, const torch::Tensor& x, const to
   TORCH_CHECK(group >= 8 && group % 8 == 0 && K % group == 0 && packed.size(1) * 2 == K, op,
               ": K must match the packing and the group (a multiple of 8)");
   TORCH_CHECK(N % 16 == 0, op, " packs output rows in blocks of 16");
-  TORCH_CHECK(zeros.scalar_type() == torch::kBFloat16, op, ": zeros must be bfloat16");
-  if (scales.scalar_type() == torch::kByte) {
-    TORCH_CHECK((K / group) % kSuperGroups == 0 && zeros.numel() == 0 &&
-                    scales.numel() == N / 16 * (K / group / kSuperGroups) * kSuperRecordBytes,
-                op, ": Q4_K records must be [N / 16, K / group / 8, 320] uint8, with zeros empty");
-    return;
-  }
-  TORCH_CHECK(scales.scalar_type() == torch::kBFloat16 && scales.numel() == N * (K / group) &&
-                  (zeros.numel() == N * (K / group) || zeros.numel() == 0),
+  TORCH_CHECK(scales.scalar_type() == torch::kBFloat16 && zeros.scalar_type() == torch::kBFloat16 &&
+                  scales.numel() == N * (K / group) && (zeros.numel() == N * (K / group) || zeros.numel() == 0),
               op, ": scales and zeros must be [N / 16, K / group, 16] bfloat16 (zeros empty: symmetric weights)");
-}
-
-// The group size of packed weights [N, K / 2] with these scales (bf16 [N / 16, K / group, 16] or Q4_K records
-// [N / 16, K / group / 8, 320]).
-inline int64_t int4_group_size(const torch::Tensor& packed, const torch::Tensor& scales) {
-  const int64_t groups = scales.size(1) * (scales.scalar_type() == torch::kByte ? kSuperGroups : 1);
-  return packed.size(1) * 2 / groups;
 }
 
 }  // namespace

@@ -21,14 +21,7 @@ from engine.config import check_int4_gemm_scope
 from engine.model.head_linear import Int6DotLinear, Int8DotLinear, Int8Linear
 from engine.platform.cpu_features import cpu_features
 from engine.platform.native import Kernels
-from engine.weights.quantization import (
-    Int4Weight,
-    Int6Weight,
-    Int8Weight,
-    Q4KTerms,
-    QuantizedWeight,
-    int8_from_dense,
-)
+from engine.weights.quantization import Int4Weight, Int6Weight, Int8Weight, QuantizedWeight, int8_from_dense
 
 
 def onednn_available(device: torch.device, dtype: torch.dtype) -> bool:
@@ -121,28 +114,6 @@ class Int4Linear:
         return y if self.bias is None else y + self.bias
 
 
-Q4K_SUPER_GROUPS = 8  # groups of 32 per Q4_K super-block: one d and dmin each
-
-
-def q4_k_records(terms: Q4KTerms, block: int) -> torch.Tensor:
-    """Q4_K's terms in the integer-dot kernels' layout (engine/csrc/quant.h, GroupTerms): per block of `block` output
-    rows and super-block, 320 bytes: each of its 8 groups' scale codes then min codes (a byte per row), then the
-    rows' f16 d, then their -dmin (negated exactly). The kernels read a group's terms with its weights, 2.5 bytes a
-    row where bf16 scales and zeros take 4 (4.625 bits a weight in all, against 5), and compute them exactly in
-    float32."""
-    out, groups = terms.scale_codes.shape
-    blocks, supers = out // block, groups // Q4K_SUPER_GROUPS
-
-    def by_block(per_row: torch.Tensor, inner: int) -> torch.Tensor:  # [blocks, supers, inner, block]
-        return per_row.reshape(blocks, block, supers, inner).permute(0, 2, 3, 1)
-
-    codes = torch.stack(
-        (by_block(terms.scale_codes, Q4K_SUPER_GROUPS), by_block(terms.min_codes, Q4K_SUPER_GROUPS)), dim=3
-    )
-    factors = torch.stack((by_block(terms.d, 1), by_block(-terms.dmin, 1)), dim=2).contiguous().view(torch.uint8)
-    return torch.cat((codes.reshape(blocks, supers, -1), factors.reshape(blocks, supers, -1)), dim=2).contiguous()
-
-
 @dataclass(frozen=True)
 class Int4DotLinear:
     """y = x dequant(W)^T + b through integer dot products: int4 weights (the file's own values, scales and zeros)
@@ -154,9 +125,8 @@ class Int4DotLinear:
     activations: +1.59 %). The weights live in the kernel's own layout, 4 bits a weight as in torch's packing."""
 
     packed: torch.Tensor  # [out, in / 2] uint8, blocks of 16 rows (engine/csrc/int4_dot.cpp)
-    # [out / 16, in / group, 16] bfloat16, or a Q4_K tensor's own terms: [out / 16, in / 256, 320] uint8 (q4_k_records)
-    scales: torch.Tensor
-    zeros: torch.Tensor  # [out / 16, in / group, 16] bfloat16, or empty: symmetric weights (GGUF Q4_0) or Q4_K terms
+    scales: torch.Tensor  # [out / 16, in / group, 16] bfloat16
+    zeros: torch.Tensor  # [out / 16, in / group, 16] bfloat16, or empty: symmetric weights (every zero 0, GGUF Q4_0)
     group_size: int
     bias: torch.Tensor | None
     in_features: int
@@ -185,18 +155,13 @@ class Int4DotLinear:
         def blocked(per_group: torch.Tensor) -> torch.Tensor:
             return per_group.view(out // cls.BLOCK, cls.BLOCK, groups).permute(0, 2, 1).contiguous().bfloat16()
 
-        no_zeros = torch.empty(0, dtype=torch.bfloat16)
-        if weight.q4_k is not None and groups % Q4K_SUPER_GROUPS == 0:
-            scales, zeros = q4_k_records(weight.q4_k, cls.BLOCK), no_zeros
-        else:
-            # Symmetric weights (Q4_0's w = d (q - 8)) keep no zeros: the kernels take the zero term as -8 s, the
-            # same bits, and a step reads a tenth fewer bytes of weights.
-            symmetric = not bool(weight.zeros.bfloat16().any())
-            scales, zeros = blocked(weight.scales), no_zeros if symmetric else blocked(weight.zeros)
+        # Symmetric weights (Q4_0's w = d (q - 8)) keep no zeros: the kernels take the zero term as -8 s, the same
+        # bits, and a step reads a tenth fewer bytes of weights.
+        symmetric = not bool(weight.zeros.bfloat16().any())
         return cls(
             packed.view(out, inputs // 2),
-            scales,
-            zeros,
+            blocked(weight.scales),
+            torch.empty(0, dtype=torch.bfloat16) if symmetric else blocked(weight.zeros),
             weight.group_size,
             bias,
             inputs,

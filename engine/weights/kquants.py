@@ -3,8 +3,7 @@ load as int4.
 
 A Q4_K super-block holds 256 weights: f16 d and dmin, 12 bytes packing eight 6-bit scales and mins, and 128 bytes
 of nibbles. Each 32-weight sub-block j dequantises as w = d * sc[j] * q - dmin * m[j], which is an `Int4Weight`
-group of 32 exactly: scale = d * sc[j], zero = 8 * scale - dmin * m[j], the 4-bit codes unchanged; the codes, d and
-dmin ride along as `Q4KTerms`, which the integer-dot kernels read (2.5 bytes a group, against bf16's 4 and rounding).
+group of 32 exactly: scale = d * sc[j], zero = 8 * scale - dmin * m[j], the 4-bit codes unchanged.
 
 A Q6_K super-block holds 256 weights in 210 bytes: 128 of low nibbles, 64 of top two bits, 16 signed 8-bit scales
 (one per 16 weights) and an f16 d; w = d * sc[j] * (q - 32). llama.cpp's 4-bit files keep the LM head (or the tied
@@ -18,7 +17,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from engine.weights.quantization import Int4Weight, Int6Weight, Q4KTerms
+from engine.weights.quantization import Int4Weight, Int6Weight
 
 Q4_K = "Q4_K"
 Q6_K = "Q6_K"
@@ -49,13 +48,7 @@ def decode_q4_k(data: np.ndarray, rows: int) -> Int4Weight:
     codes = (packed >> np.array([0, 4], dtype=np.uint8).reshape(2, 1)) & 0x0F
     values = torch.from_numpy(np.ascontiguousarray(codes).reshape(rows, -1))
     scales = torch.from_numpy(scale.reshape(rows, -1))
-    terms = Q4KTerms(
-        torch.from_numpy(sub_scales.reshape(rows, -1)),
-        torch.from_numpy(sub_mins.reshape(rows, -1)),
-        torch.from_numpy(d.astype(np.float16).reshape(rows, -1)),
-        torch.from_numpy(dmin.astype(np.float16).reshape(rows, -1)),
-    )
-    return Int4Weight(values, scales, 8 * scales - torch.from_numpy(low.reshape(rows, -1)), q4_k=terms)
+    return Int4Weight(values, scales, 8 * scales - torch.from_numpy(low.reshape(rows, -1)))
 
 
 def decode_q6_k(data: np.ndarray, rows: int) -> Int6Weight:

@@ -17,7 +17,7 @@ row (`int8_from_dense`) from their dequantised values, the loss measured in docs
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -29,32 +29,11 @@ _INT4_LEVELS = 15
 
 
 @dataclass(frozen=True)
-class Q4KTerms:
-    """GGUF Q4_K's group terms as the file holds them: per group of 32, a 6-bit scale code and min code; per 8 groups
-    (a 256-weight super-block), f16 d and dmin. scale = d * scale code and zero - 8 * scale = -dmin * min code, both
-    exact in float32, in 2.5 bytes a group where bf16 scales and zeros take 4 (the integer-dot kernels read these)."""
-
-    scale_codes: torch.Tensor  # [out, groups] uint8 in 0..63
-    min_codes: torch.Tensor  # [out, groups] uint8 in 0..63
-    d: torch.Tensor  # [out, groups // 8] float16
-    dmin: torch.Tensor  # [out, groups // 8] float16
-
-    def take_rows(self, index: torch.Tensor) -> Q4KTerms:
-        return Q4KTerms(self.scale_codes[index], self.min_codes[index], self.d[index], self.dmin[index])
-
-
-@dataclass(frozen=True)
 class Int4Weight:
     values: torch.Tensor  # [out, in] uint8 in 0..15
     scales: torch.Tensor  # [out, in // group_size] float32
     zeros: torch.Tensor  # [out, in // group_size] float32
     group_size: int = GROUP_SIZE
-    q4_k: Q4KTerms | None = None  # a Q4_K tensor's own terms, the same function as scales and zeros
-
-    def take_rows(self, index: torch.Tensor) -> Int4Weight:
-        """The weight of output rows `index`, in that order."""
-        q4_k = None if self.q4_k is None else self.q4_k.take_rows(index)
-        return Int4Weight(self.values[index], self.scales[index], self.zeros[index], self.group_size, q4_k)
 
     def dequantize(self, scale_dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """[out, in] float32, as torch's int4 matmul reads it with its scales and zeros in `scale_dtype` (the
@@ -107,16 +86,11 @@ def concat_rows(weights: list[QuantizedWeight]) -> QuantizedWeight:
         int4 = [w for w in weights if isinstance(w, Int4Weight) and w.group_size == first.group_size]
         if len(int4) != len(weights):
             raise ValueError("cannot fuse int4 weights with other kinds or group sizes")
-        terms = [w.q4_k for w in int4 if w.q4_k is not None]
-        q4_k = None
-        if len(terms) == len(int4):  # all Q4_K (a Q4_K_M file's requantised Q6_K rows have none: then floats only)
-            q4_k = Q4KTerms(*(torch.cat([getattr(t, f.name) for t in terms]) for f in fields(Q4KTerms)))
         return Int4Weight(
             torch.cat([w.values for w in int4]),
             torch.cat([w.scales for w in int4]),
             torch.cat([w.zeros for w in int4]),
             first.group_size,
-            q4_k,
         )
     int8 = [w for w in weights if isinstance(w, Int8Weight)]
     if len(int8) != len(weights):
@@ -218,7 +192,7 @@ def _unpermute_rows(weight: Int4Weight, heads: int) -> Int4Weight:
     """Undo llama.cpp's q/k row interleaving, as transformers' GGUF loader does for dense weights."""
     rows = weight.values.shape[0]
     order = torch.arange(rows).reshape(heads, rows // heads // 2, 2).transpose(1, 2).reshape(rows)
-    return weight.take_rows(order)
+    return Int4Weight(weight.values[order], weight.scales[order], weight.zeros[order], weight.group_size)
 
 
 def open_gguf(path: Path) -> Any:

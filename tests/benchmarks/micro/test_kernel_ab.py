@@ -98,22 +98,3 @@ def test_streamed_copies_hold_the_requested_bytes_and_keep_shared_tensors_shared
         assert before[0] is after[0] and before[0].data_ptr() != packed.data_ptr()
         assert before[1] == 32 and torch.equal(before[0], packed) and torch.equal(before[2], before_zeros)
     assert len(kernel_ab._copies_of(operands, stream_mb=0.0)) == 1
-
-
-def test_q4_k_weights_give_after_the_records_and_before_the_same_values_in_bfloat16() -> None:
-    """`--q4-k`: the working tree's Q4_K records for after, bf16 scales and zeros (what earlier commits' kernels
-    take) for before: the same weights up to bf16's rounding of the terms."""
-    kernels = next(
-        (k for k in map(native.load_kernels, native.builds_for(cpu_features())) if k and k.has_int4_dot), None
-    )
-    if kernels is None:
-        pytest.skip("no build with integer dot products here")
-    (before_name, after_name), (before, after) = kernel_ab._operands(
-        "int4_dot", 512, 32, torch.Generator().manual_seed(0), kernels, weights="q4_k"
-    )
-    assert before_name == after_name == "int4_dot"
-    assert before[2].dtype == torch.bfloat16 and before[3].numel() == before[2].numel()
-    assert after[2].dtype == torch.uint8 and after[3].numel() == 0 and before[0] is after[0]
-    x = torch.randn(2, 512, generator=torch.Generator().manual_seed(1))
-    old, new = kernels.ops.int4_dot(x, *before), kernels.ops.int4_dot(x, *after)
-    assert 0 < float((new - old).abs().max() / old.abs().max()) < 1e-2

@@ -208,33 +208,6 @@ def test_one_digit_steps_run_fused_with_the_per_op_paths_bits(
     assert got == expected
 
 
-@pytest.fixture(scope="module")
-def all_q4_k_gguf(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The tiny Llama with every projection Q4_K (tests/tiny_gguf.py)."""
-    from tests.tiny_gguf import write_tiny_q4_k_m_gguf
-
-    return write_tiny_q4_k_m_gguf(tmp_path_factory.mktemp("all-q4-k") / "tiny.Q4_K.gguf", only_q4_k=True)
-
-
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_q4_k_records_run_fused_with_the_per_op_paths_bits(
-    kernels: native.Kernels, all_q4_k_gguf: Path, dtype: str
-) -> None:
-    """Q4_K projections keep the file's own scale and min codes (engine/model/linear.py q4_k_records); the fused
-    call finds their group size from the records' shape, on int4_dot and on int4_gemm's one digit alike."""
-    build = _dot_build(kernels)
-    options = {"max_quantized_rows": 2, "int4_gemm": "all"}
-    fused = _runner(all_q4_k_gguf, dtype, build, **options)
-    assert fused.fused_decode is not None
-    projections = [getattr(lin, "quantized", lin) for lin in fused.layer_linears(fused.layers[0])]
-    assert projections and all(p.scales.dtype == torch.uint8 for p in projections)  # type: ignore[union-attr]
-    per_op_steps = _count_per_op_steps(fused)
-    got = _greedy(fused, getattr(torch, dtype))
-    assert per_op_steps() == 1  # the prefill only: 1-row steps on int4_dot, 3-row ones on int4_gemm
-    expected = _greedy(_runner(all_q4_k_gguf, dtype, build, fused_decode=False, **options), getattr(torch, dtype))
-    assert got == expected
-
-
 def test_a_projection_on_its_dense_copy_keeps_the_step_per_op(kernels: native.Kernels, tiny_checkpoint: Path) -> None:
     """`--int4-gemm except-qkv`: past the switch q/k/v run their dense copy and the rest one digit, so those steps
     are not fused."""

@@ -61,11 +61,9 @@ def test_q4_k_projections_load_as_int4_bit_for_bit_and_the_rest_requantised(q4_k
 
 
 def test_bfloat16_scales_round_q4_k_groups_by_under_4_percent_of_a_step() -> None:
-    """With bf16 activations the float-activation int4 kernel (int4_gemv) and a dense copy read each group's scale and
-    zero in bf16: d*sc and 8*d*sc - dmin*m round. On Gaussian weights the worst weight moves by 3.6 % of its group's
-    step (0.30 % of the largest weight), as Q4_1's d and m + 8d do (3.8 %); in float32 the groups are gguf's
-    dequantisation bit for bit. (The integer-dot kernels read the file's own codes instead, exactly:
-    tests/engine/model/test_int4_q4_k_records.py.)"""
+    """With bf16 activations the int4 kernels read each group's scale and zero in bf16: d*sc and 8*d*sc - dmin*m
+    round. On Gaussian weights the worst weight moves by 3.6 % of its group's step (0.30 % of the largest weight),
+    as Q4_1's d and m + 8d do (3.8 %); in float32 the groups are gguf's dequantisation bit for bit."""
     weights = (np.random.default_rng(0).standard_normal((256, 2048)) * 0.02).astype(np.float32)
     blocks = quantize_q4_k(weights)
     reference = torch.from_numpy(dequantize(blocks, GGMLQuantizationType.Q4_K).reshape(256, 2048))
@@ -119,11 +117,11 @@ def test_the_engine_on_an_all_q4_k_file_in_int4_answers_as_on_it_dequantised_to_
 def test_the_integer_dot_kernel_on_an_all_q4_k_file_stays_within_its_rounding_of_float32(
     only_q4_k: tuple[LoadedModel, LoadedModel],
 ) -> None:
-    """The compiled kernels' integer-dot int4 matmul reads the file's own scale and min codes but rounds the
-    activations to two int8 digits (engine/model/linear.py Int4DotLinear), as the Q6_K head does (Int6DotLinear),
-    so greedy tokens may part where two logits are that close: scored teacher-forced against the float32 model,
-    every prompt token's log-probability is within 0.05 and every greedy pick within 0.05 of the top one. The
-    prompts run through int4 too (no switch to the dense copy)."""
+    """The compiled kernels' integer-dot int4 matmul rounds the scales to bf16 and the activations to two int8 digits
+    (engine/model/linear.py Int4DotLinear), and the Q6_K head's activations too (Int6DotLinear), so greedy tokens may
+    part where two logits are that close: scored teacher-forced against the float32 model, every prompt token's
+    log-probability is within 0.05 and every greedy pick within 0.05 of the top one. The prompts run through int4 too
+    (no switch to the dense copy)."""
     exact, int4 = only_q4_k
     params = SamplingParams(max_tokens=NEW_TOKENS, temperature=0.0, ignore_eos=True, prompt_logprobs=0)
     everywhere = int4.with_row_switch(1 << 20)
