@@ -98,8 +98,7 @@ class FusedDecode:
                 if switch is None:
                     unswitched = True
                 else:
-                    key = (switch.max_quantized_rows, switch.min_gemm_rows, switch.dense is None)
-                    switches.setdefault(key, switch)
+                    switches.setdefault(switch.routing, switch)
         return cls(kernels, tensors, tuple(switches.values()), unswitched, ops.fuses_silu(act))
 
     def kernel(self, rows: int) -> str | None:

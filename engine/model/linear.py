@@ -208,6 +208,12 @@ class RowSwitchedLinear:
     def in_features(self) -> int:
         return self.quantized.in_features
 
+    @property
+    def routing(self) -> tuple[int, int | None, bool]:
+        """What `path` reads beside the kind of `quantized`: two integer-dot switches with the same routing send every
+        step the same way (FusedDecode keeps one of each)."""
+        return self.max_quantized_rows, self.min_gemm_rows, self.dense is None
+
     def path(self, rows: int) -> str:
         """What a step of `rows` rows runs: "quantized", "gemm" (one digit on the same weights) or "dense"."""
         if rows <= self.max_quantized_rows:
