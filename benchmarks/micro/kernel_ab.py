@@ -4,7 +4,8 @@ or the int8 LM head's `int8_dot` (two digits, or `int8_dot_one_digit` as large s
 the working tree's build and the other commit's build of the same instruction set called in turn, round by round,
 so the VM's drift (up to 3x within an hour on these machines) moves both alike. `--op int6_dot` (or
 `int6_dot_one_digit`) times a Q6_K head on the working tree's `int6_dot` against the other commit's `int8_dot` on the
-same values requantised per row: the head a GGUF's Q6_K runs on now against the int8 one it ran on before.
+same values requantised per row: the head a GGUF's Q6_K runs on now against the int8 one it ran on before;
+`--int6-before` runs the other commit's `int6_dot` instead, for a change to that kernel.
 
     python -m benchmarks kernel-ab --against HEAD~1 [--build avx2] [--op int4_gemm] [--rows 1,4,16,32] --out DIR
 
@@ -141,11 +142,12 @@ def compare(
     shapes: Sequence[tuple[int, int]] = SHAPES["smollm2"],
     stream_mb: float = 0.0,
     symmetric: bool = False,
+    int6_before: bool = False,
 ) -> list[dict[str, Any]]:
     generator = torch.Generator().manual_seed(0)
     results = []
     for inputs, outputs in shapes:
-        (before_name, after_name), operands = _operands(op, inputs, outputs, generator, kernels, symmetric)
+        (before_name, after_name), operands = _operands(op, inputs, outputs, generator, kernels, symmetric, int6_before)
         copies = _copies_of(operands, stream_mb)
         for count in rows:
             x = torch.randn(count, inputs, generator=generator).to(dtype)
@@ -201,7 +203,13 @@ def _cycling(
 
 
 def _operands(
-    op: str, inputs: int, outputs: int, generator: torch.Generator, kernels: native.Kernels, symmetric: bool = False
+    op: str,
+    inputs: int,
+    outputs: int,
+    generator: torch.Generator,
+    kernels: native.Kernels,
+    symmetric: bool = False,
+    int6_before: bool = False,
 ) -> tuple[tuple[str, str], SideArguments]:
     """The kernels before and after call for `op`, and each side's operands after x, on random weights of [outputs,
     inputs]. `symmetric`: int4 weights whose zeros are all 0 (GGUF Q4_0's), as the working tree builds them for after
@@ -213,8 +221,11 @@ def _operands(
         six = Int6DotLinear.build(weight, None, kernels)
         eight = Int8DotLinear.build(int8_from_dense(weight.dequantize()), None, torch.float32, kernels)
         one_digit = op == "int6_dot_one_digit"
+        after = (six.packed, six.sub_scales, six.super_scales, one_digit)
+        if int6_before:
+            return ("int6_dot", "int6_dot"), (after, after)
         before = (eight.packed, ONE_DIGIT_GROUP if one_digit else eight.group_size, eight.scales, one_digit)
-        return ("int8_dot", "int6_dot"), (before, (six.packed, six.sub_scales, six.super_scales, one_digit))
+        return ("int8_dot", "int6_dot"), (before, after)
     if op.startswith("int8_dot"):
         values = torch.randint(-127, 128, (outputs, inputs), dtype=torch.int8, generator=generator)
         head = Int8DotLinear.build(
@@ -250,6 +261,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         action="store_true",
         help="int4 weights whose zeros are all 0 (Q4_0's)",
     )
+    parser.add_argument(
+        "--int6-before", action="store_true", help="int6_dot ops: the other commit's int6_dot (default: its int8_dot)"
+    )
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
     try:
@@ -277,6 +291,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         shapes,
         args.stream_mb,
         args.symmetric,
+        args.int6_before,
     )
     given = list(argv) if argv is not None else sys.argv[1:]
     document = {
@@ -288,6 +303,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "shapes": args.shapes,
         "stream_mb": args.stream_mb,
         "symmetric": args.symmetric,
+        "int6_before": args.int6_before,
         "threads": torch.get_num_threads(),
         "results": results,
     }

@@ -98,3 +98,21 @@ def test_streamed_copies_hold_the_requested_bytes_and_keep_shared_tensors_shared
         assert before[0] is after[0] and before[0].data_ptr() != packed.data_ptr()
         assert before[1] == 32 and torch.equal(before[0], packed) and torch.equal(before[2], before_zeros)
     assert len(kernel_ab._copies_of(operands, stream_mb=0.0)) == 1
+
+
+def test_int6_before_runs_int6_dot_on_both_sides() -> None:
+    """`--int6-before`: both sides call int6_dot on the same Q6_K operands (a change to that kernel); without it the
+    before side is int8_dot on the values requantised per row."""
+    kernels = next(
+        (k for k in map(native.load_kernels, native.builds_for(cpu_features())) if k and k.has_int6_dot), None
+    )
+    if kernels is None:
+        pytest.skip("no build with int6_dot here")
+    generator = torch.Generator().manual_seed(0)
+    (before, after), (before_args, after_args) = kernel_ab._operands(
+        "int6_dot", 512, 64, generator, kernels, int6_before=True
+    )
+    assert before == after == "int6_dot" and before_args is after_args
+    (before, after), (before_args, after_args) = kernel_ab._operands("int6_dot", 512, 64, generator, kernels)
+    assert (before, after) == ("int8_dot", "int6_dot") and len(before_args) == len(after_args) == 4
+    assert before_args[0].shape != after_args[0].shape  # int8's packing holds a byte a weight, int6's less
