@@ -51,9 +51,9 @@ inline void int6_dot_block(const uint8_t* block, const int8_t* sub_scales, const
   for (int r = 0; r < R; ++r) total[r][0] = total[r][1] = _mm256_setzero_ps();
   for (int64_t j = 0; j < runs; ++j) {
     const uint8_t* bytes = block + j * kInt6RunBytes;
-    _mm_prefetch(reinterpret_cast<const char*>(bytes) + kHeadPrefetchBytes, _MM_HINT_T0);
-    _mm_prefetch(reinterpret_cast<const char*>(bytes) + kHeadPrefetchBytes + 64, _MM_HINT_T0);
-    _mm_prefetch(reinterpret_cast<const char*>(bytes) + kHeadPrefetchBytes + 128, _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(bytes) + kPrefetchBytes, _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(bytes) + kPrefetchBytes + 64, _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(bytes) + kPrefetchBytes + 128, _MM_HINT_T0);
     for (int h = 0; h < 2; ++h) {
       if (j % kInt6RunsPerSuper == 0) d[h] = _mm256_loadu_ps(super_scales + j / kInt6RunsPerSuper * 16 + 8 * h);
       const __m128i sub = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(sub_scales + j * 16 + 8 * h));

@@ -47,9 +47,9 @@ inline void int6_dot_block(const uint8_t* block, const int8_t* sub_scales, const
   __m512 d = _mm512_setzero_ps();
   for (int64_t j = 0; j < runs; ++j) {
     const uint8_t* bytes = block + j * kInt6RunBytes;
-    _mm_prefetch(reinterpret_cast<const char*>(bytes) + kHeadPrefetchBytes, _MM_HINT_T0);
-    _mm_prefetch(reinterpret_cast<const char*>(bytes) + kHeadPrefetchBytes + 64, _MM_HINT_T0);
-    _mm_prefetch(reinterpret_cast<const char*>(bytes) + kHeadPrefetchBytes + 128, _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(bytes) + kPrefetchBytes, _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(bytes) + kPrefetchBytes + 64, _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(bytes) + kPrefetchBytes + 128, _MM_HINT_T0);
     if (const char* ahead = next.line(j * kInt6RunBytes, runs * kInt6RunBytes)) {
       _mm_prefetch(ahead, _MM_HINT_T1);
       if (next.passes == 1) _mm_prefetch(ahead + 64, _MM_HINT_T1);

@@ -40,8 +40,8 @@ inline void int8_dot_block(const uint8_t* block, const int8_t* xq, const float* 
       for (int h = 0; h < 2; ++h) leading[r][h] = residual[r][h] = _mm256_setzero_si256();
     for (int64_t k = 0; k < group; k += 8) {
       const uint8_t* bytes = block + (g * group + k) * 16;  // 64 bytes per 4 inputs: rows 0-7, then rows 8-15
-      _mm_prefetch(reinterpret_cast<const char*>(bytes) + kHeadPrefetchBytes, _MM_HINT_T0);
-      _mm_prefetch(reinterpret_cast<const char*>(bytes) + kHeadPrefetchBytes + 64, _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(bytes) + kPrefetchBytes, _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(bytes) + kPrefetchBytes + 64, _MM_HINT_T0);
       for (int q = 0; q < 2; ++q) {  // inputs k..k+3, then k+4..k+7
         __m256i weights[2], magnitude[2];  // rows 0-7, 8-15
         for (int h = 0; h < 2; ++h) {

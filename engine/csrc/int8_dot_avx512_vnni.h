@@ -27,8 +27,8 @@ inline void int8_dot_block(const uint8_t* block, const int8_t* xq, const float* 
   const int64_t groups = K / group;
   auto load_weights = [&](int64_t input, __m512i& first, __m512i& second) {
     const uint8_t* bytes = block + input * 16;  // 64 bytes per 4 inputs
-    _mm_prefetch(reinterpret_cast<const char*>(bytes) + kHeadPrefetchBytes, _MM_HINT_T0);
-    _mm_prefetch(reinterpret_cast<const char*>(bytes) + kHeadPrefetchBytes + 64, _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(bytes) + kPrefetchBytes, _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(bytes) + kPrefetchBytes + 64, _MM_HINT_T0);
     if (const char* ahead = next.line(input * 16, K * 16)) {  // 128 bytes of this block: 128 / passes of the next
       _mm_prefetch(ahead, _MM_HINT_T1);
       if (next.passes == 1) _mm_prefetch(ahead + 64, _MM_HINT_T1);

@@ -22,19 +22,16 @@
 namespace BATCHSERVE_OPS {
 namespace {
 
-// int4 bytes requested ahead of use. At one row a kernel streams its weights at memory's pace, and 1 KB ahead was
-// too close to cover the wait: 8 KB took 0.69-0.74x the time of 1 KB at one row on the 3B's shapes capped to AVX2,
-// 0.85-0.86x natively (kernel-ab, streamed; docs/kernels.md).
+// Weight bytes requested ahead of use, by every int4 kernel and the LM head's (int8_dot, int6_dot). At one row a
+// kernel streams its weights at memory's pace, and 1 KB ahead was too close to cover the wait: 8 KB took 0.69-0.74x
+// the time of 1 KB at one row on the 3B's shapes capped to AVX2, 0.85-0.86x natively; the 1B's Q6_K head on
+// int6_dot 0.88x the time of 4 KB at one row (kernel-ab, streamed; docs/kernels.md).
 constexpr int64_t kPrefetchBytes = 8192;
 constexpr int64_t kBlockN = 64;  // output rows per block of int4_gemv's layout (int4_gemv.cpp)
 constexpr int64_t kDotBlock = 16;  // output rows per block of int4_dot's layout (int4_dot.cpp)
 constexpr int64_t kInt6Run = 16;  // int6_dot.cpp: inputs per sub-scale, per activation scale, per 192 bytes of a block
 constexpr int64_t kInt6RunBytes = 192;  // a run of 16 inputs for a block's 16 output rows
 constexpr int64_t kInt6RunsPerSuper = 16;  // runs per super-scale (Q6_K's 256 weights)
-// The LM head kernels' (int8_dot, int6_dot) bytes requested ahead of use. A head is read once a step in one long run,
-// memory's pace at one row: on Zen 5, 4 KB ahead took the 1B's at one row to 0.91x the time of 1 KB (then int4's) with
-// int8_dot (SmolLM2's 0.91x) and int6_dot from 43 GB/s to its bytes' share of int8's time (kernel-ab, docs/kernels.md).
-constexpr int64_t kHeadPrefetchBytes = 4096;
 
 #if defined(__AVX512F__)
 // 64 packed bytes of int4_dot's layout (a block's 16 rows, 8 inputs), requested kPrefetchBytes ahead, split into the
