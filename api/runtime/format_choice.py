@@ -21,7 +21,7 @@ from engine.platform.cpu_features import cpu_features
 from engine.platform.native import best_build
 from engine.weights.checkpoints import file_sha256, resolve_cache_dir
 
-PROBE_VERSION = 7  # bump when what is measured changes: old choices are then measured again
+PROBE_VERSION = 8  # bump when what is measured changes: old choices are then measured again
 CHOICE_DIR = "format-choice"
 EVERY_STEP = 2**31 - 1  # a row switch past any step: the quantised weights run at every size
 

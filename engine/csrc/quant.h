@@ -25,7 +25,7 @@ namespace {
 // Weight bytes requested ahead of use, by every int4 kernel and the LM head's (int8_dot, int6_dot). At one row a
 // kernel streams its weights at memory's pace, and 1 KB ahead was too close to cover the wait: 8 KB took 0.69-0.74x
 // the time of 1 KB at one row on the 3B's shapes capped to AVX2, 0.85-0.86x natively; the 1B's Q6_K head on
-// int6_dot 0.88x the time of 4 KB at one row (kernel-ab, streamed; docs/kernels.md).
+// int6_dot 0.90x the time of 4 KB at one row (kernel-ab, streamed; docs/kernels.md).
 constexpr int64_t kPrefetchBytes = 8192;
 constexpr int64_t kBlockN = 64;  // output rows per block of int4_gemv's layout (int4_gemv.cpp)
 constexpr int64_t kDotBlock = 16;  // output rows per block of int4_dot's layout (int4_dot.cpp)
