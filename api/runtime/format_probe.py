@@ -13,10 +13,12 @@ slower than float32's, however fast int4 decodes.) An int4 format's steps are al
 activation (int4_gemm, the same weights; `--int4-gemm auto`): they serve its large steps from the row count past
 which they beat the dense copy, and the switch then compares its two-digit steps with those.
 
-The choice is cached (api/runtime/format_choice.py) by the CPU (under BATCHSERVE_CPU_ISA), the kernel build, torch and
-the model file, when it would still win with the runner-up's figures lowered by their noise (a best over rounds
-can only be too slow, so the winner's own need no allowance); else it is served and kept as provisional, measured
-again at the next start, and settled once two measurements pick the same format. Inside that noise, the same int4
+The choice is cached (api/runtime/format_choice.py) by the CPU (under BATCHSERVE_CPU_ISA), the kernel build, torch,
+the model file and the candidates `auto` leaves open (not those that fit in the memory free at one start: a cached
+choice that no longer fits is measured again among those that do), when it would still win with the runner-up's
+figures lowered by their noise (a best over rounds can only be too slow, so the winner's own need no allowance);
+else it is served and kept as provisional, measured again at the next start, and settled once two measurements
+pick the same format. Inside that noise, the same int4
 weights with bfloat16 activations are served where no scored size says they are slower (api/runtime/format_rule.py):
 half the activations' memory. A later start re-times the
 calibration op and measures again when the machine's speed no longer matches the cached one (another CPU with the
@@ -103,42 +105,52 @@ def measured_format(
     reprobe: bool = False,
     load: LoadGauge | None = None,
     one_digit: bool = True,
+    offered: Sequence[Pair] | None = None,
 ) -> FormatChoice:
-    """The cached choice among `pairs` for this machine where there is one and the machine's speed still matches
-    it, else measured now, after building the kernels the candidates run (so that their build is a phase of its own
-    rather than a silent part of the first candidate's). `prepare(dtype, quantization)`: one candidate, ready to
+    """The cached choice for this machine where there is one, it is among `pairs` and the machine's speed still
+    matches it, else measured now, after building the kernels the candidates run (so that their build is a phase of
+    its own rather than a silent part of the first candidate's). `prepare(dtype, quantization)`: one candidate, ready to
     time (default: loaded). `groups`: the candidates to hold loaded at once, in turn (default: all). `reprobe`: measure
     even where a choice is cached. `clock`, `calibration`, `load`: the system's, two tensor ops, /proc/stat.
-    `one_digit`: time the int4 candidates' steps on one int8 digit too, for their large steps (`--int4-gemm auto`)."""
-    cached = cache_file(source, pairs, device, cache_dir, one_digit)
+    `one_digit`: time the int4 candidates' steps on one int8 digit too, for their large steps (`--int4-gemm auto`).
+    `offered`: the candidates `auto` left open before memory ruled some out (default: `pairs`), which name the entry:
+    a start with a little more or less memory free finds the one an earlier start cached rather than measuring again
+    (a 3B model: 416 s), and serves it where it fits now."""
+    cached = cache_file(source, list(offered or pairs), device, cache_dir, one_digit)
     redo = f"cached in {cached}; delete it to measure again (`batchserve formats` lists the choices)"
     clock = clock or SystemClock()
     calibration = calibration or default_calibration()
     if reprobe:
         cached.unlink(missing_ok=True)
-    entry = read_entry(cached)
+    entry = usable = read_entry(cached)
+    if entry is not None and entry.choice.label not in {format_label(*pair) for pair in pairs}:
+        logger.info(
+            "weights: the cached choice (%s) does not fit in the memory free now: measuring the candidates that do",
+            entry.choice.label,
+        )
+        usable = None
     # A provisional entry is a previous start's lead inside its noise: measured again, and settled where both agree.
-    pending = entry.choice if entry is not None and entry.choice.provisional else None
+    pending = usable.choice if usable is not None and usable.choice.provisional else None
     previous = pending  # the measurement this one may confirm: a provisional choice, or one cached at another speed
     if pending is not None:
         logger.info("weights: the previous start's choice (%s) was provisional: measuring again", pending.summary())
-    elif entry is not None:
-        verdict, speeds = recheck(entry.choice.calibration_ms, clock, calibration, load=load or SystemLoad())
+    elif usable is not None:
+        verdict, speeds = recheck(usable.choice.calibration_ms, clock, calibration, load=load or SystemLoad())
         if verdict is not Recheck.OTHER:
             busy = f", kept while other processes use the CPU ({speeds}); checked again at the next start"
             note = (busy if verdict is Recheck.BUSY else "") + f" ({redo})"
             logger.info(
-                "weights: %s, chosen by auto, measured here %s%s", entry.choice.summary(), entry.measured_at, note
+                "weights: %s, chosen by auto, measured here %s%s", usable.choice.summary(), usable.measured_at, note
             )
-            return entry.choice
+            return usable.choice
         logger.info(
             "weights: the cached choice (%s, measured %s) was measured at another speed than this machine's now "
             "(%s): measuring again",
-            entry.choice.label,
-            entry.measured_at,
+            usable.choice.label,
+            usable.measured_at,
             speeds,
         )
-        previous = entry.choice
+        previous = usable.choice
 
     if groups is not None and len(groups) > 1:
         logger.info(
@@ -269,9 +281,10 @@ def load_auto(
         dtype, quantization = fit[0] if fit else (dtype, quantization)
         with phase(logger, "loading the weights", announce=False):
             return load_model(source, device, cache_dir, dtype, quantization, dense_reference=False)
-    pairs = fit
-    groups = resident_groups(pairs, weights, available)
-    choice = measured_format(source, pairs, device, cache_dir, groups=groups, reprobe=reprobe, one_digit=one_digit)
+    groups = resident_groups(fit, weights, available)
+    choice = measured_format(
+        source, fit, device, cache_dir, groups=groups, reprobe=reprobe, one_digit=one_digit, offered=pairs
+    )
     with phase(logger, "loading the weights", announce=False):
         chosen = load_model(
             source, device, cache_dir, choice.dtype, choice.quantization, quiet=True, dense_reference=False
