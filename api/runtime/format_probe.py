@@ -18,9 +18,8 @@ the model file and the candidates `auto` leaves open (not those that fit in the 
 choice that no longer fits is measured again among those that do), when it would still win with the runner-up's
 figures lowered by their noise (a best over rounds can only be too slow, so the winner's own need no allowance);
 else it is served and kept as provisional, measured again at the next start, and settled once two measurements
-pick the same format. Inside that noise, the same int4
-weights with bfloat16 activations are served where no scored size says they are slower (api/runtime/format_rule.py):
-half the activations' memory. A later start re-times the
+pick the same format. Inside that noise, the same int4 weights with bfloat16 activations are served where no scored
+size says they are slower (api/runtime/format_rule.py): half the activations' memory. A later start re-times the
 calibration op and measures again when the machine's speed no longer matches the cached one (another CPU with the
 same flags, or a VM slowed for hours), unless other processes are using the CPU: a busy start keeps it. That
 measurement counts as the second one for the cached choice: the same format, even by a lead inside the noise, is
@@ -122,8 +121,9 @@ def measured_format(
     calibration = calibration or default_calibration()
     if reprobe:
         cached.unlink(missing_ok=True)
+    labels = [format_label(d, q) for d, q in pairs]
     entry = usable = read_entry(cached)
-    if entry is not None and entry.choice.label not in {format_label(*pair) for pair in pairs}:
+    if entry is not None and entry.choice.label not in labels:
         logger.info(
             "weights: the cached choice (%s) does not fit in the memory free now: measuring the candidates that do",
             entry.choice.label,
@@ -164,7 +164,6 @@ def measured_format(
             return EngineStepper(loaded, decode_steps=decode_steps(plan))
 
         prepare = load_and_prepare
-    labels = [format_label(d, q) for d, q in pairs]
     what = (
         f"{len(pairs)} candidates ({', '.join(labels)}), each loaded, then all timed in turns ({plan.rounds} rounds, "
         f"more while the machine is busy): decode steps of {'/'.join(map(str, PROBE_ROWS))} rows and a "
