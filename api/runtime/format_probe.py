@@ -59,6 +59,7 @@ from api.runtime.format_steps import (
     Pair,
     available_memory,
     fitting,
+    held_bytes,
     resident_groups,
 )
 from api.runtime.format_timing import (
@@ -207,6 +208,21 @@ def measured_format(
                 choice.reason,
             )
             running.result = redo
+        elif choice.provisional and pending is not None:
+            # Two measurements in a row, each a lead inside its noise, picked different formats: on this machine they
+            # tie. Measuring at every start would cost each start the probe's time for nothing (Zen 4 capped to VNNI
+            # flipped between int4/float32 and int4/bfloat16 at 20-27 s a start): the one holding less memory settles.
+            choice = dataclasses.replace(min((choice, pending), key=_held_per_weight), provisional=False)
+            write_entry(cached, choice, str(source), machine())
+            logger.info(
+                "weights: %s, chosen by auto: this measurement (%s) and the previous one (%s) each led inside their "
+                "noise with another format, a tie on this machine, settled on the one that holds less memory (%s)",
+                choice.summary(),
+                rounds_said,
+                pending.label,
+                choice.reason,
+            )
+            running.result = redo
         elif choice.provisional:
             kept = write_entry(cached, choice, str(source), machine(), keep_settled=True, read=entry).choice
             if not kept.provisional:  # another start (a concurrent `compare`, say) settled one while this measured
@@ -215,7 +231,7 @@ def measured_format(
                 return kept
             logger.info(
                 "weights: %s, chosen by auto provisionally: the lead is inside the noise measured (%s; %s); kept as "
-                "provisional, measured again at the next start and cached once two measurements agree",
+                "provisional, measured again at the next start and settled then",
                 choice.summary(),
                 rounds_said,
                 choice.reason,
@@ -226,6 +242,10 @@ def measured_format(
             logger.info("weights: %s, chosen by auto (%s; %s)", choice.summary(), rounds_said, choice.reason)
             running.result = redo
     return choice
+
+
+def _held_per_weight(choice: FormatChoice) -> int:
+    return held_bytes((choice.dtype, choice.quantization), 1)
 
 
 def _prepared(
