@@ -17,14 +17,14 @@ The choice is cached (api/runtime/format_choice.py) by the CPU (under BATCHSERVE
 the model file and the candidates `auto` leaves open (not those that fit in the memory free at one start: a cached
 choice that no longer fits is measured again among those that do), when it would still win with the runner-up's
 figures lowered by their noise (a best over rounds can only be too slow, so the winner's own need no allowance);
-else it is served and kept as provisional, measured again at the next start, and settled once two measurements
-pick the same format. Inside that noise, the same int4 weights with bfloat16 activations are served where no scored
-size says they are slower (api/runtime/format_rule.py): half the activations' memory. A later start re-times the
-calibration op and measures again when the machine's speed no longer matches the cached one (another CPU with the
-same flags, or a VM slowed for hours), unless other processes are using the CPU: a busy start keeps it. That
-measurement counts as the second one for the cached choice: the same format, even by a lead inside the noise, is
-cached again at the new speed (else every later start would measure again); another one inside its noise replaces
-it as provisional. The measurement is logged as a phase
+else it is served and kept as provisional, measured again at the next start, and settled then: the same format, or,
+where another leads inside its noise, the two tie and the one holding less memory. Inside that noise, the same int4
+weights with bfloat16 activations are served where no scored size says they are slower (api/runtime/format_rule.py):
+half the activations' memory. A later start re-times the calibration op and measures again when the machine's speed
+no longer matches the cached one (another CPU with the same flags, or a VM slowed for hours), unless other processes
+are using the CPU: a busy start keeps it. That measurement counts as the second one for the cached choice: the same
+format, even by a lead inside the noise, is cached again at the new speed (else every later start would measure
+again); another one inside its noise replaces it as provisional. The measurement is logged as a phase
 (engine/phases.py: a line per candidate and round, where the choice is cached and how to redo it), after the kernels
 it times are built.
 
