@@ -195,35 +195,22 @@ def measured_format(
             calibration_ms=Rounds([], all_calibrations).calibration_ms(),
         )
         rounds_said = f"best of {total} rounds, {quiet} quiet"
+        settled_by = ""  # why a lead inside its noise is cached all the same
         if choice.provisional and previous is not None and previous.label == choice.label:
             # Two measurements picked the same format, this one by a lead inside its noise: that is the evidence
             # one could not give, and measuring at every start would cost each start the probe's time.
+            settled_by = " as by the previous measurement, this lead inside its noise: two measurements agree"
             choice = dataclasses.replace(choice, provisional=False)
-            write_entry(cached, choice, str(source), machine())
-            logger.info(
-                "weights: %s, chosen by auto as by the previous measurement, this lead inside its noise: two "
-                "measurements agree (%s; %s)",
-                choice.summary(),
-                rounds_said,
-                choice.reason,
-            )
-            running.result = redo
         elif choice.provisional and pending is not None:
             # Two measurements in a row, each a lead inside its noise, picked different formats: on this machine they
             # tie. Measuring at every start would cost each start the probe's time for nothing (Zen 4 capped to VNNI
             # flipped between int4/float32 and int4/bfloat16 at 20-27 s a start): the one holding less memory settles.
-            choice = dataclasses.replace(min((choice, pending), key=_held_per_weight), provisional=False)
-            write_entry(cached, choice, str(source), machine())
-            logger.info(
-                "weights: %s, chosen by auto: this measurement (%s) and the previous one (%s) each led inside their "
-                "noise with another format, a tie on this machine, settled on the one that holds less memory (%s)",
-                choice.summary(),
-                rounds_said,
-                pending.label,
-                choice.reason,
+            settled_by = (
+                f": this measurement and the previous one ({pending.label}) each led inside their noise with another "
+                "format, a tie on this machine, settled on the one that holds less memory"
             )
-            running.result = redo
-        elif choice.provisional:
+            choice = dataclasses.replace(min((choice, pending), key=_held_per_weight), provisional=False)
+        if choice.provisional:
             kept = write_entry(cached, choice, str(source), machine(), keep_settled=True, read=entry).choice
             if not kept.provisional:  # another start (a concurrent `compare`, say) settled one while this measured
                 logger.info("weights: %s, settled by another start while this one measured (%s)", kept.summary(), redo)
@@ -239,7 +226,9 @@ def measured_format(
             running.result = f"provisional in {cached}: measured again at the next start"
         else:
             write_entry(cached, choice, str(source), machine())
-            logger.info("weights: %s, chosen by auto (%s; %s)", choice.summary(), rounds_said, choice.reason)
+            logger.info(
+                "weights: %s, chosen by auto%s (%s; %s)", choice.summary(), settled_by, rounds_said, choice.reason
+            )
             running.result = redo
     return choice
 
